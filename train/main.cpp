@@ -1,6 +1,23 @@
+// olmoref — one binary, one subcommand per job.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "train/commands.h"
+
 int main(int argc, char** argv) {
-  CLI::App app{"olmoref"};
-  CLI11_PARSE(app, argc, argv);
-  return 0;
+  CLI::App app{"olmoref: a deterministic, reproducibility-first reference trainer for Olmo 3"};
+  app.require_subcommand(1);
+  olmoref::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "olmoref: error: %s\n", e.what());
+    return 2;
+  }
+  return olmoref::command_exit_code();
 }

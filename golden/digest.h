@@ -1,0 +1,33 @@
+// golden/digest.h — step fingerprints.
+//
+// param_digest: an XXH3-128 Merkle root over fixed chunks of the canonical flat parameter vector
+// (kDigestChunk floats per leaf, the last leaf short). Leaves hash the raw fp32 bits (so -0.0, +0.0
+// and NaN payloads differ); the root hashes the leaves' canonical big-endian bytes in chunk order.
+// Chunks are defined on the logical flat vector, so shards aligned to chunks (the HSDP issue) give
+// the same root. Never XOR or sum digests: permutations would collide.
+// data_digest: XXH3-64 over the batch's token ids as little-endian uint32, in global batch order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace olmoref {
+
+inline constexpr int64_t kDigestChunk = 1 << 16;
+
+struct Digest128 {
+  uint64_t hi = 0, lo = 0;
+  std::string hex() const;  // 32 lowercase hex digits, high half first
+  bool operator==(const Digest128&) const = default;
+};
+
+Digest128 merkle_digest(const float* data, int64_t n);
+// Leaf digests for chunks [c0, c1) of a vector of n floats (for sharded callers).
+std::vector<Digest128> merkle_leaves(const float* data, int64_t n, int64_t c0, int64_t c1);
+Digest128 merkle_root(const std::vector<Digest128>& leaves);
+uint64_t data_digest(const uint32_t* tokens, int64_t n);
+std::string hex64(uint64_t x);
+std::string hex32(uint32_t x);
+
+}  // namespace olmoref

@@ -1,0 +1,111 @@
+#include "golden/trace.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "golden/digest.h"
+
+namespace olmoref {
+
+namespace {
+uint32_t fbits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+uint64_t dbits(double x) {
+  uint64_t u;
+  std::memcpy(&u, &x, 8);
+  return u;
+}
+float ffrom(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+double dfrom(uint64_t u) {
+  double x;
+  std::memcpy(&x, &u, 8);
+  return x;
+}
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+}  // namespace
+
+// Hand-formatted so the key order and number formatting are fixed forever (the golden traces in the
+// repository are compared byte for byte).
+std::string TraceRecord::to_json() const {
+  std::string s = "{\"step\":" + std::to_string(step) + ",\"epoch\":" + std::to_string(epoch);
+  s += ",\"loss\":" + fmt("%.9g", loss) + ",\"loss_hex\":\"" + hex32(fbits(loss)) + "\"";
+  s += ",\"ce\":" + fmt("%.9g", ce) + ",\"ce_hex\":\"" + hex32(fbits(ce)) + "\"";
+  s += ",\"z\":" + fmt("%.9g", z) + ",\"z_hex\":\"" + hex32(fbits(z)) + "\"";
+  s += ",\"grad_norm\":" + fmt("%.9g", grad_norm) + ",\"grad_norm_hex\":\"" + hex32(fbits(grad_norm)) + "\"";
+  s += ",\"clip\":" + fmt("%.9g", clip) + ",\"clip_hex\":\"" + hex32(fbits(clip)) + "\"";
+  s += ",\"lr\":" + fmt("%.17g", lr) + ",\"lr_hex\":\"" + hex64(dbits(lr)) + "\"";
+  s += ",\"tokens\":" + std::to_string(tokens);
+  s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"}";
+  return s;
+}
+
+TraceRecord TraceRecord::from_json(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line);
+  TraceRecord r;
+  r.step = j.at("step").get<int64_t>();
+  r.epoch = j.value("epoch", int64_t{0});
+  auto f32 = [&](const char* hex_key, const char* dec_key) {
+    if (j.contains(hex_key)) return ffrom(static_cast<uint32_t>(std::stoul(j.at(hex_key).get<std::string>(), nullptr, 16)));
+    return j.at(dec_key).get<float>();
+  };
+  r.loss = f32("loss_hex", "loss");
+  r.ce = f32("ce_hex", "ce");
+  r.z = f32("z_hex", "z");
+  r.grad_norm = f32("grad_norm_hex", "grad_norm");
+  r.clip = f32("clip_hex", "clip");
+  r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : j.at("lr").get<double>();
+  r.tokens = j.at("tokens").get<int64_t>();
+  r.data_digest = j.at("data_digest").get<std::string>();
+  r.param_digest = j.at("param_digest").get<std::string>();
+  return r;
+}
+
+std::vector<TraceRecord> read_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open trace");
+  std::vector<TraceRecord> out;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    try {
+      out.push_back(TraceRecord::from_json(line));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": not a trace record (" + e.what() + ")");
+    }
+  }
+  return out;
+}
+
+void TraceWriter::open(const std::string& path, bool append) {
+  if (f_) std::fclose(f_);
+  path_ = path;
+  f_ = std::fopen(path.c_str(), append ? "ab" : "wb");
+  if (!f_) throw std::runtime_error(path + ": cannot open trace for writing");
+}
+
+void TraceWriter::write(const TraceRecord& r) {
+  const std::string line = r.to_json() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw std::runtime_error(path_ + ": write failed (disk full?)");
+}
+
+TraceWriter::~TraceWriter() {
+  if (f_) std::fclose(f_);
+}
+
+}  // namespace olmoref

@@ -1,0 +1,49 @@
+// golden/trace.h — the per-step trace (docs/formats/trace.md).
+//
+// trace.jsonl: one JSON object per optimizer step, appended and flushed as the step completes.
+// Exact values travel as hex bit patterns (loss_hex, grad_norm_hex, lr_hex); the decimal fields are
+// for people and plots. Nothing time- or machine-dependent is in a record, so two runs that computed
+// the same thing write byte-identical traces.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace olmoref {
+
+inline constexpr const char* kTraceFormat = "olmoref-trace/1";
+
+struct TraceRecord {
+  int64_t step = 0;          // 1-based optimizer step
+  int64_t epoch = 0;         // data epoch the batch came from
+  float loss = 0;            // (Σ ce + Σ z) / targets, over the global batch
+  float ce = 0, z = 0;       // its two parts
+  float grad_norm = 0;       // global L2 norm before clipping
+  float clip = 1;            // clipping coefficient applied
+  double lr = 0;             // learning rate of this step's update
+  int64_t tokens = 0;        // cumulative tokens consumed, including this step
+  std::string data_digest;   // XXH3-64 of the batch token ids (hex)
+  std::string param_digest;  // XXH3-128 Merkle root of the parameters after the update (hex)
+
+  std::string to_json() const;
+  static TraceRecord from_json(const std::string& line);  // throws std::runtime_error
+};
+
+std::vector<TraceRecord> read_trace(const std::string& path);  // throws naming the file and line
+
+class TraceWriter {
+ public:
+  TraceWriter() = default;
+  // append=false truncates; append=true keeps earlier records (resume).
+  void open(const std::string& path, bool append);
+  void write(const TraceRecord& r);
+  ~TraceWriter();
+
+ private:
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace olmoref

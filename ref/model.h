@@ -1,0 +1,61 @@
+// ref/model.h — Olmo 3 forward and backward for one micro-batch on the CPU.
+//
+// data -> embedding -> L × [h = x + RMSNorm(Attn(x)); out = h + RMSNorm(SwiGLU(h))] -> RMSNorm -> LM head
+//      -> cross-entropy + z-loss over shifted labels, divided by the *global* target count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ref/model_config.h"
+#include "ref/ops.h"
+#include "ref/params.h"
+
+namespace olmoref {
+
+class ThreadPool;
+
+// Activations kept from forward for backward, sized for one micro-batch shape (B instances × T).
+struct LayerActs {
+  std::vector<float> x;                 // [R, d]   block input
+  std::vector<float> q_raw, k_raw;      // [R, qd], [R, kd]  projections before QK-norm
+  std::vector<float> q_rms, k_rms;      // [R]      inverse RMS of q_raw, k_raw
+  std::vector<float> q, k, v;           // [R, qd], [R, kd], [R, kd]  after QK-norm + RoPE (v: projection)
+  std::vector<float> att;               // [R, qd]  attention output (before w_out)
+  std::vector<float> att_max, att_sum;  // [B, H, T] softmax statistics
+  std::vector<float> ao, ao_rms;        // [R, d], [R]  w_out output, before attention_norm
+  std::vector<float> h;                 // [R, d]   x + RMSNorm(ao)
+  std::vector<float> g, u, a;           // [R, F]   gate, up, silu(gate) ⊙ up
+  std::vector<float> f, f_rms;          // [R, d], [R]  w2 output, before feed_forward_norm
+};
+
+class Olmo3 {
+ public:
+  Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  int64_t micro_batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+
+  // Forward and backward of one micro-batch. tokens: [B, T]. grad: layout().total floats,
+  // overwritten with ∂loss/∂params where loss is divided by global_n_targets. If logits_out is not
+  // null it receives the fp32 logits [B, T, V] before the loss (for parity checks).
+  LossSums forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
+                            ThreadPool* pool, float* logits_out = nullptr);
+
+  // Forward only: loss sums (no gradient). Used by evaluation.
+  LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool);
+
+ private:
+  void forward(const float* params, const uint32_t* tokens, ThreadPool* pool);
+
+  ModelConfig cfg_;
+  ParamLayout layout_;
+  int64_t B_, T_, R_;
+  RopeTable rope_;
+  std::vector<LayerActs> acts_;
+  std::vector<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
+};
+
+}  // namespace olmoref

@@ -1,0 +1,59 @@
+#include "ref/model_config.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace olmoref {
+
+int64_t ModelConfig::window(int64_t layer) const {
+  if (layer == n_layers - 1 || swa_pattern.empty()) return 0;
+  const int64_t w = swa_pattern[static_cast<size_t>(layer) % swa_pattern.size()];
+  return w > 0 ? w : 0;
+}
+
+static void require(bool ok, const std::string& key, const std::string& why) {
+  if (!ok) throw std::invalid_argument("config key '" + key + "': " + why);
+}
+
+void ModelConfig::validate() const {
+  require(vocab_size > 0, "model.vocab_size", "must be > 0");
+  require(d_model > 0, "model.d_model", "must be > 0");
+  require(n_layers > 0, "model.n_layers", "must be > 0");
+  require(n_heads > 0, "model.n_heads", "must be > 0");
+  require(n_kv_heads > 0, "model.n_kv_heads", "must be > 0");
+  require(n_heads % n_kv_heads == 0, "model.n_kv_heads",
+          "n_heads (" + std::to_string(n_heads) + ") must be a multiple of n_kv_heads (" + std::to_string(n_kv_heads) + ")");
+  require(head_dim > 0, "model.head_dim", "must be > 0 (or leave it out to use d_model / n_heads)");
+  require(head_dim % 2 == 0, "model.head_dim", "must be even for rotary embeddings (got " + std::to_string(head_dim) + ")");
+  require(ffn_hidden > 0, "model.ffn_hidden", "must be > 0");
+  require(rope_theta > 0, "model.rope_theta", "must be > 0");
+  require(norm_eps > 0, "model.norm_eps", "must be > 0");
+  require(init_std > 0, "model.init_std", "must be > 0");
+  require(!swa_pattern.empty(), "model.swa_pattern", "must not be empty (use [-1] for full attention everywhere)");
+  for (int64_t w : swa_pattern)
+    require(w > 0 || w == -1, "model.swa_pattern",
+            "each window must be > 0 (keys, counting the query itself) or -1 for full attention; got " + std::to_string(w));
+}
+
+int64_t ModelConfig::n_params() const {
+  const int64_t d = d_model;
+  const int64_t per_layer = q_dim() * d + 2 * kv_dim() * d + d * q_dim()  // w_q, w_k, w_v, w_out
+                            + q_dim() + kv_dim()                           // q_norm, k_norm
+                            + d + d                                         // attention_norm, feed_forward_norm
+                            + 3 * ffn_hidden * d;                           // w1, w3, w2
+  return vocab_size * d + n_layers * per_layer + d + vocab_size * d;
+}
+
+int64_t ModelConfig::n_params_non_embedding() const { return n_params() - vocab_size * d_model; }
+
+double ModelConfig::flops_per_token(int64_t seq_len) const {
+  double flops = 6.0 * static_cast<double>(n_params_non_embedding());
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t w = window(l);
+    const int64_t eff = w > 0 ? std::min(w, seq_len) : seq_len;
+    flops += 12.0 * static_cast<double>(n_heads * head_dim) * static_cast<double>(eff);
+  }
+  return flops;
+}
+
+}  // namespace olmoref

@@ -1,0 +1,408 @@
+#include "ref/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ref/mathfn.h"
+#include "ref/parallel.h"
+#include "ref/reduce.h"
+
+namespace olmoref {
+
+namespace {
+
+void run(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool) pool->parallel_for(n, grain, fn); else fn(0, n);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+// ---------------------------------------------------------------------------------------------
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
+                     ThreadPool* pool) {
+  const float inv_n = 1.0f / static_cast<float>(n);
+  run(pool, R, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * n;
+      const float ms = canonical_dot(xr, xr, n) * inv_n;
+      const float ir = 1.0f / std::sqrt(ms + eps);
+      inv_rms[r] = ir;
+      float* yr = y + r * n;
+      for (int64_t c = 0; c < n; ++c) yr[c] = w[c] * (xr[c] * ir);
+    }
+  });
+}
+
+void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
+                      int64_t R, int64_t n, ThreadPool* pool) {
+  const float inv_n = 1.0f / static_cast<float>(n);
+  // dx: per row, with x̂ = x·r and g = dy ⊙ w:  dx = r · (g − x̂ · mean(g ⊙ x̂)).
+  run(pool, R, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> g(static_cast<size_t>(n)), xh(static_cast<size_t>(n));
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * n;
+      const float* dyr = dy + r * n;
+      const float ir = inv_rms[r];
+      for (int64_t c = 0; c < n; ++c) {
+        g[c] = dyr[c] * w[c];
+        xh[c] = xr[c] * ir;
+      }
+      const float mean_gx = canonical_dot(g.data(), xh.data(), n) * inv_n;
+      float* dxr = dx + r * n;
+      for (int64_t c = 0; c < n; ++c) dxr[c] = ir * (g[c] - xh[c] * mean_gx);
+    }
+  });
+  // dw: a column reduction over rows, so threads split the columns and each column is one fma chain
+  // over rows 0..R-1 in order.
+  run(pool, n, 64, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) dw[c] = 0.0f;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* xr = x + r * n;
+      const float* dyr = dy + r * n;
+      const float ir = inv_rms[r];
+      for (int64_t c = cb; c < ce; ++c) dw[c] = std::fma(dyr[c], xr[c] * ir, dw[c]);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+// ---------------------------------------------------------------------------------------------
+
+RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta) {
+  RopeTable t;
+  t.seq_len = seq_len;
+  t.head_dim = head_dim;
+  const int64_t half = head_dim / 2;
+  t.cos.resize(static_cast<size_t>(seq_len * half));
+  t.sin.resize(static_cast<size_t>(seq_len * half));
+  for (int64_t j = 0; j < half; ++j) {
+    const float expo = static_cast<float>(2 * j) / static_cast<float>(head_dim);
+    const float pw = static_cast<float>(det::pow(theta, static_cast<double>(expo)));
+    const float inv_freq = 1.0f / pw;
+    for (int64_t pos = 0; pos < seq_len; ++pos) {
+      const float angle = static_cast<float>(pos) * inv_freq;
+      t.cos[pos * half + j] = static_cast<float>(det::cos(static_cast<double>(angle)));
+      t.sin[pos * half + j] = static_cast<float>(det::sin(static_cast<double>(angle)));
+    }
+  }
+  return t;
+}
+
+// out_lo = x_lo·c − x_hi·s,  out_hi = x_hi·c + x_lo·s  (each product rounded, then the sum: as PyTorch).
+void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool) {
+  const int64_t hd = table.head_dim, half = hd / 2, T = table.seq_len;
+  run(pool, rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* c = table.cos.data() + (r % T) * half;
+      const float* s = table.sin.data() + (r % T) * half;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* lo = x + r * n_heads * hd + h * hd;
+        float* hi = lo + half;
+        for (int64_t j = 0; j < half; ++j) {
+          const float a = lo[j], bb = hi[j];
+          const float p1 = a * c[j], p2 = bb * s[j], p3 = bb * c[j], p4 = a * s[j];
+          lo[j] = p1 - p2;
+          hi[j] = p3 + p4;
+        }
+      }
+    }
+  });
+}
+
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool) {
+  const int64_t hd = table.head_dim, half = hd / 2, T = table.seq_len;
+  run(pool, rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* c = table.cos.data() + (r % T) * half;
+      const float* s = table.sin.data() + (r % T) * half;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* lo = dx + r * n_heads * hd + h * hd;
+        float* hi = lo + half;
+        for (int64_t j = 0; j < half; ++j) {
+          const float a = lo[j], bb = hi[j];
+          const float p1 = a * c[j], p2 = bb * s[j], p3 = bb * c[j], p4 = a * s[j];
+          lo[j] = p1 + p2;
+          hi[j] = p3 - p4;
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+// ---------------------------------------------------------------------------------------------
+
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool) {
+  run(pool, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) a[i] = det::siluf(g[i]) * u[i];
+  });
+}
+
+// silu'(g) = σ(g)·(1 + g·(1 − σ(g))).
+void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                     ThreadPool* pool) {
+  run(pool, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float x = g[i];
+      const float sg = det::sigmoidf(x);
+      const float silu = det::siluf(x);
+      const float dsilu = sg * (1.0f + x * (1.0f - sg));
+      du[i] = da[i] * silu;
+      dg[i] = (da[i] * u[i]) * dsilu;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+//
+// Per (instance b, head h, query i), keys j in [lo(i), i], lo(i) = max(0, i - window + 1):
+//   s_j = (Σ_d q_d k_jd, one fma chain over d) · scale
+//   m = max_j s_j;   e_j = expf(s_j − m);   l = canonical_sum(e, lane = j − lo);   P_j = e_j / l
+//   out_d = Σ_j P_j v_jd, one fma chain over j ascending.
+// Backward recomputes P_j with exactly the same operations, so it sees the forward's bits.
+
+namespace {
+
+inline int64_t key_lo(int64_t i, int64_t window) { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
+
+// Scores of query row qi (hd) against keys [lo, hi] of one head; kt is that head's keys transposed,
+// [hd, T], so the chain over d runs in the outer loop while keys are vectorised.
+void scores_row(const float* qi, const float* kt, int64_t T, int64_t hd, int64_t lo, int64_t hi, float scale,
+                float* s) {
+  const int64_t n = hi - lo + 1;
+  for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) {
+    const float qd = qi[d];
+    const float* kd = kt + d * T + lo;
+    for (int64_t j = 0; j < n; ++j) s[j] = std::fma(qd, kd[j], s[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) s[j] = s[j] * scale;
+}
+
+// P_j from scores, given the row's max and denominator (forward computes them first).
+void probs_from_scores(float* s, int64_t n, float m, float l) {
+  for (int64_t j = 0; j < n; ++j) s[j] = det::expf(s[j] - m) / l;
+}
+
+// Transposes one head of x [B*T, heads*hd] for instance b into xt [hd, T].
+void transpose_head(const float* x, int64_t b, int64_t T, int64_t width, int64_t head, int64_t hd, float* xt) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = x + (b * T + t) * width + head * hd;
+    for (int64_t d = 0; d < hd; ++d) xt[d * T + t] = src[d];
+  }
+}
+
+}  // namespace
+
+void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
+                       float* row_max, float* row_sum, ThreadPool* pool) {
+  const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV;
+  run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float> kt(static_cast<size_t>(hd * T)), sc(static_cast<size_t>(T)), acc(static_cast<size_t>(hd));
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t b = task / s.H, h = task % s.H, g = h / group;
+      transpose_head(k, b, T, kw, g, hd, kt.data());
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t lo = key_lo(i, s.window), n = i - lo + 1;
+        const float* qi = q + (b * T + i) * qw + h * hd;
+        scores_row(qi, kt.data(), T, hd, lo, i, s.scale, sc.data());
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, sc[j]);
+        for (int64_t j = 0; j < n; ++j) sc[j] = det::expf(sc[j] - m);
+        const float l = canonical_sum(sc.data(), n);
+        for (int64_t j = 0; j < n; ++j) sc[j] = sc[j] / l;
+        row_max[(b * s.H + h) * T + i] = m;
+        row_sum[(b * s.H + h) * T + i] = l;
+        for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float p = sc[j];
+          const float* vj = v + (b * T + lo + j) * kw + g * hd;
+          for (int64_t d = 0; d < hd; ++d) acc[d] = std::fma(p, vj[d], acc[d]);
+        }
+        float* oi = out + (b * T + i) * qw + h * hd;
+        for (int64_t d = 0; d < hd; ++d) oi[d] = acc[d];
+      }
+    }
+  });
+}
+
+// Backward, per (b, h), with P and dS·scale materialised for the head ([T, T] scratch, band only):
+//   dP_ij = Σ_d dO_id v_jd (chain over d);  D_i = Σ_d dO_id O_id (chain over d)
+//   dsc_ij = (P_ij · (dP_ij − D_i)) · scale
+//   dq_id  = Σ_j dsc_ij k_jd        (chain over j ascending)
+//   dk_h,jd = Σ_i dsc_ij q_id       (chain over i ascending)   per query head, then
+//   dv_h,jd = Σ_i P_ij dO_id        (chain over i ascending)   per query head, then
+//   dk_g = ((dk_h0 + dk_h1) + ...) over the heads of KV group g in ascending order (plain adds).
+void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                        const float* row_max, const float* row_sum, const float* dout, float* dq, float* dk,
+                        float* dv, ThreadPool* pool) {
+  const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV;
+  // Per-query-head dk/dv before the group sum: [B, H, T, hd].
+  std::vector<float> dk_head(static_cast<size_t>(s.B * s.H * T * hd));
+  std::vector<float> dv_head(static_cast<size_t>(s.B * s.H * T * hd));
+  run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float> kt(static_cast<size_t>(hd * T)), vt(static_cast<size_t>(hd * T));
+    std::vector<float> P(static_cast<size_t>(T * T)), dS(static_cast<size_t>(T * T));
+    std::vector<float> dp(static_cast<size_t>(T)), acc(static_cast<size_t>(hd));
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t b = task / s.H, h = task % s.H, g = h / group;
+      transpose_head(k, b, T, kw, g, hd, kt.data());
+      transpose_head(v, b, T, kw, g, hd, vt.data());
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t lo = key_lo(i, s.window), n = i - lo + 1;
+        const float* qi = q + (b * T + i) * qw + h * hd;
+        const float* doi = dout + (b * T + i) * qw + h * hd;
+        const float* oi = out + (b * T + i) * qw + h * hd;
+        float* Pi = P.data() + i * T + lo;  // row i, columns lo..i
+        scores_row(qi, kt.data(), T, hd, lo, i, s.scale, Pi);
+        probs_from_scores(Pi, n, row_max[(b * s.H + h) * T + i], row_sum[(b * s.H + h) * T + i]);
+        // dP over the band, keys vectorised (vt is [hd, T]).
+        for (int64_t j = 0; j < n; ++j) dp[j] = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) {
+          const float g_d = doi[d];
+          const float* vd = vt.data() + d * T + lo;
+          for (int64_t j = 0; j < n; ++j) dp[j] = std::fma(g_d, vd[j], dp[j]);
+        }
+        const float D = chain_dot(doi, oi, hd);
+        float* dSi = dS.data() + i * T + lo;
+        for (int64_t j = 0; j < n; ++j) dSi[j] = (Pi[j] * (dp[j] - D)) * s.scale;
+        // dq_i = Σ_j dsc_ij k_j
+        for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float c = dSi[j];
+          const float* kj = k + (b * T + lo + j) * kw + g * hd;
+          for (int64_t d = 0; d < hd; ++d) acc[d] = std::fma(c, kj[d], acc[d]);
+        }
+        float* dqi = dq + (b * T + i) * qw + h * hd;
+        for (int64_t d = 0; d < hd; ++d) dqi[d] = acc[d];
+      }
+      // Per key j: queries i in [j, hi(j)] see it, hi(j) = j + window - 1 (or T-1 for full attention).
+      float* dkh = dk_head.data() + (b * s.H + h) * T * hd;
+      float* dvh = dv_head.data() + (b * s.H + h) * T * hd;
+      for (int64_t j = 0; j < T; ++j) {
+        const int64_t hi = s.window > 0 ? std::min<int64_t>(T - 1, j + s.window - 1) : T - 1;
+        float* dkj = dkh + j * hd;
+        float* dvj = dvh + j * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          dkj[d] = 0.0f;
+          dvj[d] = 0.0f;
+        }
+        for (int64_t i = j; i <= hi; ++i) {
+          const float c = dS[i * T + j], p = P[i * T + j];
+          const float* qi = q + (b * T + i) * qw + h * hd;
+          const float* doi = dout + (b * T + i) * qw + h * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            dkj[d] = std::fma(c, qi[d], dkj[d]);
+            dvj[d] = std::fma(p, doi[d], dvj[d]);
+          }
+        }
+      }
+    }
+  });
+  // Group sum over query heads, ascending.
+  run(pool, s.B * T, 16, [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const int64_t b = r / T, t = r % T;
+      for (int64_t g = 0; g < s.KV; ++g) {
+        float* dkr = dk + r * kw + g * hd;
+        float* dvr = dv + r * kw + g * hd;
+        for (int64_t hh = 0; hh < group; ++hh) {
+          const int64_t h = g * group + hh;
+          const float* sk = dk_head.data() + ((b * s.H + h) * T + t) * hd;
+          const float* sv = dv_head.data() + ((b * s.H + h) * T + t) * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            dkr[d] = hh == 0 ? sk[d] : dkr[d] + sk[d];
+            dvr[d] = hh == 0 ? sv[d] : dvr[d] + sv[d];
+          }
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+// ---------------------------------------------------------------------------------------------
+
+void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d, ThreadPool* pool) {
+  run(pool, R, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::memcpy(x + r * d, table + static_cast<int64_t>(tokens[r]) * d, d * sizeof(float));
+  });
+}
+
+void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
+                        ThreadPool* pool) {
+  // Positions grouped by token with a stable counting sort, so each row sums its positions in order.
+  std::vector<int64_t> start(static_cast<size_t>(V + 1), 0), order(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) ++start[tokens[r] + 1];
+  for (int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t r = 0; r < R; ++r) order[fill[tokens[r]]++] = r;
+  }
+  run(pool, V, 64, [&](int64_t vb, int64_t ve) {
+    for (int64_t v = vb; v < ve; ++v) {
+      float* row = dtable + v * d;
+      for (int64_t c = 0; c < d; ++c) row[c] = 0.0f;
+      for (int64_t k = start[v]; k < start[v + 1]; ++k) {
+        const float* src = dx + order[k] * d;
+        for (int64_t c = 0; c < d; ++c) row[c] = row[c] + src[c];
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy with z-loss
+// ---------------------------------------------------------------------------------------------
+//
+// Per valid row with target y:  m = max_v x_v;  e_v = expf(x_v − m);  S = canonical_sum(e);
+//   lse = m + logf(S);  ce = lse − x_y;  z = z_coef · lse² (fp64);
+//   ∂/∂x_v = (p_v · (1 + 2·z_coef·lse) − [v = y]) · (1/N),  p_v = e_v / S,  N = global target count.
+// Rows without a target get a zero gradient. Per-row terms are summed with canonical_sum_f64.
+
+LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                        float z_coef, int64_t global_n_targets, ThreadPool* pool) {
+  const int64_t R = B * T;
+  std::vector<double> ce_terms(static_cast<size_t>(R), 0.0), z_terms(static_cast<size_t>(R), 0.0);
+  const float inv_n = 1.0f / static_cast<float>(global_n_targets);
+  run(pool, R, 4, [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      float* x = logits + r * V;
+      const int64_t t = r % T;
+      if (t == T - 1) {
+        for (int64_t v = 0; v < V; ++v) x[v] = 0.0f;
+        continue;
+      }
+      const int64_t y = tokens[r + 1];
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+      const float xy = x[y];
+      for (int64_t v = 0; v < V; ++v) x[v] = det::expf(x[v] - m);
+      const float S = canonical_sum(x, V);
+      const float lse = m + det::logf(S);
+      ce_terms[r] = static_cast<double>(lse - xy);
+      z_terms[r] = static_cast<double>(z_coef) * static_cast<double>(lse) * static_cast<double>(lse);
+      const float coef = 1.0f + 2.0f * z_coef * lse;
+      const float ey = x[y];
+      for (int64_t v = 0; v < V; ++v) x[v] = ((x[v] / S) * coef) * inv_n;
+      x[y] = ((ey / S) * coef - 1.0f) * inv_n;
+    }
+  });
+  LossSums sums;
+  sums.ce = canonical_sum_f64(ce_terms.data(), R);
+  sums.z = canonical_sum_f64(z_terms.data(), R);
+  sums.n_targets = B * (T - 1);
+  return sums;
+}
+
+}  // namespace olmoref

@@ -1,0 +1,73 @@
+// ref/ops.h — forward and backward of every Olmo 3 op except the matrix product (ref/gemm.h).
+//
+// Shapes use: R rows (tokens of a micro-batch, B*T), T sequence length, H query heads, KV key/value
+// heads, hd head dim, V vocabulary. Tensors are row-major and contiguous unless stated. All ops are
+// threaded over non-reduction dimensions only; docs/canonical/*.md states each op's order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace olmoref {
+
+class ThreadPool;
+
+// ---- RMSNorm: y = w ⊙ (x · r), r = 1/sqrt(mean(x²) + eps), sum of squares by canonical_dot ----
+// x, y: [R, n]; w: [n]; inv_rms: [R] (saved for backward).
+void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
+                     ThreadPool* pool);
+// dx [R, n] = ∂/∂x (overwritten); dw [n] = Σ_rows dy ⊙ x̂ (one fma chain over rows in order, overwritten).
+void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
+                      int64_t R, int64_t n, ThreadPool* pool);
+
+// ---- Rotary embedding, rotate-half pairing (d with d + hd/2) ----
+struct RopeTable {
+  int64_t seq_len = 0, head_dim = 0;
+  std::vector<float> cos, sin;  // [T, hd/2]
+};
+// inv_freq_j = 1 / θ^(2j/hd) in fp32 (as PyTorch computes it), angle = float(t) · inv_freq_j in fp32,
+// then cos/sin of that fp32 angle from the project's fp64 functions, rounded once.
+RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta);
+// x: [B*T, n_heads*hd], rotated in place; position of row r is r % T.
+void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
+// dx = Rᵀ dy in place.
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
+
+// ---- SwiGLU: a = silu(g) ⊙ u ----
+void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
+void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                     ThreadPool* pool);
+
+// ---- Causal (sliding-window) attention with GQA ----
+// q: [B*T, H*hd], k, v: [B*T, KV*hd] (after QK-norm and RoPE), out: [B*T, H*hd].
+// window: keys per query counting the query itself (0 = full causal).
+// Saves the softmax row max and denominator: row_max, row_sum [B, H, T].
+struct AttentionShape {
+  int64_t B, T, H, KV, hd, window;
+  float scale;  // 1/sqrt(hd)
+};
+void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
+                       float* row_max, float* row_sum, ThreadPool* pool);
+// dq [B*T, H*hd], dk, dv [B*T, KV*hd] overwritten.
+void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
+                        const float* row_max, const float* row_sum, const float* dout, float* dq, float* dk,
+                        float* dv, ThreadPool* pool);
+
+// ---- Embedding ----
+void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d, ThreadPool* pool);
+// dtable [V, d] overwritten: row v = Σ over positions with token v, in position order (plain adds).
+void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
+                        ThreadPool* pool);
+
+// ---- Cross-entropy + z-loss over shifted labels ----
+// logits [B*T, V] are replaced by ∂loss/∂logits, where loss = Σ_valid (ce + z_coef·lse²) / n_targets.
+// Position t of an instance predicts token t+1; the last position of each instance has no target.
+// Returns the fp64 sums Σ ce and Σ z_coef·lse² over this micro-batch's valid positions.
+struct LossSums {
+  double ce = 0.0, z = 0.0;
+  int64_t n_targets = 0;
+};
+LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                        float z_coef, int64_t global_n_targets, ThreadPool* pool);
+
+}  // namespace olmoref

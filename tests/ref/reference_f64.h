@@ -1,0 +1,131 @@
+// tests/ref/reference_f64.h — an independent, naive fp64 implementation of the Olmo 3 forward pass
+// and loss, written straight from the spec (no shared code with ref/ beyond the parameter layout).
+// Gradient checks take central finite differences of it in double precision.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ref/model_config.h"
+#include "ref/params.h"
+
+namespace olmoref::testing {
+
+using Vec = std::vector<double>;
+
+// y[r, :] = w ⊙ x[r, :] / sqrt(mean(x²) + eps)
+inline Vec rmsnorm64(const Vec& x, const double* w, int64_t R, int64_t n, double eps) {
+  Vec y(x.size());
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < n; ++c) ss += x[r * n + c] * x[r * n + c];
+    const double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (int64_t c = 0; c < n; ++c) y[r * n + c] = w[c] * (x[r * n + c] * inv);
+  }
+  return y;
+}
+
+// Y[R, N] = X[R, K] · W[N, K]ᵀ
+inline Vec linear64(const Vec& x, const double* w, int64_t R, int64_t N, int64_t K) {
+  Vec y(static_cast<size_t>(R * N), 0.0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += x[r * K + k] * w[n * K + k];
+      y[r * N + n] = acc;
+    }
+  return y;
+}
+
+// Rotate-half RoPE at positions r % T, inv_freq = θ^(-2j/hd).
+inline void rope64(Vec& x, int64_t R, int64_t T, int64_t heads, int64_t hd, double theta) {
+  const int64_t half = hd / 2;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < half; ++j) {
+        const double ang = static_cast<double>(r % T) * std::pow(theta, -2.0 * j / hd);
+        double& a = x[r * heads * hd + h * hd + j];
+        double& b = x[r * heads * hd + h * hd + j + half];
+        const double na = a * std::cos(ang) - b * std::sin(ang), nb = b * std::cos(ang) + a * std::sin(ang);
+        a = na;
+        b = nb;
+      }
+}
+
+// Causal attention, window counting the query itself (0 = full), GQA head h uses kv head h / (H/KV).
+inline Vec attention64(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t hd, int64_t window) {
+  Vec out(q.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / KV);
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+        std::vector<double> s;
+        double m = -1e300;
+        for (int64_t j = lo; j <= i; ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < hd; ++d) acc += q[(b * T + i) * H * hd + h * hd + d] * k[(b * T + j) * KV * hd + g * hd + d];
+          s.push_back(acc * scale);
+          m = std::max(m, acc * scale);
+        }
+        double l = 0;
+        for (double& x : s) l += (x = std::exp(x - m));
+        for (int64_t j = lo; j <= i; ++j)
+          for (int64_t d = 0; d < hd; ++d)
+            out[(b * T + i) * H * hd + h * hd + d] += s[j - lo] / l * v[(b * T + j) * KV * hd + g * hd + d];
+      }
+    }
+  return out;
+}
+
+inline double silu64(double x) { return x / (1.0 + std::exp(-x)); }
+
+// (Σ ce + z_coef Σ lse²) / n_targets over shifted labels; last position of each instance ignored.
+inline double loss_from_logits64(const Vec& logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                 double z_coef, double n_targets) {
+  double total = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const double* x = logits.data() + (b * T + t) * V;
+      double m = -1e300;
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+      double s = 0;
+      for (int64_t v = 0; v < V; ++v) s += std::exp(x[v] - m);
+      const double lse = m + std::log(s);
+      total += (lse - x[tokens[b * T + t + 1]]) + z_coef * lse * lse;
+    }
+  return total / n_targets;
+}
+
+inline double model_loss64(const ModelConfig& cfg, const ParamLayout& L, const Vec& p, const uint32_t* tokens,
+                           int64_t B, int64_t T, double n_targets) {
+  const int64_t d = cfg.d_model, R = B * T, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden, V = cfg.vocab_size;
+  const double eps = cfg.norm_eps;
+  Vec x(static_cast<size_t>(R * d));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < d; ++c) x[r * d + c] = p[L.embeddings + tokens[r] * d + c];
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const BlockOffsets& o = L.blocks[l];
+    Vec q = rmsnorm64(linear64(x, &p[o.w_q], R, qd, d), &p[o.q_norm], R, qd, eps);
+    Vec k = rmsnorm64(linear64(x, &p[o.w_k], R, kd, d), &p[o.k_norm], R, kd, eps);
+    Vec v = linear64(x, &p[o.w_v], R, kd, d);
+    rope64(q, R, T, cfg.n_heads, cfg.head_dim, cfg.rope_theta);
+    rope64(k, R, T, cfg.n_kv_heads, cfg.head_dim, cfg.rope_theta);
+    Vec att = attention64(q, k, v, B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.window(l));
+    Vec an = rmsnorm64(linear64(att, &p[o.w_out], R, d, qd), &p[o.attn_norm], R, d, eps);
+    Vec h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + an[i];
+    Vec g = linear64(h, &p[o.w1], R, F, d), u = linear64(h, &p[o.w3], R, F, d);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = silu64(g[i]) * u[i];
+    Vec fn = rmsnorm64(linear64(g, &p[o.w2], R, d, F), &p[o.ffn_norm], R, d, eps);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = h[i] + fn[i];
+  }
+  Vec hn = rmsnorm64(x, &p[L.final_norm], R, d, eps);
+  Vec logits = linear64(hn, &p[L.lm_head], R, V, d);
+  return loss_from_logits64(logits, tokens, B, T, V, 1e-5, n_targets);
+}
+
+}  // namespace olmoref::testing

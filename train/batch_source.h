@@ -1,0 +1,29 @@
+// train/batch_source.h — where the trainer's global batches come from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace olmoref {
+
+struct StepBatch {
+  int64_t epoch = 1;
+  std::vector<int64_t> instance_ids;  // global instance ids, in global batch order
+  std::vector<uint32_t> tokens;       // [global_batch_instances, seq_len]
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual StepBatch next() = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Builds the batch source the config asks for.
+std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg);
+
+}  // namespace olmoref

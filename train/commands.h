@@ -1,0 +1,11 @@
+// train/commands.h — the subcommands of the olmoref binary.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace olmoref {
+
+void register_commands(CLI::App& app);
+int command_exit_code();  // what the subcommand that ran asked main() to return
+
+}  // namespace olmoref

@@ -1,0 +1,281 @@
+#include "train/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <toml++/toml.h>
+
+namespace olmoref {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& origin, const std::string& msg) {
+  throw std::invalid_argument(origin + ": " + msg);
+}
+
+// Applies "section.key=value" to the parsed table before anything reads it, so an override is
+// validated exactly like a value written in the file.
+void apply_override(toml::table& root, const std::string& ov, const std::string& origin) {
+  const auto eq = ov.find('=');
+  if (eq == std::string::npos) fail(origin, "override '" + ov + "' must look like section.key=value");
+  const std::string path = ov.substr(0, eq), value = ov.substr(eq + 1);
+  const auto dot = path.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == path.size())
+    fail(origin, "override '" + ov + "': the key must be section.key (e.g. optim.lr=1e-3)");
+  const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: take it as a string
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  toml::table* sec = root[section].as_table();
+  if (!sec) fail(origin, "override '" + ov + "': '" + section + "' is not a section");
+  sec->insert_or_assign(key, *parsed["v"].node());
+}
+
+class Reader {
+ public:
+  Reader(const toml::table& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+  template <typename T>
+  void get(const std::string& section, const std::string& key, T& out) {
+    seen_.insert(section + "." + key);
+    const toml::node* n = root_.at_path(section + "." + key).node();
+    if (!n) return;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!n->is_string()) bad(section, key, "a string");
+      out = n->value<std::string>().value();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!n->is_boolean()) bad(section, key, "true or false");
+      out = n->value<bool>().value();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!n->is_integer()) bad(section, key, "an integer");
+      out = static_cast<T>(n->value<int64_t>().value());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!n->is_number()) bad(section, key, "a number");
+      out = static_cast<T>(n->value<double>().value());
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      const toml::array* a = n->as_array();
+      if (!a) bad(section, key, "an array of integers");
+      out.clear();
+      for (const auto& e : *a) {
+        if (!e.is_integer()) bad(section, key, "an array of integers");
+        out.push_back(e.value<int64_t>().value());
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      out.clear();
+      if (n->is_string()) {
+        out.push_back(n->value<std::string>().value());
+        return;
+      }
+      const toml::array* a = n->as_array();
+      if (!a) bad(section, key, "a string or an array of strings");
+      for (const auto& e : *a) {
+        if (!e.is_string()) bad(section, key, "an array of strings");
+        out.push_back(e.value<std::string>().value());
+      }
+    }
+  }
+
+  bool has(const std::string& section, const std::string& key) const {
+    return root_.at_path(section + "." + key).node() != nullptr;
+  }
+
+  // Every key in the file must have been read by someone: a typo is an error, never ignored.
+  void reject_unknown() const {
+    for (const auto& [sec, node] : root_) {
+      const toml::table* t = node.as_table();
+      const std::string s(sec.str());
+      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data])");
+      for (const auto& [k, v] : *t) {
+        (void)v;
+        const std::string full = s + "." + std::string(k.str());
+        if (!seen_.count(full)) fail(origin_, "unknown config key '" + full + "'");
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& section, const std::string& key, const std::string& want) const {
+    fail(origin_, "config key '" + section + "." + key + "' must be " + want);
+  }
+  const toml::table& root_;
+  std::string origin_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace
+
+TrainConfig parse_config_text(const std::string& toml_text, const std::string& origin,
+                              const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "TOML syntax error at line " << e.source().begin.line << ", column " << e.source().begin.column << ": "
+        << e.description();
+    fail(origin, msg.str());
+  }
+  for (const auto& ov : overrides) apply_override(root, ov, origin);
+
+  TrainConfig c;
+  c.source_path = origin;
+  c.overrides = overrides;
+  Reader r(root, origin);
+  ModelConfig& m = c.model;
+  r.get("model", "name", m.name);
+  r.get("model", "vocab_size", m.vocab_size);
+  r.get("model", "d_model", m.d_model);
+  r.get("model", "n_layers", m.n_layers);
+  r.get("model", "n_heads", m.n_heads);
+  m.n_kv_heads = -1;
+  r.get("model", "n_kv_heads", m.n_kv_heads);
+  if (m.n_kv_heads == -1) m.n_kv_heads = m.n_heads;
+  r.get("model", "head_dim", m.head_dim);
+  if (!r.has("model", "head_dim") && m.n_heads > 0) {
+    if (m.d_model % m.n_heads != 0)
+      fail(origin, "config key 'model.d_model' (" + std::to_string(m.d_model) + ") must be divisible by model.n_heads (" +
+                       std::to_string(m.n_heads) + "), or set model.head_dim explicitly");
+    m.head_dim = m.d_model / m.n_heads;
+  }
+  // FFN width as OLMo-core derives it unless given: int(8d/3), times the multiplier, rounded up.
+  int64_t multiple_of = 256;
+  double multiplier = 1.0;
+  r.get("model", "ffn_multiple_of", multiple_of);
+  r.get("model", "ffn_multiplier", multiplier);
+  r.get("model", "ffn_hidden", m.ffn_hidden);
+  if (!r.has("model", "ffn_hidden") && m.d_model > 0) {
+    if (multiple_of <= 0) fail(origin, "config key 'model.ffn_multiple_of' must be > 0");
+    int64_t h = static_cast<int64_t>(8.0 * static_cast<double>(m.d_model) / 3.0);
+    h = static_cast<int64_t>(multiplier * static_cast<double>(h));
+    m.ffn_hidden = multiple_of * ((h + multiple_of - 1) / multiple_of);
+  }
+  r.get("model", "rope_theta", m.rope_theta);
+  r.get("model", "norm_eps", m.norm_eps);
+  r.get("model", "swa_pattern", m.swa_pattern);
+  r.get("model", "init_std", m.init_std);
+  int64_t init_seed = 0;
+  r.get("model", "init_seed", init_seed);
+  m.init_seed = static_cast<uint64_t>(init_seed);
+
+  TrainLoopConfig& t = c.train;
+  r.get("train", "seq_len", t.seq_len);
+  r.get("train", "micro_batch_instances", t.micro_batch_instances);
+  r.get("train", "global_batch_instances", t.global_batch_instances);
+  r.get("train", "steps", t.steps);
+  r.get("train", "z_loss", t.z_loss);
+  r.get("train", "precision", t.precision);
+  r.get("train", "executor", t.executor);
+  r.get("train", "log_every", t.log_every);
+
+  AdamWConfig& o = c.optim;
+  r.get("optim", "lr", o.lr);
+  r.get("optim", "beta1", o.beta1);
+  r.get("optim", "beta2", o.beta2);
+  r.get("optim", "eps", o.eps);
+  r.get("optim", "weight_decay", o.weight_decay);
+  r.get("optim", "max_grad_norm", o.max_grad_norm);
+
+  ScheduleConfig& s = c.schedule;
+  r.get("schedule", "kind", s.kind);
+  r.get("schedule", "warmup", s.warmup);
+  r.get("schedule", "alpha_f", s.alpha_f);
+  r.get("schedule", "t_max", s.t_max);
+
+  DataConfig& d = c.data;
+  r.get("data", "train_files", d.train_files);
+  r.get("data", "train_mix", d.train_mix);
+  r.get("data", "holdout_files", d.holdout_files);
+  r.get("data", "holdout_mix", d.holdout_mix);
+  r.get("data", "dtype", d.dtype);
+  int64_t seed = static_cast<int64_t>(d.seed);
+  r.get("data", "seed", seed);
+  d.seed = static_cast<uint64_t>(seed);
+  r.get("data", "shuffle", d.shuffle);
+  r.get("data", "eos_id", d.eos_id);
+
+  r.reject_unknown();
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(origin, e.what());
+  }
+  return c;
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(path + ": cannot open config file (check the path; shipped configs are in configs/)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config_text(ss.str(), path, overrides);
+}
+
+void TrainConfig::validate() const {
+  model.validate();
+  auto require = [](bool ok, const std::string& key, const std::string& why) {
+    if (!ok) throw std::invalid_argument("config key '" + key + "': " + why);
+  };
+  require(train.seq_len >= 2, "train.seq_len", "must be >= 2 (one target needs two tokens)");
+  require(train.micro_batch_instances > 0, "train.micro_batch_instances", "must be > 0");
+  require(train.global_batch_instances > 0, "train.global_batch_instances", "must be > 0");
+  require(train.global_batch_instances % train.micro_batch_instances == 0, "train.global_batch_instances",
+          "must be a multiple of train.micro_batch_instances (" + std::to_string(train.micro_batch_instances) + ")");
+  require(train.steps >= 0, "train.steps", "must be >= 0");
+  require(train.z_loss >= 0, "train.z_loss", "must be >= 0");
+  require(train.precision == "fp32", "train.precision", "must be \"fp32\" (bf16 is not implemented yet)");
+  require(train.executor == "cpu", "train.executor", "must be \"cpu\" (the CUDA executors are not implemented yet)");
+  require(train.log_every > 0, "train.log_every", "must be > 0");
+  require(optim.lr >= 0, "optim.lr", "must be >= 0");
+  require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1)");
+  require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1)");
+  require(optim.eps > 0, "optim.eps", "must be > 0");
+  require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  require(schedule.kind == "cosine" || schedule.kind == "constant", "schedule.kind", "must be \"cosine\" or \"constant\"");
+  require(schedule.warmup >= 0, "schedule.warmup", "must be >= 0");
+  require(schedule.alpha_f >= 0 && schedule.alpha_f <= 1, "schedule.alpha_f", "must be in [0, 1]");
+  require(schedule.t_max >= 0, "schedule.t_max", "must be >= 0 (0 = the run's steps)");
+  require(data.dtype == "auto" || data.dtype == "u16" || data.dtype == "u32", "data.dtype", "must be \"u16\", \"u32\" or \"auto\"");
+  require(data.train_files.empty() || data.train_mix.empty(), "data.train_mix", "give either data.train_files or data.train_mix, not both");
+  require(data.holdout_files.empty() || data.holdout_mix.empty(), "data.holdout_mix", "give either data.holdout_files or data.holdout_mix, not both");
+}
+
+std::string TrainConfig::to_toml() const {
+  toml::array swa;
+  for (int64_t w : model.swa_pattern) swa.push_back(w);
+  auto strings = [](const std::vector<std::string>& v) {
+    toml::array a;
+    for (const auto& s : v) a.push_back(s);
+    return a;
+  };
+  toml::table root{
+      {"model", toml::table{{"name", model.name}, {"vocab_size", model.vocab_size}, {"d_model", model.d_model},
+                            {"n_layers", model.n_layers}, {"n_heads", model.n_heads}, {"n_kv_heads", model.n_kv_heads},
+                            {"head_dim", model.head_dim}, {"ffn_hidden", model.ffn_hidden},
+                            {"rope_theta", model.rope_theta}, {"norm_eps", static_cast<double>(model.norm_eps)},
+                            {"swa_pattern", swa}, {"init_std", model.init_std},
+                            {"init_seed", static_cast<int64_t>(model.init_seed)}}},
+      {"train", toml::table{{"seq_len", train.seq_len}, {"micro_batch_instances", train.micro_batch_instances},
+                            {"global_batch_instances", train.global_batch_instances}, {"steps", train.steps},
+                            {"z_loss", train.z_loss}, {"precision", train.precision}, {"executor", train.executor},
+                            {"log_every", train.log_every}}},
+      {"optim", toml::table{{"lr", optim.lr}, {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
+                            {"weight_decay", optim.weight_decay}, {"max_grad_norm", optim.max_grad_norm}}},
+      {"schedule", toml::table{{"kind", schedule.kind}, {"warmup", schedule.warmup}, {"alpha_f", schedule.alpha_f},
+                               {"t_max", schedule.t_max}}},
+      {"data", toml::table{{"train_files", strings(data.train_files)}, {"train_mix", data.train_mix},
+                           {"holdout_files", strings(data.holdout_files)}, {"holdout_mix", data.holdout_mix},
+                           {"dtype", data.dtype}, {"seed", static_cast<int64_t>(data.seed)}, {"shuffle", data.shuffle},
+                           {"eos_id", data.eos_id}}},
+  };
+  std::ostringstream out;
+  out << toml::toml_formatter(root);
+  return out.str();
+}
+
+}  // namespace olmoref

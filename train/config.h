@@ -1,0 +1,57 @@
+// train/config.h — the run configuration, read from TOML (TorchTitan's convention) with
+// `--set section.key=value` overrides. Unknown keys and inconsistent values are errors that name the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ref/model_config.h"
+#include "ref/optim.h"
+
+namespace olmoref {
+
+struct TrainLoopConfig {
+  int64_t seq_len = 0;
+  int64_t micro_batch_instances = 1;   // instances per canonical micro-batch (a run constant)
+  int64_t global_batch_instances = 1;  // a whole number of micro-batches
+  int64_t steps = 1;
+  double z_loss = 1e-5;
+  std::string precision = "fp32";      // fp32 (bf16: the golden-traces issue)
+  std::string executor = "cpu";        // cpu (cuda-exact / cuda-fast: the CUDA issue)
+  int64_t log_every = 1;
+};
+
+struct DataConfig {
+  std::vector<std::string> train_files;  // token files, in mix order
+  std::string train_mix;                 // or a mix file (one path per line, optional label)
+  std::vector<std::string> holdout_files;
+  std::string holdout_mix;
+  std::string dtype = "auto";            // u16, u32, or auto (smallest that holds vocab_size - 1)
+  uint64_t seed = 34521;                 // OLMo-core's data seed; the shuffle uses seed + epoch
+  bool shuffle = true;                   // false: instances in file order (tests, debugging)
+  int64_t eos_id = -1;                   // -1: vocab_size - 1 is not assumed; only used for reports
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  TrainLoopConfig train;
+  AdamWConfig optim;
+  ScheduleConfig schedule;
+  DataConfig data;
+  std::string source_path;   // the TOML file it came from (empty when built in code)
+  std::vector<std::string> overrides;
+
+  int64_t micro_batches_per_step() const { return train.global_batch_instances / train.micro_batch_instances; }
+  int64_t targets_per_step() const { return train.global_batch_instances * (train.seq_len - 1); }
+  void validate() const;                // throws std::invalid_argument naming the key
+  std::string to_toml() const;          // resolved configuration, stable key order
+};
+
+// Reads and validates FILE, applying overrides of the form "section.key=value" (value in TOML syntax;
+// a bare word is taken as a string). Errors name the file and the key.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+TrainConfig parse_config_text(const std::string& toml_text, const std::string& origin,
+                              const std::vector<std::string>& overrides = {});
+
+}  // namespace olmoref

@@ -1,0 +1,59 @@
+#include "train/manifest.h"
+
+#include <sys/utsname.h>
+
+#include <fstream>
+#include <thread>
+
+#include "golden/trace.h"
+#include "ref/gemm.h"
+
+#ifndef OLMOREF_ISA
+#define OLMOREF_ISA "unknown"
+#endif
+
+namespace olmoref {
+
+nlohmann::json build_facts() {
+  return {{"olmoref_version", "0.1.0"},
+          {"compiler", std::string("gcc ") + __VERSION__},
+          {"cpu_isa_build", OLMOREF_ISA},
+          {"fp_flags", "-ffp-contract=off -fno-fast-math"},
+          {"gemm_path", gemm_isa_name(active_gemm_isa())}};
+}
+
+nlohmann::json machine_facts() {
+  nlohmann::json j;
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpu, line))
+    if (line.rfind("model name", 0) == 0) {
+      j["cpu"] = line.substr(line.find(':') + 2);
+      break;
+    }
+  j["hardware_threads"] = std::thread::hardware_concurrency();
+  struct utsname u{};
+  if (uname(&u) == 0) j["os"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  return j;
+}
+
+void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads) {
+  nlohmann::json j;
+  j["format"] = "olmoref-run/1";
+  j["trace_format"] = kTraceFormat;
+  j["config_toml"] = cfg.to_toml();
+  j["config_source"] = cfg.source_path;
+  j["overrides"] = cfg.overrides;
+  j["precision"] = cfg.train.precision;
+  j["executor"] = cfg.train.executor;
+  j["threads"] = threads;
+  j["n_params"] = cfg.model.n_params();
+  j["flops_per_token"] = cfg.model.flops_per_token(cfg.train.seq_len);
+  j["build"] = build_facts();
+  j["machine"] = machine_facts();
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error(path + ": cannot write manifest");
+}
+
+}  // namespace olmoref

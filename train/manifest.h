@@ -1,0 +1,15 @@
+// train/manifest.h — the run manifest: what ran, how, built how, on what.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "train/config.h"
+
+namespace olmoref {
+
+nlohmann::json build_facts();    // version, compiler, flags, ISA, GEMM path
+nlohmann::json machine_facts();  // CPU model, cores, OS
+void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads);
+
+}  // namespace olmoref

@@ -1,0 +1,64 @@
+// train/trainer.h — one training run: batch -> micro-batch forward/backward -> canonical gradient
+// reduction -> clipping -> AdamW -> fingerprint and trace record.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "golden/trace.h"
+#include "ref/model.h"
+#include "ref/parallel.h"
+#include "train/batch_source.h"
+#include "train/config.h"
+
+namespace olmoref {
+
+struct StepResult {
+  TraceRecord record;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  // threads <= 0: all hardware threads.
+  Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source = nullptr);
+
+  const TrainConfig& config() const { return cfg_; }
+  const Olmo3& model() const { return model_; }
+  int64_t step() const { return step_; }          // optimizer steps completed
+  int64_t n_params() const { return model_.layout().total; }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  const std::vector<float>& adam_m() const { return m_; }
+  const std::vector<float>& adam_v() const { return v_; }
+  ThreadPool& pool() { return pool_; }
+
+  // One optimizer step on the next global batch.
+  StepResult train_step();
+
+  // The step gradient of `batch` at the current parameters (canonical reduction over micro-batches,
+  // before clipping) into grad (n_params floats); optionally the logits [instances, T, V].
+  LossSums compute_gradient(const StepBatch& batch, float* grad, float* logits_out = nullptr);
+
+ private:
+  LossSums reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, size_t depth, float* logits_out);
+
+  TrainConfig cfg_;
+  ThreadPool pool_;
+  Olmo3 model_;
+  std::unique_ptr<BatchSource> source_;
+  std::vector<float> params_, m_, v_;
+  std::vector<std::vector<float>> grad_stack_;  // one buffer per tree depth
+  int64_t step_ = 0;
+  int64_t tokens_ = 0;
+};
+
+// `olmoref train`: runs cfg.train.steps steps (or `steps` if >= 0) writing out_dir/trace.jsonl and
+// out_dir/manifest.json, with progress on stderr. Returns the records written.
+std::vector<TraceRecord> run_training(const TrainConfig& cfg, const std::string& out_dir, int threads,
+                                      int64_t steps, bool quiet);
+
+}  // namespace olmoref
