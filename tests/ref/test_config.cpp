@@ -1,0 +1,111 @@
+// Config parsing: shipped configs, overrides, and errors that name the key.
+#include <doctest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "train/config.h"
+
+using namespace olmoref;
+
+namespace {
+std::string root() { return OLMOREF_TEST_SOURCE_ROOT; }
+
+std::string error_of(const std::string& text, const std::vector<std::string>& ov = {}) {
+  try {
+    parse_config_text(text, "test.toml", ov);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kValid = R"(
+[model]
+vocab_size = 64
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_hidden = 64
+swa_pattern = [8, -1]
+[train]
+seq_len = 16
+micro_batch_instances = 2
+global_batch_instances = 4
+)";
+}  // namespace
+
+TEST_CASE("shipped configs parse, validate and report the published sizes") {
+  const TrainConfig c7 = load_config(root() + "/configs/olmo3-7b.toml");
+  CHECK(c7.model.n_params() == 7298617344LL);
+  CHECK(c7.model.ffn_hidden == 11008);
+  CHECK(c7.model.head_dim == 128);
+  CHECK(c7.model.flops_per_token(8192) / 1e9 == doctest::Approx(49.38).epsilon(1e-3));
+  const TrainConfig c32 = load_config(root() + "/configs/olmo3-32b.toml");
+  CHECK(c32.model.n_params() == 32234279936LL);
+  CHECK(c32.model.flops_per_token(8192) / 1e9 == doctest::Approx(210.5).epsilon(1e-3));
+  const TrainConfig c14 = load_config(root() + "/configs/olmo3-14m.toml");
+  CHECK(c14.model.n_params() == 26740864LL);
+  CHECK(c14.model.ffn_hidden == 512);
+  for (const char* name : {"tiny", "small", "parity"}) load_config(root() + "/configs/" + name + ".toml");
+}
+
+TEST_CASE("sliding-window pattern: [w, w, w, full], last layer always full") {
+  const TrainConfig c7 = load_config(root() + "/configs/olmo3-7b.toml");
+  int full = 0;
+  for (int64_t l = 0; l < c7.model.n_layers; ++l) full += c7.model.window(l) == 0;
+  CHECK(full == 8);
+  CHECK(c7.model.window(0) == 4096);
+  CHECK(c7.model.window(3) == 0);
+  CHECK(c7.model.window(31) == 0);
+  const TrainConfig odd = parse_config_text(kValid, "t", {"model.n_layers=3", "model.swa_pattern=[8]"});
+  CHECK(odd.model.window(0) == 8);
+  CHECK(odd.model.window(1) == 8);
+  CHECK(odd.model.window(2) == 0);  // forced full on the last layer
+}
+
+TEST_CASE("overrides use TOML syntax and are validated like file values") {
+  const TrainConfig c = parse_config_text(kValid, "t", {"optim.lr=1e-2", "model.name=foo", "data.train_files=[\"a\", \"b\"]"});
+  CHECK(c.optim.lr == 1e-2);
+  CHECK(c.model.name == "foo");
+  CHECK(c.data.train_files == std::vector<std::string>{"a", "b"});
+  CHECK(error_of(kValid, {"optim.lr"}).find("section.key=value") != std::string::npos);
+  CHECK(error_of(kValid, {"optim.lrr=1"}).find("'optim.lrr'") != std::string::npos);
+}
+
+TEST_CASE("invalid configs get an error naming the key") {
+  auto with = [](const std::string& key, const std::string& value) { return error_of(kValid, {key + "=" + value}); };
+  CHECK(with("model.n_heads", "5").find("model.d_model") != std::string::npos);   // 32 % 5 != 0
+  CHECK(with("model.n_kv_heads", "3").find("model.n_kv_heads") != std::string::npos);
+  CHECK(with("model.swa_pattern", "[0, -1]").find("model.swa_pattern") != std::string::npos);
+  CHECK(with("model.swa_pattern", "[-5]").find("model.swa_pattern") != std::string::npos);
+  CHECK(with("model.d_model", "\"big\"").find("model.d_model") != std::string::npos);
+  CHECK(with("train.global_batch_instances", "5").find("train.global_batch_instances") != std::string::npos);
+  CHECK(with("train.seq_len", "1").find("train.seq_len") != std::string::npos);
+  CHECK(with("optim.beta2", "1.5").find("optim.beta2") != std::string::npos);
+  CHECK(with("schedule.kind", "\"linear\"").find("schedule.kind") != std::string::npos);
+  CHECK(with("model.head_dim", "7").find("model.head_dim") != std::string::npos);
+  CHECK(error_of(std::string(kValid) + "\n[model2]\nx = 1\n").find("model2") != std::string::npos);
+  CHECK(error_of(std::string(kValid) + "\n[optim]\nlearning_rate = 1\n").find("'optim.learning_rate'") != std::string::npos);
+  const std::string syntax = error_of("[model\nvocab_size = 1");
+  CHECK(syntax.find("test.toml") != std::string::npos);
+  CHECK(syntax.find("line") != std::string::npos);
+  CHECK(error_of(kValid).empty());
+}
+
+TEST_CASE("missing config file names the path") {
+  try {
+    load_config("/nonexistent/x.toml");
+    FAIL("expected an error");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("/nonexistent/x.toml") != std::string::npos);
+  }
+}
+
+TEST_CASE("to_toml round-trips the resolved configuration") {
+  const TrainConfig a = load_config(root() + "/configs/tiny.toml");
+  const TrainConfig b = parse_config_text(a.to_toml(), "resolved");
+  CHECK(b.to_toml() == a.to_toml());
+  CHECK(b.model.n_params() == a.model.n_params());
+}
