@@ -7,6 +7,10 @@
 
 #include "ref/parallel.h"
 #include "train/config.h"
+#include "train/parity_dump.h"
+#include "golden/hf_export.h"
+#include "ref/init.h"
+#include "ref/params.h"
 #include "train/trainer.h"
 
 namespace olmoref {
@@ -72,6 +76,38 @@ void register_commands(CLI::App& app) {
     cmd->callback([=] {
       const TrainConfig c = cfg->load();
       run_training(c, *out, *threads, *steps, *quiet);
+    });
+  }
+  // ---- parity-dump ----
+  {
+    auto* cmd = app.add_subcommand("parity-dump", "Write a parity bundle for golden/parity/hf_parity.py");
+    auto cfg = std::make_shared<ConfigArgs>();
+    cfg->add(cmd);
+    auto out = std::make_shared<std::string>();
+    auto steps = std::make_shared<int64_t>(10);
+    auto threads = std::make_shared<int>(0);
+    cmd->add_option("--out", *out, "Bundle directory (created)")->required();
+    cmd->add_option("--steps", *steps, "AdamW steps to record");
+    cmd->add_option("--threads", *threads, "Worker threads (0 = all cores)");
+    cmd->callback([=] { write_parity_bundle(cfg->load(), *out, *steps, *threads); });
+  }
+  // ---- export-hf ----
+  {
+    auto* cmd = app.add_subcommand("export-hf", "Write step-0 weights as a Hugging Face Olmo3 checkpoint");
+    auto cfg = std::make_shared<ConfigArgs>();
+    cfg->add(cmd);
+    auto out = std::make_shared<std::string>();
+    cmd->add_option("--out", *out, "Directory for model.safetensors + config.json")->required();
+    cmd->callback([=] {
+      const TrainConfig c = cfg->load();
+      const ParamLayout layout(c.model);
+      std::vector<float> params(static_cast<size_t>(layout.total));
+      init_params(c.model, layout, params.data());
+      HfExportOptions opts;
+      opts.max_position_embeddings = c.train.seq_len;
+      export_hf_checkpoint(*out, c.model, layout, params.data(), opts);
+      std::printf("wrote %s/model.safetensors and config.json (%lld parameters)\n", out->c_str(),
+                  static_cast<long long>(layout.total));
     });
   }
   // ---- config ----

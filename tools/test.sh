@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: installs missing packages, builds, runs every test (meson test), and prints a
+# final line "N passed, N failed, N skipped" counting doctest test cases inside each test binary (a
+# binary that dies before reporting counts as one failure) plus script tests.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+bash tools/build.sh || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+meson test -C build --print-errorlogs --num-processes "${OLMOREF_TEST_JOBS:-2}" "$@"
+status=$?
+python3 tools/count_tests.py build/meson-logs/testlog.json
+count_status=$?
+[ $status -eq 0 ] && [ $count_status -eq 0 ]

@@ -1,0 +1,115 @@
+#include "train/parity_dump.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "golden/hf_export.h"
+#include "golden/safetensors.h"
+#include "ref/rng.h"
+#include "train/trainer.h"
+
+namespace olmoref {
+
+namespace {
+
+// Batches fixed in advance, so the same tokens can be written for the other implementation.
+class FixedBatchSource : public BatchSource {
+ public:
+  explicit FixedBatchSource(std::vector<StepBatch> batches) : batches_(std::move(batches)) {}
+  StepBatch next() override { return batches_.at(next_++); }
+  std::string describe() const override { return "fixed parity batches"; }
+
+ private:
+  std::vector<StepBatch> batches_;
+  size_t next_ = 0;
+};
+
+// Parity tokens: arithmetic progressions modulo the vocabulary with counter-based random starts and
+// steps, so the loss moves visibly over the steps (pure noise would keep it flat at ln V).
+std::vector<StepBatch> parity_batches(const TrainConfig& cfg, int64_t steps) {
+  const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, V = cfg.model.vocab_size;
+  std::vector<StepBatch> out;
+  for (int64_t s = 0; s < steps; ++s) {
+    StepBatch b;
+    b.tokens.resize(static_cast<size_t>(G * T));
+    for (int64_t i = 0; i < G; ++i) {
+      double u1, u2;
+      uniform2(20251129, RngPurpose::test, static_cast<uint32_t>(s), static_cast<uint64_t>(i), 0, &u1, &u2);
+      const int64_t start = static_cast<int64_t>(u1 * V), stride = 1 + static_cast<int64_t>(u2 * 5);
+      for (int64_t t = 0; t < T; ++t) b.tokens[i * T + t] = static_cast<uint32_t>((start + t * stride) % V);
+      b.instance_ids.push_back(s * G + i);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int64_t steps, int threads) {
+  namespace fs = std::filesystem;
+  fs::create_directories(out_dir + "/hf");
+  const std::vector<StepBatch> batches = parity_batches(cfg, steps);
+  Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches));
+  const ParamLayout& L = trainer.model().layout();
+  const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, V = cfg.model.vocab_size;
+
+  HfExportOptions hf;
+  hf.max_position_embeddings = T;
+  export_hf_checkpoint(out_dir + "/hf", cfg.model, L, trainer.params(), hf);
+
+  {
+    std::ofstream tok(out_dir + "/batches.u32", std::ios::binary);
+    for (const auto& b : batches)
+      tok.write(reinterpret_cast<const char*>(b.tokens.data()), static_cast<std::streamsize>(b.tokens.size() * 4));
+    if (!tok) throw std::runtime_error(out_dir + "/batches.u32: write failed");
+  }
+
+  // Step-1 batch at the step-0 weights: logits and the unclipped gradient.
+  std::vector<float> grad(static_cast<size_t>(L.total)), logits(static_cast<size_t>(G * T * V));
+  const LossSums s0 = trainer.compute_gradient(batches[0], grad.data(), logits.data());
+  std::vector<SafeTensorView> views;
+  views.push_back({"logits", "F32", {G, T, V}, logits.data(), logits.size() * sizeof(float)});
+  std::vector<std::string> names;
+  names.reserve(L.params.size());
+  for (const ParamInfo& p : L.params) names.push_back("grad." + p.hf_name);
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    const ParamInfo& p = L.params[i];
+    views.push_back({names[i], "F32", p.shape, grad.data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+  }
+  write_safetensors(out_dir + "/ours_step0.safetensors", views);
+
+  nlohmann::json j;
+  const double N = static_cast<double>(cfg.targets_per_step());
+  j["model"] = {{"vocab_size", V}, {"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
+                {"n_heads", cfg.model.n_heads}, {"n_kv_heads", cfg.model.n_kv_heads}, {"head_dim", cfg.model.head_dim},
+                {"ffn_hidden", cfg.model.ffn_hidden}, {"rope_theta", cfg.model.rope_theta},
+                {"swa_pattern", cfg.model.swa_pattern}};
+  j["seq_len"] = T;
+  j["instances_per_step"] = G;
+  j["steps"] = steps;
+  j["z_loss"] = cfg.train.z_loss;
+  j["loss_step0"] = (s0.ce + s0.z) / N;
+  j["ce_step0"] = s0.ce / N;
+  j["z_step0"] = s0.z / N;
+  nlohmann::json lrs = nlohmann::json::array(), trace = nlohmann::json::array();
+  for (int64_t s = 0; s < steps; ++s) {
+    const TraceRecord r = trainer.train_step().record;
+    lrs.push_back(r.lr);
+    trace.push_back({{"step", r.step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr}});
+  }
+  j["optim"] = {{"lr_per_step", lrs},
+                {"betas", {cfg.optim.beta1, cfg.optim.beta2}},
+                {"eps", cfg.optim.eps},
+                {"weight_decay", cfg.optim.weight_decay},
+                {"max_grad_norm", cfg.optim.max_grad_norm},
+                {"no_decay", {"model.embed_tokens.weight"}}};
+  j["trace"] = trace;
+  std::ofstream out(out_dir + "/ours.json");
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error(out_dir + "/ours.json: write failed");
+}
+
+}  // namespace olmoref
