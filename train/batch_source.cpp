@@ -45,9 +45,6 @@ class SequentialTokenSource : public BatchSource {
         instances_.push_back({files_.size() - 1, i});
       }
     }
-    for (auto& inst : instances_) {
-      (void)inst;
-    }
     if (static_cast<int64_t>(instances_.size()) < G_)
       throw std::runtime_error("training data holds " + std::to_string(instances_.size()) +
                                " instances, fewer than one global batch (" + std::to_string(G_) + ")");
@@ -83,6 +80,14 @@ class SequentialTokenSource : public BatchSource {
     }
     ++next_;
     return b;
+  }
+
+  nlohmann::json state() const override { return {{"kind", "sequential"}, {"next_batch", next_}}; }
+  void restore(const nlohmann::json& state, bool) override { next_ = state.at("next_batch").get<int64_t>(); }
+  std::string fingerprint() const override {
+    std::string f = "sequential;T=" + std::to_string(T_);
+    for (const auto& file : files_) f += ";" + file.path + ":" + std::to_string(file.bytes);
+    return f;
   }
 
   std::string describe() const override {

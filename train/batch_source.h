@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "train/config.h"
 
 namespace olmoref {
@@ -21,6 +23,11 @@ class BatchSource {
   virtual ~BatchSource() = default;
   virtual StepBatch next() = 0;
   virtual std::string describe() const = 0;
+  // Position in the stream, for checkpoints; restore() continues exactly where state() was taken.
+  virtual nlohmann::json state() const = 0;
+  virtual void restore(const nlohmann::json& state, bool ignore_fingerprint_mismatch) = 0;
+  // Identifies the data (files, sizes, dtype, sequence length); a resume on other data is refused.
+  virtual std::string fingerprint() const = 0;
 };
 
 // Builds the batch source the config asks for.

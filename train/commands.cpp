@@ -1,6 +1,8 @@
 #include "train/commands.h"
 
 #include <cstdio>
+#include <filesystem>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +10,8 @@
 #include "ref/parallel.h"
 #include "train/config.h"
 #include "train/parity_dump.h"
+#include "train/resume_check.h"
+#include "ckpt/checkpoint.h"
 #include "golden/hf_export.h"
 #include "ref/init.h"
 #include "ref/params.h"
@@ -62,20 +66,88 @@ int command_exit_code() { return g_exit_code; }
 void register_commands(CLI::App& app) {
   // ---- train ----
   {
-    auto* cmd = app.add_subcommand("train", "Train a model and write trace.jsonl + manifest.json");
+    auto* cmd = app.add_subcommand("train", "Train a model: trace.jsonl, manifest.json, checkpoints/");
     auto cfg = std::make_shared<ConfigArgs>();
     cfg->add(cmd);
-    auto out = std::make_shared<std::string>();
-    auto threads = std::make_shared<int>(0);
+    auto o = std::make_shared<RunOptions>();
     auto steps = std::make_shared<int64_t>(-1);
-    auto quiet = std::make_shared<bool>(false);
-    cmd->add_option("--out", *out, "Run directory (created)")->required();
-    cmd->add_option("--threads", *threads, "Worker threads (0 = all cores); results do not depend on it");
-    cmd->add_option("--steps", *steps, "Steps to run (default: train.steps from the config)");
-    cmd->add_flag("--quiet", *quiet, "No progress output");
+    cmd->add_option("--out", o->out_dir, "Run directory (created)")->required();
+    cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it");
+    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)");
+    cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted");
+    cmd->add_flag("--resume", o->resume, "Continue from the newest complete checkpoint in OUT/checkpoints");
+    cmd->add_option("--resume-from", o->resume_from, "Continue from this checkpoint directory");
+    cmd->add_flag("--ignore-fingerprint-mismatch", o->resume_opts.ignore_fingerprint_mismatch,
+                  "Resume even though the data files differ from the checkpoint's");
+    cmd->add_flag("--allow-config-change", o->resume_opts.allow_config_change,
+                  "Resume even though the run configuration differs from the checkpoint's");
+    auto skip = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("--debug-skip-restore", *skip,
+                    "TEST ONLY: leave part of the state unrestored on resume (moments, loader, step); resume-check must fail")
+        ->check(CLI::IsMember({"moments", "loader", "step"}));
+    cmd->add_flag("--quiet", o->quiet, "No progress output");
     cmd->callback([=] {
-      const TrainConfig c = cfg->load();
-      run_training(c, *out, *threads, *steps, *quiet);
+      std::vector<std::string> ov = cfg->overrides;
+      if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
+      const TrainConfig c = load_config(cfg->path, ov);
+      RunOptions run = *o;
+      for (const auto& what : *skip) {
+        run.resume_opts.skip_moments |= what == "moments";
+        run.resume_opts.skip_loader |= what == "loader";
+        run.resume_opts.skip_step |= what == "step";
+      }
+      run_training(c, run);
+    });
+  }
+  // ---- resume-check ----
+  {
+    auto* cmd = app.add_subcommand("resume-check",
+                                   "Run N steps straight and with stop+resume at each K (fresh processes); compare every step");
+    auto o = std::make_shared<ResumeCheckOptions>();
+    auto at = std::make_shared<std::string>();
+    auto skip = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("--config", o->config_path, "Run configuration (TOML)")->required();
+    cmd->add_option("--set", o->overrides, "Override a config key (repeatable)");
+    cmd->add_option("--steps", o->steps, "Steps of the run")->required();
+    cmd->add_option("--at", *at, "Steps to stop and resume at, comma separated (e.g. 3,7)")->required();
+    cmd->add_option("--threads", o->threads, "Worker threads per run");
+    cmd->add_option("--work", o->work_dir, "Keep the runs here (default: a temporary directory, removed when identical)");
+    cmd->add_option("--debug-skip-restore", *skip, "TEST ONLY: negative control passed to the resumed runs")
+        ->check(CLI::IsMember({"moments", "loader", "step"}));
+    cmd->callback([=] {
+      ResumeCheckOptions opts = *o;
+      std::stringstream ss(*at);
+      for (std::string item; std::getline(ss, item, ',');) opts.at.push_back(std::stoll(item));
+      for (const auto& s : *skip) {
+        opts.extra_resume_args.push_back("--debug-skip-restore");
+        opts.extra_resume_args.push_back(s);
+      }
+      g_exit_code = resume_check(opts);
+    });
+  }
+  // ---- ckpt ----
+  {
+    auto* cmd = app.add_subcommand("ckpt", "Inspect or verify checkpoints");
+    cmd->require_subcommand(1);
+    auto* ins = cmd->add_subcommand("inspect", "What is inside a checkpoint: step, config, shards, sizes, digests");
+    auto dir = std::make_shared<std::string>();
+    auto tensors = std::make_shared<bool>(false);
+    ins->add_option("DIR", *dir, "Checkpoint directory (stepNNNNNNNN) or a run's checkpoints/ folder")->required();
+    ins->add_flag("--tensors", *tensors, "List every tensor with its size and checksum");
+    ins->callback([=] {
+      std::string d = *dir;
+      if (!std::filesystem::exists(d + "/manifest.json"))
+        if (auto newest = ckpt::newest_complete(d)) d = *newest;
+      std::printf("%s", ckpt::inspect(d, *tensors).c_str());
+    });
+    auto* ver = cmd->add_subcommand("verify", "Check every byte of a checkpoint; exit 0 only if intact");
+    auto vdir = std::make_shared<std::string>();
+    ver->add_option("DIR", *vdir, "Checkpoint directory")->required();
+    ver->callback([=] {
+      const auto problems = ckpt::verify(*vdir);
+      for (const auto& p : problems) std::printf("FAILED: %s\n", p.c_str());
+      if (problems.empty()) std::printf("OK: %s is intact\n", vdir->c_str());
+      g_exit_code = problems.empty() ? 0 : 1;
     });
   }
   // ---- parity-dump ----

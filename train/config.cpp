@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <toml++/toml.h>
+#include <xxhash.h>
+#include <cstdio>
 
 namespace olmoref {
 
@@ -90,7 +92,7 @@ class Reader {
     for (const auto& [sec, node] : root_) {
       const toml::table* t = node.as_table();
       const std::string s(sec.str());
-      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data])");
+      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data], [checkpoint])");
       for (const auto& [k, v] : *t) {
         (void)v;
         const std::string full = s + "." + std::string(k.str());
@@ -199,6 +201,12 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("data", "shuffle", d.shuffle);
   r.get("data", "eos_id", d.eos_id);
 
+  CheckpointConfig& k = c.checkpoint;
+  r.get("checkpoint", "interval", k.interval);
+  r.get("checkpoint", "keep_last", k.keep_last);
+  r.get("checkpoint", "zstd_level", k.zstd_level);
+  r.get("checkpoint", "zstd_threads", k.zstd_threads);
+
   r.reject_unknown();
   try {
     c.validate();
@@ -242,6 +250,10 @@ void TrainConfig::validate() const {
   require(schedule.t_max >= 0, "schedule.t_max", "must be >= 0 (0 = the run's steps)");
   require(data.dtype == "auto" || data.dtype == "u16" || data.dtype == "u32", "data.dtype", "must be \"u16\", \"u32\" or \"auto\"");
   require(data.train_files.empty() || data.train_mix.empty(), "data.train_mix", "give either data.train_files or data.train_mix, not both");
+  require(checkpoint.interval >= 0, "checkpoint.interval", "must be >= 0 (0 = only at the end)");
+  require(checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
+  require(checkpoint.zstd_level >= 1 && checkpoint.zstd_level <= 22, "checkpoint.zstd_level", "must be in [1, 22]");
+  require(checkpoint.zstd_threads >= 0, "checkpoint.zstd_threads", "must be >= 0 (0 = the run's threads)");
   require(data.holdout_files.empty() || data.holdout_mix.empty(), "data.holdout_mix", "give either data.holdout_files or data.holdout_mix, not both");
 }
 
@@ -272,10 +284,39 @@ std::string TrainConfig::to_toml() const {
                            {"holdout_files", strings(data.holdout_files)}, {"holdout_mix", data.holdout_mix},
                            {"dtype", data.dtype}, {"seed", static_cast<int64_t>(data.seed)}, {"shuffle", data.shuffle},
                            {"eos_id", data.eos_id}}},
+      {"checkpoint", toml::table{{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last},
+                                 {"zstd_level", checkpoint.zstd_level}, {"zstd_threads", checkpoint.zstd_threads}}},
   };
   std::ostringstream out;
   out << toml::toml_formatter(root);
   return out.str();
+}
+
+namespace {
+std::string hash_text(const std::string& s) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits(s.data(), s.size())));
+  return buf;
+}
+}  // namespace
+
+std::string TrainConfig::model_hash() const {
+  TrainConfig c;
+  c.model = model;
+  const std::string full = c.to_toml();
+  return hash_text(full.substr(full.find("[model]")));
+}
+
+std::string TrainConfig::resume_hash() const {
+  TrainConfig c = *this;
+  c.train.log_every = 1;
+  c.checkpoint = CheckpointConfig{};
+  c.data.train_files.clear();
+  c.data.train_mix.clear();
+  c.data.holdout_files.clear();
+  c.data.holdout_mix.clear();
+  c.model.name.clear();
+  return hash_text(c.to_toml());
 }
 
 }  // namespace olmoref

@@ -33,12 +33,20 @@ struct DataConfig {
   int64_t eos_id = -1;                   // -1: vocab_size - 1 is not assumed; only used for reports
 };
 
+struct CheckpointConfig {
+  int64_t interval = 0;     // save every N steps (0: only at the end of the run)
+  int64_t keep_last = 3;    // complete checkpoints kept; the newest is never deleted
+  int64_t zstd_level = 3;
+  int64_t zstd_threads = 0; // 0: the run's thread count
+};
+
 struct TrainConfig {
   ModelConfig model;
   TrainLoopConfig train;
   AdamWConfig optim;
   ScheduleConfig schedule;
   DataConfig data;
+  CheckpointConfig checkpoint;
   std::string source_path;   // the TOML file it came from (empty when built in code)
   std::vector<std::string> overrides;
 
@@ -46,6 +54,11 @@ struct TrainConfig {
   int64_t targets_per_step() const { return train.global_batch_instances * (train.seq_len - 1); }
   void validate() const;                // throws std::invalid_argument naming the key
   std::string to_toml() const;          // resolved configuration, stable key order
+  // Hashes of what must match to resume a run bit for bit: the [model] section alone, and
+  // everything that shapes the numbers (model, batch shape, precision, optimizer, schedule, steps,
+  // data order settings). Checkpoint, logging and data paths are excluded (data is fingerprinted).
+  std::string model_hash() const;
+  std::string resume_hash() const;
 };
 
 // Reads and validates FILE, applying overrides of the form "section.key=value" (value in TOML syntax;

@@ -20,6 +20,9 @@ class FixedBatchSource : public BatchSource {
   explicit FixedBatchSource(std::vector<StepBatch> batches) : batches_(std::move(batches)) {}
   StepBatch next() override { return batches_.at(next_++); }
   std::string describe() const override { return "fixed parity batches"; }
+  nlohmann::json state() const override { return {{"next", next_}}; }
+  void restore(const nlohmann::json& s, bool) override { next_ = s.at("next").get<size_t>(); }
+  std::string fingerprint() const override { return "parity"; }
 
  private:
   std::vector<StepBatch> batches_;

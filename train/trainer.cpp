@@ -12,6 +12,7 @@
 #include "ref/gemm.h"
 #include "ref/init.h"
 #include "ref/optim.h"
+#include "ckpt/checkpoint.h"
 #include "train/manifest.h"
 
 namespace olmoref {
@@ -94,37 +95,144 @@ StepResult Trainer::train_step() {
   return out;
 }
 
-std::vector<TraceRecord> run_training(const TrainConfig& cfg, const std::string& out_dir, int threads,
-                                      int64_t steps, bool quiet) {
+std::string Trainer::save_checkpoint(const std::string& root) const {
+  ckpt::CheckpointMeta meta;
+  meta.step = step_;
+  meta.tokens = tokens_;
+  meta.loader_state = source_ ? source_->state() : nlohmann::json();
+  meta.dataset_fingerprint = source_ ? source_->fingerprint() : "";
+  meta.config_toml = cfg_.to_toml();
+  meta.resume_hash = cfg_.resume_hash();
+  meta.model_hash = cfg_.model_hash();
+  meta.data_layout = {{"seq_len", cfg_.train.seq_len},
+                      {"micro_batch_instances", cfg_.train.micro_batch_instances},
+                      {"global_batch_instances", cfg_.train.global_batch_instances},
+                      {"dp_shard", 1},
+                      {"dp_replicate", 1}};
+  meta.precision = cfg_.train.precision;
+  meta.executor = cfg_.train.executor;
+  meta.extra = {{"build", build_facts()}};
+  std::vector<ckpt::Segment> segments;
+  for (const ParamInfo& p : model_.layout().params) segments.push_back({p.name, p.offset, p.numel});
+  ckpt::SaveOptions opts;
+  opts.zstd_level = static_cast<int>(cfg_.checkpoint.zstd_level);
+  opts.zstd_threads = cfg_.checkpoint.zstd_threads > 0 ? static_cast<int>(cfg_.checkpoint.zstd_threads) : pool_.size();
+  opts.keep_last = static_cast<int>(cfg_.checkpoint.keep_last);
+  // The vectors are only read; StateVectors carries mutable pointers because load() shares it.
+  auto& self = const_cast<Trainer&>(*this);
+  return ckpt::save(root, meta, {n_params(), self.params_.data(), self.m_.data(), self.v_.data()}, segments, opts);
+}
+
+void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
+  ckpt::CheckpointMeta expect;
+  expect.model_hash = cfg_.model_hash();
+  expect.resume_hash = cfg_.resume_hash();
+  expect.dataset_fingerprint = source_ ? source_->fingerprint() : "";
+  ckpt::LoadOptions lo;
+  lo.ignore_fingerprint_mismatch = opts.ignore_fingerprint_mismatch;
+  lo.allow_config_change = opts.allow_config_change;
+  std::vector<float> m_fresh, v_fresh;
+  if (opts.skip_moments) {
+    m_fresh = m_;
+    v_fresh = v_;
+  }
+  const ckpt::CheckpointMeta meta = ckpt::load(dir, {n_params(), params_.data(), m_.data(), v_.data()}, expect, lo);
+  if (opts.skip_moments) {
+    m_ = std::move(m_fresh);
+    v_ = std::move(v_fresh);
+  }
+  if (!opts.skip_step) step_ = meta.step;
+  tokens_ = meta.tokens;
+  if (source_ && !opts.skip_loader) source_->restore(meta.loader_state, opts.ignore_fingerprint_mismatch);
+}
+
+namespace {
+
+// Keeps the trace records of steps <= last_step (a killed run may have written records past its
+// newest checkpoint; the resumed run writes them again).
+void truncate_trace(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    TraceRecord r;
+    try {
+      r = TraceRecord::from_json(line);
+    } catch (const std::exception&) {
+      break;  // a record torn by a kill: everything after it is discarded too
+    }
+    if (r.step > last_step) break;
+    kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    if (!out) throw std::runtime_error(tmp + ": cannot rewrite the trace");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
+  const std::string& out_dir = opts.out_dir;
   fs::create_directories(out_dir);
-  const int64_t total = steps >= 0 ? steps : cfg.train.steps;
-  Trainer trainer(cfg, threads, make_batch_source(cfg));
+  const std::string ckpt_root = out_dir + "/checkpoints";
+  const int64_t total = cfg.train.steps;
+  const int64_t stop = opts.stop_after >= 0 ? std::min(opts.stop_after, total) : total;
+  Trainer trainer(cfg, opts.threads, make_batch_source(cfg));
+  std::string resume_dir = opts.resume_from;
+  if (opts.resume && resume_dir.empty()) {
+    const auto newest = ckpt::newest_complete(ckpt_root);
+    if (!newest)
+      throw std::runtime_error(ckpt_root + ": no complete checkpoint to resume from (run without --resume to start fresh)");
+    resume_dir = *newest;
+  }
+  if (!resume_dir.empty()) {
+    trainer.resume(resume_dir, opts.resume_opts);
+    if (!opts.quiet)
+      std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
+                   static_cast<long long>(trainer.step()));
+    truncate_trace(out_dir + "/trace.jsonl", trainer.step());
+  }
   write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size());
   TraceWriter trace;
-  trace.open(out_dir + "/trace.jsonl", false);
-  if (!quiet)
-    std::fprintf(stderr, "olmoref train: %s, %.3fM params, %lld steps of %lld tokens, %d thread(s), out %s\n",
-                 cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6, static_cast<long long>(total),
+  trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
+  if (!opts.quiet)
+    std::fprintf(stderr, "olmoref train: %s, %.3fM params, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
+                 cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6,
+                 static_cast<long long>(trainer.step() + 1), static_cast<long long>(stop), static_cast<long long>(total),
                  static_cast<long long>(cfg.train.global_batch_instances * cfg.train.seq_len), trainer.pool().size(),
-                 out_dir.c_str());
+                 trainer.source().describe().c_str(), out_dir.c_str());
   std::vector<TraceRecord> records;
   double elapsed = 0.0;
-  for (int64_t s = 0; s < total; ++s) {
+  int64_t done = 0;
+  while (trainer.step() < stop) {
     const StepResult res = trainer.train_step();
     trace.write(res.record);
     records.push_back(res.record);
     elapsed += res.seconds;
-    if (!quiet && (res.record.step % cfg.train.log_every == 0 || s + 1 == total)) {
+    ++done;
+    const int64_t s = res.record.step;
+    if (!opts.quiet && (s % cfg.train.log_every == 0 || s == stop)) {
       const double tps = static_cast<double>(cfg.train.global_batch_instances * cfg.train.seq_len) / res.seconds;
       std::fprintf(stderr, "step %5lld/%lld  loss %.4f  grad_norm %.4f  lr %.3e  %.0f tok/s  %s\n",
-                   static_cast<long long>(res.record.step), static_cast<long long>(total), res.record.loss,
-                   res.record.grad_norm, res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
+                   static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
+                   res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
+    }
+    const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
+    if (periodic || s == stop) {
+      const std::string dir = trainer.save_checkpoint(ckpt_root);
+      if (!opts.quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
     }
   }
-  if (!quiet && total > 0)
-    std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(total),
-                 elapsed, static_cast<double>(total * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
+  if (!opts.quiet && done > 0)
+    std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(done),
+                 elapsed, static_cast<double>(done * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
                  out_dir.c_str());
   return records;
 }

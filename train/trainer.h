@@ -39,6 +39,20 @@ class Trainer {
   // One optimizer step on the next global batch.
   StepResult train_step();
 
+  // Checkpoints (ckpt/checkpoint.h). save writes <root>/stepNNNNNNNN; resume loads a checkpoint
+  // directory and continues exactly where it was taken.
+  std::string save_checkpoint(const std::string& root) const;
+  struct ResumeOptions {
+    bool ignore_fingerprint_mismatch = false;
+    bool allow_config_change = false;
+    // Test-only negative controls: each leaves part of the state at its fresh-start value, which
+    // resume-check must then detect.
+    bool skip_moments = false, skip_loader = false, skip_step = false;
+  };
+  void resume(const std::string& dir, const ResumeOptions& opts);
+  int64_t tokens() const { return tokens_; }
+  const BatchSource& source() const { return *source_; }
+
   // The step gradient of `batch` at the current parameters (canonical reduction over micro-batches,
   // before clipping) into grad (n_params floats); optionally the logits [instances, T, V].
   LossSums compute_gradient(const StepBatch& batch, float* grad, float* logits_out = nullptr);
@@ -56,9 +70,20 @@ class Trainer {
   int64_t tokens_ = 0;
 };
 
-// `olmoref train`: runs cfg.train.steps steps (or `steps` if >= 0) writing out_dir/trace.jsonl and
-// out_dir/manifest.json, with progress on stderr. Returns the records written.
-std::vector<TraceRecord> run_training(const TrainConfig& cfg, const std::string& out_dir, int threads,
-                                      int64_t steps, bool quiet);
+struct RunOptions {
+  std::string out_dir;
+  int threads = 0;
+  bool quiet = false;
+  int64_t stop_after = -1;     // stop (with a checkpoint) after this step; the schedule still spans train.steps
+  bool resume = false;         // continue from the newest complete checkpoint in out_dir/checkpoints
+  std::string resume_from;     // or from this checkpoint directory
+  Trainer::ResumeOptions resume_opts;
+};
+
+// `olmoref train`: runs to cfg.train.steps writing out_dir/trace.jsonl (one record per step),
+// out_dir/manifest.json and checkpoints under out_dir/checkpoints (every checkpoint.interval steps and
+// at the end), with progress on stderr. On resume the trace keeps the records up to the checkpoint's
+// step and continues after it. Returns the records written by this process.
+std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts);
 
 }  // namespace olmoref

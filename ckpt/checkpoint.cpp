@@ -1,0 +1,395 @@
+#include "ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "golden/digest.h"
+
+namespace fs = std::filesystem;
+
+namespace olmoref::ckpt {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(where + ": " + what);
+}
+
+std::string hex(uint64_t x) { return hex64(x); }
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) fail(path, "cannot open for fsync");
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail(path, "fsync failed");
+  }
+  ::close(fd);
+}
+
+// Writes bytes to path via path.tmp + fsync + rename.
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) fail(tmp, "cannot create (is the checkpoint directory writable?)");
+    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0 &&
+                    ::fsync(::fileno(f)) == 0;
+    std::fclose(f);
+    if (!ok) fail(tmp, "write failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "rename from .tmp failed");
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "missing or unreadable");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const char* kVectorNames[3] = {"params", "adam_m", "adam_v"};
+
+float* vector_ptr(const StateVectors& s, const std::string& name) {
+  if (name == "params") return s.params;
+  if (name == "adam_m") return s.adam_m;
+  if (name == "adam_v") return s.adam_v;
+  return nullptr;
+}
+
+void put_u64(std::string& out, uint64_t x) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((x >> (8 * i)) & 0xff));
+}
+uint64_t get_u64(const std::string& in, size_t pos) {
+  uint64_t x = 0;
+  for (int i = 0; i < 8; ++i) x |= static_cast<uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
+  return x;
+}
+
+struct ParsedShard {
+  nlohmann::json header;
+  std::string bytes;
+  size_t data_begin = 0;
+};
+
+// Reads a shard and checks its framing (magic, sizes, header checksum), not yet the tensors.
+ParsedShard read_shard(const std::string& path, uint64_t expected_bytes, const std::string& expected_header_xxh3) {
+  ParsedShard s;
+  if (!fs::exists(path)) fail(path, "shard file is missing (the checkpoint is incomplete or was damaged)");
+  s.bytes = read_file(path);
+  if (expected_bytes && s.bytes.size() != expected_bytes)
+    fail(path, "shard is " + std::to_string(s.bytes.size()) + " bytes, manifest says " + std::to_string(expected_bytes) +
+                   " (truncated or overwritten)");
+  if (s.bytes.size() < 32 || std::memcmp(s.bytes.data(), kShardMagic, 16) != 0)
+    fail(path, "not an olmoref shard (bad magic)");
+  const uint64_t header_len = get_u64(s.bytes, 16);
+  if (24 + header_len + 8 > s.bytes.size()) fail(path, "header length runs past the end of the file (truncated?)");
+  const std::string header_text = s.bytes.substr(24, header_len);
+  const uint64_t header_sum = get_u64(s.bytes, 24 + header_len);
+  if (XXH3_64bits(header_text.data(), header_text.size()) != header_sum) fail(path, "header checksum mismatch");
+  if (!expected_header_xxh3.empty() && hex(header_sum) != expected_header_xxh3)
+    fail(path, "header differs from the one the manifest recorded (shard from another checkpoint?)");
+  s.header = nlohmann::json::parse(header_text);
+  s.data_begin = 24 + header_len + 8;
+  return s;
+}
+
+// Decompresses and verifies one entry into dst (entry.numel floats).
+void read_entry(const std::string& path, const ParsedShard& s, const nlohmann::json& e, float* dst) {
+  const std::string what = e.at("vector").get<std::string>() + " " + e.at("name").get<std::string>();
+  const uint64_t off = e.at("data_offset").get<uint64_t>(), len = e.at("zstd_bytes").get<uint64_t>();
+  const int64_t numel = e.at("numel").get<int64_t>();
+  if (s.data_begin + off + len > s.bytes.size()) fail(path, what + ": data runs past the end of the file (truncated)");
+  const char* src = s.bytes.data() + s.data_begin + off;
+  if (hex(XXH3_64bits(src, len)) != e.at("zstd_xxh3").get<std::string>())
+    fail(path, what + ": compressed data checksum mismatch (corrupted)");
+  const size_t want = static_cast<size_t>(numel) * sizeof(float);
+  const size_t got = ZSTD_decompress(dst, want, src, len);
+  if (ZSTD_isError(got) || got != want) fail(path, what + ": zstd decompression failed or wrong size (corrupted)");
+  if (hex(XXH3_64bits(dst, want)) != e.at("raw_xxh3").get<std::string>())
+    fail(path, what + ": tensor checksum mismatch after decompression (corrupted)");
+}
+
+nlohmann::json read_manifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  if (!fs::exists(path)) fail(path, "missing: " + dir + " is not a complete checkpoint");
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (m.value("format", "") != kFormat) fail(path, "not an olmoref checkpoint manifest");
+  const int version = m.value("format_version", -1);
+  if (version != kFormatVersion)
+    fail(path, "checkpoint format version " + std::to_string(version) + ", this build reads version " +
+                   std::to_string(kFormatVersion) + " (use the olmoref release that wrote it, or convert)");
+  return m;
+}
+
+int64_t step_of(const std::string& name) {
+  if (name.size() != 12 || name.rfind("step", 0) != 0) return -1;
+  for (size_t i = 4; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoll(name.substr(4));
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<std::string> list_complete(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (!fs::is_directory(root)) return {};
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory() && fs::exists(entry.path() / "manifest.json"))
+      found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::optional<std::string> newest_complete(const std::string& root) {
+  auto all = list_complete(root);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
+                 const std::vector<Segment>& segments, const SaveOptions& opts) {
+  fs::create_directories(root);
+  const std::string name = step_dir_name(meta.step);
+  const std::string final_dir = root + "/" + name, tmp_dir = root + "/.tmp-" + name;
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+
+  // Shard 0 holds every segment of the three vectors (one process); ranges are recorded so other
+  // layouts can read any part.
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, opts.zstd_level);
+  if (opts.zstd_threads > 1) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, opts.zstd_threads);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0);
+  nlohmann::json entries = nlohmann::json::array();
+  std::string data;
+  std::vector<char> buf;
+  int64_t raw_bytes = 0;
+  for (const char* vec : kVectorNames) {
+    const float* base = vector_ptr(state, vec);
+    for (const Segment& seg : segments) {
+      const float* src = base + seg.offset;
+      const size_t n = static_cast<size_t>(seg.numel) * sizeof(float);
+      buf.resize(ZSTD_compressBound(n));
+      const size_t z = ZSTD_compress2(cctx, buf.data(), buf.size(), src, n);
+      if (ZSTD_isError(z)) {
+        ZSTD_freeCCtx(cctx);
+        fail(tmp_dir, std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
+      }
+      entries.push_back({{"vector", vec},
+                         {"name", seg.name},
+                         {"offset", seg.offset},
+                         {"numel", seg.numel},
+                         {"raw_xxh3", hex(XXH3_64bits(src, n))},
+                         {"zstd_bytes", z},
+                         {"zstd_xxh3", hex(XXH3_64bits(buf.data(), z))},
+                         {"data_offset", data.size()}});
+      data.append(buf.data(), z);
+      raw_bytes += static_cast<int64_t>(n);
+    }
+  }
+  ZSTD_freeCCtx(cctx);
+  const std::string header = nlohmann::json{{"rank", 0}, {"entries", entries}}.dump();
+  std::string shard(kShardMagic, 16);
+  put_u64(shard, header.size());
+  shard += header;
+  const uint64_t header_sum = XXH3_64bits(header.data(), header.size());
+  put_u64(shard, header_sum);
+  shard += data;
+  const std::string shard_name = "shard-00000.bin";
+  write_file_atomic(tmp_dir + "/" + shard_name, shard);
+
+  nlohmann::json m;
+  m["format"] = kFormat;
+  m["format_version"] = kFormatVersion;
+  m["step"] = meta.step;
+  m["tokens"] = meta.tokens;
+  m["total_params"] = state.total;
+  m["loader_state"] = meta.loader_state;
+  m["dataset_fingerprint"] = meta.dataset_fingerprint;
+  m["config_toml"] = meta.config_toml;
+  m["resume_hash"] = meta.resume_hash;
+  m["model_hash"] = meta.model_hash;
+  m["data_layout"] = meta.data_layout;
+  m["precision"] = meta.precision;
+  m["executor"] = meta.executor;
+  m["extra"] = meta.extra;
+  m["libraries"] = {{"zstd", ZSTD_versionString()}, {"xxhash", std::to_string(XXH_versionNumber())}};
+  m["compression"] = {{"codec", "zstd"}, {"level", opts.zstd_level}, {"threads", opts.zstd_threads}};
+  m["raw_bytes"] = raw_bytes;
+  m["shards"] = nlohmann::json::array(
+      {{{"file", shard_name}, {"rank", 0}, {"bytes", shard.size()}, {"header_xxh3", hex(header_sum)}}});
+  m["state_digests"] = {{"params", merkle_digest(state.params, state.total).hex()},
+                        {"adam_m", merkle_digest(state.adam_m, state.total).hex()},
+                        {"adam_v", merkle_digest(state.adam_v, state.total).hex()}};
+  write_file_atomic(tmp_dir + "/manifest.json", m.dump(2) + "\n");
+  fsync_path(tmp_dir, true);
+  fs::remove_all(final_dir);  // a complete checkpoint of the same step (a rerun) is replaced whole
+  fs::rename(tmp_dir, final_dir);
+  fsync_path(root, true);
+
+  // Retention: keep the newest keep_last complete checkpoints; clear crash leftovers.
+  auto all = list_complete(root);
+  const size_t keep = static_cast<size_t>(std::max(1, opts.keep_last));
+  for (size_t i = 0; i + keep < all.size(); ++i)
+    if (all[i] != final_dir) fs::remove_all(all[i]);
+  for (const auto& entry : fs::directory_iterator(root))
+    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
+  return final_dir;
+}
+
+namespace {
+
+// Reads every shard into `state`, checking each flat vector is covered exactly once.
+void read_all(const std::string& dir, const nlohmann::json& m, const StateVectors& state) {
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
+  for (const auto& sh : m.at("shards")) {
+    const std::string path = dir + "/" + sh.at("file").get<std::string>();
+    const ParsedShard s = read_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
+    for (const auto& e : s.header.at("entries")) {
+      const std::string vec = e.at("vector").get<std::string>();
+      float* base = vector_ptr(state, vec);
+      if (!base) fail(path, "unknown vector '" + vec + "'");
+      const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
+      if (off < 0 || n < 0 || off + n > state.total) fail(path, vec + " range out of bounds");
+      read_entry(path, s, e, base + off);
+      coverage[vec].emplace_back(off, off + n);
+    }
+  }
+  for (const char* vec : kVectorNames) {
+    auto& r = coverage[vec];
+    std::sort(r.begin(), r.end());
+    int64_t at = 0;
+    for (auto& [lo, hi] : r) {
+      if (lo != at) fail(dir, std::string(vec) + ": shards leave a gap or overlap at element " + std::to_string(at) + " (missing shard?)");
+      at = hi;
+    }
+    if (at != state.total) fail(dir, std::string(vec) + ": shards cover " + std::to_string(at) + " of " + std::to_string(state.total) + " elements (missing shard?)");
+  }
+  const auto& d = m.at("state_digests");
+  if (merkle_digest(state.params, state.total).hex() != d.at("params").get<std::string>() ||
+      merkle_digest(state.adam_m, state.total).hex() != d.at("adam_m").get<std::string>() ||
+      merkle_digest(state.adam_v, state.total).hex() != d.at("adam_v").get<std::string>())
+    fail(dir, "loaded state does not match the manifest's whole-state digests");
+}
+
+}  // namespace
+
+CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
+                    const LoadOptions& opts) {
+  const nlohmann::json m = read_manifest(dir);
+  const std::string mpath = dir + "/manifest.json";
+  CheckpointMeta meta;
+  meta.step = m.at("step").get<int64_t>();
+  meta.tokens = m.at("tokens").get<int64_t>();
+  meta.loader_state = m.at("loader_state");
+  meta.dataset_fingerprint = m.at("dataset_fingerprint").get<std::string>();
+  meta.config_toml = m.at("config_toml").get<std::string>();
+  meta.resume_hash = m.at("resume_hash").get<std::string>();
+  meta.model_hash = m.at("model_hash").get<std::string>();
+  meta.data_layout = m.at("data_layout");
+  meta.precision = m.at("precision").get<std::string>();
+  meta.executor = m.at("executor").get<std::string>();
+  meta.extra = m.value("extra", nlohmann::json::object());
+  if (!expect.model_hash.empty() && expect.model_hash != meta.model_hash)
+    fail(mpath, "the checkpoint was written for a different model config ([model] differs); resume with the "
+                "config it records (olmoref ckpt inspect " + dir + ")");
+  if (m.at("total_params").get<int64_t>() != state.total)
+    fail(mpath, "holds " + std::to_string(m.at("total_params").get<int64_t>()) + " parameters, this model has " +
+                    std::to_string(state.total));
+  if (!expect.resume_hash.empty() && expect.resume_hash != meta.resume_hash && !opts.allow_config_change)
+    fail(mpath, "the run configuration differs from the checkpoint's (training, optimizer, schedule or data "
+                "settings); resuming would not continue the same run. Use the recorded config, or pass "
+                "--allow-config-change to resume anyway");
+  if (!expect.dataset_fingerprint.empty() && expect.dataset_fingerprint != meta.dataset_fingerprint &&
+      !opts.ignore_fingerprint_mismatch)
+    fail(mpath, "dataset fingerprint differs (checkpoint " + meta.dataset_fingerprint + ", now " +
+                    expect.dataset_fingerprint + "): the data files changed. Point the config at the original data, "
+                    "or pass --ignore-fingerprint-mismatch to continue on the new data");
+  read_all(dir, m, state);
+  return meta;
+}
+
+std::vector<std::string> verify(const std::string& dir) {
+  std::vector<std::string> problems;
+  try {
+    const nlohmann::json m = read_manifest(dir);
+    const int64_t total = m.at("total_params").get<int64_t>();
+    std::vector<float> p(static_cast<size_t>(total)), a(static_cast<size_t>(total)), b(static_cast<size_t>(total));
+    read_all(dir, m, {total, p.data(), a.data(), b.data()});
+  } catch (const std::exception& e) {
+    problems.push_back(e.what());
+  }
+  return problems;
+}
+
+std::string inspect(const std::string& dir, bool per_tensor) {
+  const nlohmann::json m = read_manifest(dir);
+  std::ostringstream out;
+  const int64_t raw = m.value("raw_bytes", int64_t{0});
+  int64_t stored = 0;
+  for (const auto& sh : m.at("shards")) stored += sh.at("bytes").get<int64_t>();
+  out << "checkpoint   " << dir << "\n";
+  out << "format       " << m.at("format").get<std::string>() << " v" << m.at("format_version").get<int>() << "\n";
+  out << "step         " << m.at("step").get<int64_t>() << "  (tokens " << m.at("tokens").get<int64_t>() << ")\n";
+  out << "parameters   " << m.at("total_params").get<int64_t>() << "  (params + Adam m + v, fp32)\n";
+  out << "precision    " << m.at("precision").get<std::string>() << ", executor " << m.at("executor").get<std::string>() << "\n";
+  out << "data         fingerprint " << m.at("dataset_fingerprint").get<std::string>() << ", loader "
+      << m.at("loader_state").dump() << "\n";
+  out << "layout       " << m.at("data_layout").dump() << "\n";
+  char ratio[64];
+  std::snprintf(ratio, sizeof ratio, "%.3f", raw ? static_cast<double>(stored) / raw : 0.0);
+  out << "size         " << stored << " bytes stored, " << raw << " raw (ratio " << ratio << "), "
+      << m.at("compression").dump() << "\n";
+  out << "digests      params " << m.at("state_digests").at("params").get<std::string>() << "\n"
+      << "             adam_m " << m.at("state_digests").at("adam_m").get<std::string>() << "\n"
+      << "             adam_v " << m.at("state_digests").at("adam_v").get<std::string>() << "\n";
+  for (const auto& sh : m.at("shards")) {
+    out << "shard        " << sh.at("file").get<std::string>() << " rank " << sh.at("rank").get<int>() << ", "
+        << sh.at("bytes").get<int64_t>() << " bytes\n";
+    if (!per_tensor) continue;
+    const std::string path = dir + "/" + sh.at("file").get<std::string>();
+    const ParsedShard s = read_shard(path, 0, "");
+    for (const auto& e : s.header.at("entries")) {
+      char line[512];
+      std::snprintf(line, sizeof line, "  %-7s %-45s offset %12lld numel %10lld zstd %10llu xxh3 %s\n",
+                    e.at("vector").get<std::string>().c_str(), e.at("name").get<std::string>().c_str(),
+                    static_cast<long long>(e.at("offset").get<int64_t>()),
+                    static_cast<long long>(e.at("numel").get<int64_t>()),
+                    static_cast<unsigned long long>(e.at("zstd_bytes").get<uint64_t>()),
+                    e.at("raw_xxh3").get<std::string>().c_str());
+      out << line;
+    }
+  }
+  return out.str();
+}
+
+}  // namespace olmoref::ckpt

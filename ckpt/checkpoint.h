@@ -1,0 +1,93 @@
+// ckpt/checkpoint.h — checkpoints: a directory per step, versioned manifest, per-rank shard files,
+// every tensor zstd-compressed and XXH3-checksummed, written atomically (docs/formats/checkpoint.md).
+//
+//   <root>/step00000010/manifest.json         what is inside, how it was made, digests of the whole state
+//   <root>/step00000010/shard-00000.bin       rank 0's slices of params, Adam m, Adam v
+//
+// Atomicity: everything is written under <root>/.tmp-step00000010/ (each file written to a temporary
+// name, fsynced, renamed), then the directory is fsynced and renamed to step00000010 and the root is
+// fsynced. A directory named stepNNNNNNNN therefore always holds a complete checkpoint; anything
+// else (a .tmp-* directory left by a crash) is ignored and cleaned up by the next save.
+//
+// Shards hold ranges of the canonical flat vectors (ref/params.h), so a checkpoint written by one
+// data-parallel layout can be read by any other: the reader assembles the ranges it needs.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace olmoref::ckpt {
+
+inline constexpr const char* kFormat = "olmoref-checkpoint";
+inline constexpr int kFormatVersion = 1;
+inline constexpr char kShardMagic[16] = {'O', 'L', 'M', 'O', 'R', 'E', 'F', '-', 'S', 'H', 'A', 'R', 'D', '-', 'v', '1'};
+
+// The flat fp32 vectors a checkpoint holds ("params", "adam_m", "adam_v"), each `total` floats.
+struct StateVectors {
+  int64_t total = 0;
+  float* params = nullptr;
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+};
+
+// One named slice of the flat vector (a whole parameter tensor, or part of one when sharded).
+struct Segment {
+  std::string name;  // parameter name (OLMo-core), for inspection
+  int64_t offset = 0, numel = 0;
+};
+
+struct SaveOptions {
+  int zstd_level = 3;
+  int zstd_threads = 1;
+  int keep_last = 3;          // complete checkpoints kept after this save (>= 1; the newest is never deleted)
+};
+
+// Everything besides the vectors, recorded in the manifest and handed back on load.
+struct CheckpointMeta {
+  int64_t step = 0;                 // optimizer steps completed
+  int64_t tokens = 0;               // tokens consumed
+  nlohmann::json loader_state;      // data/loader.h LoaderState
+  std::string dataset_fingerprint;
+  std::string config_toml;          // resolved configuration of the run that wrote it
+  std::string resume_hash;          // hash of the configuration that must match to resume
+  std::string model_hash;           // hash of the [model] section alone
+  nlohmann::json data_layout;       // seq_len, micro-batch, global batch, world layout
+  std::string precision, executor;
+  nlohmann::json extra;             // anything else (build facts)
+};
+
+// Writes checkpoint `meta.step` under `root` for a single process holding the whole state.
+// Returns the final directory.
+std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
+                 const std::vector<Segment>& segments, const SaveOptions& opts);
+
+struct LoadOptions {
+  bool ignore_fingerprint_mismatch = false;
+  bool allow_config_change = false;
+};
+
+// Newest complete checkpoint under root (empty if none).
+std::optional<std::string> newest_complete(const std::string& root);
+std::vector<std::string> list_complete(const std::string& root);  // ascending by step
+
+// Reads and verifies a checkpoint directory into `state` (whose total must match) and returns its
+// metadata. Throws std::runtime_error naming the file and the problem: missing or truncated shard,
+// checksum mismatch, unknown format version, a different model config, a different dataset.
+// `expect` supplies what the current run has (model_hash, resume_hash, dataset_fingerprint) to
+// compare against; empty strings skip that comparison.
+CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
+                    const LoadOptions& opts);
+
+// Verifies every byte of a checkpoint without a model: manifest, shards, every tensor's checksums,
+// coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact).
+std::vector<std::string> verify(const std::string& dir);
+
+// Human-readable summary: step, config, shards, tensors, sizes, compression, digests.
+std::string inspect(const std::string& dir, bool per_tensor);
+
+std::string step_dir_name(int64_t step);  // "step00000010"
+
+}  // namespace olmoref::ckpt

@@ -1,0 +1,152 @@
+#include "train/resume_check.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <cstring>
+#include <stdexcept>
+
+#include "ckpt/checkpoint.h"
+#include "golden/trace.h"
+
+namespace fs = std::filesystem;
+
+namespace olmoref {
+
+namespace {
+
+std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
+
+// Runs this binary with args in a fresh process, output to log; returns its exit status.
+int run_self(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> full = {self_exe()};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string state_digest(const std::string& run_dir) {
+  const auto newest = ckpt::newest_complete(run_dir + "/checkpoints");
+  if (!newest) return "";
+  std::ifstream in(*newest + "/manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in);
+  const auto& d = m.at("state_digests");
+  return "step " + std::to_string(m.at("step").get<int64_t>()) + " params " + d.at("params").get<std::string>() +
+         " m " + d.at("adam_m").get<std::string>() + " v " + d.at("adam_v").get<std::string>();
+}
+
+}  // namespace
+
+int resume_check(const ResumeCheckOptions& o) {
+  const bool own_dir = o.work_dir.empty();
+  const std::string work = own_dir ? (fs::temp_directory_path() / ("olmoref-resume-check-" + std::to_string(::getpid()))).string()
+                                   : o.work_dir;
+  fs::remove_all(work);
+  fs::create_directories(work);
+  std::vector<std::string> base = {"train", "--config", o.config_path, "--steps", std::to_string(o.steps), "--quiet",
+                                   "--threads", std::to_string(o.threads)};
+  for (const auto& ov : o.overrides) {
+    base.push_back("--set");
+    base.push_back(ov);
+  }
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto could_not_verify = [&](const std::string& why, const std::string& log) {
+    std::fprintf(stderr, "resume-check: could not verify: %s (log: %s)\n", why.c_str(), log.c_str());
+    if (fs::exists(log)) {
+      std::ifstream in(log);
+      std::string line;
+      while (std::getline(in, line)) std::fprintf(stderr, "  | %s\n", line.c_str());
+    }
+    return 2;
+  };
+
+  const std::string ref_dir = work + "/uninterrupted";
+  if (!o.quiet) std::printf("resume-check: %lld steps uninterrupted ...\n", static_cast<long long>(o.steps));
+  if (run_self(with({"--out", ref_dir}), work + "/uninterrupted.log") != 0)
+    return could_not_verify("the uninterrupted run failed", work + "/uninterrupted.log");
+  std::vector<TraceRecord> ref;
+  try {
+    ref = read_trace(ref_dir + "/trace.jsonl");
+  } catch (const std::exception& e) {
+    return could_not_verify(e.what(), work + "/uninterrupted.log");
+  }
+  if (static_cast<int64_t>(ref.size()) != o.steps) return could_not_verify("the uninterrupted trace is incomplete", "");
+  const std::string ref_state = state_digest(ref_dir);
+
+  bool all_same = true;
+  for (int64_t k : o.at) {
+    if (k <= 0 || k >= o.steps) {
+      std::fprintf(stderr, "resume-check: --at %lld must be in [1, %lld)\n", static_cast<long long>(k),
+                   static_cast<long long>(o.steps - 1));
+      return 2;
+    }
+    const std::string dir = work + "/resumed-at-" + std::to_string(k);
+    if (run_self(with({"--out", dir, "--stop-after", std::to_string(k)}), dir + "-first.log") != 0)
+      return could_not_verify("the run to step " + std::to_string(k) + " failed", dir + "-first.log");
+    std::vector<std::string> resume_args = {"--out", dir, "--resume"};
+    resume_args.insert(resume_args.end(), o.extra_resume_args.begin(), o.extra_resume_args.end());
+    if (run_self(with(resume_args), dir + "-resume.log") != 0)
+      return could_not_verify("the resumed run from step " + std::to_string(k) + " failed", dir + "-resume.log");
+    std::vector<TraceRecord> got;
+    try {
+      got = read_trace(dir + "/trace.jsonl");
+    } catch (const std::exception& e) {
+      return could_not_verify(e.what(), dir + "-resume.log");
+    }
+    std::printf("\nresumed at step %lld (fresh processes):\n", static_cast<long long>(k));
+    std::printf("  step  loss (uninterrupted)   loss (resumed)        delta       grad_norm  data  params  lr\n");
+    for (int64_t s = 0; s < o.steps; ++s) {
+      if (s >= static_cast<int64_t>(got.size())) {
+        std::printf("  %4lld  missing in the resumed trace\n", static_cast<long long>(s + 1));
+        all_same = false;
+        continue;
+      }
+      const TraceRecord &a = ref[s], &b = got[s];
+      const bool loss = std::memcmp(&a.loss, &b.loss, 4) == 0;
+      const bool gn = std::memcmp(&a.grad_norm, &b.grad_norm, 4) == 0;
+      const bool data = a.data_digest == b.data_digest, params = a.param_digest == b.param_digest;
+      const bool lr = std::memcmp(&a.lr, &b.lr, 8) == 0, step = a.step == b.step;
+      const bool same = loss && gn && data && params && lr && step && a.to_json() == b.to_json();
+      all_same = all_same && same;
+      std::printf("  %4lld  %.9g  %17.9g  %12.3e  %9s  %4s  %6s  %3s%s\n", static_cast<long long>(a.step), a.loss, b.loss,
+                  static_cast<double>(b.loss) - static_cast<double>(a.loss), gn ? "same" : "DIFF", data ? "same" : "DIFF",
+                  params ? "same" : "DIFF", lr ? "same" : "DIFF", s + 1 <= k ? "   (before the stop)" : "");
+    }
+    const std::string got_state = state_digest(dir);
+    const bool state_same = !ref_state.empty() && ref_state == got_state;
+    all_same = all_same && state_same;
+    std::printf("  final state: %s\n    uninterrupted %s\n    resumed       %s\n", state_same ? "identical" : "DIFFERENT",
+                ref_state.c_str(), got_state.c_str());
+  }
+  std::printf("\nresume-check: %s\n", all_same ? "IDENTICAL: resuming changed nothing (every step bit for bit)"
+                                               : "DIFFERENT: resuming changed the run");
+  if (own_dir && all_same) fs::remove_all(work);
+  else if (!all_same) std::printf("work directory kept for inspection: %s\n", work.c_str());
+  return all_same ? 0 : 1;
+}
+
+}  // namespace olmoref

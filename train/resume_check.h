@@ -1,0 +1,29 @@
+// train/resume_check.h — `olmoref resume-check`: proves that resuming changes nothing.
+//
+// Runs the configured run for N steps uninterrupted and, for each K, in fresh processes: runs to K
+// (checkpointing at K), stops, resumes from that checkpoint and finishes. Every step's trace record
+// (loss bits, grad-norm bits, data digest, parameter digest, LR bits) and the final state digests
+// (parameters, Adam m and v from the last checkpoint) must be identical.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace olmoref {
+
+struct ResumeCheckOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t steps = 0;
+  std::vector<int64_t> at;
+  int threads = 0;
+  std::string work_dir;                 // default: a fresh temporary directory, removed on success
+  std::vector<std::string> extra_resume_args;  // e.g. --debug-skip-restore moments (negative controls)
+  bool quiet = false;
+};
+
+// 0: every step identical; 1: a difference; 2: could not verify (a run failed, a trace is missing).
+int resume_check(const ResumeCheckOptions& opts);
+
+}  // namespace olmoref
