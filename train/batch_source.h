@@ -28,9 +28,12 @@ class BatchSource {
   virtual void restore(const nlohmann::json& state, bool ignore_fingerprint_mismatch) = 0;
   // Identifies the data (files, sizes, dtype, sequence length); a resume on other data is refused.
   virtual std::string fingerprint() const = 0;
+  virtual void flush_audit() {}
 };
 
-// Builds the batch source the config asks for.
-std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg);
+// The OLMo-core-compatible loader over the config's training data. With an audit path, one record per
+// instance of every micro-batch goes there (data/audit.h); append continues an existing log (resume).
+std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, const std::string& audit_path = "",
+                                               bool audit_append = false);
 
 }  // namespace olmoref

@@ -198,7 +198,7 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   int64_t seed = static_cast<int64_t>(d.seed);
   r.get("data", "seed", seed);
   d.seed = static_cast<uint64_t>(seed);
-  r.get("data", "shuffle", d.shuffle);
+  r.get("data", "audit", d.audit);
   r.get("data", "eos_id", d.eos_id);
 
   CheckpointConfig& k = c.checkpoint;
@@ -282,7 +282,7 @@ std::string TrainConfig::to_toml() const {
                                {"t_max", schedule.t_max}}},
       {"data", toml::table{{"train_files", strings(data.train_files)}, {"train_mix", data.train_mix},
                            {"holdout_files", strings(data.holdout_files)}, {"holdout_mix", data.holdout_mix},
-                           {"dtype", data.dtype}, {"seed", static_cast<int64_t>(data.seed)}, {"shuffle", data.shuffle},
+                           {"dtype", data.dtype}, {"seed", static_cast<int64_t>(data.seed)}, {"audit", data.audit},
                            {"eos_id", data.eos_id}}},
       {"checkpoint", toml::table{{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last},
                                  {"zstd_level", checkpoint.zstd_level}, {"zstd_threads", checkpoint.zstd_threads}}},
@@ -315,6 +315,7 @@ std::string TrainConfig::resume_hash() const {
   c.data.train_mix.clear();
   c.data.holdout_files.clear();
   c.data.holdout_mix.clear();
+  c.data.audit = false;
   c.model.name.clear();
   return hash_text(c.to_toml());
 }

@@ -29,8 +29,8 @@ struct DataConfig {
   std::string holdout_mix;
   std::string dtype = "auto";            // u16, u32, or auto (smallest that holds vocab_size - 1)
   uint64_t seed = 34521;                 // OLMo-core's data seed; the shuffle uses seed + epoch
-  bool shuffle = true;                   // false: instances in file order (tests, debugging)
-  int64_t eos_id = -1;                   // -1: vocab_size - 1 is not assumed; only used for reports
+  int64_t eos_id = -1;                   // counts documents in reports; -1: unknown
+  bool audit = false;                    // write OUT/audit.jsonl (one record per instance per step)
 };
 
 struct CheckpointConfig {

@@ -5,12 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "data/cli_data.h"
 #include "train/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"olmoref: a deterministic, reproducibility-first reference trainer for Olmo 3"};
   app.require_subcommand(1);
   olmoref::register_commands(app);
+  olmoref::data::register_data_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

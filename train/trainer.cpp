@@ -148,21 +148,21 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
 
 namespace {
 
-// Keeps the trace records of steps <= last_step (a killed run may have written records past its
-// newest checkpoint; the resumed run writes them again).
-void truncate_trace(const std::string& path, int64_t last_step) {
+// Keeps the records (trace or audit lines, each with a "step") of steps <= last_step: a killed run
+// may have written records past its newest checkpoint, and the resumed run writes them again.
+void truncate_jsonl(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
   if (!in) return;
   std::string kept, line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    TraceRecord r;
+    int64_t step = 0;
     try {
-      r = TraceRecord::from_json(line);
+      step = nlohmann::json::parse(line).at("step").get<int64_t>();
     } catch (const std::exception&) {
       break;  // a record torn by a kill: everything after it is discarded too
     }
-    if (r.step > last_step) break;
+    if (step > last_step) break;
     kept += line + "\n";
   }
   in.close();
@@ -184,7 +184,6 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   const std::string ckpt_root = out_dir + "/checkpoints";
   const int64_t total = cfg.train.steps;
   const int64_t stop = opts.stop_after >= 0 ? std::min(opts.stop_after, total) : total;
-  Trainer trainer(cfg, opts.threads, make_batch_source(cfg));
   std::string resume_dir = opts.resume_from;
   if (opts.resume && resume_dir.empty()) {
     const auto newest = ckpt::newest_complete(ckpt_root);
@@ -192,12 +191,15 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
       throw std::runtime_error(ckpt_root + ": no complete checkpoint to resume from (run without --resume to start fresh)");
     resume_dir = *newest;
   }
+  const std::string audit_path = cfg.data.audit ? out_dir + "/audit.jsonl" : "";
+  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty()));
   if (!resume_dir.empty()) {
     trainer.resume(resume_dir, opts.resume_opts);
     if (!opts.quiet)
       std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
                    static_cast<long long>(trainer.step()));
-    truncate_trace(out_dir + "/trace.jsonl", trainer.step());
+    truncate_jsonl(out_dir + "/trace.jsonl", trainer.step());
+    if (!audit_path.empty()) truncate_jsonl(audit_path, trainer.step());
   }
   write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size());
   TraceWriter trace;
@@ -226,6 +228,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     }
     const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
     if (periodic || s == stop) {
+      trainer.source_mut().flush_audit();
       const std::string dir = trainer.save_checkpoint(ckpt_root);
       if (!opts.quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
     }

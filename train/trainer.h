@@ -52,6 +52,7 @@ class Trainer {
   void resume(const std::string& dir, const ResumeOptions& opts);
   int64_t tokens() const { return tokens_; }
   const BatchSource& source() const { return *source_; }
+  BatchSource& source_mut() { return *source_; }
 
   // The step gradient of `batch` at the current parameters (canonical reduction over micro-batches,
   // before clipping) into grad (n_params floats); optionally the logits [instances, T, V].

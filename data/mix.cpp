@@ -1,0 +1,82 @@
+#include "data/mix.h"
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace olmoref::data {
+
+namespace fs = std::filesystem;
+
+static std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+Mix Mix::parse_file(const std::string& mix_path) {
+  std::ifstream in(mix_path);
+  if (!in) {
+    throw std::runtime_error("mix file '" + mix_path + "': cannot open; check the path (a mix lists one token "
+                             "file per line, optionally as label,path)");
+  }
+  Mix mix;
+  mix.source = mix_path;
+  const fs::path dir = fs::path(mix_path).parent_path();
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#') continue;
+    MixEntry e;
+    std::string path = t;
+    if (const size_t comma = t.find(','); comma != std::string::npos) {
+      e.label = trim(t.substr(0, comma));
+      path = trim(t.substr(comma + 1));
+      if (path.empty()) {
+        throw std::runtime_error("mix file '" + mix_path + "' line " + std::to_string(line_no) +
+                                 ": label '" + e.label + "' has no path after the comma");
+      }
+    }
+    const fs::path p(path);
+    e.path = p.is_absolute() || dir.empty() ? p.string() : (dir / p).string();
+    mix.entries.push_back(std::move(e));
+  }
+  if (mix.entries.empty()) {
+    throw std::runtime_error("mix file '" + mix_path + "' lists no token files (only blank or # lines); "
+                             "add one path per line");
+  }
+  return mix;
+}
+
+Mix Mix::from_paths(const std::vector<std::string>& paths, const std::string& label) {
+  if (paths.empty()) throw std::runtime_error("empty list of token files: give at least one path or a mix file");
+  Mix mix;
+  mix.source = "<list>";
+  for (const auto& p : paths) mix.entries.push_back({p, label});
+  return mix;
+}
+
+void Mix::write_file(const std::string& mix_path) const {
+  const fs::path dir = fs::absolute(fs::path(mix_path)).parent_path();
+  const std::string tmp = mix_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw std::runtime_error("mix file '" + mix_path + "': cannot write '" + tmp + "'");
+    for (const auto& e : entries) {
+      fs::path p = fs::absolute(e.path).lexically_normal();
+      const fs::path rel = p.lexically_relative(dir);
+      // Relative only when the file lies beneath the mix's directory; "../" paths would break
+      // the moment the mix is copied without its neighbours.
+      std::string written = (!rel.empty() && *rel.begin() != "..") ? rel.string() : p.string();
+      if (!e.label.empty()) written = e.label + "," + written;
+      out << written << "\n";
+    }
+    if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
+  }
+  fs::rename(tmp, mix_path);
+}
+
+}  // namespace olmoref::data

@@ -1,0 +1,42 @@
+// data/mix.h — an ordered list of token files (a "mix"), as OLMo-core's mixes/*.txt.
+//
+// File order matters: global instance ids concatenate files in mix order, so reordering the
+// lines of a mix changes the whole data order (and the dataset fingerprint).
+//
+// Mix file format (one entry per line):
+//     path                  a token file
+//     label,path            OLMo-core's form; the label (e.g. the source name) is kept for reports
+//     # comment             ignored, as are blank lines
+// Everything after the first comma is the path, so a path that contains a comma needs a label.
+// Relative paths are resolved against the directory of the mix file, so a corpus directory
+// with its mix files can be moved or copied as a whole.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace olmoref::data {
+
+struct MixEntry {
+  std::string path;   // as resolved (what is opened)
+  std::string label;  // may be empty
+};
+
+struct Mix {
+  std::vector<MixEntry> entries;
+  std::string source;  // the mix file it came from, or "<list>" for a list of paths
+
+  // Parses a mix file; throws naming the file if it is missing or lists no token files.
+  static Mix parse_file(const std::string& mix_path);
+  // A mix from paths given directly (e.g. on the command line), in the given order.
+  static Mix from_paths(const std::vector<std::string>& paths, const std::string& label = "");
+
+  // Writes `label,path` / `path` lines, paths relative to the mix file's directory when the file
+  // lies beneath it (so the corpus stays relocatable). Atomic: temp file + rename.
+  void write_file(const std::string& mix_path) const;
+
+  bool empty() const { return entries.empty(); }
+  size_t size() const { return entries.size(); }
+};
+
+}  // namespace olmoref::data

@@ -1,0 +1,44 @@
+// golden/hf_export.h — our flat parameter vector <-> a Hugging Face `Olmo3ForCausalLM` checkpoint directory.
+//
+// Export writes DIR/model.safetensors (every parameter under its HF name, fp32, PyTorch [out, in] layout, which is
+// already our layout) and DIR/config.json, so that `Olmo3ForCausalLM.from_pretrained(DIR)` rebuilds the model.
+// Import reads such a directory back (fp32, bf16 or fp16 tensors; a single file or HF's sharded
+// model.safetensors.index.json) and refuses anything that does not match the ModelConfig exactly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "ref/model_config.h"
+#include "ref/params.h"
+
+namespace olmoref {
+
+struct HfExportOptions {
+  // HF uses it only as the nominal context length; 0 writes 8192 (the Olmo 3 pretraining length).
+  int64_t max_position_embeddings = 0;
+  // Token ids for config.json. Unset: dolma2's eos 100257 / pad 100277 when they fit in the vocabulary, else
+  // null. A set id must lie in [0, vocab_size), because HF builds nn.Embedding(padding_idx=pad_token_id).
+  std::optional<int64_t> eos_token_id, pad_token_id, bos_token_id;
+  // Extra entries for the safetensors __metadata__ (e.g. the run name or step); "format": "pt" is always written.
+  std::map<std::string, std::string> metadata;
+};
+
+// The config.json content for `cfg` (exposed for tests and for tools that only need the config).
+// Throws std::invalid_argument when HF cannot represent the model: the sliding-window layers use different
+// window sizes (HF Olmo3Config has one `sliding_window`), or a token id is out of range.
+std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts = {});
+
+// Creates `dir` if needed and writes dir/model.safetensors and dir/config.json, each atomically.
+void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
+                          const float* params, const HfExportOptions& opts = {});
+
+// Fills params[0 .. layout.total) from dir. Requires every parameter of `layout` present under its HF name with
+// exactly its shape, and no other tensor (a leftover tensor usually means more layers than `cfg`). When
+// dir/config.json exists, its architecture fields (sizes, heads, head_dim, rope theta, eps, layer types and
+// window) must match `cfg` too. Throws std::runtime_error naming the file and the fix.
+void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params);
+
+}  // namespace olmoref

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Compare an olmoref parity bundle against Hugging Face transformers' Olmo3ForCausalLM.
+
+Usage: hf_parity.py --bundle DIR [--report FILE.json]
+
+The bundle (written by `olmoref parity-dump`, see golden/parity/README.md) holds our step-0 weights as an HF
+checkpoint, the token batches, our step-1 logits and gradients, and our per-step loss trace. This script rebuilds
+the same model in PyTorch (fp32, eager attention, no TF32, deterministic), evaluates the step-1 batch, trains the
+same steps with OLMo-core's loss, clipping and AdamW, and checks that both agree.
+
+Exit status: 0 every gate passed; 1 a gate failed (each failure is printed and listed in the report);
+2 the bundle is malformed or inconsistent (nothing was compared).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+# Gates. A fp32 reimplementation in a different framework agrees to ~1e-7 relative; these leave room for
+# reduction-order noise but catch any real semantic difference (a wrong mask, eps, scale or update rule moves
+# these numbers by orders of magnitude more).
+THRESHOLDS = {
+    "top1_agreement_pct": 100.0,   # must equal (near-ties excused, see compare_logits)
+    "max_token_kl": 1e-6,          # max over tokens of KL(ours||hf) and KL(hf||ours)
+    "max_grad_rel": 1e-4,          # max over tensors of ||g_ours - g_hf|| / ||g_hf||
+    "loss_step0_rel": 1e-5,        # |loss_ours - loss_hf| / |loss_hf| on the step-1 batch
+    "max_step_loss_rel": 1e-5,     # same, for every step of the trained trace
+    # Pre-clip gradient norm of step 1 (the step-0 gradients): catches a wrong norm, which clipping would hide
+    # from the losses. Later steps are reported, not gated: Adam's m/sqrt(v) turns 1e-7 noise in near-zero
+    # gradient elements into lr-sized weight differences, so later grad norms drift to ~1e-4..1e-3 between two
+    # correct implementations while the losses stay within ~1e-6.
+    "grad_norm_step1_rel": 1e-4,
+    "max_step_lr_rel": 1e-6,       # the lr our trace reports vs the lr_per_step it declared
+}
+# Two logits closer than this (relative) are a tie: argmax may pick either side without any real disagreement.
+TIE_RTOL = 1e-6
+
+
+class BundleError(Exception):
+    pass
+
+
+def rel(a, b):
+    """Relative difference of `a` from the reference `b`."""
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def setup_torch(threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    # No reduced-precision matmuls anywhere: parity is judged in true fp32.
+    if hasattr(torch.backends, "fp32_precision"):
+        torch.backends.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return torch
+
+
+def load_bundle(d):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    def need(path):
+        if not os.path.exists(path):
+            raise BundleError(f"{path}: missing (is {d} a directory written by `olmoref parity-dump`?)")
+        return path
+
+    try:
+        ours = json.load(open(need(os.path.join(d, "ours.json"))))
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{d}/ours.json: not valid JSON: {e}")
+    for key in ("model", "seq_len", "instances_per_step", "steps", "z_loss", "optim", "loss_step0", "trace"):
+        if key not in ours:
+            raise BundleError(f"{d}/ours.json: missing key '{key}'")
+    S, B, T = int(ours["steps"]), int(ours["instances_per_step"]), int(ours["seq_len"])
+    if S < 1 or B < 1 or T < 2:
+        raise BundleError(f"{d}/ours.json: need steps >= 1, instances_per_step >= 1, seq_len >= 2 (got {S}, {B}, {T})")
+    optim = ours["optim"]
+    for key in ("lr_per_step", "betas", "eps", "weight_decay", "max_grad_norm", "no_decay"):
+        if key not in optim:
+            raise BundleError(f"{d}/ours.json: missing optim.{key}")
+    if len(optim["lr_per_step"]) != S:
+        raise BundleError(f"{d}/ours.json: optim.lr_per_step has {len(optim['lr_per_step'])} entries for {S} steps")
+    if len(ours["trace"]) != S or [r.get("step") for r in ours["trace"]] != list(range(1, S + 1)):
+        raise BundleError(f"{d}/ours.json: trace must hold steps 1..{S} in order")
+
+    raw = np.fromfile(need(os.path.join(d, "batches.u32")), dtype="<u4")
+    if raw.size != S * B * T:
+        raise BundleError(f"{d}/batches.u32: {raw.size} tokens, expected steps*instances*seq_len = {S}*{B}*{T}")
+    batches = raw.reshape(S, B, T)
+
+    step0 = load_file(need(os.path.join(d, "ours_step0.safetensors")))
+    if "logits" not in step0:
+        raise BundleError(f"{d}/ours_step0.safetensors: no 'logits' tensor")
+    need(os.path.join(d, "hf", "config.json"))
+    return ours, batches, step0
+
+
+def olmo_loss(torch, logits, ids, z_loss):
+    """OLMo-core's pretraining loss for one step batch (spec §3): labels are ids shifted left, the last position of
+    each instance is ignored, CE and z-loss are summed and divided by the number of targets in the step batch.
+    Returns (loss, ce, z) with ce + z == loss, both already divided by N (z includes the multiplier)."""
+    pred = logits[:, :-1, :].float()
+    target = ids[:, 1:]
+    n = target.numel()
+    ce_sum = torch.nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum")
+    z_sum = z_loss * torch.logsumexp(pred, dim=-1).pow(2).sum()
+    return (ce_sum + z_sum) / n, ce_sum / n, z_sum / n
+
+
+def compare_logits(torch, ours, hf):
+    """ours, hf: [B, T, V] fp32. KL and top-1 in float64 over every position."""
+    o = ours.double()
+    h = hf.double()
+    lo = torch.log_softmax(o, dim=-1)
+    lh = torch.log_softmax(h, dim=-1)
+    kl_oh = (lo.exp() * (lo - lh)).sum(-1)
+    kl_ho = (lh.exp() * (lh - lo)).sum(-1)
+    ao, ah = o.argmax(-1), h.argmax(-1)
+    agree = ao == ah
+    # A position where both models see the two candidates within TIE_RTOL of each other is a near-tie, not a
+    # disagreement: 1e-7-level noise may legitimately flip which one argmax returns.
+    h_at_o = h.gather(-1, ao.unsqueeze(-1)).squeeze(-1)
+    h_at_h = h.gather(-1, ah.unsqueeze(-1)).squeeze(-1)
+    o_at_o = o.gather(-1, ao.unsqueeze(-1)).squeeze(-1)
+    o_at_h = o.gather(-1, ah.unsqueeze(-1)).squeeze(-1)
+    scale = torch.clamp(h_at_h.abs(), min=1.0)
+    tie = (~agree) & ((h_at_h - h_at_o) <= TIE_RTOL * scale) & ((o_at_o - o_at_h) <= TIE_RTOL * scale)
+    n = agree.numel()
+    worst = int(torch.maximum(kl_oh, kl_ho).argmax())
+    return {
+        "positions": n,
+        "max_abs_diff": float((o - h).abs().max()),
+        "max_abs_logit": float(h.abs().max()),
+        "kl_ours_hf_max": float(kl_oh.max()),
+        "kl_ours_hf_mean": float(kl_oh.mean()),
+        "kl_hf_ours_max": float(kl_ho.max()),
+        "kl_hf_ours_mean": float(kl_ho.mean()),
+        "worst_kl_position": [worst // ours.shape[1], worst % ours.shape[1]],
+        "top1_agreement_pct": 100.0 * float((agree | tie).sum()) / n,
+        "top1_strict_agreement_pct": 100.0 * float(agree.sum()) / n,
+        "top1_near_ties": int(tie.sum()),
+    }
+
+
+def check_model_config(model_cfg, hf_cfg):
+    """The bundle's ModelConfig must describe the HF checkpoint beside it; returns mismatch lines."""
+    bad = []
+    model_cfg = dict(model_cfg)
+    if not model_cfg.get("head_dim") and model_cfg.get("n_heads"):  # ModelConfig: 0 means d_model / n_heads
+        model_cfg["head_dim"] = model_cfg["d_model"] // model_cfg["n_heads"]
+    pairs = [("vocab_size", "vocab_size"), ("d_model", "hidden_size"), ("n_layers", "num_hidden_layers"),
+             ("n_heads", "num_attention_heads"), ("n_kv_heads", "num_key_value_heads"),
+             ("head_dim", "head_dim"), ("ffn_hidden", "intermediate_size")]
+    for ours_key, hf_key in pairs:
+        if ours_key in model_cfg and model_cfg[ours_key] != getattr(hf_cfg, hf_key, None):
+            bad.append(f"model.{ours_key} = {model_cfg[ours_key]} but HF {hf_key} = {getattr(hf_cfg, hf_key, None)}")
+    if "rope_theta" in model_cfg:
+        for lt, rp in hf_cfg.rope_parameters.items():
+            if rel(rp["rope_theta"], model_cfg["rope_theta"]) > 1e-12:
+                bad.append(f"model.rope_theta = {model_cfg['rope_theta']} but HF {lt} theta = {rp['rope_theta']}")
+    if "norm_eps" in model_cfg and rel(hf_cfg.rms_norm_eps, model_cfg["norm_eps"]) > 1e-6:
+        bad.append(f"model.norm_eps = {model_cfg['norm_eps']} but HF rms_norm_eps = {hf_cfg.rms_norm_eps}")
+    if "swa_pattern" in model_cfg and "n_layers" in model_cfg:
+        pat, L = model_cfg["swa_pattern"], model_cfg["n_layers"]
+        for i in range(L):  # ModelConfig::window: the last layer is always full
+            w = 0 if (i == L - 1 or not pat or pat[i % len(pat)] <= 0) else pat[i % len(pat)]
+            hf_w = hf_cfg.sliding_window if hf_cfg.layer_types[i] == "sliding_attention" else 0
+            if w != hf_w:
+                bad.append(f"layer {i}: our window {w or 'full'} but HF {hf_cfg.layer_types[i]} "
+                           f"(window {hf_w or 'full'})")
+    return bad
+
+
+def run(bundle, threads):
+    torch = setup_torch(threads)
+    import transformers
+    from transformers import Olmo3ForCausalLM
+
+    ours, batches, step0 = load_bundle(bundle)
+    S, B, T = batches.shape
+    z_loss = float(ours["z_loss"])
+    optim = ours["optim"]
+
+    model = Olmo3ForCausalLM.from_pretrained(os.path.join(bundle, "hf"), dtype=torch.float32,
+                                             attn_implementation="eager")
+    # HF gives the pad row a zero gradient (nn.Embedding padding_idx); OLMo-core trains every row.
+    model.model.embed_tokens.padding_idx = None
+    model.train()
+    V = model.config.vocab_size
+    bad_cfg = check_model_config(ours["model"], model.config)
+    if bad_cfg:
+        raise BundleError("ours.json model does not match hf/config.json:\n  - " + "\n  - ".join(bad_cfg))
+    if int(batches.max()) >= V:
+        raise BundleError(f"batches.u32 holds token {int(batches.max())} >= vocab_size {V}")
+    names = [n for n, _ in model.named_parameters()]
+    if tuple(step0["logits"].shape) != (B, T, V):
+        raise BundleError(f"ours_step0.safetensors: logits shape {step0['logits'].shape}, expected {(B, T, V)}")
+    missing = [n for n in names if f"grad.{n}" not in step0]
+    extra = sorted(k for k in step0 if k != "logits" and k[len("grad."):] not in names)
+    if missing or extra:
+        raise BundleError(f"ours_step0.safetensors: gradients missing for {missing[:5]}, unknown tensors {extra[:5]}")
+    for n, p in model.named_parameters():
+        if tuple(step0[f"grad.{n}"].shape) != tuple(p.shape):
+            raise BundleError(f"ours_step0.safetensors: grad.{n} shape {step0[f'grad.{n}'].shape} != {tuple(p.shape)}")
+    unknown_nd = [n for n in optim["no_decay"] if n not in names]
+    if unknown_nd:
+        raise BundleError(f"ours.json optim.no_decay names unknown parameters {unknown_nd}")
+
+    tokens = torch.from_numpy(batches.astype("int64"))
+    report = {"bundle": os.path.abspath(bundle), "thresholds": THRESHOLDS,
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "shape": {"steps": S, "instances_per_step": B, "seq_len": T, "vocab_size": V}}
+
+    # ---- step-1 batch at the step-0 weights: logits, loss, gradients --------------------------------------
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens[0]).logits
+    loss, ce, z = olmo_loss(torch, logits, tokens[0], z_loss)
+    loss.backward()
+    report["logits"] = compare_logits(torch, torch.from_numpy(step0["logits"].copy()), logits.detach())
+    report["loss_step0"] = {
+        "ours": {"loss": ours["loss_step0"], "ce": ours.get("ce_step0"), "z": ours.get("z_step0")},
+        "hf": {"loss": loss.item(), "ce": ce.item(), "z": z.item()},
+        "loss_rel": rel(float(ours["loss_step0"]), loss.item()),
+        "ce_rel": rel(float(ours["ce_step0"]), ce.item()) if "ce_step0" in ours else None,
+        "z_rel": rel(float(ours["z_step0"]), z.item()) if "z_step0" in ours else None,
+        "trace1_vs_loss_step0_rel": rel(float(ours["trace"][0]["loss"]), float(ours["loss_step0"])),
+    }
+    per_tensor = {}
+    for n, p in model.named_parameters():
+        g_hf = p.grad.double()
+        g_ours = torch.from_numpy(step0[f"grad.{n}"].copy()).double()
+        num, den = float((g_ours - g_hf).norm()), float(g_hf.norm())
+        per_tensor[n] = {"rel": 0.0 if num == 0 else (num / den if den > 0 else math.inf),
+                         "norm_hf": den, "norm_ours": float(g_ours.norm())}
+    worst = max(per_tensor, key=lambda k: per_tensor[k]["rel"])
+    report["grads"] = {"max_rel": per_tensor[worst]["rel"], "worst_tensor": worst, "per_tensor": per_tensor}
+
+    # ---- S training steps from the same weights ---------------------------------------------------------
+    nd = set(optim["no_decay"])
+    params = [p for _, p in model.named_parameters()]
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in nd],
+               "weight_decay": float(optim["weight_decay"])},
+              {"params": [p for n, p in model.named_parameters() if n in nd], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    opt = torch.optim.AdamW(groups, lr=float(optim["lr_per_step"][0]), betas=tuple(float(b) for b in optim["betas"]),
+                            eps=float(optim["eps"]), foreach=False, fused=False)
+    steps = []
+    for s in range(1, S + 1):
+        opt.zero_grad(set_to_none=True)
+        loss, _, _ = olmo_loss(torch, model(tokens[s - 1]).logits, tokens[s - 1], z_loss)
+        loss.backward()
+        # clip_coef = max_norm / (total_norm + 1e-6), clamped to 1: OLMo-core's clip_grads_with_norm_.
+        gn = torch.nn.utils.clip_grad_norm_(params, float(optim["max_grad_norm"]), foreach=False)
+        lr = float(optim["lr_per_step"][s - 1])
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        rec = ours["trace"][s - 1]
+        loss, gn = loss.item(), gn.item()
+        steps.append({
+            "step": s, "loss_ours": rec["loss"], "loss_hf": loss, "loss_rel": rel(rec["loss"], loss),
+            "grad_norm_ours": rec.get("grad_norm"), "grad_norm_hf": gn,
+            "grad_norm_rel": rel(rec["grad_norm"], gn) if "grad_norm" in rec else None,
+            "lr_ours": rec.get("lr"), "lr": lr, "lr_rel": rel(rec["lr"], lr) if "lr" in rec else None,
+        })
+    report["steps"] = steps
+    return report
+
+
+def gate(report):
+    """Returns [(gate, value, limit, text)] for each failed gate."""
+    fails = []
+    lg, g, l0, steps = report["logits"], report["grads"], report["loss_step0"], report["steps"]
+
+    def over(name, value, limit, text):
+        if not (value <= limit):  # also catches NaN
+            fails.append((name, value, limit, text))
+
+    if lg["top1_agreement_pct"] < THRESHOLDS["top1_agreement_pct"]:
+        fails.append(("top1_agreement_pct", lg["top1_agreement_pct"], THRESHOLDS["top1_agreement_pct"],
+                      f"top-1 agreement {lg['top1_agreement_pct']:.4f}% < 100%"))
+    kl = max(lg["kl_ours_hf_max"], lg["kl_hf_ours_max"])
+    over("max_token_kl", kl, THRESHOLDS["max_token_kl"],
+         f"max per-token KL {kl:.3e} (at instance/position {lg['worst_kl_position']})")
+    over("max_grad_rel", g["max_rel"], THRESHOLDS["max_grad_rel"],
+         f"gradient relative difference {g['max_rel']:.3e} in {g['worst_tensor']}")
+    over("loss_step0_rel", l0["loss_rel"], THRESHOLDS["loss_step0_rel"],
+         f"step-0 loss ours {l0['ours']['loss']!r} vs hf {l0['hf']['loss']!r} (rel {l0['loss_rel']:.3e})")
+    worst = max(steps, key=lambda r: r["loss_rel"] if r["loss_rel"] == r["loss_rel"] else math.inf)
+    over("max_step_loss_rel", worst["loss_rel"], THRESHOLDS["max_step_loss_rel"],
+         f"step {worst['step']} loss ours {worst['loss_ours']!r} vs hf {worst['loss_hf']!r} "
+         f"(rel {worst['loss_rel']:.3e})")
+    s1 = steps[0]
+    if s1["grad_norm_rel"] is None:
+        fails.append(("grad_norm_step1_rel", math.nan, THRESHOLDS["grad_norm_step1_rel"],
+                      "trace step 1 has no grad_norm"))
+    else:
+        over("grad_norm_step1_rel", s1["grad_norm_rel"], THRESHOLDS["grad_norm_step1_rel"],
+             f"step 1 grad norm ours {s1['grad_norm_ours']!r} vs hf {s1['grad_norm_hf']!r} "
+             f"(rel {s1['grad_norm_rel']:.3e})")
+    lr = [r for r in steps if r["lr_rel"] is not None]
+    if lr:
+        w = max(lr, key=lambda r: r["lr_rel"])
+        over("max_step_lr_rel", w["lr_rel"], THRESHOLDS["max_step_lr_rel"],
+             f"step {w['step']} trace lr {w['lr_ours']!r} differs from optim.lr_per_step {w['lr']!r}")
+    return fails
+
+
+def print_summary(report, fails):
+    lg, g, l0 = report["logits"], report["grads"], report["loss_step0"]
+    sh = report["shape"]
+    print(f"olmoref vs HF Olmo3ForCausalLM (torch {report['versions']['torch']}, "
+          f"transformers {report['versions']['transformers']}): {sh['steps']} steps x {sh['instances_per_step']} "
+          f"instances x {sh['seq_len']} tokens, vocab {sh['vocab_size']}")
+    print("\nstep-1 batch at step-0 weights")
+    rows = [
+        ("logits max |diff|", f"{lg['max_abs_diff']:.3e}", f"(max |logit| {lg['max_abs_logit']:.3g})"),
+        ("KL(ours||hf) max / mean", f"{lg['kl_ours_hf_max']:.3e}", f"{lg['kl_ours_hf_mean']:.3e}"),
+        ("KL(hf||ours) max / mean", f"{lg['kl_hf_ours_max']:.3e}", f"{lg['kl_hf_ours_mean']:.3e}"),
+        ("top-1 agreement", f"{lg['top1_agreement_pct']:.4f}%",
+         f"({lg['top1_near_ties']} near-ties of {lg['positions']})"),
+        ("loss ours / hf", f"{l0['ours']['loss']:.9g}", f"{l0['hf']['loss']:.9g}  rel {l0['loss_rel']:.3e}"),
+    ]
+    if l0["ce_rel"] is not None:
+        rows.append(("ce ours / hf", f"{l0['ours']['ce']:.9g}", f"{l0['hf']['ce']:.9g}  rel {l0['ce_rel']:.3e}"))
+    if l0["z_rel"] is not None:
+        rows.append(("z ours / hf", f"{l0['ours']['z']:.9g}", f"{l0['hf']['z']:.9g}  rel {l0['z_rel']:.3e}"))
+    rows.append(("grad rel diff max", f"{g['max_rel']:.3e}", g["worst_tensor"]))
+    for a, b, c in rows:
+        print(f"  {a:<26}{b:>16}  {c}")
+    print(f"\n  {'step':>4} {'loss ours':>14} {'loss hf':>14} {'rel':>10} {'gnorm ours':>12} {'gnorm hf':>12} "
+          f"{'rel':>10} {'lr':>10}")
+    for r in report["steps"]:
+        gno = f"{r['grad_norm_ours']:.6g}" if r["grad_norm_ours"] is not None else "-"
+        gnr = f"{r['grad_norm_rel']:.2e}" if r["grad_norm_rel"] is not None else "-"
+        print(f"  {r['step']:>4} {r['loss_ours']:>14.8f} {r['loss_hf']:>14.8f} {r['loss_rel']:>10.2e} {gno:>12} "
+              f"{r['grad_norm_hf']:>12.6g} {gnr:>10} {r['lr']:>10.3g}")
+    print()
+    if fails:
+        print(f"PARITY FAILED ({len(fails)} gate{'s' if len(fails) > 1 else ''}):")
+        for name, value, limit, text in fails:
+            print(f"  - {name}: {text}; limit {limit:g}")
+    else:
+        print("PARITY OK: every gate passed (" + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items()) + ")")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True, help="directory written by `olmoref parity-dump`")
+    ap.add_argument("--report", help="write the full comparison as JSON here")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    args = ap.parse_args(argv)
+    try:
+        report = run(args.bundle, args.threads)
+    except BundleError as e:
+        print(f"hf_parity: bad bundle: {e}", file=sys.stderr)
+        return 2
+    fails = gate(report)
+    report["pass"] = not fails
+    report["failed_gates"] = [f[0] for f in fails]
+    report["failures"] = [f[3] for f in fails]
+    print_summary(report, fails)
+    if args.report:
+        with open(args.report + ".tmp", "w") as f:
+            json.dump(report, f, indent=1, allow_nan=True)
+        os.replace(args.report + ".tmp", args.report)
+    return 0 if not fails else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# golden/parity/run_parity.sh [CONFIG] — the one command for Hugging Face parity.
+#
+# Dumps a parity bundle with `olmoref parity-dump` (step-0 weights, batches, our step-1 logits and gradients, our
+# loss trace) and checks it against transformers' Olmo3ForCausalLM with hf_parity.py. The Python environment lives
+# at ${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}, outside the clone; it is created on first use.
+#
+# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_VENV, OLMOREF_PARITY_STEPS (default 10),
+# OLMOREF_THREADS (passed to parity-dump --threads), OLMOREF_PARITY_REPORT (where to write the JSON report),
+# OLMOREF_KEEP_BUNDLE=1 (keep the bundle directory even on success).
+# Exit: hf_parity.py's status (0 parity, 1 a gate failed, 2 malformed bundle); 77 with a line starting
+# "SKIPPED: parity" when the Python packages cannot be installed (never reported as a pass); 2 for usage errors.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root" || exit 2
+source "$here/venv.sh"
+
+config="${1:-configs/parity.toml}"
+bin="${OLMOREF_BIN:-build/olmoref}"
+steps="${OLMOREF_PARITY_STEPS:-10}"
+
+skip() {
+  echo "SKIPPED: parity: $1"
+  exit 77
+}
+
+py="$(olmoref_venv_python)"
+if [ -z "$py" ]; then
+  echo "run_parity: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy)"
+  if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
+    command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
+    python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
+  fi
+  # --upgrade: an existing but old transformers lacks Olmo3ForCausalLM (added in 4.57).
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy ||
+    skip "pip could not install torch/transformers/safetensors/numpy into $OLMOREF_VENV (no network?)"
+  py="$(olmoref_venv_python)"
+  [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
+fi
+
+if [ ! -x "$bin" ]; then
+  echo "run_parity: $bin not found or not executable; build it first (ninja -C build) or set OLMOREF_BIN" >&2
+  exit 2
+fi
+if [ ! -f "$config" ]; then
+  echo "run_parity: config $config not found; pass a config file (e.g. configs/parity.toml)" >&2
+  exit 2
+fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity.XXXXXX")"
+bundle="$work/bundle"
+report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
+
+echo "run_parity: $bin parity-dump --config $config --out $bundle --steps $steps"
+"$bin" parity-dump --config "$config" --out "$bundle" --steps "$steps" ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "run_parity: parity-dump failed (exit $rc); partial output kept in $work" >&2
+  exit $rc
+fi
+
+OMP_NUM_THREADS=2 "$py" "$here/hf_parity.py" --bundle "$bundle" --report "$report"
+rc=$?
+if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
+  rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
+else
+  echo "run_parity: bundle kept in $bundle, report in $report"
+fi
+exit $rc

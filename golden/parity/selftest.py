@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""golden-parity-selftest: hf_parity.py must pass a bundle that HF itself produced and fail each planted defect on
+exactly the gate meant to catch it, and refuse a malformed bundle.
+
+Usage: selftest.py [--keep DIR]   (exit 0 = all behaved, 1 = the comparison script misjudged a case)
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hf_parity  # noqa: E402
+import make_fake_bundle  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keep", help="write the bundles here and keep them (default: a temporary directory)")
+    a = ap.parse_args()
+    root = a.keep or tempfile.mkdtemp(prefix="olmoref-parity-selftest.")
+    os.makedirs(root, exist_ok=True)
+    problems = []
+    t0 = time.time()
+    stamp = lambda: f"[{time.time() - t0:5.1f}s]"  # noqa: E731
+    try:
+        base = os.path.join(root, "base")
+        make_fake_bundle.make(base, steps=5, seed=1234)
+        print(f"{stamp()} bundle written")
+
+        # The passing case goes through the real command line, exit status included.
+        report = os.path.join(root, "base-report.json")
+        rc = subprocess.run([sys.executable, os.path.join(HERE, "hf_parity.py"), "--bundle", base,
+                             "--report", report]).returncode
+        r = json.load(open(report)) if os.path.exists(report) else {}
+        print(f"{stamp()} command-line run of the clean bundle: exit {rc}")
+        if rc != 0 or not r.get("pass"):
+            problems.append(f"unperturbed bundle: exit {rc}, failures {r.get('failures')} (expected a pass)")
+
+        for kind, gate in make_fake_bundle.PERTURBATIONS.items():
+            d = os.path.join(root, kind)
+            make_fake_bundle.perturb(base, d, kind)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = hf_parity.main(["--bundle", d, "--report", d + "-report.json"])
+            failed = json.load(open(d + "-report.json"))["failed_gates"]
+            # Swapping the top two logits also moves the KL; every other defect must trip its gate alone.
+            caught = failed == [gate] or (kind == "top1" and gate in failed)
+            verdict = "ok" if rc == 1 and caught else "WRONG"
+            print(f"{stamp()} perturbation {kind:<6} -> exit {rc}, failed gates {failed} (want {gate}): {verdict}")
+            if verdict != "ok":
+                problems.append(f"perturbation {kind}: exit {rc}, failed gates {failed}, expected [{gate}]\n"
+                                + out.getvalue())
+
+        broken = os.path.join(root, "broken")
+        shutil.copytree(base, broken, dirs_exist_ok=True)
+        with open(os.path.join(broken, "batches.u32"), "ab") as f:
+            f.write(b"\0\0\0\0")  # one token too many: the shape no longer matches ours.json
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = hf_parity.main(["--bundle", broken])
+        print(f"{stamp()} malformed bundle -> exit {rc}: {err.getvalue().strip()}")
+        if rc != 2 or "batches.u32" not in err.getvalue():
+            problems.append(f"malformed bundle: exit {rc} (expected 2 naming batches.u32)")
+    finally:
+        if not a.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    if problems:
+        print("\ngolden-parity-selftest FAILED:")
+        for p in problems:
+            print("  -", p)
+        return 1
+    print(f"\ngolden-parity-selftest OK: clean bundle passes, {len(make_fake_bundle.PERTURBATIONS)} planted defects "
+          "each caught by their gate, malformed bundle refused")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
