@@ -7,6 +7,8 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -155,6 +157,8 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
+int64_t manifest_step(const std::string& dir) { return read_manifest(dir).at("step").get<int64_t>(); }
+
 std::vector<std::string> list_complete(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> found;
   if (!fs::is_directory(root)) return {};
@@ -226,6 +230,9 @@ std::string save(const std::string& root, const CheckpointMeta& meta, const Stat
   shard += data;
   const std::string shard_name = "shard-00000.bin";
   write_file_atomic(tmp_dir + "/" + shard_name, shard);
+  // Fault injection for the kill tests: die between the shard and the manifest, the worst moment.
+  if (const char* crash = std::getenv("OLMOREF_TEST_CRASH_IN_SAVE"); crash && std::stoll(crash) == meta.step)
+    ::raise(SIGKILL);
 
   nlohmann::json m;
   m["format"] = kFormat;

@@ -88,6 +88,7 @@ std::vector<std::string> verify(const std::string& dir);
 // Human-readable summary: step, config, shards, tensors, sizes, compression, digests.
 std::string inspect(const std::string& dir, bool per_tensor);
 
-std::string step_dir_name(int64_t step);  // "step00000010"
+std::string step_dir_name(int64_t step);
+int64_t manifest_step(const std::string& dir);  // the step a checkpoint holds (reads its manifest)  // "step00000010"
 
 }  // namespace olmoref::ckpt

@@ -12,6 +12,8 @@
 #include "train/parity_dump.h"
 #include "train/resume_check.h"
 #include "ckpt/checkpoint.h"
+#include "golden/plot.h"
+#include <fstream>
 #include "golden/hf_export.h"
 #include "ref/init.h"
 #include "ref/params.h"
@@ -123,6 +125,29 @@ void register_commands(CLI::App& app) {
         opts.extra_resume_args.push_back(s);
       }
       g_exit_code = resume_check(opts);
+    });
+  }
+  // ---- trace ----
+  {
+    auto* cmd = app.add_subcommand("trace", "Work with traces (trace.jsonl)");
+    cmd->require_subcommand(1);
+    auto* plot = cmd->add_subcommand("plot", "Loss curves (and the per-step difference for several traces) as SVG");
+    auto files = std::make_shared<std::vector<std::string>>();
+    auto out = std::make_shared<std::string>();
+    auto title = std::make_shared<std::string>("olmoref loss");
+    plot->add_option("TRACE", *files, "trace.jsonl files or run directories")->required();
+    plot->add_option("--out", *out, "Output .svg")->required();
+    plot->add_option("--title", *title, "Plot title");
+    plot->callback([=] {
+      std::vector<NamedTrace> traces;
+      for (std::string f : *files) {
+        if (std::filesystem::is_directory(f)) f += "/trace.jsonl";
+        traces.push_back({f, read_trace(f)});
+      }
+      std::ofstream o(*out);
+      o << loss_plot_svg(traces, *title);
+      if (!o) throw std::runtime_error(*out + ": cannot write");
+      std::printf("wrote %s\n", out->c_str());
     });
   }
   // ---- ckpt ----

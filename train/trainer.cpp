@@ -192,14 +192,18 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     resume_dir = *newest;
   }
   const std::string audit_path = cfg.data.audit ? out_dir + "/audit.jsonl" : "";
+  if (!resume_dir.empty()) {
+    // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
+    const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
+    truncate_jsonl(out_dir + "/trace.jsonl", ckpt_step);
+    if (!audit_path.empty()) truncate_jsonl(audit_path, ckpt_step);
+  }
   Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty()));
   if (!resume_dir.empty()) {
     trainer.resume(resume_dir, opts.resume_opts);
     if (!opts.quiet)
       std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
                    static_cast<long long>(trainer.step()));
-    truncate_jsonl(out_dir + "/trace.jsonl", trainer.step());
-    if (!audit_path.empty()) truncate_jsonl(audit_path, trainer.step());
   }
   write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size());
   TraceWriter trace;

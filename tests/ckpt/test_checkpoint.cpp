@@ -1,0 +1,167 @@
+// Checkpoints: round trip, exact continuation, and every way a checkpoint can be wrong is refused
+// with a message naming the file and the problem.
+#include <doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "tests/ref/synthetic.h"
+#include "train/trainer.h"
+
+using namespace olmoref;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Fixture {
+  std::string dir, data;
+  Fixture() {
+    dir = testing::temp_dir("ckpt");
+    data = testing::write_tokens(dir + "/tokens.u16", testing::progression_tokens(3000, 7));
+  }
+  TrainConfig config(const std::vector<std::string>& extra = {}) const {
+    return testing::tiny_config_with_data(data, extra);
+  }
+  std::unique_ptr<Trainer> trainer(const TrainConfig& c) const {
+    return std::make_unique<Trainer>(c, 2, make_batch_source(c));
+  }
+};
+
+const Fixture& fx() {
+  static Fixture f;
+  return f;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Trains 3 steps and checkpoints into a fresh root; returns the checkpoint directory.
+std::string make_checkpoint(const std::string& root, const TrainConfig& c) {
+  fs::remove_all(root);
+  auto t = fx().trainer(c);
+  for (int i = 0; i < 3; ++i) t->train_step();
+  return t->save_checkpoint(root);
+}
+
+void flip_byte(const std::string& path, int64_t from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-from_end, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-from_end, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip: state restored exactly and the run continues bit for bit") {
+  const TrainConfig c = fx().config();
+  auto a = fx().trainer(c);
+  for (int i = 0; i < 3; ++i) a->train_step();
+  const std::string root = fx().dir + "/roundtrip";
+  const std::string dir = a->save_checkpoint(root);
+  CHECK(fs::path(dir).filename() == "step00000003");
+  CHECK(ckpt::verify(dir).empty());
+  auto b = fx().trainer(c);
+  b->resume(dir, {});
+  CHECK(b->step() == 3);
+  CHECK(b->tokens() == a->tokens());
+  CHECK(std::equal(a->params(), a->params() + a->n_params(), b->params()));
+  CHECK(a->adam_m() == b->adam_m());
+  CHECK(a->adam_v() == b->adam_v());
+  CHECK(a->source().state() == b->source().state());
+  for (int i = 0; i < 3; ++i) CHECK(a->train_step().record.to_json() == b->train_step().record.to_json());
+  const std::string text = ckpt::inspect(dir, true);
+  CHECK(text.find("step         3") != std::string::npos);
+  CHECK(text.find("lm_head.w_out.weight") != std::string::npos);
+}
+
+TEST_CASE("a corrupted byte, a truncated shard and a deleted shard are each detected on load") {
+  const TrainConfig c = fx().config();
+  const std::string root = fx().dir + "/damage";
+  auto load = [&](const std::string& d) { fx().trainer(c)->resume(d, {}); };
+  SUBCASE("corrupted byte") {
+    const std::string d = make_checkpoint(root, c);
+    flip_byte(d + "/shard-00000.bin", 100);
+    const std::string e = error_of([&] { load(d); });
+    CHECK(e.find("shard-00000.bin") != std::string::npos);
+    CHECK(e.find("checksum") != std::string::npos);
+    CHECK(!ckpt::verify(d).empty());
+  }
+  SUBCASE("truncated shard") {
+    const std::string d = make_checkpoint(root, c);
+    fs::resize_file(d + "/shard-00000.bin", fs::file_size(d + "/shard-00000.bin") - 9);
+    const std::string e = error_of([&] { load(d); });
+    CHECK(e.find("shard-00000.bin") != std::string::npos);
+    CHECK(e.find("truncated") != std::string::npos);
+  }
+  SUBCASE("deleted shard") {
+    const std::string d = make_checkpoint(root, c);
+    fs::remove(d + "/shard-00000.bin");
+    const std::string e = error_of([&] { load(d); });
+    CHECK(e.find("shard-00000.bin") != std::string::npos);
+    CHECK(e.find("missing") != std::string::npos);
+  }
+  SUBCASE("corrupted manifest") {
+    const std::string d = make_checkpoint(root, c);
+    std::ofstream(d + "/manifest.json") << "{ not json";
+    CHECK(error_of([&] { load(d); }).find("manifest.json") != std::string::npos);
+  }
+  SUBCASE("incompatible format version") {
+    const std::string d = make_checkpoint(root, c);
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+    m["format_version"] = 99;
+    std::ofstream(d + "/manifest.json") << m.dump();
+    const std::string e = error_of([&] { load(d); });
+    CHECK(e.find("format version 99") != std::string::npos);
+  }
+}
+
+TEST_CASE("resuming with a different model, run configuration or dataset is refused (and overridable where sane)") {
+  const std::string root = fx().dir + "/mismatch";
+  const std::string d = make_checkpoint(root, fx().config());
+  const std::string model = error_of([&] { fx().trainer(fx().config({"model.ffn_hidden=128"}))->resume(d, {}); });
+  CHECK(model.find("different model config") != std::string::npos);
+  CHECK(model.find("manifest.json") != std::string::npos);
+  const std::string run = error_of([&] { fx().trainer(fx().config({"optim.lr=1e-2"}))->resume(d, {}); });
+  CHECK(run.find("--allow-config-change") != std::string::npos);
+  Trainer::ResumeOptions allow;
+  allow.allow_config_change = true;
+  CHECK(error_of([&] { fx().trainer(fx().config({"optim.lr=1e-2"}))->resume(d, allow); }).empty());
+
+  const std::string other = testing::write_tokens(fx().dir + "/other.u16", testing::progression_tokens(3100, 8));
+  const TrainConfig moved = testing::tiny_config_with_data(other);
+  const std::string data = error_of([&] { fx().trainer(moved)->resume(d, {}); });
+  CHECK(data.find("fingerprint") != std::string::npos);
+  Trainer::ResumeOptions ignore;
+  ignore.ignore_fingerprint_mismatch = true;
+  CHECK(error_of([&] { fx().trainer(moved)->resume(d, ignore); }).empty());
+}
+
+TEST_CASE("retention keeps the newest N, never deletes the newest, ignores and clears incomplete saves") {
+  const TrainConfig c = fx().config({"checkpoint.keep_last=2"});
+  const std::string root = fx().dir + "/retention";
+  fs::remove_all(root);
+  fs::create_directories(root + "/.tmp-step00000099");  // a crashed save
+  auto t = fx().trainer(c);
+  for (int s = 1; s <= 4; ++s) {
+    t->train_step();
+    t->save_checkpoint(root);
+  }
+  auto all = ckpt::list_complete(root);
+  REQUIRE(all.size() == 2);
+  CHECK(fs::path(all[0]).filename() == "step00000003");
+  CHECK(fs::path(all[1]).filename() == "step00000004");
+  CHECK(!fs::exists(root + "/.tmp-step00000099"));
+  // An incomplete directory (no manifest) with a higher step is not "complete".
+  fs::create_directories(root + "/step00000009");
+  CHECK(fs::path(*ckpt::newest_complete(root)).filename() == "step00000004");
+}
