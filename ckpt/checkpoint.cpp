@@ -179,16 +179,18 @@ std::optional<std::string> newest_complete(const std::string& root) {
   return all.back();
 }
 
-std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
-                 const std::vector<Segment>& segments, const SaveOptions& opts) {
-  fs::create_directories(root);
-  const std::string name = step_dir_name(meta.step);
-  const std::string final_dir = root + "/" + name, tmp_dir = root + "/.tmp-" + name;
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
+std::string begin_save(const std::string& root, int64_t step, bool create) {
+  const std::string tmp_dir = root + "/.tmp-" + step_dir_name(step);
+  if (create) {
+    fs::create_directories(root);
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+  }
+  return tmp_dir;
+}
 
-  // Shard 0 holds every segment of the three vectors (one process); ranges are recorded so other
-  // layouts can read any part.
+void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors& local, int64_t lo, int64_t hi,
+                 const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection) {
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, opts.zstd_level);
   if (opts.zstd_threads > 1) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, opts.zstd_threads);
@@ -196,50 +198,83 @@ std::string save(const std::string& root, const CheckpointMeta& meta, const Stat
   nlohmann::json entries = nlohmann::json::array();
   std::string data;
   std::vector<char> buf;
-  int64_t raw_bytes = 0;
   for (const char* vec : kVectorNames) {
-    const float* base = vector_ptr(state, vec);
+    const float* base = vector_ptr(local, vec);
     for (const Segment& seg : segments) {
-      const float* src = base + seg.offset;
-      const size_t n = static_cast<size_t>(seg.numel) * sizeof(float);
+      // The part of this segment inside [lo, hi): a shard boundary may cut a tensor.
+      const int64_t a = std::max(lo, seg.offset), b = std::min(hi, seg.offset + seg.numel);
+      if (a >= b) continue;
+      const float* src = base + (a - lo);
+      const size_t n = static_cast<size_t>(b - a) * sizeof(float);
       buf.resize(ZSTD_compressBound(n));
       const size_t z = ZSTD_compress2(cctx, buf.data(), buf.size(), src, n);
       if (ZSTD_isError(z)) {
         ZSTD_freeCCtx(cctx);
         fail(tmp_dir, std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
       }
+      std::string name = seg.name;
+      if (a != seg.offset || b != seg.offset + seg.numel) {
+        char part[64];  // a tensor cut by a shard boundary: name[begin:end] within the tensor
+        std::snprintf(part, sizeof part, "[%lld:%lld]", static_cast<long long>(a - seg.offset),
+                      static_cast<long long>(b - seg.offset));
+        name.append(part);
+      }
       entries.push_back({{"vector", vec},
-                         {"name", seg.name},
-                         {"offset", seg.offset},
-                         {"numel", seg.numel},
+                         {"name", name},
+                         {"offset", a},
+                         {"numel", b - a},
                          {"raw_xxh3", hex(XXH3_64bits(src, n))},
                          {"zstd_bytes", z},
                          {"zstd_xxh3", hex(XXH3_64bits(buf.data(), z))},
                          {"data_offset", data.size()}});
       data.append(buf.data(), z);
-      raw_bytes += static_cast<int64_t>(n);
     }
   }
   ZSTD_freeCCtx(cctx);
-  const std::string header = nlohmann::json{{"rank", 0}, {"entries", entries}}.dump();
+  const std::string header = nlohmann::json{{"rank", shard_index}, {"range", {lo, hi}}, {"entries", entries}}.dump();
   std::string shard(kShardMagic, 16);
   put_u64(shard, header.size());
   shard += header;
-  const uint64_t header_sum = XXH3_64bits(header.data(), header.size());
-  put_u64(shard, header_sum);
+  put_u64(shard, XXH3_64bits(header.data(), header.size()));
   shard += data;
-  const std::string shard_name = "shard-00000.bin";
-  write_file_atomic(tmp_dir + "/" + shard_name, shard);
+  char name[32];
+  std::snprintf(name, sizeof name, "shard-%05d.bin", shard_index);
+  write_file_atomic(tmp_dir + "/" + name, shard);
   // Fault injection for the kill tests: die between the shard and the manifest, the worst moment.
-  if (const char* crash = std::getenv("OLMOREF_TEST_CRASH_IN_SAVE"); crash && std::stoll(crash) == meta.step)
-    ::raise(SIGKILL);
+  // OLMOREF_TEST_CRASH_SHARD limits it to one shard's writer (a rank dying mid-checkpoint).
+  if (const char* crash = std::getenv("OLMOREF_TEST_CRASH_IN_SAVE"); crash && std::stoll(crash) == step_for_fault_injection) {
+    const char* only = std::getenv("OLMOREF_TEST_CRASH_SHARD");
+    if (!only || std::stoi(only) == shard_index) ::raise(SIGKILL);
+  }
+}
 
+std::string finish_save(const std::string& root, const std::string& tmp_dir, const CheckpointMeta& meta,
+                        int64_t total, const StateDigests& digests, const SaveOptions& opts) {
+  // Shards are found on disk (each rank wrote its own); the manifest records their exact sizes and
+  // header checksums so a truncated or swapped file is caught before it is parsed.
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(tmp_dir)) {
+    const std::string f = entry.path().filename().string();
+    if (f.rfind("shard-", 0) == 0 && f.size() > 4 && f.substr(f.size() - 4) == ".bin") files.push_back(f);
+  }
+  std::sort(files.begin(), files.end());
+  nlohmann::json shards = nlohmann::json::array();
+  int64_t raw_bytes = 0;
+  for (const auto& f : files) {
+    const ParsedShard ps = read_shard(tmp_dir + "/" + f, 0, "");
+    const uint64_t header_len = get_u64(ps.bytes, 16);
+    for (const auto& e : ps.header.at("entries")) raw_bytes += e.at("numel").get<int64_t>() * 4;
+    shards.push_back({{"file", f},
+                      {"rank", ps.header.at("rank")},
+                      {"bytes", ps.bytes.size()},
+                      {"header_xxh3", hex(get_u64(ps.bytes, 24 + header_len))}});
+  }
   nlohmann::json m;
   m["format"] = kFormat;
   m["format_version"] = kFormatVersion;
   m["step"] = meta.step;
   m["tokens"] = meta.tokens;
-  m["total_params"] = state.total;
+  m["total_params"] = total;
   m["loader_state"] = meta.loader_state;
   m["dataset_fingerprint"] = meta.dataset_fingerprint;
   m["config_toml"] = meta.config_toml;
@@ -252,13 +287,11 @@ std::string save(const std::string& root, const CheckpointMeta& meta, const Stat
   m["libraries"] = {{"zstd", ZSTD_versionString()}, {"xxhash", std::to_string(XXH_versionNumber())}};
   m["compression"] = {{"codec", "zstd"}, {"level", opts.zstd_level}, {"threads", opts.zstd_threads}};
   m["raw_bytes"] = raw_bytes;
-  m["shards"] = nlohmann::json::array(
-      {{{"file", shard_name}, {"rank", 0}, {"bytes", shard.size()}, {"header_xxh3", hex(header_sum)}}});
-  m["state_digests"] = {{"params", merkle_digest(state.params, state.total).hex()},
-                        {"adam_m", merkle_digest(state.adam_m, state.total).hex()},
-                        {"adam_v", merkle_digest(state.adam_v, state.total).hex()}};
+  m["shards"] = shards;
+  m["state_digests"] = {{"params", digests.params}, {"adam_m", digests.adam_m}, {"adam_v", digests.adam_v}};
   write_file_atomic(tmp_dir + "/manifest.json", m.dump(2) + "\n");
   fsync_path(tmp_dir, true);
+  const std::string final_dir = root + "/" + step_dir_name(meta.step);
   fs::remove_all(final_dir);  // a complete checkpoint of the same step (a rerun) is replaced whole
   fs::rename(tmp_dir, final_dir);
   fsync_path(root, true);
@@ -273,34 +306,58 @@ std::string save(const std::string& root, const CheckpointMeta& meta, const Stat
   return final_dir;
 }
 
+std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
+                 const std::vector<Segment>& segments, const SaveOptions& opts) {
+  const std::string tmp = begin_save(root, meta.step, true);
+  write_shard(tmp, 0, state, 0, state.total, segments, opts, meta.step);
+  const StateDigests d{merkle_digest(state.params, state.total).hex(), merkle_digest(state.adam_m, state.total).hex(),
+                       merkle_digest(state.adam_v, state.total).hex()};
+  return finish_save(root, tmp, meta, state.total, d, opts);
+}
+
 namespace {
 
-// Reads every shard into `state`, checking each flat vector is covered exactly once.
-void read_all(const std::string& dir, const nlohmann::json& m, const StateVectors& state) {
+// Reads the part [lo, hi) of every flat vector into `local` (pointers to hi-lo floats each), verifying
+// every entry it touches, and checks from the shard headers that each vector is covered exactly once.
+void read_range(const std::string& dir, const nlohmann::json& m, const StateVectors& local, int64_t lo, int64_t hi,
+                int64_t total) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
+  std::vector<float> tmp;
   for (const auto& sh : m.at("shards")) {
     const std::string path = dir + "/" + sh.at("file").get<std::string>();
     const ParsedShard s = read_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
     for (const auto& e : s.header.at("entries")) {
       const std::string vec = e.at("vector").get<std::string>();
-      float* base = vector_ptr(state, vec);
-      if (!base) fail(path, "unknown vector '" + vec + "'");
+      if (vec != "params" && vec != "adam_m" && vec != "adam_v") fail(path, "unknown vector '" + vec + "'");
       const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
-      if (off < 0 || n < 0 || off + n > state.total) fail(path, vec + " range out of bounds");
-      read_entry(path, s, e, base + off);
+      if (off < 0 || n < 0 || off + n > total) fail(path, vec + " range out of bounds");
       coverage[vec].emplace_back(off, off + n);
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+      if (a >= b) continue;  // not in this reader's range (an empty range reads nothing)
+      float* base = vector_ptr(local, vec);
+      if (a == off && b == off + n) {
+        read_entry(path, s, e, base + (off - lo));
+      } else {
+        tmp.resize(static_cast<size_t>(n));
+        read_entry(path, s, e, tmp.data());
+        std::copy(tmp.begin() + (a - off), tmp.begin() + (b - off), base + (a - lo));
+      }
     }
   }
   for (const char* vec : kVectorNames) {
     auto& r = coverage[vec];
     std::sort(r.begin(), r.end());
     int64_t at = 0;
-    for (auto& [lo, hi] : r) {
-      if (lo != at) fail(dir, std::string(vec) + ": shards leave a gap or overlap at element " + std::to_string(at) + " (missing shard?)");
-      at = hi;
+    for (auto& [a, b] : r) {
+      if (a != at) fail(dir, std::string(vec) + ": shards leave a gap or overlap at element " + std::to_string(at) + " (missing shard?)");
+      at = b;
     }
-    if (at != state.total) fail(dir, std::string(vec) + ": shards cover " + std::to_string(at) + " of " + std::to_string(state.total) + " elements (missing shard?)");
+    if (at != total) fail(dir, std::string(vec) + ": shards cover " + std::to_string(at) + " of " + std::to_string(total) + " elements (missing shard?)");
   }
+}
+
+void read_all(const std::string& dir, const nlohmann::json& m, const StateVectors& state) {
+  read_range(dir, m, state, 0, state.total, state.total);
   const auto& d = m.at("state_digests");
   if (merkle_digest(state.params, state.total).hex() != d.at("params").get<std::string>() ||
       merkle_digest(state.adam_m, state.total).hex() != d.at("adam_m").get<std::string>() ||
@@ -308,11 +365,8 @@ void read_all(const std::string& dir, const nlohmann::json& m, const StateVector
     fail(dir, "loaded state does not match the manifest's whole-state digests");
 }
 
-}  // namespace
-
-CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
-                    const LoadOptions& opts) {
-  const nlohmann::json m = read_manifest(dir);
+CheckpointMeta check_meta(const std::string& dir, const nlohmann::json& m, int64_t total, const CheckpointMeta& expect,
+                          const LoadOptions& opts) {
   const std::string mpath = dir + "/manifest.json";
   CheckpointMeta meta;
   meta.step = m.at("step").get<int64_t>();
@@ -329,9 +383,9 @@ CheckpointMeta load(const std::string& dir, const StateVectors& state, const Che
   if (!expect.model_hash.empty() && expect.model_hash != meta.model_hash)
     fail(mpath, "the checkpoint was written for a different model config ([model] differs); resume with the "
                 "config it records (olmoref ckpt inspect " + dir + ")");
-  if (m.at("total_params").get<int64_t>() != state.total)
+  if (m.at("total_params").get<int64_t>() != total)
     fail(mpath, "holds " + std::to_string(m.at("total_params").get<int64_t>()) + " parameters, this model has " +
-                    std::to_string(state.total));
+                    std::to_string(total));
   if (!expect.resume_hash.empty() && expect.resume_hash != meta.resume_hash && !opts.allow_config_change)
     fail(mpath, "the run configuration differs from the checkpoint's (training, optimizer, schedule or data "
                 "settings); resuming would not continue the same run. Use the recorded config, or pass "
@@ -341,6 +395,25 @@ CheckpointMeta load(const std::string& dir, const StateVectors& state, const Che
     fail(mpath, "dataset fingerprint differs (checkpoint " + meta.dataset_fingerprint + ", now " +
                     expect.dataset_fingerprint + "): the data files changed. Point the config at the original data, "
                     "or pass --ignore-fingerprint-mismatch to continue on the new data");
+  const auto& d = m.at("state_digests");
+  meta.digests = {d.at("params").get<std::string>(), d.at("adam_m").get<std::string>(), d.at("adam_v").get<std::string>()};
+  return meta;
+}
+
+}  // namespace
+
+CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int64_t lo, int64_t hi, int64_t total,
+                          const CheckpointMeta& expect, const LoadOptions& opts) {
+  const nlohmann::json m = read_manifest(dir);
+  CheckpointMeta meta = check_meta(dir, m, total, expect, opts);
+  read_range(dir, m, local, lo, hi, total);
+  return meta;
+}
+
+CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
+                    const LoadOptions& opts) {
+  const nlohmann::json m = read_manifest(dir);
+  CheckpointMeta meta = check_meta(dir, m, state.total, expect, opts);
   read_all(dir, m, state);
   return meta;
 }

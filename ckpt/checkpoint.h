@@ -45,6 +45,10 @@ struct SaveOptions {
   int keep_last = 3;          // complete checkpoints kept after this save (>= 1; the newest is never deleted)
 };
 
+struct StateDigests {
+  std::string params, adam_m, adam_v;  // XXH3-128 Merkle roots (hex) of the whole flat vectors
+};
+
 // Everything besides the vectors, recorded in the manifest and handed back on load.
 struct CheckpointMeta {
   int64_t step = 0;                 // optimizer steps completed
@@ -57,12 +61,25 @@ struct CheckpointMeta {
   nlohmann::json data_layout;       // seq_len, micro-batch, global batch, world layout
   std::string precision, executor;
   nlohmann::json extra;             // anything else (build facts)
+  StateDigests digests;             // filled on load from the manifest
 };
 
 // Writes checkpoint `meta.step` under `root` for a single process holding the whole state.
 // Returns the final directory.
 std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
                  const std::vector<Segment>& segments, const SaveOptions& opts);
+
+// The sharded save, in three steps so ranks can write in parallel (dist/ drives it):
+//   1. begin_save: rank 0 creates <root>/.tmp-stepN (create=true); every rank learns the path;
+//   2. write_shard: each shard owner writes shard-<index>.bin holding [lo, hi) of the flat vectors
+//      (`local` points at those hi-lo floats; segments use global offsets and may be cut at lo/hi);
+//   3. finish_save: rank 0, after a barrier, writes the manifest (recording every shard file found)
+//      with the whole-state digests, and renames the directory: only then is the checkpoint complete.
+std::string begin_save(const std::string& root, int64_t step, bool create);
+void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors& local, int64_t lo, int64_t hi,
+                 const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection);
+std::string finish_save(const std::string& root, const std::string& tmp_dir, const CheckpointMeta& meta,
+                        int64_t total, const StateDigests& digests, const SaveOptions& opts);
 
 struct LoadOptions {
   bool ignore_fingerprint_mismatch = false;
@@ -80,6 +97,12 @@ std::vector<std::string> list_complete(const std::string& root);  // ascending b
 // compare against; empty strings skip that comparison.
 CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
                     const LoadOptions& opts);
+
+// Reads only [lo, hi) of each flat vector (for a rank of any data-parallel layout) into `local`,
+// verifying every entry it reads and the coverage of the whole vectors. The whole-state digests are
+// returned in meta.digests for the caller to check collectively.
+CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int64_t lo, int64_t hi, int64_t total,
+                          const CheckpointMeta& expect, const LoadOptions& opts);
 
 // Verifies every byte of a checkpoint without a model: manifest, shards, every tensor's checksums,
 // coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact).

@@ -1,5 +1,6 @@
 #include "ref/init.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ref/mathfn.h"
@@ -21,15 +22,23 @@ float init_value(uint64_t seed, uint32_t param_id, uint64_t index, double std) {
 }
 
 void init_params(const ModelConfig& cfg, const ParamLayout& layout, float* params) {
+  init_params_range(cfg, layout, 0, layout.total, params);
+}
+
+void init_params_range(const ModelConfig& cfg, const ParamLayout& layout, int64_t lo, int64_t hi, float* out) {
   for (size_t id = 0; id < layout.params.size(); ++id) {
     const ParamInfo& p = layout.params[id];
-    float* dst = params + p.offset;
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    if (a >= b) continue;
+    float* dst = out + (a - lo);
+    const int64_t first = a - p.offset;  // element index within the tensor
     if (p.kind == ParamKind::norm) {
-      for (int64_t i = 0; i < p.numel; ++i) dst[i] = 1.0f;
+      for (int64_t i = 0; i < b - a; ++i) dst[i] = 1.0f;
       continue;
     }
-    default_pool().parallel_for(p.numel, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = init_value(cfg.init_seed, static_cast<uint32_t>(id), i, cfg.init_std);
+    default_pool().parallel_for(b - a, 1 << 14, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i)
+        dst[i] = init_value(cfg.init_seed, static_cast<uint32_t>(id), static_cast<uint64_t>(first + i), cfg.init_std);
     });
   }
 }

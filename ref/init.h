@@ -15,5 +15,7 @@ float init_value(uint64_t seed, uint32_t param_id, uint64_t index, double std);
 
 // Fills the whole flat parameter vector (layout.total floats).
 void init_params(const ModelConfig& cfg, const ParamLayout& layout, float* params);
+// Only [lo, hi) of the flat vector, into out (hi - lo floats): what a shard owner initialises.
+void init_params_range(const ModelConfig& cfg, const ParamLayout& layout, int64_t lo, int64_t hi, float* out);
 
 }  // namespace olmoref

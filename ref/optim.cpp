@@ -25,6 +25,11 @@ double powi(double x, int64_t n) {
 
 void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, float* params,
                 const float* grad, float* m, float* v, ThreadPool* pool) {
+  adamw_step_range(cfg, layout, step, lr, 0, layout.total, params, grad, m, v, pool);
+}
+
+void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
+                      int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool) {
   // Scalars are formed in fp64 and rounded once, as PyTorch passes Python floats into fp32 kernels.
   const double bc1 = 1.0 - powi(cfg.beta1, step);
   const double bc2 = 1.0 - powi(cfg.beta2, step);
@@ -34,11 +39,13 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
   const float b2 = static_cast<float>(cfg.beta2), one_minus_b2 = static_cast<float>(1.0 - cfg.beta2);
   const float eps = static_cast<float>(cfg.eps);
   for (const ParamInfo& p : layout.params) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    if (a >= b) continue;
     const float decay = p.weight_decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
-    float* pp = params + p.offset;
-    const float* gg = grad + p.offset;
-    float* mm = m + p.offset;
-    float* vv = v + p.offset;
+    float* pp = params + (a - lo);
+    const float* gg = grad + (a - lo);
+    float* mm = m + (a - lo);
+    float* vv = v + (a - lo);
     auto body = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const float g = gg[i];
@@ -51,7 +58,7 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
         vv[i] = vi;
       }
     };
-    if (pool) pool->parallel_for(p.numel, 1 << 14, body); else body(0, p.numel);
+    if (pool) pool->parallel_for(b - a, 1 << 14, body); else body(0, b - a);
   }
 }
 

@@ -27,6 +27,10 @@ struct AdamWConfig {
 //   p ← p − (lr / (1 − β1^step)) · m / (sqrt(v) / sqrt(1 − β2^step) + eps)
 void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, float* params,
                 const float* grad, float* m, float* v, ThreadPool* pool);
+// The same update on the range [lo, hi) of the flat vectors only (a data-parallel shard); the pointers
+// address element lo. Elementwise, so a sharded update gives the same bits as the whole one.
+void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
+                      int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool);
 
 // Global gradient norm over fixed chunks of the flat vector (kNormChunk floats): each chunk's Σg² in
 // fp64 by the canonical row reduction, then the chunk totals added in chunk order, then sqrt.

@@ -32,24 +32,29 @@ data::DatasetOptions dataset_options(const TrainConfig& cfg) {
   return o;
 }
 
+data::LoaderConfig loader_config(const TrainConfig& cfg) {
+  data::LoaderConfig lc;
+  lc.dataset = std::make_shared<data::FslDataset>(train_mix(cfg.data), dataset_options(cfg));
+  lc.seed = cfg.data.seed;
+  lc.global_batch_instances = cfg.train.global_batch_instances;
+  lc.microbatch_instances = cfg.train.micro_batch_instances;
+  lc.holdout = holdout_spec(cfg.data);
+  return lc;
+}
+
 namespace {
 
 // The OLMo-core-compatible loader (data/loader.h): global batch b of epoch e is row b of
 // PCG64(seed + e)'s shuffle of the instances, cut into the run's canonical micro-batches.
 class LoaderSource : public BatchSource {
  public:
-  LoaderSource(const TrainConfig& cfg, const std::string& audit_path, bool audit_append) {
-    data::LoaderConfig lc;
-    lc.dataset = std::make_shared<data::FslDataset>(train_mix(cfg.data), dataset_options(cfg));
-    lc.seed = cfg.data.seed;
-    lc.global_batch_instances = cfg.train.global_batch_instances;
-    lc.microbatch_instances = cfg.train.micro_batch_instances;
-    lc.world_size = 1;
-    lc.rank = -1;
+  LoaderSource(const TrainConfig& cfg, const std::string& audit_path, bool audit_append, int world, int rank) {
+    data::LoaderConfig lc = loader_config(cfg);  // shared with `olmoref leakcheck`
+    lc.world_size = world;
+    lc.rank = world == 1 ? -1 : rank;
     if (!audit_path.empty())
       lc.audit = std::make_shared<data::AuditLog>(audit_path, audit_append ? data::AuditLog::Mode::append
                                                                            : data::AuditLog::Mode::truncate);
-    lc.holdout = holdout_spec(cfg.data);
     loader_ = std::make_unique<data::Loader>(std::move(lc));
   }
 
@@ -83,8 +88,9 @@ class LoaderSource : public BatchSource {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, const std::string& audit_path, bool audit_append) {
-  return std::make_unique<LoaderSource>(cfg, audit_path, audit_append);
+std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, const std::string& audit_path, bool audit_append,
+                                               int world, int rank) {
+  return std::make_unique<LoaderSource>(cfg, audit_path, audit_append, world, rank);
 }
 
 }  // namespace olmoref

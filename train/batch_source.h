@@ -10,7 +10,23 @@
 
 #include "train/config.h"
 
+namespace olmoref::data {
+struct Mix;
+struct HoldoutSpec;
+struct DatasetOptions;
+struct LoaderConfig;
+}  // namespace olmoref::data
+
 namespace olmoref {
+
+// How the config's [data] section becomes the loader's inputs (train/batch_source.cpp). The
+// trainer and `olmoref leakcheck` both build their loaders through loader_config(), so the detector
+// checks the stream the trainer gets.
+data::Mix train_mix(const DataConfig& d);
+data::HoldoutSpec holdout_spec(const DataConfig& d);
+data::DatasetOptions dataset_options(const TrainConfig& cfg);
+// Dataset, seed, batch shape and holdout; the caller sets world_size, rank and audit.
+data::LoaderConfig loader_config(const TrainConfig& cfg);
 
 struct StepBatch {
   int64_t epoch = 1;
@@ -33,7 +49,8 @@ class BatchSource {
 
 // The OLMo-core-compatible loader over the config's training data. With an audit path, one record per
 // instance of every micro-batch goes there (data/audit.h); append continues an existing log (resume).
+// world/rank: which rank's micro-batches the audit log records (rank -1: all of them).
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, const std::string& audit_path = "",
-                                               bool audit_append = false);
+                                               bool audit_append = false, int world = 1, int rank = -1);
 
 }  // namespace olmoref

@@ -88,6 +88,14 @@ void register_commands(CLI::App& app) {
                     "TEST ONLY: leave part of the state unrestored on resume (moments, loader, step); resume-check must fail")
         ->check(CLI::IsMember({"moments", "loader", "step"}));
     cmd->add_flag("--quiet", o->quiet, "No progress output");
+    cmd->add_option("--dp-shard", o->parallel.dp_shard,
+                    "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun");
+    cmd->add_option("--dp-replicate", o->parallel.dp_replicate, "HSDP: replicate groups (DDP across groups)");
+    cmd->add_option("--comm-timeout", o->comm_timeout_s,
+                    "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
+    cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
+    cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
+                  "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
     cmd->callback([=] {
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));

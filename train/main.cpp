@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "data/cli_data.h"
+#include "data/cli_leak.h"
+#include "dist/comm.h"
 #include "train/commands.h"
 
 int main(int argc, char** argv) {
@@ -13,13 +15,17 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   olmoref::register_commands(app);
   olmoref::data::register_data_commands(app);
+  olmoref::data::register_leak_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
+    // In a multi-rank job one rank's error must end the whole job, not leave the others waiting.
+    if (olmoref::dist::launched_by_mpirun()) olmoref::dist::world().abort(e.what());
     std::fprintf(stderr, "olmoref: error: %s\n", e.what());
     return 2;
   }
+  olmoref::dist::finalize();
   return olmoref::command_exit_code();
 }

@@ -37,7 +37,7 @@ nlohmann::json machine_facts() {
   return j;
 }
 
-void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads) {
+void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard, int dp_replicate) {
   nlohmann::json j;
   j["format"] = "olmoref-run/1";
   j["trace_format"] = kTraceFormat;
@@ -47,6 +47,8 @@ void write_run_manifest(const std::string& path, const TrainConfig& cfg, int thr
   j["precision"] = cfg.train.precision;
   j["executor"] = cfg.train.executor;
   j["threads"] = threads;
+  j["dp_shard"] = dp_shard;
+  j["dp_replicate"] = dp_replicate;
   j["n_params"] = cfg.model.n_params();
   j["flops_per_token"] = cfg.model.flops_per_token(cfg.train.seq_len);
   j["build"] = build_facts();

@@ -10,6 +10,7 @@ namespace olmoref {
 
 nlohmann::json build_facts();    // version, compiler, flags, ISA, GEMM path
 nlohmann::json machine_facts();  // CPU model, cores, OS
-void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads);
+void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard = 1,
+                        int dp_replicate = 1);
 
 }  // namespace olmoref

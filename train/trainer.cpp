@@ -1,6 +1,10 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,17 +21,51 @@
 
 namespace olmoref {
 
-Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source)
+Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source, Parallelism par)
     : cfg_(cfg),
       pool_(threads),
-      model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len),
-      source_(std::move(source)) {
+      model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision)),
+      source_(std::move(source)),
+      par_(par),
+      comm_(par.comm ? par.comm : &dist::world()) {
   cfg_.validate();
-  const int64_t n = model_.layout().total;
-  params_.assign(static_cast<size_t>(n), 0.0f);
-  m_.assign(static_cast<size_t>(n), 0.0f);
-  v_.assign(static_cast<size_t>(n), 0.0f);
-  init_params(cfg_.model, model_.layout(), params_.data());
+  layout_.dp_shard = par.dp_shard;
+  layout_.dp_replicate = par.dp_replicate;
+  layout_.rank = comm_->rank();
+  layout_.total = model_.layout().total;
+  if (layout_.world() != comm_->size())
+    throw std::invalid_argument("dp_shard x dp_replicate = " + std::to_string(layout_.world()) + " but " +
+                                std::to_string(comm_->size()) + " process(es) were started (mpirun -np must match)");
+  layout_.validate(cfg_.micro_batches_per_step());
+  // Ranks of one replicate group split the vector; the group is ordered by shard index.
+  shard_comm_ = comm_->split(layout_.replicate_index(), layout_.shard_index());
+  const size_t n = static_cast<size_t>(layout_.hi() - layout_.lo());
+  params_.assign(n, 0.0f);
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+  init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), params_.data());
+}
+
+int64_t Trainer::state_bytes() const {
+  return static_cast<int64_t>((params_.size() + m_.size() + v_.size() + grad_shard_.size()) * sizeof(float));
+}
+
+const float* Trainer::gather_full_params() {
+  if (layout_.dp_shard == 1) return params_.data();
+  const int64_t stride = layout_.shard_stride();
+  std::vector<float> send(static_cast<size_t>(stride), 0.0f);
+  std::copy(params_.begin(), params_.end(), send.begin());
+  std::vector<float> all(static_cast<size_t>(stride * layout_.dp_shard));
+  shard_comm_->allgather(send.data(), static_cast<size_t>(stride) * sizeof(float), all.data(), "all-gather parameters");
+  full_params_.assign(all.begin(), all.begin() + layout_.total);
+  return full_params_.data();
+}
+
+void Trainer::release_transients() {
+  if (layout_.dp_shard == 1) return;
+  // FSDP: outside the step a rank keeps only its shards; full copies are rebuilt when needed.
+  std::vector<float>().swap(full_params_);
+  std::vector<std::vector<float>>().swap(grad_stack_);
 }
 
 // The canonical reduction over micro-batch indices [lo, hi): split at mid = lo + ceil((hi-lo)/2),
@@ -41,7 +79,8 @@ LossSums Trainer::reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, s
   if (hi - lo == 1) {
     const int64_t mb = cfg_.train.micro_batch_instances, T = cfg_.train.seq_len;
     float* lo_logits = logits_out ? logits_out + lo * mb * T * cfg_.model.vocab_size : nullptr;
-    return model_.forward_backward(params_.data(), batch.tokens.data() + lo * mb * T, cfg_.targets_per_step(),
+    const float* p = layout_.dp_shard == 1 ? params_.data() : full_params_.data();
+    return model_.forward_backward(p, batch.tokens.data() + lo * mb * T, cfg_.targets_per_step(),
                                    grad_stack_[depth].data(), &pool_, lo_logits);
   }
   const int64_t mid = lo + (hi - lo + 1) / 2;
@@ -56,26 +95,132 @@ LossSums Trainer::reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, s
 }
 
 LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* logits_out) {
+  if (layout_.world() != 1) throw std::logic_error("compute_gradient is single-process only");
   const LossSums sums = reduce_range(batch, 0, cfg_.micro_batches_per_step(), 0, logits_out);
   if (grad) std::copy(grad_stack_[0].begin(), grad_stack_[0].end(), grad);
   return sums;
+}
+
+void Trainer::reduce_gradient_to_shard(const float* local_full, float* shard_out) {
+  const int W = layout_.world();
+  const int64_t lo = layout_.lo(), len = layout_.hi() - lo;
+  if (W == 1) {
+    std::copy(local_full + lo, local_full + lo + len, shard_out);
+    return;
+  }
+  // All-to-all: block j = my subtree's gradient on rank j's range. Then the top of the step tree over
+  // ranks (balanced halving over rank index, the same splits as over micro-batch index) on my range.
+  const int64_t stride = layout_.shard_stride();
+  std::vector<float> send(static_cast<size_t>(stride) * W, 0.0f), recv(static_cast<size_t>(stride) * W);
+  for (int j = 0; j < W; ++j) {
+    const int s = j % layout_.dp_shard;
+    std::copy(local_full + layout_.begin(s), local_full + layout_.end(s), send.begin() + static_cast<int64_t>(j) * stride);
+  }
+  comm_->alltoall(send.data(), static_cast<size_t>(stride) * sizeof(float), recv.data(), "all-to-all gradients");
+  std::function<void(int, int)> tree = [&](int a, int b) {  // result in block a
+    if (b - a == 1) return;
+    const int mid = a + (b - a + 1) / 2;
+    tree(a, mid);
+    tree(mid, b);
+    float* x = recv.data() + static_cast<int64_t>(a) * stride;
+    const float* y = recv.data() + static_cast<int64_t>(mid) * stride;
+    pool_.parallel_for(len, 1 << 15, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) x[i] = x[i] + y[i];
+    });
+  };
+  tree(0, W);
+  std::copy(recv.begin(), recv.begin() + len, shard_out);
+}
+
+std::string Trainer::sharded_digest(const float* shard) {
+  const int64_t lo = layout_.lo(), hi = layout_.hi();
+  if (layout_.dp_shard == 1) return merkle_digest(shard - lo, hi).hex();  // shard == whole vector
+  const int64_t per = layout_.shard_stride() / kDigestChunk;               // chunks per shard
+  std::vector<Digest128> mine(static_cast<size_t>(per));
+  // An empty shard (more ranks than chunks) owns no chunk.
+  const int64_t c0 = lo / kDigestChunk, c1 = hi > lo ? (hi + kDigestChunk - 1) / kDigestChunk : c0;
+  // merkle_leaves indexes chunks of the whole vector; give it a pointer as if at element 0.
+  const auto leaves = merkle_leaves(shard - lo, hi, c0, c1);
+  std::copy(leaves.begin(), leaves.end(), mine.begin());
+  std::vector<Digest128> all(static_cast<size_t>(per * layout_.dp_shard));
+  shard_comm_->allgather(mine.data(), mine.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
+  const int64_t chunks = (layout_.total + kDigestChunk - 1) / kDigestChunk;
+  std::vector<Digest128> ordered;
+  for (int s = 0; s < layout_.dp_shard; ++s) {
+    const int64_t first = layout_.begin(s) / kDigestChunk;
+    for (int64_t c = 0; c < per && first + c < chunks && layout_.begin(s) + c * kDigestChunk < layout_.end(s); ++c)
+      ordered.push_back(all[static_cast<size_t>(s * per + c)]);
+  }
+  return merkle_root(ordered).hex();
 }
 
 StepResult Trainer::train_step() {
   if (!source_) throw std::logic_error("Trainer has no batch source");
   const auto t0 = std::chrono::steady_clock::now();
   const StepBatch batch = source_->next();
-  const LossSums sums = reduce_range(batch, 0, cfg_.micro_batches_per_step(), 0, nullptr);
-  float* grad = grad_stack_[0].data();
-  const int64_t n = model_.layout().total;
-  const double norm = grad_norm(grad, n, &pool_);
+  const int W = layout_.world();
+  const int64_t M = cfg_.micro_batches_per_step(), per_rank = M / W;
+  const int64_t m0 = layout_.rank * per_rank, m1 = m0 + per_rank;
+  gather_full_params();
+  LossSums sums;
+  const int64_t len = layout_.hi() - layout_.lo();
+  grad_shard_.resize(static_cast<size_t>(len));
+  if (par_.debug_float_allreduce) {
+    // TEST ONLY negative control: what data-parallel trainers usually do. A per-rank fp32 running sum
+    // over micro-batches (sequential, not the tree) and a float all-reduce in the library's order.
+    // It must break layout invariance (tests/dist).
+    const int64_t n = model_.layout().total;
+    std::vector<float> acc(static_cast<size_t>(n), 0.0f);
+    for (int64_t m = m0; m < m1; ++m) {
+      const LossSums part = reduce_range(batch, m, m + 1, 0, nullptr);
+      for (int64_t i = 0; i < n; ++i) acc[i] += grad_stack_[0][i];
+      sums = {sums.ce + part.ce, sums.z + part.z, sums.n_targets + part.n_targets};
+    }
+    comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
+    std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.begin());
+  } else {
+    sums = reduce_range(batch, m0, m1, 0, nullptr);
+    reduce_gradient_to_shard(grad_stack_[0].data(), grad_shard_.data());
+  }
+  // Loss sums: exact per-rank values added in the rank tree (the top of the step tree).
+  if (W > 1) {
+    double mine[2] = {sums.ce, sums.z};
+    std::vector<double> all(static_cast<size_t>(2 * W));
+    comm_->allgather(mine, sizeof mine, all.data(), "all-gather loss sums");
+    std::vector<double> ce(static_cast<size_t>(W)), z(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) ce[r] = all[2 * r], z[r] = all[2 * r + 1];
+    sums.ce = dist::tree_sum(ce);
+    sums.z = dist::tree_sum(z);
+  }
+  // Gradient norm: per-chunk Σg² of my range, exchanged within the shard group, added in chunk order.
+  const int64_t chunks = (layout_.total + kNormChunk - 1) / kNormChunk;
+  const int64_t c0 = layout_.lo() / kNormChunk;
+  const int64_t c1 = layout_.hi() > layout_.lo() ? (layout_.hi() + kNormChunk - 1) / kNormChunk : c0;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+  {
+    const int64_t per = layout_.shard_stride() / kNormChunk;
+    std::vector<double> mine(static_cast<size_t>(per), 0.0);
+    grad_norm_chunks(grad_shard_.data() - layout_.lo(), layout_.hi(), c0, c1, mine.data(), &pool_);
+    std::vector<double> all(static_cast<size_t>(per * layout_.dp_shard));
+    shard_comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather norm partials");
+    for (int s = 0; s < layout_.dp_shard; ++s)
+      for (int64_t c = 0; c < per; ++c) {
+        const int64_t global = layout_.begin(s) / kNormChunk + c;
+        if (global < chunks && layout_.begin(s) + c * kNormChunk < layout_.end(s)) part[global] = all[s * per + c];
+      }
+  }
+  double total = 0.0;
+  for (double x : part) total += x;
+  const double norm = std::sqrt(total);
   const float clip = clip_coefficient(norm, cfg_.optim.max_grad_norm);
-  scale_inplace(grad, n, clip, &pool_);
+  scale_inplace(grad_shard_.data(), len, clip, &pool_);
   const int64_t step = step_ + 1;
   const double lr = scheduled_lr(cfg_.schedule, cfg_.optim.lr, step, cfg_.train.steps);
-  adamw_step(cfg_.optim, model_.layout(), step, lr, params_.data(), grad, m_.data(), v_.data(), &pool_);
+  adamw_step_range(cfg_.optim, model_.layout(), step, lr, layout_.lo(), layout_.hi(), params_.data(),
+                   grad_shard_.data(), m_.data(), v_.data(), &pool_);
   step_ = step;
   tokens_ += static_cast<int64_t>(batch.tokens.size());
+  release_transients();
 
   StepResult out;
   TraceRecord& r = out.record;
@@ -90,12 +235,12 @@ StepResult Trainer::train_step() {
   r.lr = lr;
   r.tokens = tokens_;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
-  r.param_digest = merkle_digest(params_.data(), n).hex();
+  r.param_digest = sharded_digest(params_.data());
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 
-std::string Trainer::save_checkpoint(const std::string& root) const {
+std::string Trainer::save_checkpoint(const std::string& root) {
   ckpt::CheckpointMeta meta;
   meta.step = step_;
   meta.tokens = tokens_;
@@ -107,8 +252,8 @@ std::string Trainer::save_checkpoint(const std::string& root) const {
   meta.data_layout = {{"seq_len", cfg_.train.seq_len},
                       {"micro_batch_instances", cfg_.train.micro_batch_instances},
                       {"global_batch_instances", cfg_.train.global_batch_instances},
-                      {"dp_shard", 1},
-                      {"dp_replicate", 1}};
+                      {"dp_shard", layout_.dp_shard},
+                      {"dp_replicate", layout_.dp_replicate}};
   meta.precision = cfg_.train.precision;
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
@@ -118,9 +263,21 @@ std::string Trainer::save_checkpoint(const std::string& root) const {
   opts.zstd_level = static_cast<int>(cfg_.checkpoint.zstd_level);
   opts.zstd_threads = cfg_.checkpoint.zstd_threads > 0 ? static_cast<int>(cfg_.checkpoint.zstd_threads) : pool_.size();
   opts.keep_last = static_cast<int>(cfg_.checkpoint.keep_last);
-  // The vectors are only read; StateVectors carries mutable pointers because load() shares it.
-  auto& self = const_cast<Trainer&>(*this);
-  return ckpt::save(root, meta, {n_params(), self.params_.data(), self.m_.data(), self.v_.data()}, segments, opts);
+  // Ranks of replicate group 0 each write their shard in parallel; rank 0 writes the manifest and
+  // renames the directory only after every shard is in place (the barrier), so a checkpoint is never
+  // marked complete while a shard is missing.
+  const bool rank0 = comm_->rank() == 0;
+  const std::string tmp = ckpt::begin_save(root, step_, rank0);
+  comm_->barrier("checkpoint: temporary directory created");
+  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), params_.data(), m_.data(), v_.data()};
+  if (layout_.replicate_index() == 0)
+    ckpt::write_shard(tmp, layout_.shard_index(), local, layout_.lo(), layout_.hi(), segments, opts, step_);
+  const ckpt::StateDigests digests{sharded_digest(params_.data()), sharded_digest(m_.data()), sharded_digest(v_.data())};
+  comm_->barrier("checkpoint: every shard written");
+  std::string dir = root + "/" + ckpt::step_dir_name(step_);
+  if (rank0) dir = ckpt::finish_save(root, tmp, meta, layout_.total, digests, opts);
+  comm_->barrier("checkpoint: manifest written");
+  return dir;
 }
 
 void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
@@ -136,7 +293,13 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
     m_fresh = m_;
     v_fresh = v_;
   }
-  const ckpt::CheckpointMeta meta = ckpt::load(dir, {n_params(), params_.data(), m_.data(), v_.data()}, expect, lo);
+  // Each rank reads only its range, whatever layout wrote the checkpoint (resharding).
+  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), params_.data(), m_.data(), v_.data()};
+  const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
+  // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest.
+  if (sharded_digest(params_.data()) != meta.digests.params || sharded_digest(m_.data()) != meta.digests.adam_m ||
+      sharded_digest(v_.data()) != meta.digests.adam_v)
+    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
   if (opts.skip_moments) {
     m_ = std::move(m_fresh);
     v_ = std::move(v_fresh);
@@ -191,40 +354,74 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
       throw std::runtime_error(ckpt_root + ": no complete checkpoint to resume from (run without --resume to start fresh)");
     resume_dir = *newest;
   }
-  const std::string audit_path = cfg.data.audit ? out_dir + "/audit.jsonl" : "";
+  dist::Comm& comm = opts.parallel.comm ? *opts.parallel.comm : dist::world(opts.comm_timeout_s);
+  const int world = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0;  // rank 0 writes the trace and manifest and reports progress
+  const bool quiet = opts.quiet || !lead;
+  // One audit log per rank process: each holds the micro-batches that rank computed.
+  char audit_name[64];
+  std::snprintf(audit_name, sizeof audit_name, world == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", rank);
+  const std::string audit_path = cfg.data.audit ? out_dir + "/" + audit_name : "";
   if (!resume_dir.empty()) {
     // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
     const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
-    truncate_jsonl(out_dir + "/trace.jsonl", ckpt_step);
+    if (lead) truncate_jsonl(out_dir + "/trace.jsonl", ckpt_step);
     if (!audit_path.empty()) truncate_jsonl(audit_path, ckpt_step);
   }
-  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty()));
+  Parallelism par = opts.parallel;
+  par.comm = &comm;
+  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
   if (!resume_dir.empty()) {
     trainer.resume(resume_dir, opts.resume_opts);
-    if (!opts.quiet)
+    if (!quiet)
       std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
                    static_cast<long long>(trainer.step()));
   }
-  write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size());
   TraceWriter trace;
-  trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
-  if (!opts.quiet)
+  if (lead) {
+    write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size(), trainer.layout().dp_shard,
+                       trainer.layout().dp_replicate);
+    trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
+  }
+  if (!quiet) {
     std::fprintf(stderr, "olmoref train: %s, %.3fM params, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
                  cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6,
                  static_cast<long long>(trainer.step() + 1), static_cast<long long>(stop), static_cast<long long>(total),
                  static_cast<long long>(cfg.train.global_batch_instances * cfg.train.seq_len), trainer.pool().size(),
                  trainer.source().describe().c_str(), out_dir.c_str());
+    if (world > 1)
+      std::fprintf(stderr, "olmoref train: HSDP dp_shard %d x dp_replicate %d over %s; state per rank %.2f MiB\n",
+                   trainer.layout().dp_shard, trainer.layout().dp_replicate, comm.backend().c_str(),
+                   static_cast<double>(trainer.state_bytes()) / (1 << 20));
+  }
   std::vector<TraceRecord> records;
   double elapsed = 0.0;
   int64_t done = 0;
+  // Fault injection for the rank-failure tests: OLMOREF_TEST_FAULT="rank:step:die|hang".
+  int fault_rank = -1;
+  int64_t fault_step = -1;
+  std::string fault_kind;
+  if (const char* f = std::getenv("OLMOREF_TEST_FAULT")) {
+    const std::string spec(f);
+    const auto a = spec.find(':'), b = spec.find(':', a + 1);
+    fault_rank = std::stoi(spec.substr(0, a));
+    fault_step = std::stoll(spec.substr(a + 1, b - a - 1));
+    fault_kind = spec.substr(b + 1);
+  }
   while (trainer.step() < stop) {
+    if (rank == fault_rank && trainer.step() + 1 == fault_step) {
+      std::fprintf(stderr, "rank %d: test fault '%s' at step %lld\n", rank, fault_kind.c_str(),
+                   static_cast<long long>(fault_step));
+      if (fault_kind == "die") ::raise(SIGKILL);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // hang
+    }
     const StepResult res = trainer.train_step();
-    trace.write(res.record);
+    if (lead) trace.write(res.record);
     records.push_back(res.record);
     elapsed += res.seconds;
     ++done;
     const int64_t s = res.record.step;
-    if (!opts.quiet && (s % cfg.train.log_every == 0 || s == stop)) {
+    if (!quiet && (s % cfg.train.log_every == 0 || s == stop)) {
       const double tps = static_cast<double>(cfg.train.global_batch_instances * cfg.train.seq_len) / res.seconds;
       std::fprintf(stderr, "step %5lld/%lld  loss %.4f  grad_norm %.4f  lr %.3e  %.0f tok/s  %s\n",
                    static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
@@ -234,13 +431,21 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     if (periodic || s == stop) {
       trainer.source_mut().flush_audit();
       const std::string dir = trainer.save_checkpoint(ckpt_root);
-      if (!opts.quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
+      if (!quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
     }
   }
-  if (!opts.quiet && done > 0)
+  if (!quiet && done > 0)
     std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(done),
                  elapsed, static_cast<double>(done * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
                  out_dir.c_str());
+  if (world > 1 && opts.report_comm) {
+    // Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
+    const double n = static_cast<double>(trainer.n_params()) * 4.0;
+    const double ring = 2.0 * n * (world - 1) / world;
+    std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB\n",
+                 rank, static_cast<double>(comm.bytes_sent()) / std::max<int64_t>(done, 1) / (1 << 20), ring / (1 << 20),
+                 static_cast<double>(trainer.state_bytes()) / (1 << 20));
+  }
   return records;
 }
 

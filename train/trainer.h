@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm.h"
+#include "dist/layout.h"
 #include "golden/trace.h"
 #include "ref/model.h"
 #include "ref/parallel.h"
@@ -21,19 +23,34 @@ struct StepResult {
   double seconds = 0.0;
 };
 
+// Data-parallel placement of this process (HSDP): dp_shard ranks split the state, dp_replicate
+// groups hold copies. Defaults: one process, no MPI.
+struct Parallelism {
+  int dp_shard = 1, dp_replicate = 1;
+  dist::Comm* comm = nullptr;                 // the world; nullptr = single process
+  bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
+};
+
 class Trainer {
  public:
   // threads <= 0: all hardware threads.
-  Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source = nullptr);
+  Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source = nullptr,
+          Parallelism par = {});
 
   const TrainConfig& config() const { return cfg_; }
   const Olmo3& model() const { return model_; }
   int64_t step() const { return step_; }          // optimizer steps completed
   int64_t n_params() const { return model_.layout().total; }
+  // This rank's shard [layout().lo(), layout().hi()) of the fp32 master parameters and AdamW moments
+  // (the whole vectors in a single-process run).
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   const std::vector<float>& adam_m() const { return m_; }
   const std::vector<float>& adam_v() const { return v_; }
+  const dist::Layout& layout() const { return layout_; }
+  dist::Comm& comm() { return *comm_; }
+  // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
+  int64_t state_bytes() const;
   ThreadPool& pool() { return pool_; }
 
   // One optimizer step on the next global batch.
@@ -41,7 +58,7 @@ class Trainer {
 
   // Checkpoints (ckpt/checkpoint.h). save writes <root>/stepNNNNNNNN; resume loads a checkpoint
   // directory and continues exactly where it was taken.
-  std::string save_checkpoint(const std::string& root) const;
+  std::string save_checkpoint(const std::string& root);  // collective in a multi-rank run
   struct ResumeOptions {
     bool ignore_fingerprint_mismatch = false;
     bool allow_config_change = false;
@@ -60,12 +77,23 @@ class Trainer {
 
  private:
   LossSums reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, size_t depth, float* logits_out);
+  const float* gather_full_params();   // all-gather within the shard group (or the local vector)
+  void release_transients();           // frees the full-parameter and gradient buffers of a sharded step
+  // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
+  std::string sharded_digest(const float* shard);
+  // Reduces this rank's subtree gradient (full length) into its shard in the canonical rank tree.
+  void reduce_gradient_to_shard(const float* local_full, float* shard_out);
 
   TrainConfig cfg_;
   ThreadPool pool_;
   Olmo3 model_;
   std::unique_ptr<BatchSource> source_;
-  std::vector<float> params_, m_, v_;
+  Parallelism par_;
+  dist::Comm* comm_;
+  std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
+  dist::Layout layout_;
+  std::vector<float> params_, m_, v_, grad_shard_;  // this rank's range
+  std::vector<float> full_params_;                   // transient: gathered for the step
   std::vector<std::vector<float>> grad_stack_;  // one buffer per tree depth
   int64_t step_ = 0;
   int64_t tokens_ = 0;
@@ -79,6 +107,9 @@ struct RunOptions {
   bool resume = false;         // continue from the newest complete checkpoint in out_dir/checkpoints
   std::string resume_from;     // or from this checkpoint directory
   Trainer::ResumeOptions resume_opts;
+  Parallelism parallel;        // dp_shard x dp_replicate; the world comes from mpirun (dist::world)
+  double comm_timeout_s = 300; // a rank that does not reach a collective within this aborts the job
+  bool report_comm = false;    // print bytes sent per rank per step at the end
 };
 
 // `olmoref train`: runs to cfg.train.steps writing out_dir/trace.jsonl (one record per step),

@@ -1,0 +1,58 @@
+// dist/comm.h — the small communication interface the data-parallel trainer uses.
+//
+// Only data-moving collectives (all-gather, all-to-all, broadcast) and exact reductions are offered:
+// the cross-rank gradient sum is done by the caller, in the canonical tree order, on data these
+// collectives delivered (docs/canonical/step.md). A floating-point all-reduce whose order the library
+// picks exists only as a test-only negative control.
+//
+// Backends: LocalComm (one process, no MPI at all) and MpiComm (OpenMPI; processes started by mpirun).
+// Every blocking call is guarded by a watchdog: if some rank does not arrive within the timeout, the
+// job aborts with a message naming the ranks that are missing, instead of hanging forever.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace olmoref::dist {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // `what` names the operation in timeout messages.
+  virtual void barrier(const char* what) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root, const char* what) = 0;
+  // recv holds size() blocks of `bytes`, block i from rank i.
+  virtual void allgather(const void* send, size_t bytes, void* recv, const char* what) = 0;
+  // send holds size() blocks of `bytes` (block j goes to rank j); recv gets block i from rank i.
+  virtual void alltoall(const void* send, size_t bytes, void* recv, const char* what) = 0;
+  // A sub-communicator of the ranks with the same color, ordered by key.
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+  // TEST ONLY: MPI_Allreduce(SUM) on floats, the order left to the library (negative control).
+  virtual void float_allreduce_sum_unordered(float* data, size_t n, const char* what) = 0;
+  // Aborts every rank of the job with a message (never returns).
+  [[noreturn]] virtual void abort(const std::string& message) = 0;
+
+  // Bytes this rank has sent through collectives (for the communication-volume figures).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  uint64_t bytes_sent_ = 0;
+};
+
+// The process's world: MPI when started by mpirun (OMPI_COMM_WORLD_SIZE is set), else LocalComm.
+// timeout_s bounds how long any rank waits for the others in one collective.
+Comm& world(double timeout_s = 300.0);
+bool launched_by_mpirun();
+void finalize();  // call once before exit (no-op for LocalComm)
+
+// Exact sums of per-rank values, added in the canonical rank tree (balanced halving, docs/canonical/step.md).
+double tree_sum(const std::vector<double>& per_rank);
+
+}  // namespace olmoref::dist
