@@ -438,12 +438,12 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(done),
                  elapsed, static_cast<double>(done * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
                  out_dir.c_str());
-  if (world > 1 && opts.report_comm) {
+  if (opts.report_comm) {
     // Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
     const double n = static_cast<double>(trainer.n_params()) * 4.0;
-    const double ring = 2.0 * n * (world - 1) / world;
+    const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
     std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB\n",
-                 rank, static_cast<double>(comm.bytes_sent()) / std::max<int64_t>(done, 1) / (1 << 20), ring / (1 << 20),
+                 rank, static_cast<double>(trainer.bytes_sent()) / std::max<int64_t>(done, 1) / (1 << 20), ring / (1 << 20),
                  static_cast<double>(trainer.state_bytes()) / (1 << 20));
   }
   return records;

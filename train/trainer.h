@@ -51,6 +51,8 @@ class Trainer {
   dist::Comm& comm() { return *comm_; }
   // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
   int64_t state_bytes() const;
+  // Bytes this rank sent through collectives (world and shard-group communicators).
+  uint64_t bytes_sent() const { return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0); }
   ThreadPool& pool() { return pool_; }
 
   // One optimizer step on the next global batch.

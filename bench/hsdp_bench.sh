@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# HSDP figures on this machine: step time, bytes sent per rank per step (against a ring all-reduce of
+# the same fp32 gradients) and per-rank persistent state, for 1, 2 and 4 ranks (dp_shard) and 2x2.
+#   bash bench/hsdp_bench.sh [CONFIG] [STEPS]
+# Needs the demo corpus for configs/small.toml (tools/demo.sh or data/demo/make_demo_corpus.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+config="${1:-configs/small.toml}"
+steps="${2:-6}"
+BIN=build/olmoref
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+[ -f runs/demo-data/train.mix ] || bash data/demo/make_demo_corpus.sh runs/demo-data "$BIN" > /dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1)
+printf "%-8s %-7s %12s %14s %16s %14s %12s\n" layout threads "s/step" "sent MiB/step" "ring AR MiB" "state MiB/rank" "max RSS MiB"
+for layout in 1x1 2x1 4x1 2x2; do
+  s=${layout%x*}; r=${layout#*x}; np=$((s * r))
+  threads=$(( 2 / np )); [ $threads -ge 1 ] || threads=1
+  /usr/bin/time -f "%M" -o "$work/$layout.rss" mpirun --oversubscribe --bind-to none -np $np \
+    "$BIN" train "${common[@]}" --threads $threads --dp-shard $s --dp-replicate $r --out "$work/$layout" --report-comm \
+    2> "$work/$layout.log"
+  # Step time: the median of the per-step tokens/s lines after the first (warm-up) step.
+  tps=$(grep -E "^step" "$work/$layout.log" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}' | sort -n |
+        awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  tokens=$(grep -oE "\(([0-9]+) tokens each\)" "$work/$layout.log" | grep -oE "[0-9]+" | head -1)
+  sent=$(grep -E "^rank 0: sent" "$work/$layout.log" | awk '{print $4}')
+  ring=$(grep -E "^rank 0: sent" "$work/$layout.log" | sed -E 's/.*gradients: ([0-9.]+) MiB.*/\1/')
+  state=$(grep -E "^rank 0: sent" "$work/$layout.log" | sed -E 's/.*state ([0-9.]+) MiB.*/\1/')
+  [ -n "$sent" ] || { sent=0; ring=0; state=$(awk 'BEGIN{print "n/a"}'); }
+  rss=$(( $(cat "$work/$layout.rss") / 1024 ))
+  printf "%-8s %-7s %12.3f %14s %16s %14s %12s\n" "$layout" "$threads" "$(echo "$tokens / $tps" | bc -l)" "$sent" "$ring" "$state" "$rss"
+  cmp -s "$work/1x1/trace.jsonl" "$work/$layout/trace.jsonl" || echo "  (trace differs from 1x1!)"
+done
+echo "(max RSS is the largest single process; mpirun's own memory excluded)"
