@@ -248,6 +248,19 @@ void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors
   }
 }
 
+namespace {
+// Deleting a directory file by file is not atomic: a kill half-way would leave a "stepN" with its
+// manifest but not all its shards. So it is first renamed out of the stepN namespace (atomic), then
+// removed; leftovers are .tmp-* directories, which nothing loads and the next save clears.
+void discard(const std::string& root, const std::string& dir) {
+  const std::string doomed = root + "/.tmp-delete-" + fs::path(dir).filename().string();
+  fs::remove_all(doomed);
+  fs::rename(dir, doomed);
+  fsync_path(root, true);
+  fs::remove_all(doomed);
+}
+}  // namespace
+
 std::string finish_save(const std::string& root, const std::string& tmp_dir, const CheckpointMeta& meta,
                         int64_t total, const StateDigests& digests, const SaveOptions& opts) {
   // Shards are found on disk (each rank wrote its own); the manifest records their exact sizes and
@@ -292,7 +305,7 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
   write_file_atomic(tmp_dir + "/manifest.json", m.dump(2) + "\n");
   fsync_path(tmp_dir, true);
   const std::string final_dir = root + "/" + step_dir_name(meta.step);
-  fs::remove_all(final_dir);  // a complete checkpoint of the same step (a rerun) is replaced whole
+  if (fs::exists(final_dir)) discard(root, final_dir);  // a checkpoint of the same step (a rerun) is replaced whole
   fs::rename(tmp_dir, final_dir);
   fsync_path(root, true);
 
@@ -300,7 +313,7 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
   auto all = list_complete(root);
   const size_t keep = static_cast<size_t>(std::max(1, opts.keep_last));
   for (size_t i = 0; i + keep < all.size(); ++i)
-    if (all[i] != final_dir) fs::remove_all(all[i]);
+    if (all[i] != final_dir) discard(root, all[i]);
   for (const auto& entry : fs::directory_iterator(root))
     if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
   return final_dir;
