@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "ref/gemm_kernels.h"
@@ -16,8 +17,6 @@ namespace olmoref {
 
 using gemm_detail::GemmKernelInfo;
 using gemm_detail::GemmTask;
-using gemm_detail::AMode;
-using gemm_detail::kARow;
 
 void gemm_reference(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64_t ldc,
                     bool accumulate) {
@@ -39,6 +38,7 @@ struct ScalarKernel {
   static constexpr int MR = 4, NR = 16;
   static constexpr int64_t MC = 64, KC = 256, NC = 1024;
   static constexpr int64_t B_DIRECT_MAX_ROWS = 32;
+  static constexpr bool PACK_A_4K_COLS = true;
 
   static void tile(int mm, int nn, int64_t kc, AMode amode, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, bool load_c, const float* /*c_next*/) {
@@ -154,8 +154,12 @@ struct Split {
   int64_t cols_per = 0;    // columns per part, a multiple of NR except the last
 };
 
-// Choose a tm x tn grid (tm*tn <= threads) of whole MR x NR tiles that minimises the largest part's padded
-// work. Only output rows/columns are split, never K, so the split cannot change any bit; it only balances.
+// Choose a tm x tn grid (tm*tn <= threads) of whole MR x NR tiles that minimises the largest part's cost:
+// its padded FMAs (rows*cols per K step) plus the operands it must stream, rows + cols per K step, weighted
+// as 32 FMAs per float (about what one 2-FMA-pipe AVX-512 core does while a float arrives from DRAM). The
+// operand term matters when the padded work ties: e.g. dX[4096, 384] = dY[4096, 4096]·W has equal work
+// split either way, but a column split would make both threads stream all of dY (64 MiB). Only output
+// rows/columns are split, never K, so the choice cannot change any bit; it only balances.
 Split choose_split(int64_t M, int64_t N, int64_t K, const GemmKernelInfo& k, int threads) {
   const int64_t um = (M + k.mr - 1) / k.mr, un = (N + k.nr - 1) / k.nr;
   Split best;
@@ -163,16 +167,15 @@ Split choose_split(int64_t M, int64_t N, int64_t K, const GemmKernelInfo& k, int
   best.cols_per = un * k.nr;
   // Below ~32^3 FMAs a pool hand-off costs more than it saves.
   if (threads <= 1 || M * N * K < 32 * 32 * 32) return best;
-  int64_t best_cost = best.rows_per * best.cols_per;
+  auto cost = [](int64_t rows, int64_t cols) { return rows * cols + 32 * (rows + cols); };
+  int64_t best_cost = cost(best.rows_per, best.cols_per);
   for (int tm = 1; tm <= threads; ++tm)
     for (int tn = 1; tm * tn <= threads; ++tn) {
       if (tm > um || tn > un) continue;
       const int64_t rows = (um + tm - 1) / tm * k.mr, cols = (un + tn - 1) / tn * k.nr;
-      const int64_t cost = rows * cols;
-      // Ties go to the grid with fewer parts, then to splitting rows (each part then packs the same B, which
-      // is the smaller operand for the M = tokens products).
-      if (cost < best_cost) {
-        best_cost = cost;
+      const int64_t c = cost(rows, cols);
+      if (c < best_cost) {  // ties keep the first grid found (fewer row parts)
+        best_cost = c;
         best.tm = tm;
         best.tn = tn;
         best.rows_per = rows;
@@ -183,14 +186,6 @@ Split choose_split(int64_t M, int64_t N, int64_t K, const GemmKernelInfo& k, int
 }
 
 }  // namespace
-
-static int b_policy() {
-  static const int v = [] {
-    const char* e = std::getenv("OLMOREF_GEMM_BPOLICY");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
-}
 
 void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64_t ldc, bool accumulate,
           ThreadPool* pool) {
@@ -219,9 +214,8 @@ void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64
     t.C = C;
     t.ldc = ldc;
     t.accumulate = accumulate;
-    t.b_policy = b_policy();
     // Sized for this call's kc so small-K products do not touch a full KC-deep buffer.
-    t.pack_a = buf_a.get(static_cast<size_t>((k.mc + k.mr) * kc));
+    t.pack_a = buf_a.get(static_cast<size_t>((k.mc + k.mr) * (kc + 16)));
     t.pack_b = buf_b.get(static_cast<size_t>((k.nc + k.nr) * kc));
     k.drive(t);
   };

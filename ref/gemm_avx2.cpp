@@ -18,7 +18,7 @@ constexpr int kNR = 8 * kNV;
 // (`last`), so C and (when B is read in place) B are loaded/stored under the mask, never past column nn.
 template <int ROWS, int NVEC, int AMODE, bool MASKED>
 void micro_tile(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-          __m256i last, bool load_c, const float* c_next) {
+                __m256i last, bool load_c, const float* c_next) {
   if (c_next) {
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; ++r) __builtin_prefetch(c_next + r * ldc, 1, 3);
@@ -90,9 +90,13 @@ inline __m256i lane_mask(int rem) {
 
 struct Avx2Kernel {
   static constexpr int MR = kMR, NR = kNR;
-  // KC x NR panel of B = 256*16*4 = 16 KiB in L1; MC x KC block of A = 120*256*4 = 120 KiB in L2.
-  static constexpr int64_t MC = 20 * kMR, KC = 256, NC = 2048;
-  static constexpr int64_t B_DIRECT_MAX_ROWS = 200;
+  // Measured on Zen 5 against 256: KC = 512 (B panel 32 KiB in L1, A block 120 x 512 x 4 = 240 KiB in L2),
+  // and B always packed (reading contiguous B rows in place, as the AVX-512 path does for short outputs,
+  // measured slower here).
+  static constexpr int64_t MC = 20 * kMR, KC = 512, NC = 2048;
+  static constexpr int64_t B_DIRECT_MAX_ROWS = 0;
+  // dYᵀ with a 4 KiB K step is packed: read in place it measured ~30% slower (N = 1024/4096).
+  static constexpr bool PACK_A_4K_COLS = true;
 
   static void tile(int mm, int nn, int64_t kc, AMode amode, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, bool load_c, const float* c_next) {

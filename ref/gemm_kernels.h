@@ -7,12 +7,17 @@
 // this header uses no out-of-line standard library templates, only plain loops.
 //
 // Blocking (GotoBLAS/BLIS order), for the thread's output rectangle C[m0:m1, n0:n1]:
-//   for jc (NC columns):  for pc (KC deep, IN ORDER):  pack B[pc:pc+kc, jc:jc+nc] into NR-wide panels
-//     for ic (MC rows):  pack A[ic:ic+mc, pc:pc+kc] into MR-tall panels (unless A is row-major, then read it
-//                        in place: broadcasts do not care about layout)
+//   for jc (NC columns):  for pc (K blocks of <= KC, IN ORDER):  B[pc:pc+kc, jc:jc+nc] -> NR-wide panels
+//     for ic (MC rows):  A[ic:ic+mc, pc:pc+kc] read in place where one of its strides is 1
 //       for jr (NR):  for ir (MR):  micro-kernel: an MR x NR register tile runs kc FMA steps.
-// The K blocks of one C tile are visited in increasing pc, and between blocks the accumulator is stored to C
-// and reloaded (load_c), which keeps the fp32 bits: so every C[i,j] is still one fmaf chain over p = 0..K-1.
+// Per product (M tokens, W[N,K]):
+//   forward  Y = X·Wᵀ    A = X read in place (row-major),     B = Wᵀ packed (a transpose, reused by all rows)
+//   bwd-in   dX = dY·W   A = dY read in place (row-major),    B = W packed (a copy)
+//   bwd-w    dW = dYᵀ·X  A = dYᵀ read in place (column-major; AVX2 packs it when N is a multiple of 1024),
+//                        B = X rows read in place (few row tiles) or packed
+// A generic strided A is packed into MR-tall panels. The K blocks of one C tile are visited in increasing
+// pc, and between blocks the accumulator is stored to C and reloaded (load_c), which keeps the fp32 bits: so
+// every C[i,j] is still one fmaf chain over p = 0..K-1.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +33,8 @@ struct GemmTask {
   float* C;
   int64_t ldc;
   bool accumulate;
-  float* pack_a;  // >= (mc + mr) * kc floats, 64-byte aligned, private to the thread
+  float* pack_a;  // >= (mc + mr) * (kc + 16) floats, 64-byte aligned, private to the thread
   float* pack_b;  // >= (nc + nr) * kc floats, 64-byte aligned, private to the thread
-  int b_policy;   // 0: heuristic, 1: always pack B, 2: read contiguous B rows in place (tuning only)
 };
 
 // What the dispatcher needs to know about an ISA path: tile and block sizes (for the thread split and the
@@ -78,16 +82,30 @@ static inline void pack_b_panels(const MatView& B, int64_t pc, int64_t kc, int64
 }
 
 // A[i0:i0+mc, pc:pc+kc] -> MR-tall panels, panel q holds rows i0+q*MR.. as dst[q*kc*MR + p*MR + r].
-// Only for views with neither stride 1; the linear-layer products read A in place. Rows past mc are never
-// read by the micro-kernel (it is instantiated per row count), so they stay unset.
+// Rows past mc are never read by the micro-kernel (it is instantiated per row count), so they stay unset.
 template <int MR>
 static inline void pack_a_panels(const MatView& A, int64_t i0, int64_t mc, int64_t pc, int64_t kc, float* dst) {
   for (int64_t ir = 0; ir < mc; ir += MR) {
     const int64_t mm = gd_min(MR, mc - ir);
     float* d = dst + ir * kc;
     const float* s = A.data + (i0 + ir) * A.row_stride + pc * A.col_stride;
-    for (int64_t p = 0; p < kc; ++p)
-      for (int64_t r = 0; r < mm; ++r) d[p * MR + r] = s[r * A.row_stride + p * A.col_stride];
+    if (A.row_stride == 1 && mm == MR) {
+      // dW = dYᵀ·X: each K step is MR contiguous floats of one dY row.
+      for (int64_t p = 0; p < kc; ++p)
+        for (int r = 0; r < MR; ++r) d[p * MR + r] = s[p * A.col_stride + r];
+    } else {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < mm; ++r) d[p * MR + r] = s[r * A.row_stride + p * A.col_stride];
+    }
+  }
+}
+
+// A[i0:i0+mc, pc:pc+kc] (row-major) -> rows of stride kc + 16 floats: dst[r*(kc+16) + p].
+static inline void copy_a_block(const MatView& A, int64_t i0, int64_t mc, int64_t pc, int64_t kc, float* dst) {
+  for (int64_t r = 0; r < mc; ++r) {
+    const float* s = A.data + (i0 + r) * A.row_stride + pc;
+    float* d = dst + r * (kc + 16);
+    for (int64_t p = 0; p < kc; ++p) d[p] = s[p];
   }
 }
 
@@ -96,7 +114,7 @@ static inline void pack_a_panels(const MatView& A, int64_t i0, int64_t mc, int64
 // Broadcasts do not care about layout, so neither needs a transpose.
 enum AMode { kARow = 0, kACol = 1 };
 
-// Kern provides MR, NR, MC, KC, NC and
+// Kern provides MR, NR, MC, KC, NC, B_DIRECT_MAX_ROWS, PACK_A_4K_COLS and
 //   tile(mm, nn, kc, amode, a, lda, b, ldb, c, ldc, load_c, c_next)
 // computing C[0:mm, 0:nn] (ldc) = (load_c ? C : 0) + fmaf chain over p = 0..kc-1 of A(r,p)·b[p*ldb + j],
 // with B either an NR-wide packed panel (ldb = NR, zero beyond nn) or B's own rows (ldb = row stride; the
@@ -104,17 +122,22 @@ enum AMode { kARow = 0, kACol = 1 };
 template <class Kern>
 static void gemm_drive(const GemmTask& t) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
-  AMode amode;
-  int64_t lda;
-  if (t.A.col_stride == 1) amode = kARow, lda = t.A.row_stride;
-  else if (t.A.row_stride == 1) amode = kACol, lda = t.A.col_stride;
-  else amode = kACol, lda = MR;  // packed
-  const bool pack_a = t.A.col_stride != 1 && t.A.row_stride != 1;
+  // A is read in place when one stride is 1. Column-major A (dYᵀ) whose K step is a multiple of 4 KiB
+  // (N = 1024, 4096) puts the kc lines of one micro-panel into one L1 set; kernels that suffer from that
+  // (Kern::PACK_A_4K_COLS, measured) pack the panel (a contiguous MR-float copy per K step). Generic strides
+  // are always packed.
+  const AMode amode = t.A.col_stride == 1 ? kARow : kACol;
+  const bool pack_a =
+      t.A.col_stride != 1 && (t.A.row_stride != 1 || (Kern::PACK_A_4K_COLS && t.A.col_stride % 1024 == 0));
+  const int64_t lda = pack_a ? MR : amode == kARow ? t.A.row_stride : t.A.col_stride;
+  // Row-major A whose row stride is a multiple of 4 KiB (e.g. X[M, 1024]) would put all MR rows of a tile in
+  // one L1 set: copy the MC x KC block to rows of stride kc + 16 floats instead (a straight copy, no transpose).
+  const bool copy_a_rows = amode == kARow && t.A.row_stride % 1024 == 0;
   // B rows are read in place when they are contiguous and this thread has few row tiles to share a packed copy
   // across (backward-weight: C is N x K, B = X with M = 4096+ rows): there packing would be a full extra pass
   // over X for little reuse. Otherwise pack: a panel in L1 with no cache-set conflicts pays off over many
   // row tiles.
-  const bool pack_b = t.B.col_stride != 1 || t.b_policy == 1 || (t.b_policy == 0 && t.m1 - t.m0 > Kern::B_DIRECT_MAX_ROWS);
+  const bool pack_b = t.B.col_stride != 1 || t.m1 - t.m0 > Kern::B_DIRECT_MAX_ROWS;
   // Equal K blocks of at most KC (e.g. K = 384 -> one block, K = 600 -> 3 x 200), visited in order.
   const int64_t nkb = (t.K + Kern::KC - 1) / Kern::KC;
   const int64_t kb = (t.K + nkb - 1) / nkb;
@@ -127,6 +150,7 @@ static void gemm_drive(const GemmTask& t) {
       for (int64_t ic = t.m0; ic < t.m1; ic += Kern::MC) {
         const int64_t mc = gd_min(Kern::MC, t.m1 - ic);
         if (pack_a) pack_a_panels<MR>(t.A, ic, mc, pc, kc, t.pack_a);
+        if (copy_a_rows) copy_a_block(t.A, ic, mc, pc, kc, t.pack_a);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int nn = static_cast<int>(gd_min(NR, nc - jr));
           const float* bp = pack_b ? t.pack_b + jr * kc : t.B.data + pc * t.B.row_stride + jc + jr;
@@ -134,11 +158,12 @@ static void gemm_drive(const GemmTask& t) {
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int mm = static_cast<int>(gd_min(MR, mc - ir));
             float* c = t.C + (ic + ir) * t.ldc + jc + jr;
-            const float* a = pack_a ? t.pack_a + ir * kc
+            const float* a = pack_a        ? t.pack_a + ir * kc
+                             : copy_a_rows   ? t.pack_a + ir * (kc + 16)
                              : amode == kARow ? t.A.data + (ic + ir) * t.A.row_stride + pc
                                               : t.A.data + pc * t.A.col_stride + ic + ir;
             const float* c_next = ir + MR < mc ? c + MR * t.ldc : nullptr;
-            Kern::tile(mm, nn, kc, amode, a, lda, bp, ldb, c, t.ldc, load_c, c_next);
+            Kern::tile(mm, nn, kc, amode, a, copy_a_rows ? kc + 16 : lda, bp, ldb, c, t.ldc, load_c, c_next);
           }
         }
       }
