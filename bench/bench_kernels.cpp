@@ -54,7 +54,8 @@ void BM_attention(benchmark::State& state) {
 BENCHMARK(BM_attention)
     ->ArgNames({"T", "window", "threads", "bwd"})
     ->ArgsProduct({{256}, {128, 0}, {1, 2}, {0, 1}})
-    ->Unit(benchmark::kMillisecond);
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_rmsnorm(benchmark::State& state) {
   const int64_t R = 4096, n = state.range(0), threads = state.range(1), backward = state.range(2);
@@ -78,7 +79,8 @@ void BM_rmsnorm(benchmark::State& state) {
 BENCHMARK(BM_rmsnorm)
     ->ArgNames({"n", "threads", "bwd"})
     ->ArgsProduct({{128, 512}, {1, 2}, {0, 1}})
-    ->Unit(benchmark::kMicrosecond);
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 // One micro-batch forward+backward of configs/small.toml's model (olmo3 14M body, vocab 2048,
 // 4 x 256 tokens): the end-to-end tokens/s of the CPU reference.
@@ -107,7 +109,7 @@ void BM_small_model_microbatch(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(B * T), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(m.flops_per_token(T) * B * T * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_small_model_microbatch)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_small_model_microbatch)->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
