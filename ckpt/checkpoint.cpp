@@ -7,6 +7,9 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -191,27 +194,21 @@ std::string begin_save(const std::string& root, int64_t step, bool create) {
 
 void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors& local, int64_t lo, int64_t hi,
                  const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection) {
-  ZSTD_CCtx* cctx = ZSTD_createCCtx();
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, opts.zstd_level);
-  if (opts.zstd_threads > 1) ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, opts.zstd_threads);
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 0);
-  nlohmann::json entries = nlohmann::json::array();
-  std::string data;
-  std::vector<char> buf;
+  struct Job {
+    const char* vec;
+    std::string name;
+    int64_t a, b;
+    const float* src;
+    std::vector<char> out;
+    size_t z = 0;
+  };
+  std::vector<Job> jobs;
   for (const char* vec : kVectorNames) {
     const float* base = vector_ptr(local, vec);
     for (const Segment& seg : segments) {
       // The part of this segment inside [lo, hi): a shard boundary may cut a tensor.
       const int64_t a = std::max(lo, seg.offset), b = std::min(hi, seg.offset + seg.numel);
       if (a >= b) continue;
-      const float* src = base + (a - lo);
-      const size_t n = static_cast<size_t>(b - a) * sizeof(float);
-      buf.resize(ZSTD_compressBound(n));
-      const size_t z = ZSTD_compress2(cctx, buf.data(), buf.size(), src, n);
-      if (ZSTD_isError(z)) {
-        ZSTD_freeCCtx(cctx);
-        fail(tmp_dir, std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
-      }
       std::string name = seg.name;
       if (a != seg.offset || b != seg.offset + seg.numel) {
         char part[64];  // a tensor cut by a shard boundary: name[begin:end] within the tensor
@@ -219,27 +216,73 @@ void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors
                       static_cast<long long>(b - seg.offset));
         name.append(part);
       }
-      entries.push_back({{"vector", vec},
-                         {"name", name},
-                         {"offset", a},
-                         {"numel", b - a},
-                         {"raw_xxh3", hex(XXH3_64bits(src, n))},
-                         {"zstd_bytes", z},
-                         {"zstd_xxh3", hex(XXH3_64bits(buf.data(), z))},
-                         {"data_offset", data.size()}});
-      data.append(buf.data(), z);
+      jobs.push_back({vec, std::move(name), a, b, base + (a - lo), {}, 0});
     }
   }
-  ZSTD_freeCCtx(cctx);
+  // Large tensors use zstd's own workers inside one frame; small ones are compressed side by side,
+  // one frame each, by `zstd_threads` threads. The bytes do not depend on the thread count.
+  constexpr size_t kBig = size_t{8} << 20;
+  auto compress = [&](Job& j, ZSTD_CCtx* cctx) {
+    const size_t n = static_cast<size_t>(j.b - j.a) * sizeof(float);
+    j.out.resize(ZSTD_compressBound(n));
+    j.z = ZSTD_compress2(cctx, j.out.data(), j.out.size(), j.src, n);
+  };
+  auto make_cctx = [&](int workers) {
+    ZSTD_CCtx* c = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, opts.zstd_level);
+    ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0);
+    if (workers > 1) ZSTD_CCtx_setParameter(c, ZSTD_c_nbWorkers, workers);
+    return c;
+  };
+  {
+    ZSTD_CCtx* big = make_cctx(opts.zstd_threads);
+    for (Job& j : jobs)
+      if (static_cast<size_t>(j.b - j.a) * sizeof(float) >= kBig) compress(j, big);
+    ZSTD_freeCCtx(big);
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      ZSTD_CCtx* c = make_cctx(1);
+      for (size_t i; (i = next++) < jobs.size();)
+        if (static_cast<size_t>(jobs[i].b - jobs[i].a) * sizeof(float) < kBig) compress(jobs[i], c);
+      ZSTD_freeCCtx(c);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < std::max(1, opts.zstd_threads); ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+  }
+  nlohmann::json entries = nlohmann::json::array();
+  uint64_t data_size = 0;
+  for (const Job& j : jobs) {
+    if (ZSTD_isError(j.z)) fail(tmp_dir, std::string("zstd compression failed: ") + ZSTD_getErrorName(j.z));
+    entries.push_back({{"vector", j.vec},
+                       {"name", j.name},
+                       {"offset", j.a},
+                       {"numel", j.b - j.a},
+                       {"raw_xxh3", hex(XXH3_64bits(j.src, static_cast<size_t>(j.b - j.a) * sizeof(float)))},
+                       {"zstd_bytes", j.z},
+                       {"zstd_xxh3", hex(XXH3_64bits(j.out.data(), j.z))},
+                       {"data_offset", data_size}});
+    data_size += j.z;
+  }
   const std::string header = nlohmann::json{{"rank", shard_index}, {"range", {lo, hi}}, {"entries", entries}}.dump();
-  std::string shard(kShardMagic, 16);
-  put_u64(shard, header.size());
-  shard += header;
-  put_u64(shard, XXH3_64bits(header.data(), header.size()));
-  shard += data;
+  std::string head(kShardMagic, 16);
+  put_u64(head, header.size());
+  head += header;
+  put_u64(head, XXH3_64bits(header.data(), header.size()));
   char name[32];
   std::snprintf(name, sizeof name, "shard-%05d.bin", shard_index);
-  write_file_atomic(tmp_dir + "/" + name, shard);
+  const std::string path = tmp_dir + "/" + name, tmp = path + ".tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) fail(tmp, "cannot create (is the checkpoint directory writable?)");
+    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+    for (const Job& j : jobs) ok = ok && std::fwrite(j.out.data(), 1, j.z, f) == j.z;
+    ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+    std::fclose(f);
+    if (!ok) fail(tmp, "write failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "rename from .tmp failed");
   // Fault injection for the kill tests: die between the shard and the manifest, the worst moment.
   // OLMOREF_TEST_CRASH_SHARD limits it to one shard's writer (a rank dying mid-checkpoint).
   if (const char* crash = std::getenv("OLMOREF_TEST_CRASH_IN_SAVE"); crash && std::stoll(crash) == step_for_fault_injection) {
@@ -335,27 +378,49 @@ namespace {
 void read_range(const std::string& dir, const nlohmann::json& m, const StateVectors& local, int64_t lo, int64_t hi,
                 int64_t total) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
-  std::vector<float> tmp;
   for (const auto& sh : m.at("shards")) {
     const std::string path = dir + "/" + sh.at("file").get<std::string>();
     const ParsedShard s = read_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
+    std::vector<const nlohmann::json*> mine;
     for (const auto& e : s.header.at("entries")) {
       const std::string vec = e.at("vector").get<std::string>();
       if (vec != "params" && vec != "adam_m" && vec != "adam_v") fail(path, "unknown vector '" + vec + "'");
       const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
       if (off < 0 || n < 0 || off + n > total) fail(path, vec + " range out of bounds");
       coverage[vec].emplace_back(off, off + n);
-      const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
-      if (a >= b) continue;  // not in this reader's range (an empty range reads nothing)
-      float* base = vector_ptr(local, vec);
-      if (a == off && b == off + n) {
-        read_entry(path, s, e, base + (off - lo));
-      } else {
-        tmp.resize(static_cast<size_t>(n));
-        read_entry(path, s, e, tmp.data());
-        std::copy(tmp.begin() + (a - off), tmp.begin() + (b - off), base + (a - lo));
-      }
+      if (std::max(lo, off) < std::min(hi, off + n)) mine.push_back(&e);  // in this reader's range
     }
+    // Entries are independent frames: decompress and verify them side by side.
+    std::atomic<size_t> next{0};
+    std::string first_error;
+    std::mutex error_mutex;
+    auto worker = [&] {
+      std::vector<float> part;
+      for (size_t i; (i = next++) < mine.size();) {
+        const nlohmann::json& e = *mine[i];
+        const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
+        const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+        float* base = vector_ptr(local, e.at("vector").get<std::string>());
+        try {
+          if (a == off && b == off + n) {
+            read_entry(path, s, e, base + (off - lo));
+          } else {
+            part.resize(static_cast<size_t>(n));
+            read_entry(path, s, e, part.data());
+            std::copy(part.begin() + (a - off), part.begin() + (b - off), base + (a - lo));
+          }
+        } catch (const std::exception& ex) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (first_error.empty()) first_error = ex.what();
+        }
+      }
+    };
+    const unsigned n_threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+    if (!first_error.empty()) throw std::runtime_error(first_error);
   }
   for (const char* vec : kVectorNames) {
     auto& r = coverage[vec];
