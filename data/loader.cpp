@@ -58,12 +58,16 @@ Loader::Loader(LoaderConfig config) : config_(std::move(config)), seed_(config_.
   }
   batches_per_epoch_ = config_.dataset->size() / g;
   ensure_order();  // also reports a dataset smaller than one global batch right away
+  if (config_.debug_bug != PlantedBug::none) PlantedBugHooks::after_construct(*this);  // TEST-ONLY
 }
 
 void Loader::ensure_order() {
-  if (!order_ || order_->seed() != seed_ || order_->epoch() != epoch_) {
+  uint64_t seed = seed_;
+  int64_t epoch = epoch_, n = config_.dataset->size();
+  if (config_.debug_bug != PlantedBug::none) PlantedBugHooks::order_key(*this, seed, epoch, n);  // TEST-ONLY
+  if (!order_ || order_->seed() != seed || order_->epoch() != epoch) {
     order_.reset();  // free the old permutation before building the next (it can be GBs)
-    order_ = std::make_unique<GlobalOrder>(seed_, epoch_, config_.dataset->size(), config_.global_batch_instances);
+    order_ = std::make_unique<GlobalOrder>(seed, epoch, n, config_.global_batch_instances);
   }
 }
 
@@ -81,14 +85,17 @@ void Loader::next_batch(GlobalBatch& out) {
   ensure_order();
   const FslDataset& ds = *config_.dataset;
   const int64_t g = config_.global_batch_instances, L = ds.sequence_length();
-  const std::span<const uint32_t> row = order_->batch(batches_processed_);
-
   out.step = (epoch_ - 1) * batches_per_epoch_ + batches_processed_ + 1;
   out.epoch = epoch_;
   out.batch = batches_processed_;
   out.sequence_length = L;
   out.microbatch_instances = config_.microbatch_instances;
-  out.instance_ids.assign(row.begin(), row.end());
+  if (config_.debug_bug == PlantedBug::none) {
+    const std::span<const uint32_t> row = order_->batch(batches_processed_);
+    out.instance_ids.assign(row.begin(), row.end());
+  } else {
+    PlantedBugHooks::fill_row(*this, out.instance_ids);  // TEST-ONLY
+  }
   out.tokens.resize(static_cast<size_t>(g * L));
   // The first batch after construction, restore() or an epoch change was not announced yet; asking
   // for all its instances before copying lets their cold reads overlap each other.
@@ -96,7 +103,7 @@ void Loader::next_batch(GlobalBatch& out) {
     prefetch_row(batches_processed_);
   }
   for (int64_t i = 0; i < g; ++i) {
-    ds.read_instance(row[static_cast<size_t>(i)],
+    ds.read_instance(out.instance_ids[static_cast<size_t>(i)],
                      std::span<uint32_t>(out.tokens).subspan(static_cast<size_t>(i * L), static_cast<size_t>(L)));
   }
   ++batches_processed_;
@@ -153,6 +160,7 @@ void Loader::restore(const LoaderState& s, bool ignore_fingerprint_mismatch) {
   batches_processed_ = s.batches_processed;
   prefetched_epoch_ = prefetched_batch_ = -1;
   ensure_order();
+  if (config_.debug_bug != PlantedBug::none) PlantedBugHooks::after_restore(*this, s);  // TEST-ONLY
 }
 
 std::shared_ptr<const FslDataset> Loader::holdout_dataset() const {

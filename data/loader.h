@@ -36,6 +36,7 @@
 #include "data/audit.h"
 #include "data/dataset.h"
 #include "data/holdout.h"
+#include "data/planted_bugs.h"
 #include "data/shuffle.h"
 
 namespace olmoref::data {
@@ -53,6 +54,9 @@ struct LoaderConfig {
   // its disk reads overlap the training step. About 3x faster from a cold page cache; costs one
   // syscall per instance when everything is cached already.
   bool prefetch = true;
+  // TEST-ONLY: make this loader misbehave in one of the known ways (data/planted_bugs.h), so the
+  // leakage detector can be shown to catch it. Leave at none.
+  PlantedBug debug_bug = PlantedBug::none;
 };
 
 struct LoaderState {
@@ -130,6 +134,8 @@ class Loader {
   int64_t batches_per_epoch_ = 0;
   std::unique_ptr<GlobalOrder> order_;  // for (seed_, epoch_); rebuilt lazily when either changes
   int64_t prefetched_epoch_ = -1, prefetched_batch_ = -1;  // the row already announced, if any
+  friend struct PlantedBugHooks;  // TEST-ONLY switches (data/planted_bugs.h)
+  PlantedBugState debug_;
 };
 
 }  // namespace olmoref::data

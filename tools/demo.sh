@@ -4,9 +4,11 @@
 #   2. builds the demo corpus: fortunes + the King James Bible (Debian packages), a BPE tokenizer trained
 #      on it, OLMo-format token files with a 5% held-out document split (runs/demo-data/);
 #   3. trains configs/small.toml (the Olmo 3 14M body, 2048-token vocabulary) for 200 steps
-#      -> runs/demo/trace.jsonl, manifest.json, audit.jsonl, checkpoints/step00000050 ... step00000200;
+#      -> runs/demo/trace.jsonl, manifest.json, audit.jsonl, eval.jsonl (holdout vs fresh loss every 50
+#      steps), checkpoints/step00000050 ... step00000200;
 #   4. verifies the newest checkpoint and proves a resume changes nothing (resume-check, fresh processes);
-#   5. plots the loss -> runs/demo/loss.svg.
+#   5. checks the holdout for leakage into the training stream -> runs/demo/leakcheck.json;
+#   6. plots the loss -> runs/demo/loss.svg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
@@ -27,6 +29,10 @@ echo "== checkpoint"
 
 echo "== resume check (12 steps uninterrupted vs stopped at step 6 and resumed, in fresh processes)"
 "$bin" resume-check --config configs/small.toml --steps 12 --at 6 --threads "$threads" --set data.audit=false
+
+echo "== leakage check (holdout vs the training stream as the loader delivers it, and the run's audit log)"
+"$bin" leakcheck --config configs/small.toml --audit runs/demo/audit.jsonl --report runs/demo/leakcheck.json \
+  --threads "$threads"
 
 echo "== loss plot"
 "$bin" trace plot runs/demo --out runs/demo/loss.svg --title "configs/small.toml on the demo corpus"

@@ -64,6 +64,7 @@ void print_config_summary(const TrainConfig& c) {
 }  // namespace
 
 int command_exit_code() { return g_exit_code; }
+void set_command_exit_code(int code) { g_exit_code = code; }
 
 void register_commands(CLI::App& app) {
   // ---- train ----
@@ -135,29 +136,7 @@ void register_commands(CLI::App& app) {
       g_exit_code = resume_check(opts);
     });
   }
-  // ---- trace ----
-  {
-    auto* cmd = app.add_subcommand("trace", "Work with traces (trace.jsonl)");
-    cmd->require_subcommand(1);
-    auto* plot = cmd->add_subcommand("plot", "Loss curves (and the per-step difference for several traces) as SVG");
-    auto files = std::make_shared<std::vector<std::string>>();
-    auto out = std::make_shared<std::string>();
-    auto title = std::make_shared<std::string>("olmoref loss");
-    plot->add_option("TRACE", *files, "trace.jsonl files or run directories")->required();
-    plot->add_option("--out", *out, "Output .svg")->required();
-    plot->add_option("--title", *title, "Plot title");
-    plot->callback([=] {
-      std::vector<NamedTrace> traces;
-      for (std::string f : *files) {
-        if (std::filesystem::is_directory(f)) f += "/trace.jsonl";
-        traces.push_back({f, read_trace(f)});
-      }
-      std::ofstream o(*out);
-      o << loss_plot_svg(traces, *title);
-      if (!o) throw std::runtime_error(*out + ": cannot write");
-      std::printf("wrote %s\n", out->c_str());
-    });
-  }
+  // ---- trace (compare, plot, convert) and golden: golden/cli_golden.cpp ----
   // ---- ckpt ----
   {
     auto* cmd = app.add_subcommand("ckpt", "Inspect or verify checkpoints");

@@ -7,5 +7,6 @@ namespace olmoref {
 
 void register_commands(CLI::App& app);
 int command_exit_code();  // what the subcommand that ran asked main() to return
+void set_command_exit_code(int code);  // for subcommands registered elsewhere (golden/cli_golden.cpp)
 
 }  // namespace olmoref

@@ -92,7 +92,7 @@ class Reader {
     for (const auto& [sec, node] : root_) {
       const toml::table* t = node.as_table();
       const std::string s(sec.str());
-      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data], [checkpoint])");
+      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data], [checkpoint], [eval])");
       for (const auto& [k, v] : *t) {
         (void)v;
         const std::string full = s + "." + std::string(k.str());
@@ -207,6 +207,17 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("checkpoint", "zstd_level", k.zstd_level);
   r.get("checkpoint", "zstd_threads", k.zstd_threads);
 
+  EvalConfig& ev = c.eval;
+  r.get("eval", "interval", ev.interval);
+  r.get("eval", "instances", ev.instances);
+  r.get("eval", "fresh_files", ev.fresh_files);
+  r.get("eval", "fresh_mix", ev.fresh_mix);
+  r.get("eval", "bootstrap", ev.bootstrap);
+  r.get("eval", "alpha", ev.alpha);
+  int64_t eval_seed = static_cast<int64_t>(ev.seed);
+  r.get("eval", "seed", eval_seed);
+  ev.seed = static_cast<uint64_t>(eval_seed);
+
   r.reject_unknown();
   try {
     c.validate();
@@ -236,7 +247,8 @@ void TrainConfig::validate() const {
           "must be a multiple of train.micro_batch_instances (" + std::to_string(train.micro_batch_instances) + ")");
   require(train.steps >= 0, "train.steps", "must be >= 0");
   require(train.z_loss >= 0, "train.z_loss", "must be >= 0");
-  require(train.precision == "fp32", "train.precision", "must be \"fp32\" (bf16 is not implemented yet)");
+  require(train.precision == "fp32" || train.precision == "bf16", "train.precision",
+          "must be \"fp32\" or \"bf16\" (the Olmo 3 recipe, docs/canonical/bf16.md)");
   require(train.executor == "cpu", "train.executor", "must be \"cpu\" (the CUDA executors are not implemented yet)");
   require(train.log_every > 0, "train.log_every", "must be > 0");
   require(optim.lr >= 0, "optim.lr", "must be >= 0");
@@ -255,6 +267,17 @@ void TrainConfig::validate() const {
   require(checkpoint.zstd_level >= 1 && checkpoint.zstd_level <= 22, "checkpoint.zstd_level", "must be in [1, 22]");
   require(checkpoint.zstd_threads >= 0, "checkpoint.zstd_threads", "must be >= 0 (0 = the run's threads)");
   require(data.holdout_files.empty() || data.holdout_mix.empty(), "data.holdout_mix", "give either data.holdout_files or data.holdout_mix, not both");
+  require(eval.interval >= 0, "eval.interval", "must be >= 0 (0 = no in-loop evaluation)");
+  require(eval.instances >= 2, "eval.instances", "must be >= 2 (the bootstrap needs a sample)");
+  require(eval.bootstrap >= 10, "eval.bootstrap", "must be >= 10 resamples");
+  require(eval.alpha > 0 && eval.alpha < 1, "eval.alpha", "must be in (0, 1)");
+  require(eval.fresh_files.empty() || eval.fresh_mix.empty(), "eval.fresh_mix", "give either eval.fresh_files or eval.fresh_mix, not both");
+  if (eval.interval > 0) {
+    require(!data.holdout_files.empty() || !data.holdout_mix.empty(), "eval.interval",
+            "the holdout-vs-fresh backstop needs a holdout: set data.holdout_mix or data.holdout_files");
+    require(!eval.fresh_files.empty() || !eval.fresh_mix.empty(), "eval.interval",
+            "the backstop needs a sealed fresh split: set eval.fresh_mix or eval.fresh_files");
+  }
 }
 
 std::string TrainConfig::to_toml() const {
@@ -286,6 +309,10 @@ std::string TrainConfig::to_toml() const {
                            {"eos_id", data.eos_id}}},
       {"checkpoint", toml::table{{"interval", checkpoint.interval}, {"keep_last", checkpoint.keep_last},
                                  {"zstd_level", checkpoint.zstd_level}, {"zstd_threads", checkpoint.zstd_threads}}},
+      {"eval", toml::table{{"interval", eval.interval}, {"instances", eval.instances},
+                           {"fresh_files", strings(eval.fresh_files)}, {"fresh_mix", eval.fresh_mix},
+                           {"bootstrap", eval.bootstrap}, {"alpha", eval.alpha},
+                           {"seed", static_cast<int64_t>(eval.seed)}}},
   };
   std::ostringstream out;
   out << toml::toml_formatter(root);
@@ -317,7 +344,14 @@ std::string TrainConfig::resume_hash() const {
   c.data.holdout_mix.clear();
   c.data.audit = false;
   c.model.name.clear();
-  return hash_text(c.to_toml());
+  // Evaluation never changes training: the [eval] section is left out of the hashed text entirely,
+  // so the hash is also what it was before the section existed.
+  std::string text = c.to_toml();
+  if (const auto b = text.find("[eval]"); b != std::string::npos) {
+    const auto e = text.find("\n[", b);
+    text.erase(b, e == std::string::npos ? std::string::npos : e + 1 - b);
+  }
+  return hash_text(text);
 }
 
 }  // namespace olmoref

@@ -17,7 +17,7 @@ struct TrainLoopConfig {
   int64_t global_batch_instances = 1;  // a whole number of micro-batches
   int64_t steps = 1;
   double z_loss = 1e-5;
-  std::string precision = "fp32";      // fp32 (bf16: the golden-traces issue)
+  std::string precision = "fp32";      // fp32, or bf16 (the Olmo 3 recipe: docs/canonical/bf16.md)
   std::string executor = "cpu";        // cpu (cuda-exact / cuda-fast: the CUDA issue)
   int64_t log_every = 1;
 };
@@ -40,6 +40,20 @@ struct CheckpointConfig {
   int64_t zstd_threads = 0; // 0: the run's thread count
 };
 
+// The in-loop memorization backstop (train/eval.h): holdout vs a sealed fresh split. Evaluation
+// never changes training, so none of this enters resume_hash().
+struct EvalConfig {
+  int64_t interval = 0;                  // evaluate every N steps (0: off)
+  int64_t instances = 32;                // evenly spaced instances of each set (a fixed subset)
+  std::vector<std::string> fresh_files;  // the sealed fresh split: token files no training mix names
+  std::string fresh_mix;                 // or its mix file
+  int64_t bootstrap = 1000;              // resamples for the confidence interval of the gap
+  // Flag when the (1 - alpha) interval lies below zero. 0.01, not 0.05: the test runs at every
+  // evaluation of a run, and a false alarm at each one adds up.
+  double alpha = 0.01;
+  uint64_t seed = 0;                     // bootstrap RNG seed (counter-based, RngPurpose::bootstrap)
+};
+
 struct TrainConfig {
   ModelConfig model;
   TrainLoopConfig train;
@@ -47,6 +61,7 @@ struct TrainConfig {
   ScheduleConfig schedule;
   DataConfig data;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   std::string source_path;   // the TOML file it came from (empty when built in code)
   std::vector<std::string> overrides;
 

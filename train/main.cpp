@@ -8,6 +8,7 @@
 #include "data/cli_data.h"
 #include "data/cli_leak.h"
 #include "dist/comm.h"
+#include "golden/cli_golden.h"
 #include "train/commands.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   olmoref::register_commands(app);
   olmoref::data::register_data_commands(app);
+  olmoref::register_golden_commands(app);
   olmoref::data::register_leak_commands(app);
   try {
     app.parse(argc, argv);

@@ -17,6 +17,7 @@
 #include "ref/init.h"
 #include "ref/optim.h"
 #include "ckpt/checkpoint.h"
+#include "train/eval.h"
 #include "train/manifest.h"
 
 namespace olmoref {
@@ -383,6 +384,13 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                        trainer.layout().dp_replicate);
     trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
   }
+  // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the
+  // parameters only, so training is the same with or without it; run by rank 0 when it holds them all.
+  std::unique_ptr<EvalBackstop> backstop;
+  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1)
+    backstop = make_eval_backstop(cfg, out_dir, resume_dir.empty() ? -1 : trainer.step(), quiet);
+  else if (lead && cfg.eval.interval > 0 && !quiet)
+    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1)\n");
   if (!quiet) {
     std::fprintf(stderr, "olmoref train: %s, %.3fM params, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
                  cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6,
@@ -427,6 +435,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                    static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
                    res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
     }
+    if (backstop) backstop->after_step(trainer.params(), trainer.pool(), s);
     const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
     if (periodic || s == stop) {
       trainer.source_mut().flush_audit();

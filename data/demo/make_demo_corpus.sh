@@ -11,7 +11,9 @@
 # versions (recorded in OUTDIR/SOURCES with checksums of the extracted text).
 # Writes: OUTDIR/text/*.txt, OUTDIR/tokenizer.json (BPE, vocab 2048, EOS 256, PAD 257),
 #         OUTDIR/train/part-*.npy + OUTDIR/train.mix (uint16, documents end in EOS),
-#         OUTDIR/holdout/part-*.npy + OUTDIR/holdout.mix (5% of documents, document-split),
+#         OUTDIR/holdout/part-*.npy + OUTDIR/holdout.mix (5% of documents, document-split, then
+#           halved: OUTDIR/fresh/part-*.npy + OUTDIR/fresh.mix is the sealed fresh split of the
+#           eval backstop, OUTDIR/fresh-split.json its manifest),
 #         OUTDIR/split.json (the split rule, seed and counts).
 # The binary defaults to $OLMOREF_BIN, then build/olmoref, then build/tests/data/olmoref-data.
 set -euo pipefail
@@ -72,5 +74,19 @@ bible -l100000 "Genesis 1:1-Revelation 22:21" \
   --out-dir "$out" --holdout-fraction 0.05 --seed 34521 \
   --tokens-per-file 500000
 
+# The sealed fresh split for the in-loop memorization backstop (train/eval.h): half of the held-out
+# documents (by content hash of their token ids, another seed) move to fresh/; the rest stay the
+# holdout. The training side is untouched, so training is the same with or without this step.
+rm -rf "$out/heldout-split" "$out/fresh"
+"$bin" data split "$out/holdout.mix" --tokenizer "$out/tokenizer.json" --fraction 0.5 --seed 27182 \
+  --out-dir "$out/heldout-split" > /dev/null
+mkdir -p "$out/fresh"
+rm -f "$out"/holdout/*.npy
+mv "$out"/heldout-split/train/*.npy "$out/holdout/"
+mv "$out"/heldout-split/holdout/*.npy "$out/fresh/"
+mv "$out/heldout-split/split.json" "$out/fresh-split.json"
+rm -rf "$out/heldout-split"
+(cd "$out" && LC_ALL=C ls holdout/*.npy > holdout.mix && LC_ALL=C ls fresh/*.npy > fresh.mix)
+
 "$bin" data inspect "$out/train.mix" --tokenizer "$out/tokenizer.json" --seq-len 256 | tail -n 3
-echo "demo corpus ready: train mix $out/train.mix, holdout mix $out/holdout.mix, tokenizer $out/tokenizer.json"
+echo "demo corpus ready: train mix $out/train.mix, holdout mix $out/holdout.mix, fresh mix $out/fresh.mix, tokenizer $out/tokenizer.json"

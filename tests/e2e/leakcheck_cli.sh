@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# End to end through the binary: `olmoref leakcheck` on the tiny config is clean (exit 0) and checks
+# a training run's audit log; a planted loader bug (--debug-plant-bug, test-only) and a holdout file
+# listed in the training mix are found (exit 1) with the JSON report saying where; a run without a
+# holdout cannot be checked (exit 2). Also `olmoref train` with [eval] writes eval.jsonl.
+set -euo pipefail
+BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
+SRC="${OLMOREF_SOURCE_ROOT:?}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+python3 - "$work" <<'PY'
+import random, struct, sys
+def docs(seed, n):
+    r = random.Random(seed); t = []
+    while len(t) < n:
+        t += [r.randrange(500) for _ in range(r.randrange(20, 61))] + [511]
+    return t
+for name, seed, n in [("train", 1, 30000), ("holdout", 2, 3000), ("fresh", 3, 3000)]:
+    t = docs(seed, n)
+    open(f"{sys.argv[1]}/{name}.u16", "wb").write(struct.pack("<%dH" % len(t), *t))
+PY
+set_data=(--set "data.train_files=[\"$work/train.u16\"]" --set "data.holdout_files=[\"$work/holdout.u16\"]"
+          --set data.eos_id=511 --set 'data.dtype="u16"')
+leak() { "$BIN" leakcheck --config "$SRC/configs/tiny.toml" "${set_data[@]}" "$@"; }
+status_of() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['status'], r['checks'][sys.argv[2]]['status'], r['checks'][sys.argv[2]].get('first',{}).get('step',-1))" "$@"; }
+
+# Clean: exit 0, every check passes.
+leak --steps 80 --report "$work/clean.json" > "$work/clean.txt"
+grep -q "olmoref leakcheck: CLEAN" "$work/clean.txt"
+[ "$(status_of "$work/clean.json" near_ngrams)" = "clean pass -1" ]
+[ "$(status_of "$work/clean.json" audit_resume)" = "clean pass -1" ]
+leak --epoch --bloom --quiet
+
+# A training run's audit log (and eval.jsonl from the backstop).
+"$BIN" train --config "$SRC/configs/tiny.toml" "${set_data[@]}" --set data.audit=true --set eval.interval=4 \
+  --set "eval.fresh_files=[\"$work/fresh.u16\"]" --set eval.instances=8 --out "$work/run" --steps 8 --quiet
+[ "$(wc -l < "$work/run/eval.jsonl")" -eq 2 ]
+grep -q '"flag":false' "$work/run/eval.jsonl"
+leak --audit "$work/run/audit.jsonl" --report "$work/ext.json" --quiet
+[ "$(status_of "$work/ext.json" external_audit)" = "clean pass -1" ]
+
+# Planted loader bugs: found, exit 1, the first offending step in the report.
+set +e
+leak --steps 80 --debug-plant-bug holdout-file-in-train-mix --report "$work/mix.json" > "$work/mix.txt"; rc=$?
+set -e
+[ $rc -eq 1 ] || { echo "expected exit 1, got $rc"; cat "$work/mix.txt"; exit 1; }
+grep -q "CONTAMINATED" "$work/mix.txt"
+read -r verdict st step < <(status_of "$work/mix.json" exact_instances)
+[ "$st" = fail ] && [ "$step" -ge 1 ]
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['contaminated_documents'] and r['contaminated_documents'][0]['hit_fraction'] > 0" "$work/mix.json"
+for bug in off-by-one-peek per-rank-shuffle-seed fast-forward-twice; do
+  set +e; leak --steps 80 --quiet --debug-plant-bug $bug; rc=$?; set -e
+  [ $rc -eq 1 ] || { echo "planted bug $bug: expected exit 1, got $rc"; exit 1; }
+done
+
+# A holdout file listed in the training mix by the config itself.
+set +e
+"$BIN" leakcheck --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/train.u16\", \"$work/holdout.u16\"]" \
+  --set "data.holdout_files=[\"$work/holdout.u16\"]" --set data.eos_id=511 --set 'data.dtype="u16"' --steps 80 \
+  --report "$work/cfg.json" > /dev/null; rc=$?
+set -e
+[ $rc -eq 1 ]
+[ "$(status_of "$work/cfg.json" shared_files | cut -d' ' -f2)" = fail ]
+
+# No holdout: cannot check, exit 2 with a message naming the key.
+set +e
+"$BIN" leakcheck --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/train.u16\"]" --set 'data.dtype="u16"' \
+  > "$work/none.txt" 2>&1; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "data.holdout_mix" "$work/none.txt"
+echo "leakcheck_cli: ok"
