@@ -22,7 +22,7 @@ struct Panel {
 
 std::string num(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
+  std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
 }
 
@@ -49,8 +49,8 @@ void axes(std::ostringstream& o, const Panel& p, const std::string& ylabel) {
     o << "<text x='" << p.px(x) << "' y='" << p.y0 + p.h + 16 << "' text-anchor='middle' font-size='11'>"
       << num(x) << "</text>\n";
   }
-  o << "<text x='" << p.x0 - 62 << "' y='" << p.y0 + p.h / 2 << "' font-size='12' transform='rotate(-90 "
-    << p.x0 - 62 << " " << p.y0 + p.h / 2 << ")' text-anchor='middle'>" << esc(ylabel) << "</text>\n";
+  o << "<text x='" << p.x0 - 72 << "' y='" << p.y0 + p.h / 2 << "' font-size='12' transform='rotate(-90 "
+    << p.x0 - 72 << " " << p.y0 + p.h / 2 << ")' text-anchor='middle'>" << esc(ylabel) << "</text>\n";
 }
 
 void polyline(std::ostringstream& o, const Panel& p, const std::vector<std::pair<double, double>>& pts,
@@ -110,7 +110,9 @@ std::string loss_plot_svg(const std::vector<NamedTrace>& traces, const std::stri
           }
     const double dpad = (dmax - dmin) * 0.05 + 1e-12;
     Panel bot{90, top.y0 + top_h + 50, W - 130, bottom_h, xmin, xmax, dmin - dpad, dmax + dpad};
-    axes(o, bot, "loss difference vs first");
+    axes(o, bot, "loss − first trace's loss");
+    o << "<line x1='" << bot.x0 << "' x2='" << bot.x0 + bot.w << "' y1='" << bot.py(0) << "' y2='" << bot.py(0)
+      << "' stroke='#888' stroke-dasharray='2 2'/>\n";
     for (size_t i = 1; i < traces.size(); ++i) polyline(o, bot, series[i], kColors[i % 6]);
     const std::string note = first_split < 0 ? "loss bits identical at every common step"
                                              : "first differing step: " + std::to_string(first_split);

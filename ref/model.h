@@ -31,9 +31,13 @@ struct LayerActs {
 
 class Olmo3 {
  public:
-  Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len);
+  // precision bf16: the Olmo 3 recipe (docs/canonical/bf16.md). `params` stay the fp32 master weights;
+  // each call rounds them to a bf16 copy, activations and gradients are rounded at the documented points,
+  // and `grad` receives the bf16-valued parameter gradients of this micro-batch (the caller sums them in fp32).
+  Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32);
 
   const ModelConfig& config() const { return cfg_; }
+  Precision precision() const { return precision_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }
@@ -44,13 +48,20 @@ class Olmo3 {
   LossSums forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
                             ThreadPool* pool, float* logits_out = nullptr);
 
-  // Forward only: loss sums (no gradient). Used by evaluation.
-  LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool);
+  // Forward only: loss sums (no gradient). Used by evaluation. If logits_out is not null it receives the
+  // logits [B, T, V] (bf16-valued in bf16 precision), as in forward_backward.
+  LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out = nullptr);
 
  private:
   void forward(const float* params, const uint32_t* tokens, ThreadPool* pool);
+  // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
+  const float* working_params(const float* params, ThreadPool* pool);
+  // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
+  void round_act(float* x, int64_t n, ThreadPool* pool) const;
 
   ModelConfig cfg_;
+  Precision precision_ = Precision::fp32;
+  std::vector<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
   ParamLayout layout_;
   int64_t B_, T_, R_;
   RopeTable rope_;

@@ -160,6 +160,28 @@ void swiglu_backward(const float* g, const float* u, const float* da, float* dg,
   });
 }
 
+// PyTorch on bf16 tensors: F.silu(g) is one bf16 tensor, `* u` another; their backward kernels compute in
+// fp32 and round each result once (docs/canonical/bf16.md).
+void swiglu_forward_bf16(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool) {
+  run(pool, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) a[i] = round_bf16(round_bf16(det::siluf(g[i])) * u[i]);
+  });
+}
+
+void swiglu_backward_bf16(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                          ThreadPool* pool) {
+  run(pool, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float x = g[i];
+      const float sg = det::sigmoidf(x);
+      const float silu = round_bf16(det::siluf(x));  // the bf16 tensor the forward multiplied
+      const float dsilu = sg * (1.0f + x * (1.0f - sg));
+      du[i] = round_bf16(da[i] * silu);
+      dg[i] = round_bf16(round_bf16(da[i] * u[i]) * dsilu);
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------------------------
@@ -220,6 +242,8 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
         for (int64_t j = 0; j < n; ++j) sc[j] = det::expf(sc[j] - m);
         const float l = canonical_sum(sc.data(), n);
         for (int64_t j = 0; j < n; ++j) sc[j] = sc[j] / l;
+        if (s.precision == Precision::bf16)  // P enters the P·V product as a bf16 operand
+          for (int64_t j = 0; j < n; ++j) sc[j] = round_bf16(sc[j]);
         row_max[(b * s.H + h) * T + i] = m;
         row_sum[(b * s.H + h) * T + i] = l;
         for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
@@ -246,6 +270,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
                         const float* row_max, const float* row_sum, const float* dout, float* dq, float* dk,
                         float* dv, ThreadPool* pool) {
   const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV;
+  const bool bf16 = s.precision == Precision::bf16;
   // Per-query-head dk/dv before the group sum: [B, H, T, hd].
   std::vector<float> dk_head(static_cast<size_t>(s.B * s.H * T * hd));
   std::vector<float> dv_head(static_cast<size_t>(s.B * s.H * T * hd));
@@ -275,6 +300,12 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
         const float D = chain_dot(doi, oi, hd);
         float* dSi = dS.data() + i * T + lo;
         for (int64_t j = 0; j < n; ++j) dSi[j] = (Pi[j] * (dp[j] - D)) * s.scale;
+        if (bf16) {  // dS and P enter the dq/dk/dv products as bf16 operands (P after its fp32 use above)
+          for (int64_t j = 0; j < n; ++j) {
+            dSi[j] = round_bf16(dSi[j]);
+            Pi[j] = round_bf16(Pi[j]);
+          }
+        }
         // dq_i = Σ_j dsc_ij k_j
         for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
         for (int64_t j = 0; j < n; ++j) {
@@ -284,6 +315,8 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
         }
         float* dqi = dq + (b * T + i) * qw + h * hd;
         for (int64_t d = 0; d < hd; ++d) dqi[d] = acc[d];
+        if (bf16)
+          for (int64_t d = 0; d < hd; ++d) dqi[d] = round_bf16(dqi[d]);
       }
       // Per key j: queries i in [j, hi(j)] see it, hi(j) = j + window - 1 (or T-1 for full attention).
       float* dkh = dk_head.data() + (b * s.H + h) * T * hd;
@@ -305,6 +338,12 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
             dvj[d] = std::fma(p, doi[d], dvj[d]);
           }
         }
+        if (bf16) {  // per query head, as flash-attn's bf16 dk/dv_expanded before the GQA sum
+          for (int64_t d = 0; d < hd; ++d) {
+            dkj[d] = round_bf16(dkj[d]);
+            dvj[d] = round_bf16(dvj[d]);
+          }
+        }
       }
     }
   });
@@ -322,6 +361,12 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
           for (int64_t d = 0; d < hd; ++d) {
             dkr[d] = hh == 0 ? sk[d] : dkr[d] + sk[d];
             dvr[d] = hh == 0 ? sv[d] : dvr[d] + sv[d];
+          }
+        }
+        if (bf16) {
+          for (int64_t d = 0; d < hd; ++d) {
+            dkr[d] = round_bf16(dkr[d]);
+            dvr[d] = round_bf16(dvr[d]);
           }
         }
       }

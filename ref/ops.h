@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ref/bf16.h"
+
 namespace olmoref {
 
 class ThreadPool;
@@ -37,6 +39,11 @@ void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& ta
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
 void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                      ThreadPool* pool);
+// bf16 recipe (docs/canonical/bf16.md): g, u, da bf16-valued; s = bf16(silu(g)), a = bf16(s·u);
+// backward du = bf16(da·s), dg = bf16(bf16(da·u) · silu'(g)), silu' in fp32 as in swiglu_backward.
+void swiglu_forward_bf16(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
+void swiglu_backward_bf16(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                          ThreadPool* pool);
 
 // ---- Causal (sliding-window) attention with GQA ----
 // q: [B*T, H*hd], k, v: [B*T, KV*hd] (after QK-norm and RoPE), out: [B*T, H*hd].
@@ -45,6 +52,9 @@ void swiglu_backward(const float* g, const float* u, const float* da, float* dg,
 struct AttentionShape {
   int64_t B, T, H, KV, hd, window;
   float scale;  // 1/sqrt(hd)
+  // bf16: q, k, v, dout are bf16-valued; P and dS are rounded to bf16 as matmul operands, dq/dk/dv are
+  // rounded to bf16 (docs/canonical/bf16.md). The caller rounds `out`. fp32: none of this happens.
+  Precision precision = Precision::fp32;
 };
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
                        float* row_max, float* row_sum, ThreadPool* pool);

@@ -1,0 +1,578 @@
+#include "golden/compare.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <toml++/toml.h>
+
+namespace olmoref {
+
+namespace {
+
+using nlohmann::json;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open (a trace file, or a run directory holding trace.jsonl)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string canonical_metric(const std::string& name) {
+  static const std::map<std::string, std::string> alias = {
+      {"lm loss", "loss"}, {"lm_loss", "loss"}, {"lm-loss", "loss"},
+      {"grad-norm", "grad_norm"}, {"grad norm", "grad_norm"},
+      {"learning-rate", "lr"}, {"learning rate", "lr"}, {"learning_rate", "lr"}};
+  const auto it = alias.find(lower(name));
+  return it == alias.end() ? name : it->second;
+}
+
+// The value an IEEE bit pattern in hex stands for: 8 digits fp32, 16 digits fp64.
+std::optional<double> value_of_hex(const std::string& hex) {
+  if (hex.size() == 8) {
+    const uint32_t u = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+    float f;
+    std::memcpy(&f, &u, 4);
+    return static_cast<double>(f);
+  }
+  if (hex.size() == 16) {
+    const uint64_t u = std::stoull(hex, nullptr, 16);
+    double d;
+    std::memcpy(&d, &u, 8);
+    return d;
+  }
+  return std::nullopt;
+}
+
+double number_of(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    const std::string s = lower(v.get<std::string>());
+    if (s == "nan") return kNaN;
+    if (s == "inf" || s == "+inf" || s == "infinity") return std::numeric_limits<double>::infinity();
+    if (s == "-inf" || s == "-infinity") return -std::numeric_limits<double>::infinity();
+    size_t used = 0;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  }
+  if (v.is_null()) return kNaN;
+  throw std::runtime_error("not a number: " + v.dump());
+}
+
+void read_jsonl(LoadedTrace& t, const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  int64_t lineno = 0;
+  bool first = true;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+      if (!j.is_object() || !j.contains("step")) throw std::runtime_error("no \"step\"");
+      const int64_t step = j.at("step").get<int64_t>();
+      if (first) t.format = j.contains("loss_hex") ? "olmoref" : "jsonl";
+      first = false;
+      for (const auto& [key, v] : j.items()) {
+        if (key == "step") continue;
+        if (key.size() > 4 && key.compare(key.size() - 4, 4, "_hex") == 0) continue;
+        MetricValue mv;
+        if (v.is_number()) {
+          mv.value = v.get<double>();
+          const std::string hk = key + "_hex";
+          if (j.contains(hk) && j.at(hk).is_string()) {
+            mv.exact = lower(j.at(hk).get<std::string>());
+            if (auto x = value_of_hex(mv.exact)) mv.value = *x;  // the exact value, not the rounded decimal
+          }
+        } else if (v.is_string()) {
+          mv.value = kNaN;
+          mv.exact = lower(v.get<std::string>());
+        } else {
+          continue;  // objects, arrays, booleans, nulls: not metrics
+        }
+        auto& series = t.metrics[canonical_metric(key)];
+        if (!series.emplace(step, mv).second)
+          throw std::runtime_error("step " + std::to_string(step) + " appears twice");
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error(t.path + ":" + std::to_string(lineno) + ": not a trace record (" + e.what() + ")");
+    }
+  }
+  if (first) throw std::runtime_error(t.path + ": empty trace (no records)");
+}
+
+void read_megatron(LoadedTrace& t, const json& j) {
+  t.format = "megatron";
+  for (const auto& [name, m] : j.items()) {
+    if (!m.is_object() || !m.contains("values")) continue;
+    auto& series = t.metrics[canonical_metric(name)];
+    const json& vals = m.at("values");
+    try {
+      if (vals.is_object()) {
+        for (const auto& [step, v] : vals.items()) series[std::stoll(step)] = {number_of(v), ""};
+      } else if (vals.is_array()) {  // older golden files: a list sampled from start_step every step_interval
+        const int64_t start = m.value("start_step", int64_t{1}), every = m.value("step_interval", int64_t{1});
+        for (size_t i = 0; i < vals.size(); ++i) series[start + static_cast<int64_t>(i) * every] = {number_of(vals[i]), ""};
+      } else {
+        throw std::runtime_error("\"values\" must be an object or a list");
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error(t.path + ": Megatron metric '" + name + "': " + e.what());
+    }
+  }
+  if (t.metrics.empty())
+    throw std::runtime_error(t.path + ": a JSON object but no metric with \"values\" (expected Megatron golden values)");
+}
+
+void read_steploss(LoadedTrace& t, const std::string& text) {
+  t.format = "steploss";
+  std::istringstream in(text);
+  std::string line;
+  int64_t lineno = 0;
+  auto& series = t.metrics["loss"];
+  while (std::getline(in, line)) {
+    ++lineno;
+    for (char& c : line)
+      if (c == ',' || c == '\t' || c == ':' || c == '\r') c = ' ';
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string s_step, s_loss;
+    if (!(ls >> s_step)) continue;
+    try {
+      size_t used = 0;
+      const int64_t step = std::stoll(s_step, &used);
+      if (used != s_step.size()) throw std::invalid_argument("step");
+      if (!(ls >> s_loss)) throw std::invalid_argument("loss");
+      if (!series.emplace(step, MetricValue{number_of(json(s_loss)), ""}).second)
+        throw std::runtime_error("step " + std::to_string(step) + " appears twice");
+    } catch (const std::invalid_argument&) {
+      if (series.empty() && lineno == 1) continue;  // a header line ("step loss")
+      throw std::runtime_error(t.path + ":" + std::to_string(lineno) + ": expected \"STEP LOSS\" (got '" + line + "')");
+    }
+  }
+  if (series.empty()) throw std::runtime_error(t.path + ": no \"step loss\" lines");
+}
+
+std::string fmt_num(double v) {
+  if (std::isnan(v)) return "nan";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string fmt_short(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+bool identical(const MetricValue& a, const MetricValue& b) {
+  if (!a.exact.empty() && !b.exact.empty()) return a.exact == b.exact;
+  if (std::isnan(a.value) && std::isnan(b.value)) return a.exact == b.exact;
+  return a.value == b.value;
+}
+
+std::string check_text(const MetricRule& r) {
+  switch (r.check) {
+    case MetricRule::Check::exact: return "exact";
+    case MetricRule::Check::report: return "report";
+    case MetricRule::Check::close: return "close rtol=" + fmt_short(r.rtol) + " atol=" + fmt_short(r.atol);
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<int64_t> LoadedTrace::steps() const {
+  std::set<int64_t> s;
+  for (const auto& [name, series] : metrics)
+    for (const auto& [step, v] : series) s.insert(step);
+  return {s.begin(), s.end()};
+}
+
+std::string LoadedTrace::describe() const {
+  const auto st = steps();
+  std::string s = path + " (" + format + ", " + std::to_string(st.size()) + " steps";
+  if (!st.empty()) s += " " + std::to_string(st.front()) + ".." + std::to_string(st.back());
+  s += ")";
+  return s;
+}
+
+LoadedTrace load_trace_any(const std::string& path_in) {
+  LoadedTrace t;
+  t.path = path_in;
+  if (std::filesystem::is_directory(path_in)) t.path = path_in + "/trace.jsonl";
+  const std::string text = read_text(t.path);
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) throw std::runtime_error(t.path + ": empty file");
+  if (text[first] == '{') {
+    json whole;
+    bool single = true;
+    try {
+      whole = json::parse(text);
+    } catch (const json::exception&) {
+      single = false;  // several JSON values: JSON Lines
+    }
+    if (single && whole.is_object() && !whole.contains("step")) {
+      read_megatron(t, whole);
+      return t;
+    }
+    read_jsonl(t, text);
+    return t;
+  }
+  read_steploss(t, text);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+MetricRule rule_from_fields(const std::string& metric, const std::map<std::string, json>& fields,
+                            const std::string& origin) {
+  MetricRule r;
+  r.name = metric;
+  r.metric = canonical_metric(metric);
+  auto bad = [&](const std::string& key, const std::string& why) -> std::invalid_argument {
+    return std::invalid_argument(origin + ": rule for '" + metric + "', key '" + key + "': " + why);
+  };
+  bool has_check = false, has_tol = false;
+  for (const auto& [key, v] : fields) {
+    if (key == "metric") {
+      if (!v.is_string() || v.get<std::string>().empty()) throw bad(key, "must be a metric name");
+      r.metric = canonical_metric(v.get<std::string>());
+    } else if (key == "check") {
+      if (!v.is_string()) throw bad(key, "must be \"exact\", \"close\" or \"report\"");
+      const std::string c = v.get<std::string>();
+      if (c == "exact") r.check = MetricRule::Check::exact;
+      else if (c == "close") r.check = MetricRule::Check::close;
+      else if (c == "report") r.check = MetricRule::Check::report;
+      else throw bad(key, "must be \"exact\", \"close\" or \"report\" (got \"" + c + "\")");
+      has_check = true;
+    } else if (key == "rtol" || key == "atol") {
+      if (!v.is_number() || v.get<double>() < 0) throw bad(key, "must be a number >= 0");
+      (key == "rtol" ? r.rtol : r.atol) = v.get<double>();
+      has_tol = true;
+    } else if (key == "max_failing_steps") {
+      if (v.is_string() && v.get<std::string>() == "megatron") r.max_failing_steps = -1;
+      else if (v.is_number_integer() && v.get<int64_t>() >= 0) r.max_failing_steps = v.get<int64_t>();
+      else throw bad(key, "must be an integer >= 0 or \"megatron\" (max(1, min(steps/100, 50)))");
+    } else if (key == "first_step" || key == "last_step" || key == "min_steps") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) throw bad(key, "must be an integer >= 0");
+      (key == "first_step" ? r.first_step : key == "last_step" ? r.last_step : r.min_steps) = v.get<int64_t>();
+    } else if (key == "required") {
+      if (!v.is_boolean()) throw bad(key, "must be true or false");
+      r.required = v.get<bool>();
+    } else {
+      throw bad(key, "unknown key (known: metric, check, rtol, atol, max_failing_steps, first_step, last_step, "
+                     "min_steps, required)");
+    }
+  }
+  if (!has_check && has_tol) r.check = MetricRule::Check::close;
+  if (r.check == MetricRule::Check::exact && has_tol) throw bad("check", "\"exact\" takes no rtol/atol; use \"close\"");
+  if (r.last_step > 0 && r.first_step > r.last_step) throw bad("last_step", "must be >= first_step");
+  return r;
+}
+
+json toml_to_json(const toml::node& n) {
+  if (auto v = n.as_string()) return v->get();
+  if (auto v = n.as_integer()) return v->get();
+  if (auto v = n.as_floating_point()) return v->get();
+  if (auto v = n.as_boolean()) return v->get();
+  return nullptr;
+}
+
+}  // namespace
+
+CompareRules parse_rules(const std::string& text, const std::string& origin) {
+  CompareRules out;
+  out.description = origin;
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      throw std::invalid_argument(origin + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_object()) throw std::invalid_argument(origin + ": must be a JSON object of metric -> rule");
+    for (const auto& [metric, rule] : j.items()) {
+      if (!rule.is_object()) throw std::invalid_argument(origin + ": rule for '" + metric + "' must be an object");
+      std::map<std::string, json> fields;
+      for (const auto& [k, v] : rule.items()) fields[k] = v;
+      out.rules.push_back(rule_from_fields(metric, fields, origin));
+    }
+  } else {
+    toml::table root;
+    try {
+      root = toml::parse(text, origin);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream msg;
+      msg << origin << ": TOML syntax error at line " << e.source().begin.line << ": " << e.description();
+      throw std::invalid_argument(msg.str());
+    }
+    // Rules in file order (toml++ tables are sorted by key).
+    std::vector<std::pair<uint32_t, std::string>> order;
+    for (const auto& [k, v] : root) {
+      if (!v.is_table())
+        throw std::invalid_argument(origin + ": top-level key '" + std::string(k.str()) +
+                                    "' must be a table: [metric] with check/rtol/atol/...");
+      order.emplace_back(v.source().begin.line, std::string(k.str()));
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [line, metric] : order) {
+      std::map<std::string, json> fields;
+      for (const auto& [k, v] : *root[metric].as_table()) {
+        const json jv = toml_to_json(v);
+        if (jv.is_null())
+          throw std::invalid_argument(origin + ": rule for '" + metric + "', key '" + std::string(k.str()) +
+                                      "': must be a string, number or boolean");
+        fields[std::string(k.str())] = jv;
+      }
+      out.rules.push_back(rule_from_fields(metric, fields, origin));
+    }
+  }
+  if (out.rules.empty()) throw std::invalid_argument(origin + ": no rules (add a table per metric, e.g. [loss])");
+  std::set<std::string> seen;
+  for (const auto& r : out.rules)
+    if (!seen.insert(r.name).second) throw std::invalid_argument(origin + ": two rules named '" + r.name + "'");
+  return out;
+}
+
+CompareRules load_rules(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(path + ": cannot open rules file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_rules(ss.str(), path);
+}
+
+CompareRules default_rules(const LoadedTrace& a, const LoadedTrace& b) {
+  CompareRules out;
+  if (a.format == "olmoref" && b.format == "olmoref") {
+    out.description = "default for two olmoref traces: exact bits on loss, grad_norm, lr, data_digest, param_digest";
+    for (const char* m : {"loss", "grad_norm", "lr", "data_digest", "param_digest"}) {
+      MetricRule r;
+      r.name = r.metric = m;
+      out.rules.push_back(r);
+    }
+  } else {
+    out.description = "default across formats: loss close, rtol 1e-5 (pass --rules FILE for others)";
+    MetricRule r;
+    r.name = r.metric = "loss";
+    r.check = MetricRule::Check::close;
+    r.rtol = 1e-5;
+    out.rules.push_back(r);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison
+// ---------------------------------------------------------------------------------------------
+
+CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules) {
+  CompareResult res;
+  {
+    const auto sa = a.steps();
+    const std::set<int64_t> in_a(sa.begin(), sa.end());
+    for (int64_t s : b.steps()) res.steps_only_in_b += in_a.count(s) ? 0 : 1;
+  }
+  for (const MetricRule& rule : rules.rules) {
+    MetricResult m;
+    m.rule = rule;
+    const auto ia = a.metrics.find(rule.metric), ib = b.metrics.find(rule.metric);
+    if (ia == a.metrics.end() || ib == b.metrics.end()) {
+      m.present = false;
+      m.pass = !rule.required;
+      m.note = std::string("missing in ") + (ia == a.metrics.end() ? "A" : "") +
+               (ia == a.metrics.end() && ib == b.metrics.end() ? " and " : "") + (ib == b.metrics.end() ? "B" : "") +
+               (rule.required ? "" : " (not required)");
+      res.pass = res.pass && m.pass;
+      res.metrics.push_back(m);
+      continue;
+    }
+    const auto& A = ia->second;
+    const auto& B = ib->second;
+    for (const auto& [step, va] : A) {
+      if (rule.first_step > 0 && step < rule.first_step) continue;
+      if (rule.last_step > 0 && step > rule.last_step) continue;
+      ++m.compared;
+      const auto jb = B.find(step);
+      bool fail = false;
+      if (jb == B.end()) {
+        ++m.missing_in_b;
+        fail = rule.check != MetricRule::Check::report;
+        if (m.first_differing_step < 0) m.first_differing_step = step;
+      } else {
+        const MetricValue& vb = jb->second;
+        const bool same = identical(va, vb);
+        if (!same && m.first_differing_step < 0) m.first_differing_step = step;
+        const bool numeric = !std::isnan(va.value) || !std::isnan(vb.value);
+        double abs_d = 0, rel_d = 0;
+        if (numeric) {
+          m.numeric = true;
+          abs_d = std::abs(vb.value - va.value);
+          if (std::isnan(abs_d)) abs_d = same ? 0 : std::numeric_limits<double>::infinity();
+          rel_d = abs_d == 0 ? 0 : (va.value != 0 ? abs_d / std::abs(va.value) : std::numeric_limits<double>::infinity());
+          if (abs_d > m.max_abs) m.max_abs = abs_d;
+          if (rel_d > m.max_rel) {
+            m.max_rel = rel_d;
+            m.max_rel_step = step;
+          }
+        }
+        switch (rule.check) {
+          case MetricRule::Check::exact: fail = !same; break;
+          case MetricRule::Check::close:
+            fail = numeric ? !(same || abs_d <= rule.atol + rule.rtol * std::abs(va.value)) : !same;
+            break;
+          case MetricRule::Check::report: fail = false; break;
+        }
+      }
+      if (fail) {
+        ++m.failing;
+        if (m.first_failing_step < 0) m.first_failing_step = step;
+      }
+    }
+    m.allowed = rule.max_failing_steps >= 0 ? rule.max_failing_steps
+                                            : std::max<int64_t>(1, std::min<int64_t>(m.compared / 100, 50));
+    if (rule.check == MetricRule::Check::report) {
+      m.pass = true;
+    } else {
+      m.pass = m.failing <= m.allowed && m.compared >= rule.min_steps;
+      if (m.compared < rule.min_steps)
+        m.note = "only " + std::to_string(m.compared) + " steps compared, rule needs " + std::to_string(rule.min_steps);
+    }
+    if (m.first_differing_step >= 0 &&
+        (res.first_differing_step < 0 || m.first_differing_step < res.first_differing_step))
+      res.first_differing_step = m.first_differing_step;
+    res.pass = res.pass && m.pass;
+    res.metrics.push_back(m);
+  }
+  return res;
+}
+
+std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules,
+                                  const CompareResult& r) {
+  std::ostringstream o;
+  o << "A: " << a.describe() << "\n";
+  o << "B: " << b.describe() << "\n";
+  o << "rules: " << rules.description << "\n\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-16s %-28s %6s %9s %10s %10s %8s %10s  %s\n", "rule", "check", "steps",
+                "failing", "max |d|", "max rel", "at step", "first diff", "result");
+  o << line;
+  for (const auto& m : r.metrics) {
+    const std::string failing = std::to_string(m.failing) + "/" + std::to_string(m.allowed);
+    const std::string fd = m.first_differing_step < 0 ? "-" : std::to_string(m.first_differing_step);
+    const std::string at = m.max_rel_step < 0 || m.max_rel == 0 ? "-" : std::to_string(m.max_rel_step);
+    std::string result = m.pass ? "ok" : "FAIL";
+    if (m.rule.check == MetricRule::Check::report) result = "(report)";
+    if (!m.note.empty()) result += " (" + m.note + ")";
+    const std::string label = m.rule.name;
+    std::snprintf(line, sizeof line, "%-16s %-28s %6lld %9s %10s %10s %8s %10s  %s\n", label.c_str(),
+                  check_text(m.rule).c_str(), static_cast<long long>(m.compared), failing.c_str(),
+                  m.numeric ? fmt_short(m.max_abs).c_str() : "-", m.numeric ? fmt_short(m.max_rel).c_str() : "-",
+                  at.c_str(), fd.c_str(), result.c_str());
+    o << line;
+  }
+  o << "\n";
+  if (r.first_differing_step < 0) {
+    o << "first differing step: none (every compared value is identical)\n";
+  } else {
+    const int64_t s = r.first_differing_step;
+    o << "first differing step: " << s << "\n";
+    std::set<std::string> shown;
+    for (const auto& m : r.metrics) {
+      if (!m.present || !shown.insert(m.rule.metric).second) continue;
+      auto show = [&](const LoadedTrace& t) -> std::string {
+        const auto& series = t.metrics.at(m.rule.metric);
+        const auto it = series.find(s);
+        if (it == series.end()) return "(missing)";
+        const MetricValue& v = it->second;
+        if (std::isnan(v.value) && !v.exact.empty()) return v.exact;
+        return fmt_num(v.value) + (v.exact.empty() ? "" : " [" + v.exact + "]");
+      };
+      const std::string va = show(a), vb = show(b);
+      const auto& sa = a.metrics.at(m.rule.metric);
+      const auto& sb = b.metrics.at(m.rule.metric);
+      const auto pa = sa.find(s), pb = sb.find(s);
+      const bool same = pa != sa.end() && pb != sb.end() && identical(pa->second, pb->second);
+      std::snprintf(line, sizeof line, "  %-16s A %-36s B %s%s\n", m.rule.metric.c_str(), va.c_str(), vb.c_str(),
+                    same ? "" : "   <- differs");
+      o << line;
+    }
+  }
+  if (r.steps_only_in_b > 0) o << "(" << r.steps_only_in_b << " step(s) of B are not in A and were not compared)\n";
+  if (r.pass) {
+    o << "PASS: every rule holds";
+  } else {
+    o << "FAIL:";
+    bool firstm = true;
+    for (const auto& m : r.metrics) {
+      if (m.pass) continue;
+      o << (firstm ? " " : "; ") << m.rule.name << " ";
+      if (!m.present) o << m.note;
+      else if (m.failing > m.allowed)
+        o << m.failing << " of " << m.compared << " steps break '" << check_text(m.rule) << "' (allowed "
+          << m.allowed << "), first at step " << m.first_failing_step;
+      else o << m.note;
+      firstm = false;
+    }
+  }
+  o << "\n";
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writers
+// ---------------------------------------------------------------------------------------------
+
+std::string to_megatron_json(const LoadedTrace& t, int64_t step_interval) {
+  if (step_interval < 1) throw std::invalid_argument("step interval must be >= 1");
+  json out = json::object();
+  for (const auto& [name, series] : t.metrics) {
+    if (series.empty() || std::isnan(series.begin()->second.value)) continue;  // digests are not numbers
+    const std::string key = name == "loss" ? "lm loss" : name == "grad_norm" ? "grad-norm" : name;
+    const int64_t start = series.begin()->first, end = series.rbegin()->first;
+    json values = json::object();
+    for (const auto& [step, v] : series)
+      if ((step - start) % step_interval == 0) values[std::to_string(step)] = v.value;
+    out[key] = {{"start_step", start}, {"end_step", end}, {"step_interval", step_interval}, {"values", values}};
+  }
+  return out.dump(2) + "\n";
+}
+
+std::string to_steploss_text(const LoadedTrace& t) {
+  const auto it = t.metrics.find("loss");
+  if (it == t.metrics.end()) throw std::runtime_error(t.path + ": no loss metric to write");
+  std::string s;
+  char buf[64];
+  for (const auto& [step, v] : it->second) {
+    std::snprintf(buf, sizeof buf, "%lld %.17g\n", static_cast<long long>(step), v.value);  // exact round trip
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace olmoref

@@ -1,0 +1,101 @@
+// golden/compare.h — read traces of any framework and compare them under per-metric rules
+// (docs/formats/compare.md), in the spirit of Megatron's golden values.
+//
+// Readers (format detected from the content):
+//   olmoref   trace.jsonl (olmoref-trace/1): every field; exact values from the *_hex fields and the digests
+//   jsonl     any JSON Lines with a "step" per record (e.g. golden/replay/replay.py's output): its numeric fields
+//   megatron  Megatron-LM golden values: {"lm loss": {"start_step", "end_step", "step_interval", "values": {"1": ...}}}
+//   steploss  plain text, one "step loss" per line (TorchTitan's tests/assets/losses/*.txt); '#' comments
+// Metric names are normalised: Megatron's "lm loss" and TorchTitan's loss column are `loss`, "grad-norm" is
+// `grad_norm`, "learning-rate" is `lr`; others keep their names.
+//
+// Rules: per metric, `exact` (bit patterns where both sides carry them, else equal numbers or strings),
+// `close` (|b − a| <= atol + rtol·|a|, A being the reference) or `report` (never fails). Each rule allows a
+// number of failing steps (Megatron: exact allows none, approximate max(1, min(n/100, 50)): "megatron").
+// A step of A missing from B fails (Megatron counts it as inf); steps only in B are ignored and counted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace olmoref {
+
+struct MetricValue {
+  double value = 0;   // the number (NaN for string metrics such as digests)
+  std::string exact;  // an exact representation when the source has one (IEEE hex bits, a digest), else ""
+};
+
+struct LoadedTrace {
+  std::string path;
+  std::string format;  // "olmoref", "jsonl", "megatron", "steploss"
+  std::map<std::string, std::map<int64_t, MetricValue>> metrics;  // metric -> step -> value
+  std::vector<int64_t> steps() const;  // every step that has any metric, ascending
+  std::string describe() const;        // "path (format, N steps a..b, metrics ...)"
+};
+
+// Reads a trace file (or a run directory: DIR/trace.jsonl). Throws std::runtime_error naming the file and line.
+LoadedTrace load_trace_any(const std::string& path);
+
+struct MetricRule {
+  enum class Check { exact, close, report };
+  std::string name;    // the rule's name (its table in the rules file); several rules may check one metric
+  std::string metric;  // the metric it checks (default: the name)
+  Check check = Check::exact;
+  double rtol = 0, atol = 0;
+  int64_t max_failing_steps = 0;     // -1: Megatron's max(1, min(n/100, 50))
+  int64_t first_step = 0;            // 0: from A's first step
+  int64_t last_step = 0;             // 0: to A's last step
+  int64_t min_steps = 1;             // fewer compared steps than this fails the rule
+  bool required = true;              // the metric must be present in both traces
+};
+
+struct CompareRules {
+  std::vector<MetricRule> rules;
+  std::string description;  // where the rules came from, for the report
+};
+
+// Parses a rules file: TOML (one table per metric, see docs/formats/compare.md) or JSON (same keys). Throws
+// std::invalid_argument naming the file and the bad key.
+CompareRules parse_rules(const std::string& text, const std::string& origin);
+CompareRules load_rules(const std::string& path);
+// No rules file: exact bits on loss, grad_norm, lr, data_digest and param_digest when both traces are olmoref
+// traces; otherwise `loss` close with rtol 1e-5 (the metrics other frameworks' traces carry are decimals).
+CompareRules default_rules(const LoadedTrace& a, const LoadedTrace& b);
+
+struct MetricResult {
+  MetricRule rule;
+  bool present = true;         // in both traces
+  int64_t compared = 0;        // steps of A in range that were checked
+  int64_t missing_in_b = 0;    // of those, absent from B (counted as failing)
+  int64_t failing = 0;         // steps that break the rule (missing included)
+  int64_t allowed = 0;         // failing steps the rule allows
+  int64_t first_failing_step = -1;
+  int64_t first_differing_step = -1;  // first step whose values are not identical (even when allowed)
+  bool numeric = false;               // the metric has numbers (digests do not)
+  double max_abs = 0, max_rel = 0;    // over compared numeric steps
+  int64_t max_rel_step = -1;
+  bool pass = true;
+  std::string note;
+};
+
+struct CompareResult {
+  std::vector<MetricResult> metrics;
+  int64_t first_differing_step = -1;   // over every ruled metric
+  int64_t steps_only_in_b = 0;
+  bool pass = true;
+};
+
+CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules);
+// The human-readable report: inputs, rules, a table per metric, the first differing step with the values of
+// every metric there, and a last line "PASS: ..." or "FAIL: ...".
+std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules,
+                                  const CompareResult& result);
+
+// Writers, so an olmoref trace can be handed to tools that read the other formats.
+std::string to_megatron_json(const LoadedTrace& t, int64_t step_interval = 1);  // every metric with numbers
+std::string to_steploss_text(const LoadedTrace& t);                             // "step loss" lines, %.9g
+
+}  // namespace olmoref

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# golden/replay/run_replay.sh — the proof that olmoref's golden traces are usable outside olmoref:
+#
+#   1. train configs/small.toml for 50 steps in fp32 on the demo corpus        (olmoref train)
+#   2. write a golden bundle from the run                                       (olmoref golden export)
+#   3. replay the bundle in PyTorch + transformers                              (golden/replay/replay.py)
+#   4. compare the per-step losses, rtol 1e-5 over >= 50 steps                  (olmoref trace compare)
+#   5. plot both                                                                (olmoref trace plot)
+#
+# Usage: golden/replay/run_replay.sh [WORKDIR]   (default: a temporary directory, removed on success)
+# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_VENV (the parity venv), OLMOREF_THREADS (default 2),
+#   OLMOREF_REPLAY_STEPS (default 50), OLMOREF_REPLAY_SET (extra `--set k=v` overrides for the run, space-separated;
+#   tests only), OLMOREF_KEEP=1 (keep the work directory).
+# Exit: 0 the replay agrees; 1 a rule failed; 2 an error; 77 with "SKIPPED: replay: ..." when the Python packages
+# or the demo corpus cannot be had here (never reported as a pass).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root" || exit 2
+source "$root/golden/parity/venv.sh"
+
+bin="${OLMOREF_BIN:-build/olmoref}"
+steps="${OLMOREF_REPLAY_STEPS:-50}"
+threads="${OLMOREF_THREADS:-2}"
+skip() { echo "SKIPPED: replay: $1"; exit 77; }
+
+[ -x "$bin" ] || { echo "run_replay: $bin not found; build first (ninja -C build) or set OLMOREF_BIN" >&2; exit 2; }
+py="$(olmoref_venv_python)"
+if [ -z "$py" ]; then
+  echo "run_replay: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy)"
+  if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
+    command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
+    python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
+  fi
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy ||
+    skip "pip could not install torch/transformers/safetensors/numpy into $OLMOREF_VENV (no network?)"
+  py="$(olmoref_venv_python)"
+  [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
+fi
+
+if [ $# -ge 1 ]; then work="$1"; mkdir -p "$work"; else work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-replay.XXXXXX")"; fi
+run="$work/run" bundle="$work/bundle"
+rm -rf "$run" "$bundle"
+
+# The demo corpus (fortunes + the King James Bible from Debian packages, ~0.3 s).
+if [ -f runs/demo-data/train.mix ] && [ -f runs/demo-data/holdout.mix ]; then
+  corpus="$root/runs/demo-data"
+else
+  corpus="$work/demo-data"
+  bash data/demo/make_demo_corpus.sh "$corpus" "$bin" > "$work/demo-data.log" 2>&1 ||
+    skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo-data.log"))"
+fi
+
+set_args=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\""
+          --set train.precision=\"fp32\" --set checkpoint.keep_last=1)
+# The in-loop memorization backstop ([eval]) never touches the trace; off, so no sealed fresh split is needed.
+if grep -q '^\[eval\]' configs/small.toml; then set_args+=(--set eval.interval=0); fi
+for kv in ${OLMOREF_REPLAY_SET:-}; do set_args+=(--set "$kv"); done
+
+echo "run_replay: 1/5 $bin train --config configs/small.toml --steps $steps --out $run"
+"$bin" train --config configs/small.toml --steps "$steps" "${set_args[@]}" --threads "$threads" --out "$run" --quiet ||
+  { echo "run_replay: training failed" >&2; exit 2; }
+echo "run_replay: 2/5 $bin golden export --run $run --out $bundle"
+"$bin" golden export --run "$run" --out "$bundle" || { echo "run_replay: export failed" >&2; exit 2; }
+echo "run_replay: 3/5 replay.py --bundle $bundle --out $work/replay.jsonl"
+OMP_NUM_THREADS="$threads" "$py" "$here/replay.py" --bundle "$bundle" --out "$work/replay.jsonl" \
+  --steploss "$work/replay.txt" --threads "$threads" || { echo "run_replay: replay failed" >&2; exit 2; }
+echo "run_replay: 4/5 $bin trace compare $bundle/trace.jsonl $work/replay.jsonl --rules $here/rules-fp32.toml"
+"$bin" trace compare "$bundle/trace.jsonl" "$work/replay.jsonl" --rules "$here/rules-fp32.toml" --report "$work/compare.txt"
+rc=$?
+echo "run_replay: 5/5 $bin trace plot -> $work/replay.svg"
+"$bin" trace plot "$bundle/trace.jsonl" "$work/replay.txt" --title "olmoref golden trace vs PyTorch replay" \
+  --out "$work/replay.svg" > /dev/null
+if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP:-0}" != 1 ] && [ $# -eq 0 ]; then
+  rm -rf "$work"
+else
+  echo "run_replay: kept $work (bundle, replay.jsonl, replay.txt, compare.txt, replay.svg)"
+fi
+exit $rc

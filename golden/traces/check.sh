@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# golden/traces/check.sh — meson test `golden-traces`: reruns every golden run (runs.sh) and requires its trace
+# to equal the committed golden/traces/NAME.jsonl bit for bit (`olmoref trace compare` with the default exact
+# rules: loss, grad_norm, lr, data_digest and param_digest bits; then every byte of every record). The CPU
+# reference does not depend on the instruction set or thread count (T2, T4), so this holds on any machine; the tiny
+# runs use 1 thread here and 2 in regenerate.sh.
+#
+# Exit 0: every trace identical. 1: a trace differs (the report names the first differing step). 77 ("SKIPPED"):
+# the demo corpus cannot be built here, or its text differs from the one the traces were made from (other
+# Debian package versions) — the small traces are then not checked; the tiny ones still are, and a difference
+# there still fails.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root" || exit 2
+source "$here/runs.sh"
+bin="${OLMOREF_BIN:-${OLMOREF_BUILD_ROOT:-build}/olmoref}"
+[ -x "$bin" ] || { echo "check: $bin not found; build first" >&2; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-golden-check.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+golden_prepare_data "$work" "$bin" || { echo "check: could not write the tiny corpus" >&2; exit 2; }
+skip_demo=""
+if [ "$GOLDEN_DEMO_OK" != 1 ]; then
+  skip_demo="$GOLDEN_DEMO_WHY"
+else
+  # The small traces are only meaningful on the same corpus text (same Debian package contents).
+  same="$(python3 - "$here/MANIFEST.json" "$work/demo-data/SOURCES" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["demo_corpus"]["sha256"]
+have = {l.split()[1]: l.split()[0] for l in open(sys.argv[2]) if "  " in l and not l.startswith("#")}
+print("yes" if have == want else "no")
+PY
+)"
+  if [ "$same" != yes ]; then
+    skip_demo="the demo corpus text here differs from the one the golden traces were made from (other fortunes/bible-kjv package versions); got: $(grep -v '^#' "$work/demo-data/SOURCES" | tr '\n' ';')"
+  fi
+fi
+
+failed=0 skipped=0 passed=0
+for run in "${GOLDEN_RUNS[@]}"; do
+  read -r name config steps precision data <<< "$run"
+  golden="$here/$name.jsonl"
+  if [ "$data" = demo ] && [ -n "$skip_demo" ]; then
+    echo "SKIPPED: $name: $skip_demo"
+    skipped=$((skipped + 1))
+    continue
+  fi
+  if [ ! -f "$golden" ]; then
+    echo "FAILED: $name: $golden is missing; run bash golden/traces/regenerate.sh"
+    failed=$((failed + 1))
+    continue
+  fi
+  threads=2
+  [ "$data" = tiny ] && threads=1  # regenerate.sh used 2: the tiny reruns also prove thread independence (T2)
+  if ! golden_train "$name" "$config" "$steps" "$precision" "$data" "$work" "$work/$name" "$bin" "$threads"; then
+    echo "FAILED: $name: olmoref train failed"
+    failed=$((failed + 1))
+    continue
+  fi
+  echo "== $name: $bin trace compare $golden <rerun>"
+  if "$bin" trace compare "$golden" "$work/$name/trace.jsonl" && cmp -s "$golden" "$work/$name/trace.jsonl"; then
+    passed=$((passed + 1))
+  else
+    cmp "$golden" "$work/$name/trace.jsonl" || true
+    echo "FAILED: $name differs from its golden trace. If the numerics changed on purpose, run"
+    echo "  bash golden/traces/regenerate.sh"
+    echo "and commit the new traces with a message that says why the numbers changed; otherwise this is a bug."
+    failed=$((failed + 1))
+  fi
+done
+echo "golden traces: $passed identical, $failed different, $skipped skipped"
+[ $failed -eq 0 ] || exit 1
+[ $skipped -eq 0 ] || exit 77
+exit 0

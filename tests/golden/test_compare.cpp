@@ -1,0 +1,191 @@
+// trace compare (golden/compare.h): the readers of every format, the rules and their failure accounting, the
+// report's first differing step, and the writers' round trips.
+#include <doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "golden/compare.h"
+#include "golden/trace.h"
+
+using namespace olmoref;
+
+namespace {
+
+std::string tmp_path(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("olmoref-compare-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string p = tmp_path(name);
+  std::ofstream(p) << text;
+  return p;
+}
+
+// An olmoref trace of n steps with loss 8 - 0.1*s (fp32), whose step `bump` (if any) has its loss nudged by one ulp.
+std::string olmoref_trace(const std::string& name, int n, int bump = -1) {
+  std::string text;
+  for (int s = 1; s <= n; ++s) {
+    TraceRecord r;
+    r.step = s;
+    r.epoch = 1;
+    r.loss = 8.0f - 0.1f * static_cast<float>(s);
+    if (s == bump) r.loss = std::nextafter(r.loss, 100.0f);
+    r.ce = r.loss;
+    r.grad_norm = 1.5f;
+    r.lr = 1e-3 * s;
+    r.tokens = 100 * s;
+    r.data_digest = "00000000000000" + std::to_string(10 + s);
+    r.param_digest = "0123456789abcdef0123456789abcd" + std::to_string(10 + s);
+    text += r.to_json() + "\n";
+  }
+  return write(name, text);
+}
+
+const MetricResult& result_for(const CompareResult& r, const std::string& name) {
+  for (const auto& m : r.metrics)
+    if (m.rule.name == name) return m;
+  throw std::runtime_error("no result for " + name);
+}
+
+}  // namespace
+
+TEST_CASE("readers: olmoref, generic JSON Lines, Megatron golden values, step-loss text") {
+  const LoadedTrace a = load_trace_any(olmoref_trace("a.jsonl", 5));
+  CHECK(a.format == "olmoref");
+  CHECK(a.steps().size() == 5);
+  const MetricValue& l3 = a.metrics.at("loss").at(3);
+  CHECK(l3.exact.size() == 8);
+  CHECK(l3.value == static_cast<double>(8.0f - 0.1f * 3.0f));  // the exact fp32 value from the hex, not the %.9g decimal
+  CHECK(a.metrics.at("param_digest").at(2).exact == "0123456789abcdef0123456789abcd12");
+  CHECK(a.metrics.at("lr").at(2).exact.size() == 16);
+
+  const LoadedTrace j = load_trace_any(write("j.jsonl", "{\"step\": 1, \"loss\": 7.5, \"note\": \"x\"}\n\n{\"step\": 2, \"loss\": 7.25}\n"));
+  CHECK(j.format == "jsonl");
+  CHECK(j.metrics.at("loss").at(2).value == 7.25);
+
+  const LoadedTrace m = load_trace_any(write(
+      "golden_values_dev_dgx_h100.json",
+      R"({"lm loss": {"start_step": 1, "end_step": 10, "step_interval": 5, "values": {"1": 10.84092, "5": 10.8406, "10": 10.80966}},
+          "num-zeros": {"start_step": 1, "end_step": 10, "step_interval": 5, "values": {"1": 1629.0, "5": "nan", "10": 1700.0}}})"));
+  CHECK(m.format == "megatron");
+  CHECK(m.metrics.at("loss").at(10).value == 10.80966);  // "lm loss" is `loss`
+  CHECK(std::isnan(m.metrics.at("num-zeros").at(5).value));
+  const LoadedTrace ml = load_trace_any(write(
+      "old_megatron.json", R"({"lm loss": {"start_step": 0, "end_step": 10, "step_interval": 5, "values": [10.9, 10.8, 10.7]}})"));
+  CHECK(ml.metrics.at("loss").at(10).value == 10.7);
+
+  const LoadedTrace t = load_trace_any(write("llama3_cuda.txt", "# TorchTitan\n1 8.048324584960938\n2 7.751155376434326\n\n3 7.0\n"));
+  CHECK(t.format == "steploss");
+  CHECK(t.metrics.at("loss").at(2).value == 7.751155376434326);
+  const LoadedTrace th = load_trace_any(write("header.txt", "step loss\n1 8.5\n"));
+  CHECK(th.metrics.at("loss").size() == 1);
+
+  CHECK_THROWS_WITH_AS(load_trace_any(write("bad.txt", "1 8.0\nx y\n")), doctest::Contains("bad.txt:2"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(load_trace_any(write("dup.jsonl", "{\"step\":1,\"loss\":1}\n{\"step\":1,\"loss\":2}\n")),
+                       doctest::Contains("appears twice"), std::runtime_error);
+  CHECK_THROWS_AS(load_trace_any(tmp_path("missing.jsonl")), std::runtime_error);
+}
+
+TEST_CASE("default rules: two olmoref traces must agree bit for bit; the first differing step is reported") {
+  const LoadedTrace a = load_trace_any(olmoref_trace("d1.jsonl", 6));
+  const LoadedTrace same = load_trace_any(olmoref_trace("d2.jsonl", 6));
+  const LoadedTrace bumped = load_trace_any(olmoref_trace("d3.jsonl", 6, 4));
+  const CompareRules rules = default_rules(a, same);
+  REQUIRE(rules.rules.size() == 5);
+  const CompareResult ok = compare_traces(a, same, rules);
+  CHECK(ok.pass);
+  CHECK(ok.first_differing_step == -1);
+  const CompareResult bad = compare_traces(a, bumped, rules);
+  CHECK_FALSE(bad.pass);
+  CHECK(bad.first_differing_step == 4);
+  CHECK(result_for(bad, "loss").failing == 1);
+  CHECK(result_for(bad, "loss").first_failing_step == 4);
+  CHECK(result_for(bad, "grad_norm").pass);
+  const std::string report = format_compare_report(a, bumped, rules, bad);
+  CHECK(report.find("first differing step: 4") != std::string::npos);
+  CHECK(report.find("FAIL: loss 1 of 6 steps") != std::string::npos);
+  // Across formats the default is loss within rtol 1e-5.
+  const LoadedTrace txt = load_trace_any(write("d.txt", to_steploss_text(a)));
+  const CompareRules cross = default_rules(a, txt);
+  REQUIRE(cross.rules.size() == 1);
+  CHECK(cross.rules[0].check == MetricRule::Check::close);
+  CHECK(compare_traces(a, txt, cross).pass);
+  CHECK(compare_traces(a, txt, cross).first_differing_step == -1);  // %.17g round-trips the fp32 values
+}
+
+TEST_CASE("close rules: tolerance, allowed failing steps, Megatron's allowance, missing steps, ranges") {
+  std::string ref, cand;
+  for (int s = 1; s <= 200; ++s) {
+    ref += std::to_string(s) + " 10.0\n";
+    // 1e-6 relative everywhere, 1e-3 at steps 50 and 150, step 120 missing
+    if (s == 120) continue;
+    cand += std::to_string(s) + (s == 50 || s == 150 ? " 10.01\n" : " 10.00001\n");
+  }
+  const LoadedTrace a = load_trace_any(write("ref.txt", ref)), b = load_trace_any(write("cand.txt", cand));
+  auto rules = [](const std::string& toml) { return parse_rules(toml, "test rules"); };
+
+  CompareResult r = compare_traces(a, b, rules("[loss]\ncheck = \"close\"\nrtol = 1e-5\n"));
+  CHECK_FALSE(r.pass);
+  CHECK(result_for(r, "loss").failing == 3);  // two out of tolerance + one missing
+  CHECK(result_for(r, "loss").missing_in_b == 1);
+  CHECK(result_for(r, "loss").first_failing_step == 50);
+  CHECK(result_for(r, "loss").max_rel_step == 50);
+
+  r = compare_traces(a, b, rules("[loss]\nrtol = 1e-5\nmax_failing_steps = 3\n"));  // rtol alone means close
+  CHECK(r.pass);
+  r = compare_traces(a, b, rules("[loss]\nrtol = 1e-5\nmax_failing_steps = \"megatron\"\n"));  // max(1, min(200/100, 50)) = 2
+  CHECK(result_for(r, "loss").allowed == 2);
+  CHECK_FALSE(r.pass);
+  r = compare_traces(a, b, rules("[loss]\nrtol = 1e-5\nlast_step = 49\nmin_steps = 49\n"));
+  CHECK(r.pass);
+  CHECK(result_for(r, "loss").compared == 49);
+  r = compare_traces(a, b, rules("[loss]\nrtol = 1e-5\nlast_step = 49\nmin_steps = 50\n"));
+  CHECK_FALSE(r.pass);  // too few steps compared
+  r = compare_traces(a, b, rules("[loss]\ncheck = \"report\"\n[grad_norm]\nrequired = false\n"));
+  CHECK(r.pass);
+  r = compare_traces(a, b, rules("[grad_norm]\ncheck = \"exact\"\n"));
+  CHECK_FALSE(r.pass);  // a required metric missing on both sides
+  // Two rules on one metric, as Megatron's per-metric list of checks.
+  r = compare_traces(a, b, rules("[loss_early]\nmetric = \"loss\"\nrtol = 1e-5\nlast_step = 10\n"
+                                 "[loss]\nrtol = 2e-3\nfirst_step = 11\nmax_failing_steps = 1\n"));
+  CHECK(r.pass);
+  CHECK(result_for(r, "loss_early").compared == 10);
+
+  // The same rules as JSON.
+  r = compare_traces(a, b, parse_rules(R"({"loss": {"check": "close", "rtol": 2e-3, "max_failing_steps": 1}})", "json"));
+  CHECK(r.pass);
+}
+
+TEST_CASE("rules files: errors name the file, the rule and the key") {
+  CHECK_THROWS_WITH_AS(parse_rules("[loss]\nrtoll = 1e-5\n", "r.toml"), doctest::Contains("'rtoll'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("[loss]\ncheck = \"exact\"\nrtol = 1e-5\n", "r.toml"), doctest::Contains("close"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("[loss]\ncheck = \"approx\"\n", "r.toml"), doctest::Contains("r.toml"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("loss = 1\n", "r.toml"), doctest::Contains("must be a table"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("[loss]\nmax_failing_steps = -1\n", "r.toml"),
+                       doctest::Contains("max_failing_steps"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("", "r.toml"), doctest::Contains("no rules"), std::invalid_argument);
+  const CompareRules r = parse_rules("[zeta]\n[alpha]\ncheck = \"report\"\n", "order.toml");
+  REQUIRE(r.rules.size() == 2);
+  CHECK(r.rules[0].name == "zeta");  // file order, not key order
+}
+
+TEST_CASE("writers: Megatron JSON and step-loss text read back to the same values") {
+  const LoadedTrace a = load_trace_any(olmoref_trace("w.jsonl", 12));
+  const LoadedTrace meg = load_trace_any(write("w.json", to_megatron_json(a, 5)));
+  CHECK(meg.format == "megatron");
+  CHECK(meg.metrics.at("loss").size() == 3);  // steps 1, 6, 11
+  CHECK(meg.metrics.at("loss").at(6).value == a.metrics.at("loss").at(6).value);
+  CHECK(meg.metrics.at("grad_norm").at(11).value == 1.5);
+  CHECK(meg.metrics.count("param_digest") == 0);  // not a number
+  const LoadedTrace txt = load_trace_any(write("w.txt", to_steploss_text(a)));
+  for (const auto& [step, v] : a.metrics.at("loss")) CHECK(txt.metrics.at("loss").at(step).value == v.value);
+}
