@@ -1,6 +1,7 @@
 #include "golden/trace.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -89,6 +90,31 @@ std::vector<TraceRecord> read_trace(const std::string& path) {
     }
   }
   return out;
+}
+
+void truncate_step_records(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    int64_t step = 0;
+    try {
+      step = nlohmann::json::parse(line).at("step").get<int64_t>();
+    } catch (const std::exception&) {
+      break;  // a record torn by a kill: it and everything after it go
+    }
+    if (step > last_step) break;
+    kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    if (!out) throw std::runtime_error(tmp + ": cannot rewrite " + path);
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 void TraceWriter::open(const std::string& path, bool append) {

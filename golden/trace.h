@@ -33,6 +33,11 @@ struct TraceRecord {
 
 std::vector<TraceRecord> read_trace(const std::string& path);  // throws naming the file and line
 
+// For any JSON Lines log whose records carry a "step" (trace, audit, eval): keeps the records of steps
+// <= last_step and drops the rest, rewriting the file atomically. A killed run may have written
+// records past its newest checkpoint (or a torn last line); the resumed run writes them again.
+void truncate_step_records(const std::string& path, int64_t last_step);
+
 class TraceWriter {
  public:
   TraceWriter() = default;

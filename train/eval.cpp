@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/holdout.h"
 #include "data/mix.h"
+#include "golden/trace.h"
 #include "ref/bf16.h"
 #include "ref/mathfn.h"
 #include "ref/parallel.h"
@@ -36,31 +37,6 @@ data::Mix fresh_mix(const EvalConfig& e) {
   return data::Mix::from_paths(e.fresh_files);
 }
 
-// Keeps the records of steps <= last_step (a resumed run writes the later ones again).
-void truncate_records(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    int64_t step = 0;
-    try {
-      step = nlohmann::json::parse(line).at("step").get<int64_t>();
-    } catch (const std::exception&) {
-      break;  // a record torn by a kill: it and everything after it go
-    }
-    if (step > last_step) break;
-    kept += line + "\n";
-  }
-  in.close();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    if (!out) throw std::runtime_error(tmp + ": cannot rewrite the eval log");
-  }
-  std::filesystem::rename(tmp, path);
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -280,7 +256,7 @@ EvalResult Evaluator::run(const float* params, ThreadPool& pool, int64_t step) {
 EvalBackstop::EvalBackstop(const TrainConfig& cfg, const std::string& out_dir, int64_t resume_step, bool quiet)
     : eval_(cfg), path_(out_dir + "/eval.jsonl"), quiet_(quiet) {
   if (resume_step >= 0) {
-    truncate_records(path_, resume_step);
+    truncate_step_records(path_, resume_step);
   } else {
     std::ofstream out(path_, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(path_ + ": cannot create the eval log");

@@ -310,36 +310,6 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   if (source_ && !opts.skip_loader) source_->restore(meta.loader_state, opts.ignore_fingerprint_mismatch);
 }
 
-namespace {
-
-// Keeps the records (trace or audit lines, each with a "step") of steps <= last_step: a killed run
-// may have written records past its newest checkpoint, and the resumed run writes them again.
-void truncate_jsonl(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    int64_t step = 0;
-    try {
-      step = nlohmann::json::parse(line).at("step").get<int64_t>();
-    } catch (const std::exception&) {
-      break;  // a record torn by a kill: everything after it is discarded too
-    }
-    if (step > last_step) break;
-    kept += line + "\n";
-  }
-  in.close();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    if (!out) throw std::runtime_error(tmp + ": cannot rewrite the trace");
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-}  // namespace
 
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
@@ -366,8 +336,8 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   if (!resume_dir.empty()) {
     // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
     const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
-    if (lead) truncate_jsonl(out_dir + "/trace.jsonl", ckpt_step);
-    if (!audit_path.empty()) truncate_jsonl(audit_path, ckpt_step);
+    if (lead) truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);
+    if (!audit_path.empty()) truncate_step_records(audit_path, ckpt_step);
   }
   Parallelism par = opts.parallel;
   par.comm = &comm;
