@@ -3,8 +3,10 @@
 // Gradient checks take central finite differences of it in double precision.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ref/model_config.h"
@@ -13,6 +15,39 @@
 namespace olmoref::testing {
 
 using Vec = std::vector<double>;
+
+inline Vec to64(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// d/dx of f at x (fp64), central differences.
+inline Vec finite_diff(const std::function<double(const Vec&)>& f, Vec x, double h = 1e-5) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double fp = f(x);
+    x[i] = x0 - h;
+    const double fm = f(x);
+    x[i] = x0;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+// ||ours − ref|| / ||ref||, the figure the gradient checks bound.
+inline double rel_err(const float* ours, const Vec& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (ours[i] - ref[i]) * (ours[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+inline double dot64(const Vec& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
 
 // y[r, :] = w ⊙ x[r, :] / sqrt(mean(x²) + eps)
 inline Vec rmsnorm64(const Vec& x, const double* w, int64_t R, int64_t n, double eps) {

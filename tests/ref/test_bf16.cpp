@@ -32,6 +32,10 @@
 
 using namespace olmoref;
 using olmoref::testing::Vec;
+using olmoref::testing::dot64;
+using olmoref::testing::finite_diff;
+using olmoref::testing::rel_err;
+using olmoref::testing::to64;
 
 namespace {
 
@@ -69,37 +73,6 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float mean
   std::vector<float> v(n);
   for (auto& x : v) x = round_bf16(dist(rng));  // bf16 inputs, as every bf16 op receives
   return v;
-}
-
-Vec to64(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
-
-Vec finite_diff(const std::function<double(const Vec&)>& f, Vec x, double h = 1e-5) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double fp = f(x);
-    x[i] = x0 - h;
-    const double fm = f(x);
-    x[i] = x0;
-    g[i] = (fp - fm) / (2 * h);
-  }
-  return g;
-}
-
-double rel_err(const float* ours, const Vec& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (ours[i] - ref[i]) * (ours[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
-double dot64(const Vec& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
 }
 
 bool all_bf16(const float* x, size_t n) {
