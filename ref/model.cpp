@@ -18,8 +18,34 @@ void add_inplace(float* y, const float* x, int64_t n, ThreadPool* pool) {
 }
 }  // namespace
 
+std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
+  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
+  if (unit == 0) return {layout_.embeddings, layout_.embeddings + V * d};
+  if (unit == n_units() - 1) return {layout_.final_norm, layout_.lm_head + V * d};
+  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
+  return {o.w_q, o.ffn_norm + d};
+}
+
+void Olmo3::use_unit(const float* master, int unit, ThreadPool* pool) {
+  if (!gate_) return;
+  gate_->acquire(unit);
+  // bf16 with a gate: the working copy is made unit by unit as units arrive (same bits: it is elementwise).
+  if (precision_ == Precision::bf16) {
+    const auto [a, b] = unit_range(unit);
+    copy_round_bf16(master + a, params_bf16_.data() + a, b - a, pool);
+  }
+}
+
+void Olmo3::drop_unit(int unit) {
+  if (gate_) gate_->release(unit);
+}
+
 const float* Olmo3::working_params(const float* params, ThreadPool* pool) {
   if (precision_ == Precision::fp32) return params;
+  if (gate_) {  // filled per unit by use_unit
+    params_bf16_.resize(static_cast<size_t>(layout_.total));
+    return params_bf16_.data();
+  }
   // FSDP2 MixedPrecisionPolicy(param_dtype=bf16): every parameter, norms and embeddings included, is used
   // as a bf16 copy rounded from the fp32 master. The copy is a pure function of the master, so making it
   // per micro-batch gives the same bits as once per step.
@@ -75,10 +101,13 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, ThreadPool* poo
     if (tokens[r] >= static_cast<uint64_t>(V))
       throw std::out_of_range("token id " + std::to_string(tokens[r]) + " >= vocab_size " + std::to_string(V));
   std::vector<float> tmp(static_cast<size_t>(R_ * d));
+  use_unit(master_, 0, pool);
   embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R_, d, pool);
+  drop_unit(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
     const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
+    use_unit(master_, static_cast<int>(l) + 1, pool);
     // Attention sublayer.
     // round_act(...) is a no-op in fp32; in bf16 it rounds the tensor just written (docs/canonical/bf16.md).
     matmul_forward(A.x.data(), params + o.w_q, A.q_raw.data(), R_, qd, d, pool);
@@ -122,14 +151,18 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, ThreadPool* poo
     float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
     for (int64_t i = 0; i < R_ * d; ++i) next[i] = A.h[i] + tmp[i];
     round_act(next, R_ * d, pool);
+    drop_unit(static_cast<int>(l) + 1);
   }
+  use_unit(master_, n_units() - 1, pool);
   rmsnorm_forward(x_final_.data(), params + layout_.final_norm, hn_.data(), final_rms_.data(), R_, d, eps, pool);
   round_act(hn_.data(), R_ * d, pool);
   matmul_forward(hn_.data(), params + layout_.lm_head, logits_.data(), R_, V, d, pool);
   round_act(logits_.data(), R_ * V, pool);  // bf16 logits; the loss upcasts them (`.float()`)
+  drop_unit(n_units() - 1);
 }
 
 LossSums Olmo3::forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out) {
+  master_ = params;
   params = working_params(params, pool);
   forward(params, tokens, pool);
   if (logits_out) std::memcpy(logits_out, logits_.data(), logits_.size() * sizeof(float));
@@ -139,6 +172,7 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* tokens, Thread
 LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
                                  ThreadPool* pool, float* logits_out) {
   const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden, V = cfg_.vocab_size;
+  master_ = params;
   params = working_params(params, pool);  // bf16: the bf16 copy, for forward and backward alike
   forward(params, tokens, pool);
   if (logits_out) std::memcpy(logits_out, logits_.data(), logits_.size() * sizeof(float));
@@ -155,6 +189,7 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
   const bool bf16 = precision_ == Precision::bf16;
 
   // LM head and final norm.
+  use_unit(master_, n_units() - 1, pool);
   matmul_backward_weight(logits_.data(), hn_.data(), grad + layout_.lm_head, R_, V, d, false, pool);
   round_act(grad + layout_.lm_head, V * d, pool);
   matmul_backward_input(logits_.data(), params + layout_.lm_head, dtmp.data(), R_, V, d, false, pool);
@@ -163,10 +198,12 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
                    grad + layout_.final_norm, R_, d, pool);
   round_act(dx.data(), R_ * d, pool);
   round_act(grad + layout_.final_norm, d, pool);
+  drop_unit(n_units() - 1);
   // dx now holds ∂loss/∂(output of the last block).
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
     const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
+    use_unit(master_, static_cast<int>(l) + 1, pool);  // gathered again for backward, as FSDP does
     // out = h + RMSNorm(f):  ∂h = dx (kept in dx, accumulated into below), ∂f via the norm.
     rmsnorm_backward(A.f.data(), params + o.ffn_norm, A.f_rms.data(), dx.data(), dtmp.data(), grad + o.ffn_norm,
                      R_, d, pool);
@@ -225,6 +262,7 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
     matmul_backward_input(dk.data(), params + o.w_k, dx.data(), R_, kd, d, true, pool);
     matmul_backward_input(dv.data(), params + o.w_v, dx.data(), R_, kd, d, true, pool);
     round_act(dx.data(), R_ * d, pool);
+    drop_unit(static_cast<int>(l) + 1);
   }
   embedding_backward(tokens, dx.data(), grad + layout_.embeddings, R_, V, d, pool);
   round_act(grad + layout_.embeddings, V * d, pool);

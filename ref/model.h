@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ref/model_config.h"
@@ -29,6 +30,17 @@ struct LayerActs {
   std::vector<float> f, f_rms;          // [R, d], [R]  w2 output, before feed_forward_norm
 };
 
+// FSDP-style parameter gathering. A model with a gate asks for each unit's parameters just before it
+// uses them and lets them go right after (forward, then again in backward), so a data-parallel rank
+// never needs the whole parameter vector at once. Units: 0 = embedding, 1 + l = block l,
+// n_layers + 1 = head (final norm + LM head); each is a contiguous range of the flat vector.
+class ParamGate {
+ public:
+  virtual ~ParamGate() = default;
+  virtual void acquire(int unit) = 0;  // the unit's range of the parameter buffer is valid from now on
+  virtual void release(int unit) = 0;  // ... and may be dropped from now on
+};
+
 class Olmo3 {
  public:
   // precision bf16: the Olmo 3 recipe (docs/canonical/bf16.md). `params` stay the fp32 master weights;
@@ -38,6 +50,10 @@ class Olmo3 {
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
+  // Without a gate (the default) the whole parameter vector must be valid for every call.
+  void set_param_gate(ParamGate* gate) { gate_ = gate; }
+  int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
+  std::pair<int64_t, int64_t> unit_range(int unit) const;  // [begin, end) in the flat vector
   const ParamLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }
@@ -56,12 +72,16 @@ class Olmo3 {
   void forward(const float* params, const uint32_t* tokens, ThreadPool* pool);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params, ThreadPool* pool);
+  void use_unit(const float* master, int unit, ThreadPool* pool);  // acquire (+ the bf16 copy of the unit)
+  void drop_unit(int unit);
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
   void round_act(float* x, int64_t n, ThreadPool* pool) const;
 
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
   std::vector<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
+  ParamGate* gate_ = nullptr;
+  const float* master_ = nullptr;  // the fp32 parameters of the current call (what use_unit rounds from)
   ParamLayout layout_;
   int64_t B_, T_, R_;
   RopeTable rope_;

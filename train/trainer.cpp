@@ -1,5 +1,8 @@
 #include "train/trainer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -21,6 +24,54 @@
 #include "train/manifest.h"
 
 namespace olmoref {
+
+class Trainer::UnitGather : public ParamGate {
+ public:
+  UnitGather(Trainer& t) : t_(t) {
+    bytes_ = static_cast<size_t>(t.layout_.total) * sizeof(float);
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("cannot reserve address space for the parameter view");
+    base_ = static_cast<float*>(p);
+  }
+  ~UnitGather() override { ::munmap(base_, bytes_); }
+  float* base() const { return base_; }
+
+  // All-gather of the unit's range [a, b) within the replicate group: shard s contributes its part of it
+  // (padded to the largest part, so every rank sends the same number of bytes).
+  void acquire(int unit) override {
+    const auto [a, b] = t_.model_.unit_range(unit);
+    const dist::Layout& L = t_.layout_;
+    auto part = [&](int s) {
+      return std::pair<int64_t, int64_t>{std::max(a, L.begin(s)), std::max(std::max(a, L.begin(s)), std::min(b, L.end(s)))};
+    };
+    int64_t widest = 0;
+    for (int s = 0; s < L.dp_shard; ++s) widest = std::max(widest, part(s).second - part(s).first);
+    std::vector<float> send(static_cast<size_t>(widest), 0.0f), recv(static_cast<size_t>(widest * L.dp_shard));
+    const auto [ma, mb] = part(L.shard_index());
+    std::copy(t_.params_.begin() + (ma - L.lo()), t_.params_.begin() + (mb - L.lo()), send.begin());
+    t_.shard_comm_->allgather(send.data(), send.size() * sizeof(float), recv.data(), "all-gather parameters of a unit");
+    for (int s = 0; s < L.dp_shard; ++s) {
+      const auto [pa, pb] = part(s);
+      std::copy(recv.begin() + s * widest, recv.begin() + s * widest + (pb - pa), base_ + pa);
+    }
+  }
+
+  // Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).
+  void release(int unit) override {
+    const auto [a, b] = t_.model_.unit_range(unit);
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (reinterpret_cast<uintptr_t>(base_ + a) + page - 1) / page * page;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(base_ + b) / page * page;
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+
+ private:
+  Trainer& t_;
+  float* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+Trainer::~Trainer() = default;
 
 Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source, Parallelism par)
     : cfg_(cfg),
@@ -45,27 +96,21 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   m_.assign(n, 0.0f);
   v_.assign(n, 0.0f);
   init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), params_.data());
+  if (layout_.dp_shard > 1) {
+    unit_gather_ = std::make_unique<UnitGather>(*this);
+    full_view_ = unit_gather_->base();
+    model_.set_param_gate(unit_gather_.get());
+  }
 }
 
 int64_t Trainer::state_bytes() const {
   return static_cast<int64_t>((params_.size() + m_.size() + v_.size() + grad_shard_.size()) * sizeof(float));
 }
 
-const float* Trainer::gather_full_params() {
-  if (layout_.dp_shard == 1) return params_.data();
-  const int64_t stride = layout_.shard_stride();
-  std::vector<float> send(static_cast<size_t>(stride), 0.0f);
-  std::copy(params_.begin(), params_.end(), send.begin());
-  std::vector<float> all(static_cast<size_t>(stride * layout_.dp_shard));
-  shard_comm_->allgather(send.data(), static_cast<size_t>(stride) * sizeof(float), all.data(), "all-gather parameters");
-  full_params_.assign(all.begin(), all.begin() + layout_.total);
-  return full_params_.data();
-}
 
 void Trainer::release_transients() {
   if (layout_.dp_shard == 1) return;
-  // FSDP: outside the step a rank keeps only its shards; full copies are rebuilt when needed.
-  std::vector<float>().swap(full_params_);
+  // FSDP: outside the step a rank keeps only its shards (parameter units were released as used).
   std::vector<std::vector<float>>().swap(grad_stack_);
 }
 
@@ -80,7 +125,7 @@ LossSums Trainer::reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, s
   if (hi - lo == 1) {
     const int64_t mb = cfg_.train.micro_batch_instances, T = cfg_.train.seq_len;
     float* lo_logits = logits_out ? logits_out + lo * mb * T * cfg_.model.vocab_size : nullptr;
-    const float* p = layout_.dp_shard == 1 ? params_.data() : full_params_.data();
+    const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
     return model_.forward_backward(p, batch.tokens.data() + lo * mb * T, cfg_.targets_per_step(),
                                    grad_stack_[depth].data(), &pool_, lo_logits);
   }
@@ -162,7 +207,6 @@ StepResult Trainer::train_step() {
   const int W = layout_.world();
   const int64_t M = cfg_.micro_batches_per_step(), per_rank = M / W;
   const int64_t m0 = layout_.rank * per_rank, m1 = m0 + per_rank;
-  gather_full_params();
   LossSums sums;
   const int64_t len = layout_.hi() - layout_.lo();
   grad_shard_.resize(static_cast<size_t>(len));

@@ -33,6 +33,7 @@ struct Parallelism {
 
 class Trainer {
  public:
+  ~Trainer();
   // threads <= 0: all hardware threads.
   Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source = nullptr,
           Parallelism par = {});
@@ -79,8 +80,7 @@ class Trainer {
 
  private:
   LossSums reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, size_t depth, float* logits_out);
-  const float* gather_full_params();   // all-gather within the shard group (or the local vector)
-  void release_transients();           // frees the full-parameter and gradient buffers of a sharded step
+  void release_transients();           // frees the gradient buffers of a sharded step
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
   std::string sharded_digest(const float* shard);
   // Reduces this rank's subtree gradient (full length) into its shard in the canonical rank tree.
@@ -95,7 +95,13 @@ class Trainer {
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
   dist::Layout layout_;
   std::vector<float> params_, m_, v_, grad_shard_;  // this rank's range
-  std::vector<float> full_params_;                   // transient: gathered for the step
+  // FSDP: the model's view of the full parameter vector when dp_shard > 1. Virtual memory only: each
+  // unit (embedding, block, head) is all-gathered into it just before use and its pages are returned
+  // to the OS right after (ParamGate), so a rank never holds more than a unit or two of other ranks'
+  // parameters.
+  class UnitGather;
+  std::unique_ptr<UnitGather> unit_gather_;
+  float* full_view_ = nullptr;
   std::vector<std::vector<float>> grad_stack_;  // one buffer per tree depth
   int64_t step_ = 0;
   int64_t tokens_ = 0;
