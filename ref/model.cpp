@@ -9,15 +9,6 @@
 
 namespace olmoref {
 
-namespace {
-void add_inplace(float* y, const float* x, int64_t n, ThreadPool* pool) {
-  auto body = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = y[i] + x[i];
-  };
-  if (pool) pool->parallel_for(n, 4096, body); else body(0, n);
-}
-}  // namespace
-
 std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
   const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
   if (unit == 0) return {layout_.embeddings, layout_.embeddings + V * d};
@@ -266,7 +257,6 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
   }
   embedding_backward(tokens, dx.data(), grad + layout_.embeddings, R_, V, d, pool);
   round_act(grad + layout_.embeddings, V * d, pool);
-  (void)add_inplace;
   return sums;
 }
 

@@ -86,7 +86,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
 
   nlohmann::json j;
   const double N = static_cast<double>(cfg.targets_per_step());
-  j["model"] = {{"vocab_size", V}, {"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
+  j["model"] = {{"name", cfg.model.name}, {"norm_eps", cfg.model.norm_eps}, {"vocab_size", V}, {"d_model", cfg.model.d_model}, {"n_layers", cfg.model.n_layers},
                 {"n_heads", cfg.model.n_heads}, {"n_kv_heads", cfg.model.n_kv_heads}, {"head_dim", cfg.model.head_dim},
                 {"ffn_hidden", cfg.model.ffn_hidden}, {"rope_theta", cfg.model.rope_theta},
                 {"swa_pattern", cfg.model.swa_pattern}};
