@@ -32,18 +32,7 @@ threads="${OLMOREF_THREADS:-2}"
 skip() { echo "SKIPPED: parity-bf16: $1"; exit 77; }
 
 [ -x "$bin" ] || { echo "run_parity_bf16: $bin not found; build first (ninja -C build) or set OLMOREF_BIN" >&2; exit 2; }
-py="$(olmoref_venv_python)"
-if [ -z "$py" ]; then
-  echo "run_parity_bf16: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy)"
-  if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
-    command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
-    python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
-  fi
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy ||
-    skip "pip could not install torch/transformers/safetensors/numpy into $OLMOREF_VENV (no network?)"
-  py="$(olmoref_venv_python)"
-  [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
-fi
+olmoref_ensure_venv run_parity_bf16
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity-bf16.XXXXXX")"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
