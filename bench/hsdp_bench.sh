@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # HSDP figures on this machine: step time, bytes sent per rank per step (against a ring all-reduce of
-# the same fp32 gradients) and per-rank persistent state, for 1, 2 and 4 ranks (dp_shard) and 2x2.
+# the same fp32 gradients) and per-rank persistent state, for 1x1, 2x1, 3x1, 2x2 and 3x2 (dp_shard x
+# dp_replicate; 3 ranks get uneven runs of micro-batches and non-aligned instance ranges). "sent" is the
+# largest over the ranks.
 #   bash bench/hsdp_bench.sh [CONFIG] [STEPS]
 # Needs the demo corpus for configs/small.toml (tools/demo.sh or data/demo/make_demo_corpus.sh).
 set -euo pipefail
@@ -15,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1)
 printf "%-8s %-7s %12s %14s %16s %14s %12s\n" layout threads "s/step" "sent MiB/step" "ring AR MiB" "state MiB/rank" "max RSS MiB"
-for layout in 1x1 2x1 4x1 2x2; do
+for layout in 1x1 2x1 3x1 2x2 3x2; do
   s=${layout%x*}; r=${layout#*x}; np=$((s * r))
   threads=$(( 2 / np )); [ $threads -ge 1 ] || threads=1
   /usr/bin/time -f "%M" -o "$work/$layout.rss" mpirun --oversubscribe --bind-to none -np $np \
@@ -25,7 +27,7 @@ for layout in 1x1 2x1 4x1 2x2; do
   tps=$(grep -E "^step" "$work/$layout.log" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}' | sort -n |
         awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   tokens=$(grep -oE "\(([0-9]+) tokens each\)" "$work/$layout.log" | grep -oE "[0-9]+" | head -1)
-  sent=$(grep -E "^rank 0: sent" "$work/$layout.log" | awk '{print $4}')
+  sent=$(grep -E "^rank [0-9]+: sent" "$work/$layout.log" | awk '{print $4}' | sort -g | tail -1)
   ring=$(grep -E "^rank 0: sent" "$work/$layout.log" | sed -E 's/.*gradients: ([0-9.]+) MiB.*/\1/')
   state=$(grep -E "^rank 0: sent" "$work/$layout.log" | sed -E 's/.*state ([0-9.]+) MiB.*/\1/')
   [ -n "$sent" ] || { sent=0; ring=0; state=$(awk 'BEGIN{print "n/a"}'); }

@@ -151,7 +151,7 @@ void require_shape(const StreamExpectation& e) {
 CheckResult check_partition(const std::vector<AuditRecord>& records, const StreamExpectation& e) {
   require_shape(e);
   CheckResult res("audit_partition");
-  const int64_t G = e.global_batch_instances, mb = e.microbatch_instances, M = G / mb;
+  const int64_t G = e.global_batch_instances, mb = e.microbatch_instances, M = (G + mb - 1) / mb;
   Reference ref(e);
   int64_t content_checked = 0;
   std::vector<uint32_t> buf(e.dataset ? static_cast<size_t>(e.dataset->sequence_length()) : 0);
@@ -193,17 +193,18 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
     }
     for (int64_t m = 0; m < M; ++m) {
       const int64_t c = count[static_cast<size_t>(m)];
-      if (c == mb) continue;
+      const int64_t size = std::min(mb, G - m * mb);  // the last micro-batch holds the remainder
+      if (c == size) continue;
       StreamPosition p;
       p.step = step;
       p.epoch = epoch;
       p.microbatch = m;
       p.rank = Loader::rank_of_microbatch(m, M, e.world_size);
-      p.index = c == 0 ? 0 : mb;
+      p.index = c == 0 ? 0 : size;
       res.fail(p, c == 0 ? "micro-batch " + std::to_string(m) + " of step " + std::to_string(step) +
                                " is missing (no rank delivered it)"
                          : "micro-batch " + std::to_string(m) + " has " + std::to_string(c) + " instances, expected " +
-                               std::to_string(mb));
+                               std::to_string(size));
     }
     // No instance twice in one global batch.
     std::unordered_map<int64_t, const AuditRecord*> seen;
@@ -274,7 +275,7 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
 CheckResult check_exactly_once(const std::vector<AuditRecord>& records, const StreamExpectation& e) {
   require_shape(e);
   CheckResult res("audit_exactly_once");
-  const int64_t mb = e.microbatch_instances, M = e.global_batch_instances / mb;
+  const int64_t mb = e.microbatch_instances, M = (e.global_batch_instances + mb - 1) / mb;
   Reference ref(e);
   const StepRecords steps = by_step(records);
   // epoch -> instance -> step of first use

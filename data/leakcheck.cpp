@@ -495,12 +495,12 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   base.audit = nullptr;
   base.prefetch = true;
   const FslDataset& configured = *base.dataset;
-  const int64_t G = base.global_batch_instances, mb = base.microbatch_instances, M = G / mb;
+  const int64_t G = base.global_batch_instances, mb = base.microbatch_instances, M = (G + mb - 1) / mb;
   const int64_t L = configured.sequence_length();
   const int64_t bpe = configured.size() / G;
-  if (o.world_size < 1 || M % o.world_size != 0)
-    throw std::invalid_argument("leakcheck: --world-size " + std::to_string(o.world_size) + " does not divide the " +
-                                std::to_string(M) + " micro-batches of a step");
+  if (o.world_size < 1 || M < o.world_size)
+    throw std::invalid_argument("leakcheck: --world-size " + std::to_string(o.world_size) + " is more than the " +
+                                std::to_string(M) + " micro-batches of a step (every rank computes at least one)");
 
   // The loader under test, once, for the dataset it serves. The holdout is opened as
   // Loader::holdout_dataset() does (the training sequence length, vocabulary and dtype), except that
@@ -813,12 +813,12 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
     std::vector<int> layouts = o.layouts;
     if (layouts.empty())
       for (int w : {2, 4, 8})
-        if (M % w == 0) layouts.push_back(w);
+        if (w <= M) layouts.push_back(w);
     if (W != 1 && std::find(layouts.begin(), layouts.end(), W) == layouts.end()) layouts.push_back(W);
     for (const int w : layouts) {
       if (w < 2) continue;
-      if (M % w != 0) throw std::invalid_argument("leakcheck: layout W=" + std::to_string(w) + " does not divide the " +
-                                                  std::to_string(M) + " micro-batches of a step");
+      if (w > M) throw std::invalid_argument("leakcheck: layout W=" + std::to_string(w) + " is more than the " +
+                                             std::to_string(M) + " micro-batches of a step (every rank computes at least one)");
       const std::vector<AuditRecord> recs = w == W ? main : audit_stream(base, w, steps, work.path, "layout.w" + std::to_string(w));
       if (w != W) {
         StreamExpectation ew = expect;
@@ -834,7 +834,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
       layout.merge(compare_streams(single_by_label, batches_by_label(recs), "audit_layout", 1, -1, w));
       layouts_done.push_back(w);
     }
-    if (layouts_done.empty()) layout.skip("no layout other than W=1 divides the " + std::to_string(M) + " micro-batches");
+    if (layouts_done.empty()) layout.skip("a step has " + std::to_string(M) + " micro-batch(es): no layout other than W=1 fits");
     layout.details["layouts"] = layouts_done;
     layout.details["reference"] = "W=1";
 
@@ -906,7 +906,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
       }
       StreamExpectation ee = expect;
       ee.world_size = std::max(W, max_rank + 1);
-      if (M % ee.world_size != 0) ee.world_size = W;
+      if (M < ee.world_size) ee.world_size = W;
       ee.first_step = first_step;
       ee.last_step = -1;
       ee.check_content = o.content_check;

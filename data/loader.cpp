@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include "ref/instance_tree.h"
+
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -31,27 +33,28 @@ void from_json(const nlohmann::json& j, LoaderState& s) {
   s.tokens_processed = j.value("tokens_processed", int64_t{0});
 }
 
+int64_t GlobalBatch::microbatch_size(int64_t m) const {
+  return std::min(microbatch_instances, n_instances() - m * microbatch_instances);
+}
+
 std::span<const int64_t> GlobalBatch::microbatch_ids(int64_t m) const {
   return std::span<const int64_t>(instance_ids)
-      .subspan(static_cast<size_t>(m * microbatch_instances), static_cast<size_t>(microbatch_instances));
+      .subspan(static_cast<size_t>(m * microbatch_instances), static_cast<size_t>(microbatch_size(m)));
 }
 
 std::span<const uint32_t> GlobalBatch::microbatch_tokens(int64_t m) const {
-  const auto n = static_cast<size_t>(microbatch_instances * sequence_length);
-  return std::span<const uint32_t>(tokens).subspan(static_cast<size_t>(m) * n, n);
+  return std::span<const uint32_t>(tokens).subspan(static_cast<size_t>(m * microbatch_instances * sequence_length),
+                                                   static_cast<size_t>(microbatch_size(m) * sequence_length));
 }
 
 Loader::Loader(LoaderConfig config) : config_(std::move(config)), seed_(config_.seed) {
   if (!config_.dataset) throw std::invalid_argument("LoaderConfig.dataset is not set");
   const int64_t g = config_.global_batch_instances, mb = config_.microbatch_instances;
-  if (g <= 0 || mb <= 0 || g % mb != 0) {
-    throw std::invalid_argument("the global batch (" + std::to_string(g) + " instances) must be a positive multiple "
-                                "of the micro-batch (" + std::to_string(mb) + " instances)");
-  }
-  if (config_.world_size <= 0 || (g / mb) % config_.world_size != 0) {
-    throw std::invalid_argument("the " + std::to_string(g / mb) + " micro-batches of a global batch cannot be split "
-                                "evenly over " + std::to_string(config_.world_size) + " ranks");
-  }
+  if (g <= 0 || mb <= 0)
+    throw std::invalid_argument("the global batch (" + std::to_string(g) + " instances) and the micro-batch (" +
+                                std::to_string(mb) + " instances) must be positive");
+  if (config_.world_size <= 0) throw std::invalid_argument("world size must be >= 1");
+  BatchSplit{g, mb, config_.world_size}.validate();
   if (config_.rank < -1 || config_.rank >= config_.world_size) {
     throw std::invalid_argument("rank " + std::to_string(config_.rank) + " is outside world size " +
                                 std::to_string(config_.world_size));
@@ -177,12 +180,11 @@ std::shared_ptr<const FslDataset> Loader::holdout_dataset() const {
 }
 
 int Loader::rank_of_microbatch(int64_t microbatch, int64_t n_microbatches, int world_size) {
-  return static_cast<int>(microbatch / (n_microbatches / world_size));
+  return olmoref::rank_of_microbatch(microbatch, n_microbatches, world_size);
 }
 
 std::pair<int64_t, int64_t> Loader::microbatches_of_rank(int rank, int64_t n_microbatches, int world_size) {
-  const int64_t per = n_microbatches / world_size;
-  return {rank * per, (rank + 1) * per};
+  return olmoref::microbatches_of_rank(rank, n_microbatches, world_size);
 }
 
 void Loader::write_audit(const GlobalBatch& batch, AuditLog& log, int rank) const {
@@ -191,7 +193,7 @@ void Loader::write_audit(const GlobalBatch& batch, AuditLog& log, int rank) cons
   for (int64_t m = 0; m < M; ++m) {
     const int r = rank_of_microbatch(m, M, config_.world_size);
     if (rank >= 0 && r != rank) continue;
-    for (int64_t k = 0; k < mb; ++k) {
+    for (int64_t k = 0; k < batch.microbatch_size(m); ++k) {
       const int64_t i = m * mb + k;
       const int64_t id = batch.instance_ids[static_cast<size_t>(i)];
       const FslDataset::Location loc = ds.locate(id);

@@ -4,12 +4,12 @@
 // (shuffle.h: PCG64(seed + e), cropped to whole batches), in row order, so a PyTorch/OLMo-core run
 // over the same mix and seed sees exactly the same tokens at every step.
 //
-// Micro-batches and ranks. The global batch of G instances is cut into G/mb canonical
-// micro-batches: micro-batch m is instances [m*mb, (m+1)*mb) of the row (contiguous). With W data-
-// parallel ranks, rank r computes the contiguous, aligned block of micro-batches
-// [r*M/W, (r+1)*M/W) (M = G/mb). OLMo-core instead gives rank r the strided instances row[r::W];
-// the *set* of instances per step is identical, only who computes which differs, and our canonical
-// gradient reduction over micro-batch index makes that assignment irrelevant to the result.
+// Micro-batches and ranks. The global batch of G instances is cut into M = ceil(G/mb) micro-batches:
+// micro-batch m is instances [m*mb, min((m+1)*mb, G)) of the row (contiguous). With W data-parallel
+// ranks, rank r computes a contiguous run of micro-batches (the first M%W ranks one more;
+// ref/instance_tree.h). OLMo-core instead gives rank r the strided instances row[r::W]; the *set* of
+// instances per step is identical, only who computes which differs, and the instance tree of the
+// gradient (docs/canonical/step.md) makes that assignment irrelevant to the result.
 //
 // Epochs. When an epoch's batches are used up, next_batch() moves to epoch+1 and reshuffles with
 // seed + epoch + 1; batches_processed restarts at 0. Steps are numbered 1.. across epochs like
@@ -45,8 +45,8 @@ struct LoaderConfig {
   std::shared_ptr<const FslDataset> dataset;
   uint64_t seed = kOlmoCoreDefaultSeed;
   int64_t global_batch_instances = 0;  // OLMo-core global_batch_size / sequence_length
-  int64_t microbatch_instances = 0;    // canonical micro-batch; must divide the global batch
-  int world_size = 1;                  // data-parallel ranks: M/W micro-batches each (M % W == 0)
+  int64_t microbatch_instances = 0;    // instances per micro-batch (the last of a step may be shorter)
+  int world_size = 1;                  // data-parallel ranks: contiguous runs of micro-batches (M >= W)
   int rank = -1;                       // which rank's micro-batches to audit; -1 = all
   std::shared_ptr<AuditLog> audit;     // optional
   HoldoutSpec holdout;                 // reported, and opened by holdout_dataset()
@@ -84,9 +84,11 @@ struct GlobalBatch {
   std::vector<uint32_t> tokens;       // [G * sequence_length], same order
 
   int64_t n_instances() const { return static_cast<int64_t>(instance_ids.size()); }
-  int64_t n_microbatches() const { return n_instances() / microbatch_instances; }
+  // ceil(G / mb): the last micro-batch holds the remainder when mb does not divide G.
+  int64_t n_microbatches() const { return (n_instances() + microbatch_instances - 1) / microbatch_instances; }
+  int64_t microbatch_size(int64_t m) const;
   std::span<const int64_t> microbatch_ids(int64_t m) const;
-  std::span<const uint32_t> microbatch_tokens(int64_t m) const;  // [mb * sequence_length]
+  std::span<const uint32_t> microbatch_tokens(int64_t m) const;  // [microbatch_size(m) * sequence_length]
 };
 
 class Loader {
@@ -116,7 +118,7 @@ class Loader {
   // instance order, unshuffled). Throws if holdout_kind() is none.
   std::shared_ptr<const FslDataset> holdout_dataset() const;
 
-  // Micro-batch <-> rank layout (contiguous aligned blocks); see the header comment.
+  // Micro-batch <-> rank layout (contiguous runs); see the header comment.
   static int rank_of_microbatch(int64_t microbatch, int64_t n_microbatches, int world_size);
   static std::pair<int64_t, int64_t> microbatches_of_rank(int rank, int64_t n_microbatches, int world_size);
 

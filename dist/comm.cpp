@@ -27,6 +27,10 @@ class LocalComm : public Comm {
   void alltoall(const void* send, size_t bytes, void* recv, const char*) override {
     if (send != recv) std::memmove(recv, send, bytes);
   }
+  void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                 const std::vector<int64_t>&, const char*) override {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(send_counts.at(0)) * sizeof(float));
+  }
   std::unique_ptr<Comm> split(int, int) override { return std::make_unique<LocalComm>(); }
   void float_allreduce_sum_unordered(float*, size_t, const char*) override {}
   [[noreturn]] void abort(const std::string& message) override {
@@ -74,6 +78,27 @@ class MpiComm : public Comm {
     MPI_Request req;
     MPI_Ialltoall(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, comm_, &req);
     bytes_sent_ += bytes * static_cast<uint64_t>(size_ - 1);
+    wait(req, what);
+  }
+  void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                 const std::vector<int64_t>& recv_counts, const char* what) override {
+    std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    int64_t so = 0, ro = 0;
+    for (int j = 0; j < size_; ++j) {
+      const auto J = static_cast<size_t>(j);
+      if (so + send_counts[J] > INT32_MAX || ro + recv_counts[J] > INT32_MAX)
+        throw std::runtime_error(std::string(what) + ": more than 2^31 floats in one all-to-all (the MPI count limit); "
+                                 "use more dp_shard ranks so each rank's gradient range is smaller");
+      sc[J] = static_cast<int>(send_counts[J]);
+      sd[J] = static_cast<int>(so);
+      rc[J] = static_cast<int>(recv_counts[J]);
+      rd[J] = static_cast<int>(ro);
+      so += send_counts[J];
+      ro += recv_counts[J];
+      if (j != rank_) bytes_sent_ += static_cast<uint64_t>(send_counts[J]) * sizeof(float);
+    }
+    MPI_Request req;
+    MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_, &req);
     wait(req, what);
   }
   std::unique_ptr<Comm> split(int color, int key) override {

@@ -3,9 +3,9 @@
 // World rank r = replicate_index * dp_shard + shard_index. Ranks with the same shard_index (one per
 // replicate group) own the same range of the canonical flat vector: its parameters (fp32 master),
 // reduced gradient and AdamW moments. Ranges are whole 65,536-float chunks (the gradient-norm and
-// digest chunks), so per-chunk scalars never straddle ranks. Micro-batches: rank r computes the
-// contiguous block [r·M/W, (r+1)·M/W) of the step's M canonical micro-batches, a whole subtree of the
-// step tree when W is a power of two dividing M (docs/canonical/step.md).
+// digest chunks), so per-chunk scalars never straddle ranks. Instances: rank r computes a contiguous run
+// of the step's micro-batches (ref/instance_tree.h: BatchSplit); any world size works, since ranks only
+// change who computes which nodes of the instance tree (docs/canonical/step.md).
 #pragma once
 
 #include <cstdint>
@@ -34,17 +34,8 @@ struct Layout {
   int64_t lo() const { return begin(shard_index()); }
   int64_t hi() const { return end(shard_index()); }
 
-  // Throws with the fix when the layout cannot keep the canonical tree.
-  void validate(int64_t micro_batches) const {
-    const int w = world();
+  void validate() const {
     if (dp_shard < 1 || dp_replicate < 1) throw std::invalid_argument("--dp-shard and --dp-replicate must be >= 1");
-    if ((w & (w - 1)) != 0)
-      throw std::invalid_argument("dp_shard x dp_replicate = " + std::to_string(w) +
-                                  " ranks: the world size must be a power of two (1, 2, 4, 8, ...) so each rank's "
-                                  "micro-batches form a whole subtree of the canonical reduction");
-    if (micro_batches % w != 0)
-      throw std::invalid_argument("the step's " + std::to_string(micro_batches) + " micro-batches cannot be split over " +
-                                  std::to_string(w) + " ranks; make train.global_batch_instances / train.micro_batch_instances a multiple of the world size");
   }
 };
 

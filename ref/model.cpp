@@ -85,15 +85,16 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   logits_.resize(R * static_cast<size_t>(cfg_.vocab_size));
 }
 
-void Olmo3::forward(const float* params, const uint32_t* tokens, ThreadPool* pool) {
+void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst, ThreadPool* pool) {
+  const int64_t R = n_inst * T_;
   const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden, V = cfg_.vocab_size;
   const float eps = cfg_.norm_eps;
-  for (int64_t r = 0; r < R_; ++r)
+  for (int64_t r = 0; r < R; ++r)
     if (tokens[r] >= static_cast<uint64_t>(V))
       throw std::out_of_range("token id " + std::to_string(tokens[r]) + " >= vocab_size " + std::to_string(V));
-  std::vector<float> tmp(static_cast<size_t>(R_ * d));
+  std::vector<float> tmp(static_cast<size_t>(R * d));
   use_unit(master_, 0, pool);
-  embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R_, d, pool);
+  embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R, d, pool);
   drop_unit(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     LayerActs& A = acts_[static_cast<size_t>(l)];
@@ -101,94 +102,152 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, ThreadPool* poo
     use_unit(master_, static_cast<int>(l) + 1, pool);
     // Attention sublayer.
     // round_act(...) is a no-op in fp32; in bf16 it rounds the tensor just written (docs/canonical/bf16.md).
-    matmul_forward(A.x.data(), params + o.w_q, A.q_raw.data(), R_, qd, d, pool);
-    round_act(A.q_raw.data(), R_ * qd, pool);
-    matmul_forward(A.x.data(), params + o.w_k, A.k_raw.data(), R_, kd, d, pool);
-    round_act(A.k_raw.data(), R_ * kd, pool);
-    matmul_forward(A.x.data(), params + o.w_v, A.v.data(), R_, kd, d, pool);
-    round_act(A.v.data(), R_ * kd, pool);
-    rmsnorm_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R_, qd, eps, pool);
-    round_act(A.q.data(), R_ * qd, pool);
-    rmsnorm_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R_, kd, eps, pool);
-    round_act(A.k.data(), R_ * kd, pool);
-    rope_forward(A.q.data(), R_, cfg_.n_heads, rope_, pool);
-    round_act(A.q.data(), R_ * qd, pool);
-    rope_forward(A.k.data(), R_, cfg_.n_kv_heads, rope_, pool);
-    round_act(A.k.data(), R_ * kd, pool);
-    AttentionShape as{B_, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(l),
+    matmul_forward(A.x.data(), params + o.w_q, A.q_raw.data(), R, qd, d, pool);
+    round_act(A.q_raw.data(), R * qd, pool);
+    matmul_forward(A.x.data(), params + o.w_k, A.k_raw.data(), R, kd, d, pool);
+    round_act(A.k_raw.data(), R * kd, pool);
+    matmul_forward(A.x.data(), params + o.w_v, A.v.data(), R, kd, d, pool);
+    round_act(A.v.data(), R * kd, pool);
+    rmsnorm_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R, qd, eps, pool);
+    round_act(A.q.data(), R * qd, pool);
+    rmsnorm_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, kd, eps, pool);
+    round_act(A.k.data(), R * kd, pool);
+    rope_forward(A.q.data(), R, cfg_.n_heads, rope_, pool);
+    round_act(A.q.data(), R * qd, pool);
+    rope_forward(A.k.data(), R, cfg_.n_kv_heads, rope_, pool);
+    round_act(A.k.data(), R * kd, pool);
+    AttentionShape as{n_inst, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(l),
                       1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     as.precision = precision_;
     attention_forward(as, A.q.data(), A.k.data(), A.v.data(), A.att.data(), A.att_max.data(), A.att_sum.data(), pool);
-    round_act(A.att.data(), R_ * qd, pool);
-    matmul_forward(A.att.data(), params + o.w_out, A.ao.data(), R_, d, qd, pool);
-    round_act(A.ao.data(), R_ * d, pool);
-    rmsnorm_forward(A.ao.data(), params + o.attn_norm, tmp.data(), A.ao_rms.data(), R_, d, eps, pool);
-    round_act(tmp.data(), R_ * d, pool);
-    for (int64_t i = 0; i < R_ * d; ++i) A.h[i] = A.x[i] + tmp[i];
-    round_act(A.h.data(), R_ * d, pool);
+    round_act(A.att.data(), R * qd, pool);
+    matmul_forward(A.att.data(), params + o.w_out, A.ao.data(), R, d, qd, pool);
+    round_act(A.ao.data(), R * d, pool);
+    rmsnorm_forward(A.ao.data(), params + o.attn_norm, tmp.data(), A.ao_rms.data(), R, d, eps, pool);
+    round_act(tmp.data(), R * d, pool);
+    for (int64_t i = 0; i < R * d; ++i) A.h[i] = A.x[i] + tmp[i];
+    round_act(A.h.data(), R * d, pool);
     // Feed-forward sublayer.
-    matmul_forward(A.h.data(), params + o.w1, A.g.data(), R_, F, d, pool);
-    round_act(A.g.data(), R_ * F, pool);
-    matmul_forward(A.h.data(), params + o.w3, A.u.data(), R_, F, d, pool);
-    round_act(A.u.data(), R_ * F, pool);
+    matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d, pool);
+    round_act(A.g.data(), R * F, pool);
+    matmul_forward(A.h.data(), params + o.w3, A.u.data(), R, F, d, pool);
+    round_act(A.u.data(), R * F, pool);
     if (precision_ == Precision::bf16)
-      swiglu_forward_bf16(A.g.data(), A.u.data(), A.a.data(), R_ * F, pool);
+      swiglu_forward_bf16(A.g.data(), A.u.data(), A.a.data(), R * F, pool);
     else
-      swiglu_forward(A.g.data(), A.u.data(), A.a.data(), R_ * F, pool);
-    matmul_forward(A.a.data(), params + o.w2, A.f.data(), R_, d, F, pool);
-    round_act(A.f.data(), R_ * d, pool);
-    rmsnorm_forward(A.f.data(), params + o.ffn_norm, tmp.data(), A.f_rms.data(), R_, d, eps, pool);
-    round_act(tmp.data(), R_ * d, pool);
+      swiglu_forward(A.g.data(), A.u.data(), A.a.data(), R * F, pool);
+    matmul_forward(A.a.data(), params + o.w2, A.f.data(), R, d, F, pool);
+    round_act(A.f.data(), R * d, pool);
+    rmsnorm_forward(A.f.data(), params + o.ffn_norm, tmp.data(), A.f_rms.data(), R, d, eps, pool);
+    round_act(tmp.data(), R * d, pool);
     float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
-    for (int64_t i = 0; i < R_ * d; ++i) next[i] = A.h[i] + tmp[i];
-    round_act(next, R_ * d, pool);
+    for (int64_t i = 0; i < R * d; ++i) next[i] = A.h[i] + tmp[i];
+    round_act(next, R * d, pool);
     drop_unit(static_cast<int>(l) + 1);
   }
   use_unit(master_, n_units() - 1, pool);
-  rmsnorm_forward(x_final_.data(), params + layout_.final_norm, hn_.data(), final_rms_.data(), R_, d, eps, pool);
-  round_act(hn_.data(), R_ * d, pool);
-  matmul_forward(hn_.data(), params + layout_.lm_head, logits_.data(), R_, V, d, pool);
-  round_act(logits_.data(), R_ * V, pool);  // bf16 logits; the loss upcasts them (`.float()`)
+  rmsnorm_forward(x_final_.data(), params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d, eps, pool);
+  round_act(hn_.data(), R * d, pool);
+  matmul_forward(hn_.data(), params + layout_.lm_head, logits_.data(), R, V, d, pool);
+  round_act(logits_.data(), R * V, pool);  // bf16 logits; the loss upcasts them (`.float()`)
   drop_unit(n_units() - 1);
+}
+
+void Olmo3::gather_only_pass() {
+  if (!gate_) return;
+  // forward: embedding, blocks 0..L-1, head; backward: head, blocks L-1..0 (the embedding's backward reads
+  // no parameter). Must match forward() and forward_backward() below.
+  for (int u = 0; u < n_units(); ++u) {
+    gate_->acquire(u);
+    gate_->release(u);
+  }
+  for (int u = n_units() - 1; u >= 1; --u) {
+    gate_->acquire(u);
+    gate_->release(u);
+  }
 }
 
 LossSums Olmo3::forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out) {
   master_ = params;
   params = working_params(params, pool);
-  forward(params, tokens, pool);
+  forward(params, tokens, B_, pool);
   if (logits_out) std::memcpy(logits_out, logits_.data(), logits_.size() * sizeof(float));
   return cross_entropy_forward_backward(logits_.data(), tokens, B_, T_, cfg_.vocab_size, 1e-5f, B_ * (T_ - 1), pool);
 }
 
 LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
                                  ThreadPool* pool, float* logits_out) {
+  GradientTree tree(B_, layout_.total, pool);
+  tree.begin_microbatch(0, B_);
+  std::vector<LossSums> per(static_cast<size_t>(B_));
+  forward_backward(params, tokens, B_, global_n_targets, tree, per.data(), pool, logits_out);
+  std::copy(tree.slot(0), tree.slot(0) + layout_.total, grad);
+  std::vector<double> ce(per.size()), z(per.size());
+  LossSums sums;
+  for (size_t b = 0; b < per.size(); ++b) {
+    ce[b] = per[b].ce;
+    z[b] = per[b].z;
+    sums.n_targets += per[b].n_targets;
+  }
+  sums.ce = tree_sum_range(ce.data(), 0, B_);
+  sums.z = tree_sum_range(z.data(), 0, B_);
+  return sums;
+}
+
+void Olmo3::forward_backward(const float* params, const uint32_t* tokens, int64_t n_inst, int64_t global_n_targets,
+                             GradientLeaves& grads, LossSums* per_instance, ThreadPool* pool, float* logits_out) {
+  if (n_inst < 1 || n_inst > B_)
+    throw std::invalid_argument("forward_backward: " + std::to_string(n_inst) + " instances for a model sized for " +
+                                std::to_string(B_));
   const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden, V = cfg_.vocab_size;
+  const int64_t R = n_inst * T_, T = T_;
   master_ = params;
   params = working_params(params, pool);  // bf16: the bf16 copy, for forward and backward alike
-  forward(params, tokens, pool);
-  if (logits_out) std::memcpy(logits_out, logits_.data(), logits_.size() * sizeof(float));
-  const LossSums sums =
-      cross_entropy_forward_backward(logits_.data(), tokens, B_, T_, V, 1e-5f, global_n_targets, pool);
+  forward(params, tokens, n_inst, pool);
+  if (logits_out) std::memcpy(logits_out, logits_.data(), static_cast<size_t>(R * V) * sizeof(float));
+  // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
+  for (int64_t b = 0; b < n_inst; ++b)
+    per_instance[b] = cross_entropy_forward_backward(logits_.data() + b * T * V, tokens + b * T, 1, T, V, 1e-5f,
+                                                     global_n_targets, pool);
   // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).
-  round_act(logits_.data(), R_ * V, pool);
-  // bf16: every activation gradient is rounded once it is complete and every parameter gradient once it is
-  // written (round_act, a no-op in fp32); chains continued across consumers round only at their end.
-  std::vector<float> dx(static_cast<size_t>(R_ * d)), dtmp(static_cast<size_t>(R_ * d));
-  std::vector<float> dqd(static_cast<size_t>(R_ * qd)), dq(static_cast<size_t>(R_ * qd));
-  std::vector<float> dkd(static_cast<size_t>(R_ * kd)), dk(static_cast<size_t>(R_ * kd)), dv(static_cast<size_t>(R_ * kd));
-  std::vector<float> dF1(static_cast<size_t>(R_ * F)), dg(static_cast<size_t>(R_ * F)), du(static_cast<size_t>(R_ * F));
+  round_act(logits_.data(), R * V, pool);
+  // bf16: every activation gradient is rounded once it is complete and every parameter gradient leaf once
+  // it is written (round_act, a no-op in fp32); chains continued across consumers round only at their end.
+  std::vector<float> dx(static_cast<size_t>(R * d)), dtmp(static_cast<size_t>(R * d));
+  std::vector<float> dqd(static_cast<size_t>(R * qd)), dq(static_cast<size_t>(R * qd));
+  std::vector<float> dkd(static_cast<size_t>(R * kd)), dk(static_cast<size_t>(R * kd)), dv(static_cast<size_t>(R * kd));
+  std::vector<float> dF1(static_cast<size_t>(R * F)), dg(static_cast<size_t>(R * F)), du(static_cast<size_t>(R * F));
   const bool bf16 = precision_ == Precision::bf16;
+
+  // Parameter gradients: every token-axis reduction runs over one instance's T rows (docs/canonical/step.md).
+  // dW[N,K] of rows dY [R, N], X [R, K], instance by instance.
+  auto weight_grad = [&](int64_t offset, const float* dY, const float* X, int64_t N, int64_t K) {
+    for (int64_t b = 0; b < n_inst; ++b) {
+      float* leaf = grads.leaf(b, offset, N * K);
+      matmul_backward_weight(dY + b * T * N, X + b * T * K, leaf, T, N, K, false, pool);
+      round_act(leaf, N * K, pool);
+      grads.commit(b, offset, N * K);
+    }
+  };
+  // RMSNorm backward instance by instance: dx rows [R, n] and the norm weight's leaf per instance.
+  auto norm_backward = [&](int64_t offset, const float* x, const float* w, const float* inv_rms, const float* dy,
+                           float* dxo, int64_t n) {
+    for (int64_t b = 0; b < n_inst; ++b) {
+      float* leaf = grads.leaf(b, offset, n);
+      rmsnorm_backward(x + b * T * n, w, inv_rms + b * T, dy + b * T * n, dxo + b * T * n, leaf, T, n, pool);
+      round_act(leaf, n, pool);
+      grads.commit(b, offset, n);
+    }
+  };
 
   // LM head and final norm.
   use_unit(master_, n_units() - 1, pool);
-  matmul_backward_weight(logits_.data(), hn_.data(), grad + layout_.lm_head, R_, V, d, false, pool);
-  round_act(grad + layout_.lm_head, V * d, pool);
-  matmul_backward_input(logits_.data(), params + layout_.lm_head, dtmp.data(), R_, V, d, false, pool);
-  round_act(dtmp.data(), R_ * d, pool);
-  rmsnorm_backward(x_final_.data(), params + layout_.final_norm, final_rms_.data(), dtmp.data(), dx.data(),
-                   grad + layout_.final_norm, R_, d, pool);
-  round_act(dx.data(), R_ * d, pool);
-  round_act(grad + layout_.final_norm, d, pool);
+  weight_grad(layout_.lm_head, logits_.data(), hn_.data(), V, d);
+  matmul_backward_input(logits_.data(), params + layout_.lm_head, dtmp.data(), R, V, d, false, pool);
+  round_act(dtmp.data(), R * d, pool);
+  norm_backward(layout_.final_norm, x_final_.data(), params + layout_.final_norm, final_rms_.data(), dtmp.data(),
+                dx.data(), d);
+  round_act(dx.data(), R * d, pool);
   drop_unit(n_units() - 1);
   // dx now holds ∂loss/∂(output of the last block).
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
@@ -196,68 +255,56 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
     const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
     use_unit(master_, static_cast<int>(l) + 1, pool);  // gathered again for backward, as FSDP does
     // out = h + RMSNorm(f):  ∂h = dx (kept in dx, accumulated into below), ∂f via the norm.
-    rmsnorm_backward(A.f.data(), params + o.ffn_norm, A.f_rms.data(), dx.data(), dtmp.data(), grad + o.ffn_norm,
-                     R_, d, pool);
-    round_act(dtmp.data(), R_ * d, pool);
-    round_act(grad + o.ffn_norm, d, pool);
-    matmul_backward_weight(dtmp.data(), A.a.data(), grad + o.w2, R_, d, F, false, pool);
-    round_act(grad + o.w2, d * F, pool);
-    matmul_backward_input(dtmp.data(), params + o.w2, dF1.data(), R_, d, F, false, pool);
-    round_act(dF1.data(), R_ * F, pool);
+    norm_backward(o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), dx.data(), dtmp.data(), d);
+    round_act(dtmp.data(), R * d, pool);
+    weight_grad(o.w2, dtmp.data(), A.a.data(), d, F);
+    matmul_backward_input(dtmp.data(), params + o.w2, dF1.data(), R, d, F, false, pool);
+    round_act(dF1.data(), R * F, pool);
     if (bf16)
-      swiglu_backward_bf16(A.g.data(), A.u.data(), dF1.data(), dg.data(), du.data(), R_ * F, pool);
+      swiglu_backward_bf16(A.g.data(), A.u.data(), dF1.data(), dg.data(), du.data(), R * F, pool);
     else
-      swiglu_backward(A.g.data(), A.u.data(), dF1.data(), dg.data(), du.data(), R_ * F, pool);
-    matmul_backward_weight(dg.data(), A.h.data(), grad + o.w1, R_, F, d, false, pool);
-    round_act(grad + o.w1, F * d, pool);
-    matmul_backward_weight(du.data(), A.h.data(), grad + o.w3, R_, F, d, false, pool);
-    round_act(grad + o.w3, F * d, pool);
+      swiglu_backward(A.g.data(), A.u.data(), dF1.data(), dg.data(), du.data(), R * F, pool);
+    weight_grad(o.w1, dg.data(), A.h.data(), F, d);
+    weight_grad(o.w3, du.data(), A.h.data(), F, d);
     // ∂h = dx + dg·W1 + du·W3: the chains continue from the residual gradient (accumulate=true).
-    matmul_backward_input(dg.data(), params + o.w1, dx.data(), R_, F, d, true, pool);
-    matmul_backward_input(du.data(), params + o.w3, dx.data(), R_, F, d, true, pool);
-    round_act(dx.data(), R_ * d, pool);
+    matmul_backward_input(dg.data(), params + o.w1, dx.data(), R, F, d, true, pool);
+    matmul_backward_input(du.data(), params + o.w3, dx.data(), R, F, d, true, pool);
+    round_act(dx.data(), R * d, pool);
     // h = x + RMSNorm(ao).
-    rmsnorm_backward(A.ao.data(), params + o.attn_norm, A.ao_rms.data(), dx.data(), dtmp.data(), grad + o.attn_norm,
-                     R_, d, pool);
-    round_act(dtmp.data(), R_ * d, pool);
-    round_act(grad + o.attn_norm, d, pool);
-    matmul_backward_weight(dtmp.data(), A.att.data(), grad + o.w_out, R_, d, qd, false, pool);
-    round_act(grad + o.w_out, d * qd, pool);
-    matmul_backward_input(dtmp.data(), params + o.w_out, dqd.data(), R_, d, qd, false, pool);  // ∂att
-    round_act(dqd.data(), R_ * qd, pool);
-    AttentionShape as{B_, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(l),
+    norm_backward(o.attn_norm, A.ao.data(), params + o.attn_norm, A.ao_rms.data(), dx.data(), dtmp.data(), d);
+    round_act(dtmp.data(), R * d, pool);
+    weight_grad(o.w_out, dtmp.data(), A.att.data(), d, qd);
+    matmul_backward_input(dtmp.data(), params + o.w_out, dqd.data(), R, d, qd, false, pool);  // ∂att
+    round_act(dqd.data(), R * qd, pool);
+    AttentionShape as{n_inst, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(l),
                       1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     as.precision = precision_;  // bf16: dq, dk, dv come back rounded
     attention_backward(as, A.q.data(), A.k.data(), A.v.data(), A.att.data(), A.att_max.data(), A.att_sum.data(),
                        dqd.data(), dq.data(), dkd.data(), dv.data(), pool);
-    rope_backward(dq.data(), R_, cfg_.n_heads, rope_, pool);
-    round_act(dq.data(), R_ * qd, pool);
-    rope_backward(dkd.data(), R_, cfg_.n_kv_heads, rope_, pool);
-    round_act(dkd.data(), R_ * kd, pool);
-    rmsnorm_backward(A.q_raw.data(), params + o.q_norm, A.q_rms.data(), dq.data(), dqd.data(), grad + o.q_norm, R_,
-                     qd, pool);
-    round_act(dqd.data(), R_ * qd, pool);
-    round_act(grad + o.q_norm, qd, pool);
-    rmsnorm_backward(A.k_raw.data(), params + o.k_norm, A.k_rms.data(), dkd.data(), dk.data(), grad + o.k_norm, R_,
-                     kd, pool);
-    round_act(dk.data(), R_ * kd, pool);
-    round_act(grad + o.k_norm, kd, pool);
-    matmul_backward_weight(dqd.data(), A.x.data(), grad + o.w_q, R_, qd, d, false, pool);
-    round_act(grad + o.w_q, qd * d, pool);
-    matmul_backward_weight(dk.data(), A.x.data(), grad + o.w_k, R_, kd, d, false, pool);
-    round_act(grad + o.w_k, kd * d, pool);
-    matmul_backward_weight(dv.data(), A.x.data(), grad + o.w_v, R_, kd, d, false, pool);
-    round_act(grad + o.w_v, kd * d, pool);
+    rope_backward(dq.data(), R, cfg_.n_heads, rope_, pool);
+    round_act(dq.data(), R * qd, pool);
+    rope_backward(dkd.data(), R, cfg_.n_kv_heads, rope_, pool);
+    round_act(dkd.data(), R * kd, pool);
+    norm_backward(o.q_norm, A.q_raw.data(), params + o.q_norm, A.q_rms.data(), dq.data(), dqd.data(), qd);
+    round_act(dqd.data(), R * qd, pool);
+    norm_backward(o.k_norm, A.k_raw.data(), params + o.k_norm, A.k_rms.data(), dkd.data(), dk.data(), kd);
+    round_act(dk.data(), R * kd, pool);
+    weight_grad(o.w_q, dqd.data(), A.x.data(), qd, d);
+    weight_grad(o.w_k, dk.data(), A.x.data(), kd, d);
+    weight_grad(o.w_v, dv.data(), A.x.data(), kd, d);
     // ∂x = ∂h + dq·Wq + dk·Wk + dv·Wv, chains continuing in that order.
-    matmul_backward_input(dqd.data(), params + o.w_q, dx.data(), R_, qd, d, true, pool);
-    matmul_backward_input(dk.data(), params + o.w_k, dx.data(), R_, kd, d, true, pool);
-    matmul_backward_input(dv.data(), params + o.w_v, dx.data(), R_, kd, d, true, pool);
-    round_act(dx.data(), R_ * d, pool);
+    matmul_backward_input(dqd.data(), params + o.w_q, dx.data(), R, qd, d, true, pool);
+    matmul_backward_input(dk.data(), params + o.w_k, dx.data(), R, kd, d, true, pool);
+    matmul_backward_input(dv.data(), params + o.w_v, dx.data(), R, kd, d, true, pool);
+    round_act(dx.data(), R * d, pool);
     drop_unit(static_cast<int>(l) + 1);
   }
-  embedding_backward(tokens, dx.data(), grad + layout_.embeddings, R_, V, d, pool);
-  round_act(grad + layout_.embeddings, V * d, pool);
-  return sums;
+  for (int64_t b = 0; b < n_inst; ++b) {
+    float* leaf = grads.leaf(b, layout_.embeddings, V * d);
+    embedding_backward(tokens + b * T, dx.data() + b * T * d, leaf, T, V, d, pool);
+    round_act(leaf, V * d, pool);
+    grads.commit(b, layout_.embeddings, V * d);
+  }
 }
 
 }  // namespace olmoref

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "ref/gradient_tree.h"
 #include "ref/model_config.h"
 #include "ref/ops.h"
 #include "ref/params.h"
@@ -58,18 +59,29 @@ class Olmo3 {
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }
 
-  // Forward and backward of one micro-batch. tokens: [B, T]. grad: layout().total floats,
-  // overwritten with ∂loss/∂params where loss is divided by global_n_targets. If logits_out is not
-  // null it receives the fp32 logits [B, T, V] before the loss (for parity checks).
+  // Forward and backward of one micro-batch of n_instances <= micro_batch() instances. tokens: [n, T].
+  // The parameter gradients (of the loss divided by global_n_targets) go to `grads` instance by instance
+  // (GradientLeaves: the leaves of the step's instance tree); per_instance[b] receives instance b's fp64
+  // loss totals. If logits_out is not null it receives the fp32 logits [n, T, V] before the loss.
+  void forward_backward(const float* params, const uint32_t* tokens, int64_t n_instances, int64_t global_n_targets,
+                        GradientLeaves& grads, LossSums* per_instance, ThreadPool* pool, float* logits_out = nullptr);
+
+  // The micro-batch's gradient on its own: the instance tree over its micro_batch() instances, into grad
+  // (layout().total floats, overwritten); the loss totals are the same tree over the instances.
   LossSums forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
                             ThreadPool* pool, float* logits_out = nullptr);
+
+  // FSDP with uneven runs: a rank with fewer micro-batches than others in its shard group takes part in the
+  // parameter gathers of one forward/backward without computing (the gate sees exactly the acquire/release
+  // sequence of forward_backward), so the group's collectives stay matched.
+  void gather_only_pass();
 
   // Forward only: loss sums (no gradient). Used by evaluation. If logits_out is not null it receives the
   // logits [B, T, V] (bf16-valued in bf16 precision), as in forward_backward.
   LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out = nullptr);
 
  private:
-  void forward(const float* params, const uint32_t* tokens, ThreadPool* pool);
+  void forward(const float* params, const uint32_t* tokens, int64_t n_instances, ThreadPool* pool);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params, ThreadPool* pool);
   void use_unit(const float* master, int unit, ThreadPool* pool);  // acquire (+ the bf16 copy of the unit)

@@ -6,6 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 bash tools/build.sh || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+# The Python peers (torch, transformers, ...) are installed before any test starts, so no test skips for them.
+bash tools/setup_python.sh || echo "test.sh: the Python environment could not be set up; the parity tests will skip" >&2
 meson test -C build --print-errorlogs --num-processes "${OLMOREF_TEST_JOBS:-2}" "$@"
 status=$?
 python3 tools/count_tests.py build/meson-logs/testlog.json

@@ -97,11 +97,17 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
     cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
                   "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
+    auto tree_shape = std::make_shared<std::string>("balanced");
+    cmd->add_option("--debug-tree-shape", *tree_shape,
+                    "TEST ONLY: 'microbatch-chain' sums each micro-batch as a chain and the micro-batches by the tree "
+                    "(the old order, single process); must break micro-batch invariance (T6)")
+        ->check(CLI::IsMember({"balanced", "microbatch-chain"}));
     cmd->callback([=] {
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
       const TrainConfig c = load_config(cfg->path, ov);
       RunOptions run = *o;
+      run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;
       for (const auto& what : *skip) {
         run.resume_opts.skip_moments |= what == "moments";
         run.resume_opts.skip_loader |= what == "loader";
@@ -125,8 +131,26 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--work", o->work_dir, "Keep the runs here (default: a temporary directory, removed when identical)");
     cmd->add_option("--debug-skip-restore", *skip, "TEST ONLY: negative control passed to the resumed runs")
         ->check(CLI::IsMember({"moments", "loader", "step"}));
+    cmd->add_option("--resume-set", o->resume_overrides,
+                    "Override a config key in the resumed runs only (repeatable), e.g. train.micro_batch_instances=2");
+    auto layout = std::make_shared<std::string>("1x1"), resume_layout = std::make_shared<std::string>();
+    cmd->add_option("--layout", *layout, "dp_shard x dp_replicate of the uninterrupted run and the runs up to K (mpirun)");
+    cmd->add_option("--resume-layout", *resume_layout, "dp_shard x dp_replicate of the resumed runs (default: --layout)");
     cmd->callback([=] {
       ResumeCheckOptions opts = *o;
+      auto parse_layout = [](const std::string& s, const char* flag, int& shard, int& rep) {
+        const auto x = s.find('x');
+        try {
+          if (x == std::string::npos) throw std::invalid_argument(s);
+          shard = std::stoi(s.substr(0, x));
+          rep = std::stoi(s.substr(x + 1));
+        } catch (const std::exception&) {
+          throw std::invalid_argument(std::string(flag) + " '" + s + "': expected SHARDxREPLICATE, e.g. 3x1");
+        }
+        if (shard < 1 || rep < 1) throw std::invalid_argument(std::string(flag) + " '" + s + "': both factors must be >= 1");
+      };
+      parse_layout(*layout, "--layout", opts.dp_shard, opts.dp_replicate);
+      if (!resume_layout->empty()) parse_layout(*resume_layout, "--resume-layout", opts.resume_dp_shard, opts.resume_dp_replicate);
       std::stringstream ss(*at);
       for (std::string item; std::getline(ss, item, ',');) opts.at.push_back(std::stoll(item));
       for (const auto& s : *skip) {

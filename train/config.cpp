@@ -243,8 +243,6 @@ void TrainConfig::validate() const {
   require(train.seq_len >= 2, "train.seq_len", "must be >= 2 (one target needs two tokens)");
   require(train.micro_batch_instances > 0, "train.micro_batch_instances", "must be > 0");
   require(train.global_batch_instances > 0, "train.global_batch_instances", "must be > 0");
-  require(train.global_batch_instances % train.micro_batch_instances == 0, "train.global_batch_instances",
-          "must be a multiple of train.micro_batch_instances (" + std::to_string(train.micro_batch_instances) + ")");
   require(train.steps >= 0, "train.steps", "must be >= 0");
   require(train.z_loss >= 0, "train.z_loss", "must be >= 0");
   require(train.precision == "fp32" || train.precision == "bf16", "train.precision",
@@ -344,6 +342,9 @@ std::string TrainConfig::resume_hash() const {
   c.data.holdout_mix.clear();
   c.data.audit = false;
   c.model.name.clear();
+  // The micro-batch size only decides how many instances one forward/backward holds; the instance tree makes
+  // it irrelevant to every bit (tier T6), so a resume may change it.
+  c.train.micro_batch_instances = 1;
   // Evaluation never changes training: the [eval] section is left out of the hashed text entirely,
   // so the hash is also what it was before the section existed.
   std::string text = c.to_toml();

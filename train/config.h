@@ -13,7 +13,7 @@ namespace olmoref {
 
 struct TrainLoopConfig {
   int64_t seq_len = 0;
-  int64_t micro_batch_instances = 1;   // instances per canonical micro-batch (a run constant)
+  int64_t micro_batch_instances = 1;   // instances per forward/backward (any; never changes the bits)
   int64_t global_batch_instances = 1;  // a whole number of micro-batches
   int64_t steps = 1;
   double z_loss = 1e-5;
@@ -65,7 +65,10 @@ struct TrainConfig {
   std::string source_path;   // the TOML file it came from (empty when built in code)
   std::vector<std::string> overrides;
 
-  int64_t micro_batches_per_step() const { return train.global_batch_instances / train.micro_batch_instances; }
+  // The last micro-batch of a step may be shorter (ref/instance_tree.h: BatchSplit).
+  int64_t micro_batches_per_step() const {
+    return (train.global_batch_instances + train.micro_batch_instances - 1) / train.micro_batch_instances;
+  }
   int64_t targets_per_step() const { return train.global_batch_instances * (train.seq_len - 1); }
   void validate() const;                // throws std::invalid_argument naming the key
   std::string to_toml() const;          // resolved configuration, stable key order

@@ -79,7 +79,9 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision)),
       source_(std::move(source)),
       par_(par),
-      comm_(par.comm ? par.comm : &dist::world()) {
+      comm_(par.comm ? par.comm : &dist::world()),
+      tree_(cfg.train.global_batch_instances, model_.layout().total, &pool_, par.debug_tree_shape,
+            cfg.train.micro_batch_instances) {
   cfg_.validate();
   layout_.dp_shard = par.dp_shard;
   layout_.dp_replicate = par.dp_replicate;
@@ -88,7 +90,10 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   if (layout_.world() != comm_->size())
     throw std::invalid_argument("dp_shard x dp_replicate = " + std::to_string(layout_.world()) + " but " +
                                 std::to_string(comm_->size()) + " process(es) were started (mpirun -np must match)");
-  layout_.validate(cfg_.micro_batches_per_step());
+  layout_.validate();
+  batch_split().validate();
+  if (par.debug_tree_shape != TreeShape::balanced && layout_.world() != 1)
+    throw std::invalid_argument("--debug-tree-shape is a single-process negative control");
   // Ranks of one replicate group split the vector; the group is ordered by shard index.
   shard_comm_ = comm_->split(layout_.replicate_index(), layout_.shard_index());
   const size_t n = static_cast<size_t>(layout_.hi() - layout_.lo());
@@ -111,71 +116,112 @@ int64_t Trainer::state_bytes() const {
 void Trainer::release_transients() {
   if (layout_.dp_shard == 1) return;
   // FSDP: outside the step a rank keeps only its shards (parameter units were released as used).
-  std::vector<std::vector<float>>().swap(grad_stack_);
+  tree_.release();
 }
 
-// The canonical reduction over micro-batch indices [lo, hi): split at mid = lo + ceil((hi-lo)/2),
-// sum = left + right elementwise. With 2^k ranks each holding a contiguous aligned block of the
-// micro-batches, every rank's block is a whole subtree, so data-parallel layouts change only who
-// computes which subtree (docs/canonical/step.md).
-LossSums Trainer::reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, size_t depth, float* logits_out) {
-  const int64_t n = model_.layout().total;
-  if (grad_stack_.size() <= depth) grad_stack_.resize(depth + 1);
-  if (grad_stack_[depth].size() != static_cast<size_t>(n)) grad_stack_[depth].assign(static_cast<size_t>(n), 0.0f);
-  if (hi - lo == 1) {
-    const int64_t mb = cfg_.train.micro_batch_instances, T = cfg_.train.seq_len;
-    float* lo_logits = logits_out ? logits_out + lo * mb * T * cfg_.model.vocab_size : nullptr;
-    const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
-    return model_.forward_backward(p, batch.tokens.data() + lo * mb * T, cfg_.targets_per_step(),
-                                   grad_stack_[depth].data(), &pool_, lo_logits);
+BatchSplit Trainer::batch_split() const {
+  return {cfg_.train.global_batch_instances, cfg_.train.micro_batch_instances, layout_.world()};
+}
+
+// This rank's contiguous run of micro-batches, each fed to the instance tree as its instances' leaves
+// (docs/canonical/step.md). Whatever the micro-batch size, the tree's adds are the same; only how many
+// leaves one forward/backward produces changes.
+void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out) {
+  const BatchSplit split = batch_split();
+  const int64_t T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
+  per_instance.assign(static_cast<size_t>(split.global_instances), LossSums{});
+  tree_.reset();
+  const auto [m0, m1] = split.microbatches_of_rank(layout_.rank);
+  const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
+  for (int64_t m = m0; m < m1; ++m) {
+    const auto [a, b] = split.instances_of_microbatch(m);
+    tree_.begin_microbatch(a, b - a);
+    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), tree_,
+                            per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
   }
-  const int64_t mid = lo + (hi - lo + 1) / 2;
-  LossSums left = reduce_range(batch, lo, mid, depth, logits_out);
-  LossSums right = reduce_range(batch, mid, hi, depth + 1, logits_out);
-  float* a = grad_stack_[depth].data();
-  const float* b = grad_stack_[depth + 1].data();
-  pool_.parallel_for(n, 1 << 15, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) a[i] = a[i] + b[i];
-  });
-  return {left.ce + right.ce, left.z + right.z, left.n_targets + right.n_targets};
+  gather_for_longer_runs(m1 - m0);
+}
+
+// Ranks of a shard group gather parameter units together once per forward and once per backward. When the
+// runs of micro-batches differ in length, the shorter runs join the remaining gathers without computing.
+void Trainer::gather_for_longer_runs(int64_t my_runs) {
+  if (layout_.dp_shard == 1) return;
+  const BatchSplit split = batch_split();
+  int64_t longest = 0;
+  for (int s = 0; s < layout_.dp_shard; ++s) {
+    const auto [m0, m1] = split.microbatches_of_rank(layout_.replicate_index() * layout_.dp_shard + s);
+    longest = std::max(longest, m1 - m0);
+  }
+  for (int64_t i = my_runs; i < longest; ++i) model_.gather_only_pass();
+}
+
+// fp64 loss totals of instances [0, N) by the instance tree.
+static LossSums tree_loss_sums(const std::vector<double>& ce, const std::vector<double>& z, int64_t n_targets) {
+  const int64_t N = static_cast<int64_t>(ce.size());
+  return {tree_sum_range(ce.data(), 0, N), tree_sum_range(z.data(), 0, N), n_targets};
 }
 
 LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* logits_out) {
   if (layout_.world() != 1) throw std::logic_error("compute_gradient is single-process only");
-  const LossSums sums = reduce_range(batch, 0, cfg_.micro_batches_per_step(), 0, logits_out);
-  if (grad) std::copy(grad_stack_[0].begin(), grad_stack_[0].end(), grad);
-  return sums;
+  std::vector<LossSums> per;
+  compute_local_tree(batch, per, logits_out);
+  if (grad) std::copy(tree_.slot(0), tree_.slot(0) + layout_.total, grad);
+  std::vector<double> ce(per.size()), z(per.size());
+  int64_t n = 0;
+  for (size_t i = 0; i < per.size(); ++i) ce[i] = per[i].ce, z[i] = per[i].z, n += per[i].n_targets;
+  return tree_loss_sums(ce, z, n);
 }
 
-void Trainer::reduce_gradient_to_shard(const float* local_full, float* shard_out) {
+void Trainer::reduce_gradient_to_shard(float* shard_out) {
   const int W = layout_.world();
   const int64_t lo = layout_.lo(), len = layout_.hi() - lo;
-  if (W == 1) {
-    std::copy(local_full + lo, local_full + lo + len, shard_out);
+  const BatchSplit split = batch_split();
+  const int64_t N = split.global_instances;
+  if (W == 1 || par_.debug_tree_shape != TreeShape::balanced) {  // the root is in slot 0
+    std::copy(tree_.slot(0) + lo, tree_.slot(0) + lo + len, shard_out);
     return;
   }
-  // All-to-all: block j = my subtree's gradient on rank j's range. Then the top of the step tree over
-  // ranks (balanced halving over rank index, the same splits as over micro-batch index) on my range.
+  // Every rank's maximal subtrees are known to all from the layout alone, so block sizes need no exchange.
+  std::vector<std::vector<TreeNode>> nodes_of(static_cast<size_t>(W));
+  for (int j = 0; j < W; ++j) {
+    const auto [a, b] = split.instances_of_rank(j);
+    nodes_of[static_cast<size_t>(j)] = maximal_subtrees(N, a, b);
+  }
+  const std::vector<TreeNode>& mine = nodes_of[static_cast<size_t>(layout_.rank)];
+  if (mine != tree_.nodes()) throw std::logic_error("instance tree: this rank's subtrees differ from the layout's");
+  // All-to-all: to rank j, my k nodes restricted to j's shard range (each padded to the shard stride, so an
+  // aligned layout with one node per rank sends exactly what the rank tree of whole subtrees sent).
   const int64_t stride = layout_.shard_stride();
-  std::vector<float> send(static_cast<size_t>(stride) * W, 0.0f), recv(static_cast<size_t>(stride) * W);
+  const int64_t k = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
+  int64_t recv_total = 0;
+  for (int j = 0; j < W; ++j) {
+    send_counts[static_cast<size_t>(j)] = k * stride;
+    recv_counts[static_cast<size_t>(j)] = static_cast<int64_t>(nodes_of[static_cast<size_t>(j)].size()) * stride;
+    recv_total += recv_counts[static_cast<size_t>(j)];
+  }
+  std::vector<float> send(static_cast<size_t>(k * stride * W), 0.0f), recv(static_cast<size_t>(recv_total));
   for (int j = 0; j < W; ++j) {
     const int s = j % layout_.dp_shard;
-    std::copy(local_full + layout_.begin(s), local_full + layout_.end(s), send.begin() + static_cast<int64_t>(j) * stride);
+    for (int64_t q = 0; q < k; ++q) {
+      const float* src = tree_.slot(static_cast<int>(q));
+      std::copy(src + layout_.begin(s), src + layout_.end(s), send.begin() + (j * k + q) * stride);
+    }
   }
-  comm_->alltoall(send.data(), static_cast<size_t>(stride) * sizeof(float), recv.data(), "all-to-all gradients");
-  std::function<void(int, int)> tree = [&](int a, int b) {  // result in block a
-    if (b - a == 1) return;
-    const int mid = a + (b - a + 1) / 2;
-    tree(a, mid);
-    tree(mid, b);
-    float* x = recv.data() + static_cast<int64_t>(a) * stride;
-    const float* y = recv.data() + static_cast<int64_t>(mid) * stride;
-    pool_.parallel_for(len, 1 << 15, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) x[i] = x[i] + y[i];
-    });
-  };
-  tree(0, W);
-  std::copy(recv.begin(), recv.begin() + len, shard_out);
+  comm_->alltoallv(send.data(), send_counts, recv.data(), recv_counts, "all-to-all gradient subtrees");
+  // The owner finishes the tree: the same left-to-right plan, fed whole subtrees in rank (= index) order.
+  TreePlan plan(N);
+  std::vector<float*> slot(static_cast<size_t>(plan.max_slots()), nullptr);
+  float* next = recv.data();
+  for (int j = 0; j < W; ++j)
+    for (const TreeNode& node : nodes_of[static_cast<size_t>(j)]) {
+      const TreePlan::Step st = plan.feed(node);
+      slot[static_cast<size_t>(st.slot)] = next;
+      next += stride;
+      for (const TreePlan::Merge& mg : st.merges)
+        tree_add(slot[static_cast<size_t>(mg.dst)], slot[static_cast<size_t>(mg.src)], len, &pool_);
+    }
+  std::copy(slot[0], slot[0] + len, shard_out);
 }
 
 std::string Trainer::sharded_digest(const float* shard) {
@@ -205,38 +251,54 @@ StepResult Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const StepBatch batch = source_->next();
   const int W = layout_.world();
-  const int64_t M = cfg_.micro_batches_per_step(), per_rank = M / W;
-  const int64_t m0 = layout_.rank * per_rank, m1 = m0 + per_rank;
-  LossSums sums;
+  const BatchSplit split = batch_split();
+  const int64_t N = split.global_instances;
   const int64_t len = layout_.hi() - layout_.lo();
   grad_shard_.resize(static_cast<size_t>(len));
+  std::vector<LossSums> per;
   if (par_.debug_float_allreduce) {
     // TEST ONLY negative control: what data-parallel trainers usually do. A per-rank fp32 running sum
     // over micro-batches (sequential, not the tree) and a float all-reduce in the library's order.
     // It must break layout invariance (tests/dist).
-    const int64_t n = model_.layout().total;
+    const int64_t n = model_.layout().total, T = cfg_.train.seq_len;
     std::vector<float> acc(static_cast<size_t>(n), 0.0f);
+    per.assign(static_cast<size_t>(N), LossSums{});
+    const auto [m0, m1] = split.microbatches_of_rank(layout_.rank);
+    const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
     for (int64_t m = m0; m < m1; ++m) {
-      const LossSums part = reduce_range(batch, m, m + 1, 0, nullptr);
-      for (int64_t i = 0; i < n; ++i) acc[i] += grad_stack_[0][i];
-      sums = {sums.ce + part.ce, sums.z + part.z, sums.n_targets + part.n_targets};
+      const auto [a, b] = split.instances_of_microbatch(m);
+      GradientTree mtree(b - a, n, &pool_);
+      mtree.begin_microbatch(0, b - a);
+      model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), mtree, per.data() + a,
+                              &pool_);
+      for (int64_t i = 0; i < n; ++i) acc[i] += mtree.slot(0)[i];
     }
+    gather_for_longer_runs(m1 - m0);
     comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
     std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.begin());
   } else {
-    sums = reduce_range(batch, m0, m1, 0, nullptr);
-    reduce_gradient_to_shard(grad_stack_[0].data(), grad_shard_.data());
+    compute_local_tree(batch, per, nullptr);
+    reduce_gradient_to_shard(grad_shard_.data());
   }
-  // Loss sums: exact per-rank values added in the rank tree (the top of the step tree).
+  // Loss totals: every instance's exact fp64 values reach every rank, then the instance tree adds them.
+  std::vector<double> ce(static_cast<size_t>(N)), z(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) ce[i] = per[i].ce, z[i] = per[i].z;
   if (W > 1) {
-    double mine[2] = {sums.ce, sums.z};
-    std::vector<double> all(static_cast<size_t>(2 * W));
-    comm_->allgather(mine, sizeof mine, all.data(), "all-gather loss sums");
-    std::vector<double> ce(static_cast<size_t>(W)), z(static_cast<size_t>(W));
-    for (int r = 0; r < W; ++r) ce[r] = all[2 * r], z[r] = all[2 * r + 1];
-    sums.ce = dist::tree_sum(ce);
-    sums.z = dist::tree_sum(z);
+    int64_t widest = 0;
+    for (int j = 0; j < W; ++j) {
+      const auto [a, b] = split.instances_of_rank(j);
+      widest = std::max(widest, b - a);
+    }
+    const auto [i0, i1] = split.instances_of_rank(layout_.rank);
+    std::vector<double> mine(static_cast<size_t>(2 * widest), 0.0), all(static_cast<size_t>(2 * widest * W));
+    for (int64_t i = i0; i < i1; ++i) mine[2 * (i - i0)] = ce[i], mine[2 * (i - i0) + 1] = z[i];
+    comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather per-instance loss totals");
+    for (int j = 0; j < W; ++j) {
+      const auto [a, b] = split.instances_of_rank(j);
+      for (int64_t i = a; i < b; ++i) ce[i] = all[2 * (j * widest + i - a)], z[i] = all[2 * (j * widest + i - a) + 1];
+    }
   }
+  const LossSums sums = tree_loss_sums(ce, z, cfg_.targets_per_step());
   // Gradient norm: per-chunk Σg² of my range, exchanged within the shard group, added in chunk order.
   const int64_t chunks = (layout_.total + kNormChunk - 1) / kNormChunk;
   const int64_t c0 = layout_.lo() / kNormChunk;
@@ -269,12 +331,12 @@ StepResult Trainer::train_step() {
 
   StepResult out;
   TraceRecord& r = out.record;
-  const double N = static_cast<double>(cfg_.targets_per_step());
+  const double n_targets = static_cast<double>(cfg_.targets_per_step());
   r.step = step;
   r.epoch = batch.epoch;
-  r.loss = static_cast<float>((sums.ce + sums.z) / N);
-  r.ce = static_cast<float>(sums.ce / N);
-  r.z = static_cast<float>(sums.z / N);
+  r.loss = static_cast<float>((sums.ce + sums.z) / n_targets);
+  r.ce = static_cast<float>(sums.ce / n_targets);
+  r.z = static_cast<float>(sums.z / n_targets);
   r.grad_norm = static_cast<float>(norm);
   r.clip = clip;
   r.lr = lr;

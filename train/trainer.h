@@ -11,6 +11,7 @@
 #include "dist/comm.h"
 #include "dist/layout.h"
 #include "golden/trace.h"
+#include "ref/instance_tree.h"
 #include "ref/model.h"
 #include "ref/parallel.h"
 #include "train/batch_source.h"
@@ -29,6 +30,7 @@ struct Parallelism {
   int dp_shard = 1, dp_replicate = 1;
   dist::Comm* comm = nullptr;                 // the world; nullptr = single process
   bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
+  TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
 };
 
 class Trainer {
@@ -74,17 +76,23 @@ class Trainer {
   const BatchSource& source() const { return *source_; }
   BatchSource& source_mut() { return *source_; }
 
-  // The step gradient of `batch` at the current parameters (canonical reduction over micro-batches,
-  // before clipping) into grad (n_params floats); optionally the logits [instances, T, V].
+  // The step gradient of `batch` at the current parameters (the instance tree, before clipping) into grad
+  // (n_params floats); optionally the logits [instances, T, V]. Single process only.
   LossSums compute_gradient(const StepBatch& batch, float* grad, float* logits_out = nullptr);
 
  private:
-  LossSums reduce_range(const StepBatch& batch, int64_t lo, int64_t hi, size_t depth, float* logits_out);
+  // Who computes which instances of a step (ref/instance_tree.h: BatchSplit).
+  BatchSplit batch_split() const;
+  // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
+  // per_instance[i] receives global instance i's loss totals for this rank's instances.
+  void compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out);
+  void gather_for_longer_runs(int64_t my_runs);
   void release_transients();           // frees the gradient buffers of a sharded step
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
   std::string sharded_digest(const float* shard);
-  // Reduces this rank's subtree gradient (full length) into its shard in the canonical rank tree.
-  void reduce_gradient_to_shard(const float* local_full, float* shard_out);
+  // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
+  // shard) travel to the shard's owners by one all-to-all, and the owner performs the tree's remaining adds.
+  void reduce_gradient_to_shard(float* shard_out);
 
   TrainConfig cfg_;
   ThreadPool pool_;
@@ -102,7 +110,7 @@ class Trainer {
   class UnitGather;
   std::unique_ptr<UnitGather> unit_gather_;
   float* full_view_ = nullptr;
-  std::vector<std::vector<float>> grad_stack_;  // one buffer per tree depth
+  GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
   int64_t step_ = 0;
   int64_t tokens_ = 0;
 };

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# HSDP layout invariance (tier T3) through mpirun: the same run at 1x1, 2x1, 1x2, 2x2, 4x1 and 8x1
-# (dp_shard x dp_replicate) writes byte-identical traces to the single-process run; a checkpoint saved
-# at 2x2 resumes at 4x1 and at 1x1 with an identical continuation; the float all-reduce negative
-# control breaks the invariance; a rank that dies or hangs ends the job quickly, naming the rank, and
+# Layout and micro-batch invariance (tiers T3 and T6) through mpirun: the same run at any world size (1-6 and 8
+# ranks, shard x replicate products such as 3x1, 1x3, 3x2, 2x3, uneven runs of micro-batches), fp32 and bf16,
+# and at any micro-batch size (divisors or not), writes byte-identical traces to the single-process run;
+# resumes across layouts and micro-batch sizes (resume-check, a chain of restarts, a kill -9 during a 3-rank
+# checkpoint) continue identically; two negative controls (the old micro-batch-chain order, a float
+# all-reduce) break the invariance; a rank that dies or hangs ends the job quickly, naming the rank, and
 # leaves no checkpoint marked complete.
 set -euo pipefail
 BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
@@ -22,51 +24,109 @@ while len(toks) < 120000:
     toks += [(start + i * step) % 500 for i in range(random.randrange(20, 60))] + [511]
 open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(toks), *toks))
 PY
-# 16 instances per step in 8 micro-batches of 2: up to 8 ranks, two micro-batches per rank at 4 ranks.
-cfg=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]"
-     --set train.global_batch_instances=16 --set train.micro_batch_instances=2 --set data.audit=true
-     --set checkpoint.interval=2 --steps 4 --threads 1 --quiet)
+# 12 instances per step in 6 micro-batches of 2: runs of micro-batches differ between ranks at 4 and 5 ranks,
+# and instance ranges are not whole subtrees of the instance tree at 3, 4, 5 and 6 ranks.
+base=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]"
+      --set train.global_batch_instances=12 --set data.audit=true --set checkpoint.interval=2 --steps 4 --threads 1 --quiet)
+cfg=("${base[@]}" --set train.micro_batch_instances=2)
+bf16=(--set train.precision=\"bf16\")
 
 "$BIN" train "${cfg[@]}" --out "$work/single"
-check() {  # check NAME: trace identical to the single-process run
-  cmp "$work/single/trace.jsonl" "$work/$1/trace.jsonl" || { echo "layout $1: trace differs"; exit 1; }
-  echo "layout $1: identical"
+"$BIN" train "${cfg[@]}" "${bf16[@]}" --out "$work/single-bf16"
+same() {  # same REFERENCE RUN WHAT: traces byte-identical
+  cmp "$work/$1/trace.jsonl" "$work/$2/trace.jsonl" || { echo "$3: trace differs from $1"; exit 1; }
+  echo "$3: identical"
 }
-for layout in 1x1 2x1 1x2 2x2 4x1 8x1; do
-  s=${layout%x*}; r=${layout#*x}
-  "${MPIRUN[@]}" -np $((s * r)) "$BIN" train "${cfg[@]}" --dp-shard "$s" --dp-replicate "$r" --out "$work/$layout" --report-comm \
-    2> "$work/$layout.log"
-  check "$layout"
+run_layout() {  # run_layout NAME SxR EXTRA...: an mpirun at that layout
+  local name=$1 s=${2%x*} r=${2#*x}
+  shift 2
+  "${MPIRUN[@]}" -np $((s * r)) "$BIN" train "$@" --dp-shard "$s" --dp-replicate "$r" --out "$work/$name" --report-comm --comm-timeout 60 \
+    2> "$work/$name.log" || { echo "$name failed"; cat "$work/$name.log"; exit 1; }
+}
+# T3, fp32: any world size and any shard x replicate product.
+for layout in 1x1 2x1 1x2 3x1 1x3 4x1 5x1 6x1 2x2 3x2 2x3; do
+  run_layout "$layout" "$layout" "${cfg[@]}"
+  same single "$layout" "fp32 layout $layout (micro-batch 2)"
 done
-grep -h "sent" "$work/2x1.log" "$work/4x1.log" | head -2
+# 8 ranks need 8 micro-batches: micro-batch 1 (12 over 8 ranks: runs of 2 and 1), also 5x1 with runs 3,3,2,2,2.
+for layout in 8x1 5x1 3x2; do
+  run_layout "$layout-mb1" "$layout" "${base[@]}" --set train.micro_batch_instances=1
+  same single "$layout-mb1" "fp32 layout $layout (micro-batch 1)"
+done
+# T3, bf16.
+for layout in 3x1 2x3 4x1 5x1; do
+  run_layout "$layout-bf16" "$layout" "${cfg[@]}" "${bf16[@]}"
+  same single-bf16 "$layout-bf16" "bf16 layout $layout (micro-batch 2)"
+done
+grep -h "sent" "$work/2x1.log" "$work/3x1.log" | head -4
 # The per-rank audit logs together are exactly the single-process log (same records, rank aside).
-cat "$work"/4x1/audit-rank*.jsonl | sed 's/"rank":[0-9]*,//' | sort > "$work/audit-4x1.sorted"
-sed 's/"rank":[0-9]*,//' "$work/single/audit.jsonl" | sort > "$work/audit-single.sorted"
-cmp "$work/audit-single.sorted" "$work/audit-4x1.sorted"
-
-# Resume at another layout: save at 2x2 (step 2), continue at 4x1 and at 1x1 (no mpirun).
-for target in 4x1 1x1; do
-  out="$work/reshard-$target"
-  "${MPIRUN[@]}" -np 4 "$BIN" train "${cfg[@]}" --dp-shard 2 --dp-replicate 2 --stop-after 2 --out "$out"
-  [ -d "$out/checkpoints/step00000002" ]
-  if [ "$target" = 4x1 ]; then
-    "${MPIRUN[@]}" -np 4 "$BIN" train "${cfg[@]}" --dp-shard 4 --out "$out" --resume
-  else
-    "$BIN" train "${cfg[@]}" --out "$out" --resume
-  fi
-  cmp "$work/single/trace.jsonl" "$out/trace.jsonl" || { echo "resume 2x2 -> $target differs"; exit 1; }
-  echo "resume 2x2 -> $target: identical"
+for layout in 4x1 5x1-mb1; do
+  cat "$work/$layout"/audit-rank*.jsonl | sed 's/"rank":[0-9]*,//; s/"microbatch":[0-9]*,//' | sort > "$work/audit-$layout.sorted"
+  sed 's/"rank":[0-9]*,//; s/"microbatch":[0-9]*,//' "$work/single/audit.jsonl" | sort > "$work/audit-single.sorted"
+  cmp "$work/audit-single.sorted" "$work/audit-$layout.sorted"
 done
+
+# T6: the micro-batch size never changes the bits (1, 2, 4, 8 and the non-divisors 5 and 8 of 12), fp32 and bf16.
+for mb in 1 3 4 5 8 12; do
+  "$BIN" train "${base[@]}" --set train.micro_batch_instances=$mb --out "$work/mb$mb"
+  same single "mb$mb" "fp32 micro-batch $mb"
+  "$BIN" train "${base[@]}" "${bf16[@]}" --set train.micro_batch_instances=$mb --out "$work/mb$mb-bf16"
+  same single-bf16 "mb$mb-bf16" "bf16 micro-batch $mb"
+done
+# Negative control: the old order (micro-batches as chains, then a tree over micro-batch index) breaks T6.
+"$BIN" train "${base[@]}" --set train.micro_batch_instances=4 --debug-tree-shape microbatch-chain --out "$work/chain4"
+cmp -s "$work/single/trace.jsonl" "$work/chain4/trace.jsonl" &&
+  { echo "negative control: the micro-batch-chain tree matched the instance tree (the test cannot tell)"; exit 1; }
+echo "negative control: the micro-batch-chain tree differs"
+# Refusals say what to change.
+set +e
+"${MPIRUN[@]}" -np 8 "$BIN" train "${cfg[@]}" --dp-shard 8 --out "$work/crowded" > "$work/crowded.log" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "train.micro_batch_instances <= 1" "$work/crowded.log" ||
+  { echo "8 ranks for 6 micro-batches: exit $rc"; cat "$work/crowded.log"; exit 1; }
+echo "8 ranks for 6 micro-batches: refused, naming the fix"
+
+# Resume at another layout and micro-batch size (T3 + T6 across a restart), with resume-check: a checkpoint
+# written with micro-batch 8 at 4x1 (32 instances per step) resumes with micro-batch 2 at 3x1.
+big=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set train.global_batch_instances=32
+     --threads 1)
+"$BIN" resume-check "${big[@]}" --set train.micro_batch_instances=8 --steps 4 --at 2 --layout 4x1 --resume-layout 3x1 \
+  --resume-set train.micro_batch_instances=2 > "$work/rc.log" 2>&1 || { cat "$work/rc.log"; exit 1; }
+grep -q "IDENTICAL" "$work/rc.log"
+echo "resume-check 4x1 micro-batch 8 -> 3x1 micro-batch 2: identical"
+# A chain of resumes: 1x1 mb 3 -> (after step 2) 3x2 mb 1 -> (after step 3) 5x1 mb 2; and 2x2 -> 4x1.
+out="$work/chain"
+"$BIN" train "${base[@]}" --set train.micro_batch_instances=3 --stop-after 2 --out "$out"
+"${MPIRUN[@]}" -np 6 "$BIN" train "${base[@]}" --set train.micro_batch_instances=1 --dp-shard 3 --dp-replicate 2 \
+  --stop-after 3 --out "$out" --resume --comm-timeout 60
+"${MPIRUN[@]}" -np 5 "$BIN" train "${base[@]}" --set train.micro_batch_instances=2 --dp-shard 5 --stop-after 4 --out "$out" --resume --comm-timeout 60
+same single chain "resume chain 1x1 mb3 -> 3x2 mb1 -> 5x1 mb2"
+out="$work/reshard"
+"${MPIRUN[@]}" -np 4 "$BIN" train "${cfg[@]}" --dp-shard 2 --dp-replicate 2 --stop-after 2 --out "$out"
+"${MPIRUN[@]}" -np 4 "$BIN" train "${cfg[@]}" --dp-shard 4 --out "$out" --resume
+same single reshard "resume 2x2 -> 4x1"
 "$BIN" ckpt verify "$work/2x2/checkpoints/step00000004" > /dev/null
+# kill -9 of one rank of a 3-rank run in the middle of the step-4 checkpoint (after its shard, before the
+# manifest): step 2 stays the newest complete checkpoint; resuming it at 2x1 with micro-batch 4 finishes identically.
+set +e
+OLMOREF_TEST_CRASH_IN_SAVE=4 OLMOREF_TEST_CRASH_SHARD=2 timeout 120 "${MPIRUN[@]}" -np 3 "$BIN" train "${cfg[@]}" --dp-shard 3 \
+  --comm-timeout 20 --out "$work/kill3" > "$work/kill3.log" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && [ ! -d "$work/kill3/checkpoints/step00000004" ] && [ -d "$work/kill3/checkpoints/step00000002" ] ||
+  { echo "kill -9 in a 3-rank checkpoint: exit $rc"; ls -a "$work/kill3/checkpoints"; cat "$work/kill3.log"; exit 1; }
+"${MPIRUN[@]}" -np 2 "$BIN" train "${base[@]}" --set train.micro_batch_instances=4 --dp-shard 2 --out "$work/kill3" --resume --comm-timeout 60
+same single kill3 "kill -9 during a 3-rank checkpoint, resumed at 2x1 micro-batch 4"
 
 # Negative control: a per-rank fp32 running sum plus MPI's float all-reduce is not layout invariant.
 differ=0
-for np in 1 2 4; do
+for np in 1 2 3 4; do
   "${MPIRUN[@]}" -np $np "$BIN" train "${cfg[@]}" --dp-shard $np --debug-float-allreduce --out "$work/float-$np"
   cmp -s "$work/single/trace.jsonl" "$work/float-$np/trace.jsonl" || differ=$((differ + 1))
 done
 [ $differ -ge 1 ] || { echo "negative control: the float all-reduce matched at every layout (the test cannot tell)"; exit 1; }
-echo "negative control: $differ of 3 layouts differ with a float all-reduce"
+echo "negative control: $differ of 4 layouts differ with a float all-reduce"
 
 # A rank that dies: the job ends non-zero, quickly, naming the rank.
 set +e

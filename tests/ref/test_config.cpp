@@ -81,7 +81,9 @@ TEST_CASE("invalid configs get an error naming the key") {
   CHECK(with("model.swa_pattern", "[0, -1]").find("model.swa_pattern") != std::string::npos);
   CHECK(with("model.swa_pattern", "[-5]").find("model.swa_pattern") != std::string::npos);
   CHECK(with("model.d_model", "\"big\"").find("model.d_model") != std::string::npos);
-  CHECK(with("train.global_batch_instances", "5").find("train.global_batch_instances") != std::string::npos);
+  CHECK(with("train.global_batch_instances", "0").find("train.global_batch_instances") != std::string::npos);
+  CHECK(with("train.micro_batch_instances", "0").find("train.micro_batch_instances") != std::string::npos);
+  CHECK(with("train.global_batch_instances", "5") == "");  // any micro-batch size: the last one is shorter
   CHECK(with("train.seq_len", "1").find("train.seq_len") != std::string::npos);
   CHECK(with("optim.beta2", "1.5").find("optim.beta2") != std::string::npos);
   CHECK(with("schedule.kind", "\"linear\"").find("schedule.kind") != std::string::npos);

@@ -1,0 +1,77 @@
+#include "ref/gradient_tree.h"
+
+#include <stdexcept>
+
+#include "ref/parallel.h"
+
+namespace olmoref {
+
+void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool) {
+  auto body = [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) dst[i] = dst[i] + src[i];
+  };
+  if (pool && n >= (1 << 16)) pool->parallel_for(n, 1 << 15, body);
+  else body(0, n);
+}
+
+GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, ThreadPool* pool, TreeShape shape,
+                           int64_t microbatch_instances)
+    : n_instances_(n_instances),
+      n_floats_(n_floats),
+      pool_(pool),
+      shape_(shape),
+      mb_(microbatch_instances),
+      plan_(n_instances),
+      mb_plan_((n_instances + microbatch_instances - 1) / microbatch_instances) {}
+
+void GradientTree::reset() {
+  plan_ = TreePlan(n_instances_);
+  mb_plan_ = TreePlan((n_instances_ + mb_ - 1) / mb_);
+  steps_.clear();
+  count_ = 0;
+}
+
+void GradientTree::begin_microbatch(int64_t first, int64_t count) {
+  if (count < 1 || first < 0 || first + count > n_instances_)
+    throw std::logic_error("GradientTree: micro-batch outside the step's instances");
+  steps_.assign(static_cast<size_t>(count), {});
+  count_ = count;
+  int needed = 0;
+  if (shape_ == TreeShape::balanced) {
+    for (int64_t b = 0; b < count; ++b) {
+      steps_[static_cast<size_t>(b)] = plan_.feed_leaf(first + b);
+      needed = std::max(needed, steps_[static_cast<size_t>(b)].slot + 1);
+    }
+  } else {
+    // Negative control: a chain over the micro-batch's instances in slot p (instance b >= 1 written to
+    // p + 1 and added into p), then the micro-batch node joins the tree over micro-batch index.
+    if (first % mb_ != 0) throw std::logic_error("GradientTree: the micro-batch-chain control needs aligned micro-batches");
+    const TreePlan::Step mstep = mb_plan_.feed_leaf(first / mb_);
+    for (int64_t b = 0; b < count; ++b) {
+      TreePlan::Step& s = steps_[static_cast<size_t>(b)];
+      s.slot = mstep.slot + (b == 0 ? 0 : 1);
+      if (b > 0) s.merges.push_back({mstep.slot, mstep.slot + 1});
+      if (b == count - 1) s.merges.insert(s.merges.end(), mstep.merges.begin(), mstep.merges.end());
+    }
+    needed = mstep.slot + (count > 1 ? 2 : 1);
+  }
+  if (static_cast<int>(slots_.size()) < needed) slots_.resize(static_cast<size_t>(needed));
+  for (int i = 0; i < needed; ++i)
+    if (slots_[static_cast<size_t>(i)].size() != static_cast<size_t>(n_floats_))
+      slots_[static_cast<size_t>(i)].assign(static_cast<size_t>(n_floats_), 0.0f);
+  peak_ = std::max(peak_, needed);
+}
+
+float* GradientTree::leaf(int64_t instance, int64_t offset, int64_t) {
+  return slots_[static_cast<size_t>(steps_[static_cast<size_t>(instance)].slot)].data() + offset;
+}
+
+void GradientTree::commit(int64_t instance, int64_t offset, int64_t n) {
+  for (const TreePlan::Merge& m : steps_[static_cast<size_t>(instance)].merges)
+    tree_add(slots_[static_cast<size_t>(m.dst)].data() + offset, slots_[static_cast<size_t>(m.src)].data() + offset, n,
+             pool_);
+}
+
+void GradientTree::release() { std::vector<std::vector<float>>().swap(slots_); }
+
+}  // namespace olmoref

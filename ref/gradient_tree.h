@@ -1,0 +1,65 @@
+// ref/gradient_tree.h — the float side of the instance tree on the CPU: stack slots holding partial
+// gradients (full flat-vector length) and the adds the TreePlan prescribes (ref/instance_tree.h).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ref/instance_tree.h"
+
+namespace olmoref {
+
+class ThreadPool;
+
+// Receives a micro-batch's parameter gradients instance by instance, tensor by tensor: these are the
+// leaves of the instance tree. For every parameter tensor [offset, offset + n) and every instance b of
+// the micro-batch (0-based, in order), the model writes instance b's gradient of that tensor to
+// leaf(b, offset, n) (overwriting n floats) and then calls commit(b, offset, n). The tree's adds are
+// elementwise, so applying each instance's adds tensor slice by tensor slice gives the same bits as
+// applying them to whole vectors, and no per-instance buffer is ever needed.
+class GradientLeaves {
+ public:
+  virtual ~GradientLeaves() = default;
+  virtual float* leaf(int64_t instance, int64_t offset, int64_t n) = 0;
+  virtual void commit(int64_t instance, int64_t offset, int64_t n) = 0;
+};
+
+// A step's gradient tree evaluated left to right over the instances one process computes.
+class GradientTree : public GradientLeaves {
+ public:
+  // n_instances: the step's global instance count N; n_floats: the flat gradient length.
+  // shape/microbatch: TreeShape::microbatch_chain is the TEST-ONLY negative control.
+  GradientTree(int64_t n_instances, int64_t n_floats, ThreadPool* pool, TreeShape shape = TreeShape::balanced,
+               int64_t microbatch_instances = 1);
+
+  // Starts a step: the plan restarts at instance 0 (buffers are kept).
+  void reset();
+  // The next micro-batch is the global instances [first, first + count); they must follow the previous
+  // micro-batch fed since reset() (or be the first of this process's range).
+  void begin_microbatch(int64_t first, int64_t count);
+  float* leaf(int64_t instance, int64_t offset, int64_t n) override;
+  void commit(int64_t instance, int64_t offset, int64_t n) override;
+
+  // After the last micro-batch: the maximal whole subtrees of the fed range, slot i holding node i.
+  const std::vector<TreeNode>& nodes() const { return plan_.stack(); }
+  float* slot(int i) { return slots_[static_cast<size_t>(i)].data(); }
+  int peak_slots() const { return peak_; }
+  void release();  // returns the slot buffers' memory (a sharded run keeps none between steps)
+
+ private:
+  int64_t n_instances_, n_floats_;
+  ThreadPool* pool_;
+  TreeShape shape_;
+  int64_t mb_;
+  TreePlan plan_;
+  TreePlan mb_plan_;  // microbatch_chain only: the tree over micro-batch index
+  std::vector<TreePlan::Step> steps_;  // of the current micro-batch, one per instance
+  int64_t count_ = 0;
+  std::vector<std::vector<float>> slots_;
+  int peak_ = 0;
+};
+
+// slot[dst][0..n) = slot[dst][0..n) + slot[src][0..n): the tree's add, threaded over elements.
+void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool);
+
+}  // namespace olmoref
