@@ -4,20 +4,23 @@
 # dp_replicate; 3 ranks get uneven runs of micro-batches and non-aligned instance ranges). "sent" is the
 # largest over the ranks.
 #   bash bench/hsdp_bench.sh [CONFIG] [STEPS]
+# Environment: OLMOREF_BIN (default build/olmoref), LAYOUTS (default "1x1 2x1 3x1 2x2 3x2"), MICRO_BATCH
+# (default 2, so that 6 ranks have a micro-batch each; it never changes the bits).
 # Needs the demo corpus for configs/small.toml (tools/demo.sh or data/demo/make_demo_corpus.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config="${1:-configs/small.toml}"
 steps="${2:-6}"
-BIN=build/olmoref
+BIN="${OLMOREF_BIN:-build/olmoref}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 [ -f runs/demo-data/train.mix ] || bash data/demo/make_demo_corpus.sh runs/demo-data "$BIN" > /dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1)
+common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1
+        --set train.micro_batch_instances="${MICRO_BATCH:-2}")
 printf "%-8s %-7s %12s %14s %16s %14s %12s\n" layout threads "s/step" "sent MiB/step" "ring AR MiB" "state MiB/rank" "max RSS MiB"
-for layout in 1x1 2x1 3x1 2x2 3x2; do
+for layout in ${LAYOUTS:-1x1 2x1 3x1 2x2 3x2}; do
   s=${layout%x*}; r=${layout#*x}; np=$((s * r))
   threads=$(( 2 / np )); [ $threads -ge 1 ] || threads=1
   /usr/bin/time -f "%M" -o "$work/$layout.rss" mpirun --oversubscribe --bind-to none -np $np \

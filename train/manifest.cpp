@@ -19,7 +19,8 @@ nlohmann::json build_facts() {
           {"compiler", std::string("gcc ") + __VERSION__},
           {"cpu_isa_build", OLMOREF_ISA},
           {"fp_flags", "-ffp-contract=off -fno-fast-math"},
-          {"gemm_path", gemm_isa_name(active_gemm_isa())}};
+          {"gemm_path", gemm_isa_name(active_gemm_isa())},
+          {"gpu_archs", OLMOREF_GPU_ARCHS}};  // sm_XX the CUDA kernels are built for (when nvcc was found)
 }
 
 nlohmann::json machine_facts() {

@@ -1,0 +1,26 @@
+// The exact-mode GEMM on the device: the decomposition of kernels/gemm_exact.h, one block per output tile.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/gemm_exact.h"
+
+namespace olmoref::kernels {
+
+__global__ void __launch_bounds__(kGemmThreads) gemm_exact_kernel(GemmArgs g) {
+  __shared__ GemmShared sh;
+  DeviceBlock<GemmRegs, kGemmThreads> blk;
+  gemm_exact_block(blk, sh, g, blockIdx.y, blockIdx.x);
+}
+
+void gemm_exact_device(const GemmArgs& g) {
+  if (g.M == 0 || g.N == 0) return;
+  const dim3 grid(static_cast<unsigned>(gemm_grid_cols(g.N)), static_cast<unsigned>(gemm_grid_rows(g.M)));
+  if (gemm_grid_rows(g.M) > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");
+  gemm_exact_kernel<<<grid, kGemmThreads>>>(g);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_exact_kernel launch: ") + cudaGetErrorString(err));
+}
+
+}  // namespace olmoref::kernels

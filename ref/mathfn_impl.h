@@ -1,0 +1,155 @@
+// ref/mathfn_impl.h — the definitions of ref/mathfn.h, compiled for the CPU and the GPU from this one source
+// (docs/canonical/math.md). Only +, -, *, /, fma, round-to-integer and exponent-bit manipulation: the same
+// bits on every executor. Host code calls det::expf etc. (ref/mathfn.h); kernels call det::impl:: directly.
+#pragma once
+
+#include <cstdint>
+
+#include "ref/hd.h"
+
+namespace olmoref::det::impl {
+
+OLMOREF_HD inline double log(double x);
+
+// 2^k for integer k in the normal range, built from exponent bits (exact).
+OLMOREF_HD inline float pow2f(int k) { return hd_float(static_cast<uint32_t>(k + 127) << 23); }
+OLMOREF_HD inline double pow2(int64_t k) {
+  return hd_double(static_cast<uint64_t>(k + 1023) << 52);
+}
+
+OLMOREF_HD inline float expf(float x) {
+  // exp(x) = 2^k * exp(r), k = round(x / ln2), r = x - k*ln2 in [-ln2/2, ln2/2] (Cody–Waite, the
+  // high part of ln2 has trailing zero bits so k*ln2_hi is exact for |k| < 256).
+  if (x != x) return x;
+  if (x > 88.72283935546875f) return hd_float(0x7f800000u);
+  if (x < -87.5f) return 0.0f;
+  const float kf = hd_rint(x * 1.44269502162933349609375f);
+  float r = hd_fma(kf, -0.693145751953125f, x);
+  r = hd_fma(kf, -1.428606765330187045e-06f, r);
+  // Taylor polynomial to degree 7 (truncation < 6e-9 relative on |r| <= 0.347), Horner with fma.
+  float p = 1.98412698412698412698e-4f;            // 1/5040
+  p = hd_fma(p, r, 1.38888888888888888889e-3f);  // 1/720
+  p = hd_fma(p, r, 8.33333333333333333333e-3f);  // 1/120
+  p = hd_fma(p, r, 4.16666666666666666667e-2f);  // 1/24
+  p = hd_fma(p, r, 1.66666666666666666667e-1f);  // 1/6
+  p = hd_fma(p, r, 0.5f);
+  p = hd_fma(p, r, 1.0f);
+  p = hd_fma(p, r, 1.0f);
+  const int k = static_cast<int>(kf);
+  // k in [-127, 128]: split the scale so each factor is a normal power of two.
+  if (k > 127) return p * pow2f(127) * 2.0f;
+  if (k < -126) return p * pow2f(-126) * pow2f(k + 126);
+  return p * pow2f(k);
+}
+
+OLMOREF_HD inline float logf(float x) { return static_cast<float>(log(static_cast<double>(x))); }
+
+OLMOREF_HD inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+OLMOREF_HD inline float siluf(float x) { return x / (1.0f + expf(-x)); }
+
+OLMOREF_HD inline double exp(double x) {
+  if (x != x) return x;
+  if (x > 709.782712893384) return hd_double(0x7ff0000000000000ull);
+  if (x < -708.3) return 0.0;
+  const double kd = hd_rint(x * 1.4426950408889634074);
+  // ln2 split so that kd * ln2_hi is exact for |k| < 2^11.
+  double r = hd_fma(kd, -6.93147180369123816490e-01, x);
+  r = hd_fma(kd, -1.90821492927058770002e-10, r);
+  // Taylor to degree 13: truncation < 1e-17 on |r| <= 0.347.
+  const double inv_fact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                    1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,       1.0 / 720.0,
+                                    1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,          0.5,
+                                    1.0,                1.0};
+  double p = inv_fact[0];
+  for (int i = 1; i < 14; ++i) p = hd_fma(p, r, inv_fact[i]);
+  return p * pow2(static_cast<int64_t>(kd));
+}
+
+OLMOREF_HD inline double log(double x) {
+  if (x != x || x < 0.0) return hd_double(0x7ff8000000000000ull);
+  if (x == 0.0) return -hd_double(0x7ff0000000000000ull);
+  if (x == hd_double(0x7ff0000000000000ull)) return x;
+  int64_t e = 0;
+  uint64_t u = hd_bits(x);
+  if ((u >> 52) == 0) {  // subnormal: scale into the normal range first (exact)
+    x *= pow2(54);
+    e -= 54;
+    u = hd_bits(x);
+  }
+  e += static_cast<int64_t>((u >> 52) & 0x7ff) - 1023;
+  u = (u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;  // mantissa m in [1, 2)
+  double m = hd_double(u);
+  if (m > 1.4142135623730951) {  // keep m in [sqrt(1/2), sqrt(2)) so |s| <= 0.1716
+    m *= 0.5;
+    e += 1;
+  }
+  // log(m) = 2 atanh(s), s = (m-1)/(m+1): odd series to s^25 (truncation < 1e-19).
+  const double s = (m - 1.0) / (m + 1.0);
+  const double s2 = s * s;
+  double q = 1.0 / 25.0;
+  for (int k = 23; k >= 1; k -= 2) q = hd_fma(q, s2, 1.0 / k);
+  const double log_m = 2.0 * s * q;
+  const double ed = static_cast<double>(e);
+  return hd_fma(ed, 6.93147180369123816490e-01, hd_fma(ed, 1.90821492927058770002e-10, log_m));
+}
+
+// sin and cos on |r| <= pi/4 by Taylor series (truncation < 1e-19).
+OLMOREF_HD inline double sin_kernel(double r) {
+  const double r2 = r * r;
+  // Coefficients (-1)^n / (2n+1)! for n = 8 .. 0.
+  const double k[] = {1.0 / 355687428096000.0,   -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
+                             -1.0 / 39916800.0,         1.0 / 362880.0,         -1.0 / 5040.0,
+                             1.0 / 120.0,               -1.0 / 6.0,             1.0};
+  double q = k[0];
+  for (int i = 1; i < 9; ++i) q = hd_fma(q, r2, k[i]);
+  return r * q;
+}
+
+OLMOREF_HD inline double cos_kernel(double r) {
+  const double r2 = r * r;
+  // Coefficients (-1)^n / (2n)! for n = 9 .. 0.
+  const double k[] = {-1.0 / 6402373705728000.0, 1.0 / 20922789888000.0, -1.0 / 87178291200.0,
+                             1.0 / 479001600.0,         -1.0 / 3628800.0,       1.0 / 40320.0,
+                             -1.0 / 720.0,              1.0 / 24.0,             -0.5,
+                             1.0};
+  double q = k[0];
+  for (int i = 1; i < 10; ++i) q = hd_fma(q, r2, k[i]);
+  return q;
+}
+
+// x = n*(pi/2) + r with pi/2 split into three 33-bit pieces (fdlibm's), exact products for |n| < 2^20.
+OLMOREF_HD inline double reduce_half_pi(double x, int64_t* quadrant) {
+  const double n = hd_rint(x * 6.36619772367581382433e-01);
+  double r = hd_fma(-n, 1.57079632673412561417e+00, x);
+  r = hd_fma(-n, 6.07710050630396597660e-11, r);
+  r = hd_fma(-n, 2.02226624871116645580e-21, r);
+  *quadrant = static_cast<int64_t>(n);
+  return r;
+}
+
+OLMOREF_HD inline double sin(double x) {
+  int64_t q;
+  const double r = reduce_half_pi(x, &q);
+  switch (q & 3) {
+    case 0: return sin_kernel(r);
+    case 1: return cos_kernel(r);
+    case 2: return -sin_kernel(r);
+    default: return -cos_kernel(r);
+  }
+}
+
+OLMOREF_HD inline double cos(double x) {
+  int64_t q;
+  const double r = reduce_half_pi(x, &q);
+  switch (q & 3) {
+    case 0: return cos_kernel(r);
+    case 1: return -sin_kernel(r);
+    case 2: return -cos_kernel(r);
+    default: return sin_kernel(r);
+  }
+}
+
+OLMOREF_HD inline double pow(double base, double e) { return exp(e * log(base)); }
+
+}  // namespace olmoref::det::impl
