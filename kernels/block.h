@@ -38,4 +38,19 @@ struct DeviceBlock {
 };
 #endif
 
+// The canonical 32-lane tree (ref/reduce.h lane_tree) over lane[0..32) in shared memory, one level per phase:
+// for w = 16, 8, 4, 2, 1: lane[j] = lane[j] + lane[j + w] for j < w. The result is in lane[0].
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block, class T>
+OLMOREF_HD void lane_tree_phases(Block& blk, T* lane) {
+  for (int w = 16; w >= 1; w /= 2)
+    blk.phase([&](int t, auto&) {
+      if (t < w) lane[t] = lane[t] + lane[t + w];
+    });
+}
+
+struct NoRegs {};
+
 }  // namespace olmoref::kernels

@@ -32,6 +32,14 @@ OLMOREF_HD inline double hd_fma(double a, double b, double c) {
   return std::fma(a, b, c);
 #endif
 }
+// IEEE square root (nvcc: -prec-sqrt=true).
+OLMOREF_HD inline float hd_sqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
 // Round to the nearest integer, ties to even (the default rounding mode; never changed by olmoref).
 OLMOREF_HD inline float hd_rint(float x) {
 #if defined(__CUDA_ARCH__)

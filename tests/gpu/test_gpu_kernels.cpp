@@ -1,5 +1,5 @@
-// GPU kernels against the CPU reference, bit for bit: the exact GEMM on the awkward shapes of
-// tests/kernels/gemm_cases.h (the same cases the host execution checks in CI) and the project's math
+// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm on the awkward shapes of
+// tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
 // functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
 
@@ -11,9 +11,12 @@
 #include "kernels/device_info.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/mathfn_device.h"
+#include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
 #include "ref/mathfn.h"
+#include "ref/ops.h"
 #include "tests/kernels/gemm_cases.h"
+#include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;
 
@@ -50,6 +53,50 @@ int check_gemm() {
     }
   }
   std::printf("gemm exact: %d of %d cases bitwise equal\n", n - failed, n);
+  return failed;
+}
+
+template <typename T>
+std::vector<T> from_device(const T* d, size_t n) {
+  std::vector<T> v(n);
+  cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return v;
+}
+
+bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+int check_rmsnorm() {
+  int failed = 0, n_cases = 0;
+  for (const testing::NormCase& c : testing::norm_cases()) {
+    ++n_cases;
+    const testing::NormOperands o = testing::norm_operands(c, static_cast<uint32_t>(c.R * 1000 + c.n));
+    const size_t rn = static_cast<size_t>(c.R * c.n), R = static_cast<size_t>(c.R), n = static_cast<size_t>(c.n);
+    std::vector<float> y_ref(rn), ir_ref(R), dx_ref(rn), dw_ref(n);
+    rmsnorm_forward(o.x.data(), o.w.data(), y_ref.data(), ir_ref.data(), c.R, c.n, 1e-6f, nullptr);
+    rmsnorm_backward(o.x.data(), o.w.data(), ir_ref.data(), o.dy.data(), dx_ref.data(), dw_ref.data(), c.R, c.n, nullptr);
+    kernels::RmsNormArgs a;
+    a.R = c.R;
+    a.n = c.n;
+    a.eps = 1e-6f;
+    float *dx_in = to_device(o.x), *dw_in = to_device(o.w), *ddy = to_device(o.dy);
+    float *dy_out = to_device(std::vector<float>(rn)), *dir = to_device(std::vector<float>(R));
+    float *ddx = to_device(std::vector<float>(rn)), *ddw = to_device(std::vector<float>(n));
+    a.x = dx_in, a.w = dw_in, a.dy = ddy, a.y = dy_out, a.inv_rms = dir, a.dx = ddx, a.dw = ddw;
+    kernels::rmsnorm_forward_device(a);
+    kernels::rmsnorm_backward_device(a);
+    const cudaError_t err = cudaDeviceSynchronize();
+    const bool same = err == cudaSuccess && bits_equal(from_device(dy_out, rn), y_ref) &&
+                      bits_equal(from_device(dir, R), ir_ref) && bits_equal(from_device(ddx, rn), dx_ref) &&
+                      bits_equal(from_device(ddw, n), dw_ref);
+    for (float* p : {dx_in, dw_in, ddy, dy_out, dir, ddx, ddw}) cudaFree(p);
+    if (!same) {
+      std::printf("FAILED rmsnorm R=%lld n=%lld (%s)\n", (long long)c.R, (long long)c.n, cudaGetErrorString(err));
+      ++failed;
+    }
+  }
+  std::printf("rmsnorm exact: %d of %d cases bitwise equal (forward, inverse RMS, dx, dw)\n", n_cases - failed, n_cases);
   return failed;
 }
 
@@ -94,7 +141,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + (gemm_only ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

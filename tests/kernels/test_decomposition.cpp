@@ -7,8 +7,11 @@
 #include <random>
 
 #include "kernels/gemm_exact.h"
+#include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
+#include "ref/ops.h"
 #include "tests/kernels/gemm_cases.h"
+#include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;
 using olmoref::testing::GemmCase;
@@ -52,4 +55,58 @@ TEST_CASE("gemm exact negative control: split-K slabs added afterwards give othe
   g.debug_split_k = true;
   kernels::gemm_exact_host(g);
   CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) != 0);
+}
+
+TEST_CASE("rmsnorm exact: one warp per row (32 lanes + tree) and a chain per column equal ref/ bit for bit") {
+  for (const testing::NormCase& c : testing::norm_cases()) {
+    CAPTURE(c.R);
+    CAPTURE(c.n);
+    const testing::NormOperands o = testing::norm_operands(c, static_cast<uint32_t>(c.R * 1000 + c.n));
+    const size_t rn = static_cast<size_t>(c.R * c.n), R = static_cast<size_t>(c.R), n = static_cast<size_t>(c.n);
+    std::vector<float> y_ref(rn), ir_ref(R), dx_ref(rn), dw_ref(n);
+    rmsnorm_forward(o.x.data(), o.w.data(), y_ref.data(), ir_ref.data(), c.R, c.n, 1e-6f, nullptr);
+    rmsnorm_backward(o.x.data(), o.w.data(), ir_ref.data(), o.dy.data(), dx_ref.data(), dw_ref.data(), c.R, c.n, nullptr);
+    std::vector<float> y(rn), ir(R), dx(rn), dw(n);
+    kernels::RmsNormArgs a;
+    a.R = c.R;
+    a.n = c.n;
+    a.x = o.x.data();
+    a.w = o.w.data();
+    a.y = y.data();
+    a.inv_rms = ir.data();
+    a.eps = 1e-6f;
+    a.dy = o.dy.data();
+    a.dx = dx.data();
+    a.dw = dw.data();
+    kernels::rmsnorm_forward_host(a);
+    kernels::rmsnorm_backward_host(a);
+    CHECK(std::memcmp(y.data(), y_ref.data(), rn * sizeof(float)) == 0);
+    CHECK(std::memcmp(ir.data(), ir_ref.data(), R * sizeof(float)) == 0);
+    CHECK(std::memcmp(dx.data(), dx_ref.data(), rn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dw.data(), dw_ref.data(), n * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("rmsnorm exact negative control: a sequential row sum instead of 32 lanes gives other bits") {
+  // What a naive kernel (one thread per row) computes; the host execution must not agree with it by accident.
+  const testing::NormCase c{4, 257};
+  const testing::NormOperands o = testing::norm_operands(c, 3);
+  std::vector<float> y(static_cast<size_t>(c.R * c.n)), ir(static_cast<size_t>(c.R));
+  kernels::RmsNormArgs a;
+  a.R = c.R;
+  a.n = c.n;
+  a.x = o.x.data();
+  a.w = o.w.data();
+  a.y = y.data();
+  a.inv_rms = ir.data();
+  a.eps = 1e-6f;
+  kernels::rmsnorm_forward_host(a);
+  int differ = 0;
+  for (int64_t r = 0; r < c.R; ++r) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < c.n; ++k) acc = std::fma(o.x[r * c.n + k], o.x[r * c.n + k], acc);
+    const float naive = 1.0f / std::sqrt(acc * (1.0f / static_cast<float>(c.n)) + 1e-6f);
+    differ += std::memcmp(&naive, &ir[static_cast<size_t>(r)], 4) != 0;
+  }
+  CHECK(differ > 0);
 }
