@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ref/hd.h"
 #include "ref/parallel.h"
 
 namespace olmoref {
@@ -32,24 +33,19 @@ inline const char* precision_name(Precision p) { return p == Precision::bf16 ? "
 // The bf16 bit pattern nearest to x, ties to even. NaN (any sign or payload) becomes the positive quiet
 // NaN 0x7FC0, as in PyTorch; ±inf stay ±inf; finite values beyond the largest bf16 round to ±inf exactly
 // as IEEE rounding does (the carry runs into the exponent); subnormals round like normal numbers.
-inline uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
+// OLMOREF_HD: the CUDA kernels round with these very functions.
+OLMOREF_HD inline uint16_t bf16_bits(float x) {
+  uint32_t u = hd_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
 
 // The fp32 value of a bf16 pattern (exact).
-inline float bf16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+OLMOREF_HD inline float bf16_to_float(uint16_t b) { return hd_float(static_cast<uint32_t>(b) << 16); }
 
 // x rounded to the nearest bf16, returned as fp32.
-inline float round_bf16(float x) { return bf16_to_float(bf16_bits(x)); }
+OLMOREF_HD inline float round_bf16(float x) { return bf16_to_float(bf16_bits(x)); }
 
 // Rounds x[0..n) to bf16 in place (elementwise: no order, any threading gives the same bits).
 inline void round_bf16_inplace(float* x, int64_t n, ThreadPool* pool) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ref/elementwise.h"
 #include "ref/mathfn.h"
 #include "ref/parallel.h"
 #include "ref/reduce.h"
@@ -141,7 +142,7 @@ void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& ta
 
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool) {
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) a[i] = det::siluf(g[i]) * u[i];
+    for (int64_t i = b; i < e; ++i) a[i] = elem::swiglu_forward(g[i], u[i]);
   });
 }
 
@@ -149,14 +150,7 @@ void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadP
 void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                      ThreadPool* pool) {
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float x = g[i];
-      const float sg = det::sigmoidf(x);
-      const float silu = det::siluf(x);
-      const float dsilu = sg * (1.0f + x * (1.0f - sg));
-      du[i] = da[i] * silu;
-      dg[i] = (da[i] * u[i]) * dsilu;
-    }
+    for (int64_t i = b; i < e; ++i) elem::swiglu_backward(g[i], u[i], da[i], dg[i], du[i]);
   });
 }
 
@@ -164,21 +158,14 @@ void swiglu_backward(const float* g, const float* u, const float* da, float* dg,
 // fp32 and round each result once (docs/canonical/bf16.md).
 void swiglu_forward_bf16(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool) {
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) a[i] = round_bf16(round_bf16(det::siluf(g[i])) * u[i]);
+    for (int64_t i = b; i < e; ++i) a[i] = elem::swiglu_forward_bf16(g[i], u[i]);
   });
 }
 
 void swiglu_backward_bf16(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                           ThreadPool* pool) {
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float x = g[i];
-      const float sg = det::sigmoidf(x);
-      const float silu = round_bf16(det::siluf(x));  // the bf16 tensor the forward multiplied
-      const float dsilu = sg * (1.0f + x * (1.0f - sg));
-      du[i] = round_bf16(da[i] * silu);
-      dg[i] = round_bf16(round_bf16(da[i] * u[i]) * dsilu);
-    }
+    for (int64_t i = b; i < e; ++i) elem::swiglu_backward_bf16(g[i], u[i], da[i], dg[i], du[i]);
   });
 }
 

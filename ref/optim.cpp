@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ref/elementwise.h"
 #include "ref/mathfn.h"
 #include "ref/parallel.h"
 #include "ref/reduce.h"
@@ -28,35 +29,31 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
   adamw_step_range(cfg, layout, step, lr, 0, layout.total, params, grad, m, v, pool);
 }
 
-void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
-                      int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool) {
+elem::AdamWScalars adamw_scalars(const AdamWConfig& cfg, int64_t step, double lr) {
   // Scalars are formed in fp64 and rounded once, as PyTorch passes Python floats into fp32 kernels.
   const double bc1 = 1.0 - powi(cfg.beta1, step);
   const double bc2 = 1.0 - powi(cfg.beta2, step);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float one_minus_b1 = static_cast<float>(1.0 - cfg.beta1);
-  const float b2 = static_cast<float>(cfg.beta2), one_minus_b2 = static_cast<float>(1.0 - cfg.beta2);
-  const float eps = static_cast<float>(cfg.eps);
+  return {static_cast<float>(lr / bc1),      static_cast<float>(std::sqrt(bc2)), static_cast<float>(1.0 - cfg.beta1),
+          static_cast<float>(cfg.beta2),     static_cast<float>(1.0 - cfg.beta2), static_cast<float>(cfg.eps)};
+}
+
+float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr) {
+  return p.weight_decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
+}
+
+void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
+                      int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool) {
+  const elem::AdamWScalars s = adamw_scalars(cfg, step, lr);
   for (const ParamInfo& p : layout.params) {
     const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
     if (a >= b) continue;
-    const float decay = p.weight_decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
+    const float decay = adamw_decay(cfg, p, lr);
     float* pp = params + (a - lo);
     const float* gg = grad + (a - lo);
     float* mm = m + (a - lo);
     float* vv = v + (a - lo);
     auto body = [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const float g = gg[i];
-        const float pd = pp[i] * decay;
-        const float mi = mm[i] + one_minus_b1 * (g - mm[i]);
-        const float vi = b2 * vv[i] + one_minus_b2 * (g * g);
-        const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-        pp[i] = pd - step_size * (mi / denom);
-        mm[i] = mi;
-        vv[i] = vi;
-      }
+      for (int64_t i = b; i < e; ++i) elem::adamw(s, decay, gg[i], pp[i], mm[i], vv[i]);
     };
     if (pool) pool->parallel_for(b - a, 1 << 14, body); else body(0, b - a);
   }

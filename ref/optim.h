@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ref/elementwise.h"
 #include "ref/params.h"
 
 namespace olmoref {
@@ -29,6 +30,11 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
                 const float* grad, float* m, float* v, ThreadPool* pool);
 // The same update on the range [lo, hi) of the flat vectors only (a data-parallel shard); the pointers
 // address element lo. Elementwise, so a sharded update gives the same bits as the whole one.
+// The step's fp32 scalars, formed in fp64 and rounded once (what every executor's AdamW kernel receives), and
+// each tensor's decay factor.
+elem::AdamWScalars adamw_scalars(const AdamWConfig& cfg, int64_t step, double lr);
+float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr);
+
 void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
                       int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool);
 

@@ -6,15 +6,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "kernels/device_info.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/mathfn_device.h"
 #include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
 #include "ref/mathfn.h"
 #include "ref/ops.h"
+#include "ref/optim.h"
+#include "ref/gradient_tree.h"
+#include "ref/params.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/norm_cases.h"
 
@@ -100,6 +105,82 @@ int check_rmsnorm() {
   return failed;
 }
 
+// SwiGLU (fp32 and bf16), AdamW over a real parameter layout, bf16 rounding, the tree add and clipping scale,
+// against the CPU loops that call the same element functions.
+int check_elementwise() {
+  const int64_t n = 100003;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  std::vector<float> g(n), up(n), da(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = u(rng), up[i] = u(rng), da[i] = 1e-3f * u(rng);
+  int failed = 0;
+  auto report = [&](const char* what, bool ok) {
+    std::printf("%s: %s\n", what, ok ? "bitwise equal" : "DIFFERENT");
+    failed += !ok;
+  };
+  for (const bool bf16 : {false, true}) {
+    std::vector<float> gq = g, uq = up, daq = da;
+    if (bf16)
+      for (int64_t i = 0; i < n; ++i) gq[i] = round_bf16(g[i]), uq[i] = round_bf16(up[i]), daq[i] = round_bf16(da[i]);
+    std::vector<float> a(n), dg(n), du(n);
+    if (bf16) {
+      swiglu_forward_bf16(gq.data(), uq.data(), a.data(), n, nullptr);
+      swiglu_backward_bf16(gq.data(), uq.data(), daq.data(), dg.data(), du.data(), n, nullptr);
+    } else {
+      swiglu_forward(gq.data(), uq.data(), a.data(), n, nullptr);
+      swiglu_backward(gq.data(), uq.data(), daq.data(), dg.data(), du.data(), n, nullptr);
+    }
+    float *dG = to_device(gq), *dU = to_device(uq), *dDA = to_device(daq);
+    float *dA = to_device(std::vector<float>(n)), *dDG = to_device(std::vector<float>(n)), *dDU = to_device(std::vector<float>(n));
+    kernels::swiglu_forward_device(dG, dU, dA, n, bf16);
+    kernels::swiglu_backward_device(dG, dU, dDA, dDG, dDU, n, bf16);
+    cudaDeviceSynchronize();
+    report(bf16 ? "swiglu bf16" : "swiglu fp32",
+           bits_equal(from_device(dA, n), a) && bits_equal(from_device(dDG, n), dg) && bits_equal(from_device(dDU, n), du));
+    for (float* p : {dG, dU, dDA, dA, dDG, dDU}) cudaFree(p);
+  }
+  {  // AdamW over the tiny model's layout: decay per tensor as ref/optim.cpp applies it
+    ModelConfig mc;
+    mc.vocab_size = 97, mc.d_model = 32, mc.n_layers = 2, mc.n_heads = 4, mc.n_kv_heads = 2, mc.head_dim = 8;
+    mc.ffn_hidden = 64, mc.swa_pattern = {4, -1};
+    const ParamLayout L(mc);
+    AdamWConfig oc;
+    oc.lr = 3e-3, oc.weight_decay = 0.1;
+    std::vector<float> p(L.total), m(L.total), v(L.total), gr(L.total);
+    for (int64_t i = 0; i < L.total; ++i) p[i] = u(rng), m[i] = 1e-3f * u(rng), v[i] = 1e-6f * std::fabs(u(rng)), gr[i] = 1e-2f * u(rng);
+    float *dP = to_device(p), *dM = to_device(m), *dV = to_device(v), *dGR = to_device(gr);
+    const int64_t step = 7;
+    const double lr = 2.5e-3;
+    adamw_step_range(oc, L, step, lr, 0, L.total, p.data(), gr.data(), m.data(), v.data(), nullptr);
+    const elem::AdamWScalars sc = adamw_scalars(oc, step, lr);
+    for (const ParamInfo& info : L.params) {
+      kernels::adamw_device(sc, adamw_decay(oc, info, lr), dGR + info.offset, dP + info.offset, dM + info.offset, dV + info.offset, info.numel);
+    }
+    cudaDeviceSynchronize();
+    report("adamw", bits_equal(from_device(dP, L.total), p) && bits_equal(from_device(dM, L.total), m) &&
+                        bits_equal(from_device(dV, L.total), v));
+    for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
+  }
+  {  // bf16 rounding (with specials), the tree add, the clipping scale
+    std::vector<float> x = g;
+    for (uint32_t b : {0x7f7fffffu, 0x7fc00001u, 0xff800000u, 0x00000001u, 0x80000000u}) x.push_back(det::from_bits(b));
+    std::vector<float> r = x, t = g, sc = g;
+    round_bf16_inplace(r.data(), static_cast<int64_t>(r.size()), nullptr);
+    tree_add(t.data(), up.data(), n, nullptr);
+    scale_inplace(sc.data(), n, 0.37f, nullptr);
+    float *dX = to_device(x), *dT = to_device(g), *dS = to_device(up), *dC = to_device(g);
+    kernels::round_bf16_device(dX, static_cast<int64_t>(x.size()));
+    kernels::tree_add_device(dT, dS, n);
+    kernels::scale_device(dC, 0.37f, n);
+    cudaDeviceSynchronize();
+    report("round_bf16", bits_equal(from_device(dX, x.size()), r));
+    report("tree_add", bits_equal(from_device(dT, n), t));
+    report("scale", bits_equal(from_device(dC, n), sc));
+    for (float* q : {dX, dT, dS, dC}) cudaFree(q);
+  }
+  return failed;
+}
+
 int check_math() {
   // Every 97th fp32 bit pattern (44 million inputs) plus the special values.
   std::vector<float> in;
@@ -141,7 +222,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + (gemm_only ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

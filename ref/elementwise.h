@@ -1,0 +1,47 @@
+// ref/elementwise.h — the per-element arithmetic of SwiGLU and AdamW, one source for the CPU loops (ref/ops.cpp,
+// ref/optim.cpp) and the CUDA kernels (kernels/elementwise.cu). Elementwise ops have no order; only their
+// formula and rounding points matter (docs/canonical/norm-rope-swiglu.md, step.md, bf16.md).
+#pragma once
+
+#include "ref/bf16.h"
+#include "ref/hd.h"
+#include "ref/mathfn_impl.h"
+
+namespace olmoref::elem {
+
+// a = silu(g) · u
+OLMOREF_HD inline float swiglu_forward(float g, float u) { return det::impl::siluf(g) * u; }
+// silu'(g) = σ(g)·(1 + g·(1 − σ(g))); du = da·silu(g), dg = (da·u)·silu'(g)
+OLMOREF_HD inline void swiglu_backward(float g, float u, float da, float& dg, float& du) {
+  const float sg = det::impl::sigmoidf(g);
+  const float silu = det::impl::siluf(g);
+  const float dsilu = sg * (1.0f + g * (1.0f - sg));
+  du = da * silu;
+  dg = (da * u) * dsilu;
+}
+// bf16 recipe: s = bf16(silu(g)), a = bf16(s·u); du = bf16(da·s), dg = bf16(bf16(da·u)·silu'(g)).
+OLMOREF_HD inline float swiglu_forward_bf16(float g, float u) { return round_bf16(round_bf16(det::impl::siluf(g)) * u); }
+OLMOREF_HD inline void swiglu_backward_bf16(float g, float u, float da, float& dg, float& du) {
+  const float sg = det::impl::sigmoidf(g);
+  const float silu = round_bf16(det::impl::siluf(g));  // the bf16 tensor the forward multiplied
+  const float dsilu = sg * (1.0f + g * (1.0f - sg));
+  du = round_bf16(da * silu);
+  dg = round_bf16(round_bf16(da * u) * dsilu);
+}
+
+// AdamW's fp32 scalars of one step (formed in fp64 and rounded once by the caller, ref/optim.cpp).
+struct AdamWScalars {
+  float step_size, bc2_sqrt, one_minus_b1, b2, one_minus_b2, eps;
+};
+// p = p·decay; m = m + (1−β1)(g − m); v = β2·v + (1−β2)·g²; p = p − step_size·(m / (sqrt(v)/bc2 + eps))
+OLMOREF_HD inline void adamw(const AdamWScalars& s, float decay, float g, float& p, float& m, float& v) {
+  const float pd = p * decay;
+  const float mi = m + s.one_minus_b1 * (g - m);
+  const float vi = s.b2 * v + s.one_minus_b2 * (g * g);
+  const float denom = hd_sqrt(vi) / s.bc2_sqrt + s.eps;
+  p = pd - s.step_size * (mi / denom);
+  m = mi;
+  v = vi;
+}
+
+}  // namespace olmoref::elem
