@@ -12,6 +12,7 @@
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_exact.h"
+#include "kernels/loss_exact.h"
 #include "kernels/mathfn_device.h"
 #include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
@@ -21,6 +22,7 @@
 #include "ref/gradient_tree.h"
 #include "ref/params.h"
 #include "tests/kernels/gemm_cases.h"
+#include "tests/kernels/loss_cases.h"
 #include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;
@@ -181,6 +183,64 @@ int check_elementwise() {
   return failed;
 }
 
+// Cross-entropy rows and per-instance totals, and gradient-norm chunks, on the cases of tests/kernels.
+int check_loss() {
+  int failed = 0, n_cases = 0;
+  for (const testing::LossCase& c : testing::loss_cases()) {
+    ++n_cases;
+    const testing::LossOperands o = testing::loss_operands(c, static_cast<uint32_t>(c.T * 100 + c.V));
+    const int64_t N = 3 * c.B * (c.T - 1);
+    std::vector<float> ref = o.logits;
+    std::vector<double> ce_ref, z_ref;
+    for (int64_t b = 0; b < c.B; ++b) {
+      const LossSums s = cross_entropy_forward_backward(ref.data() + b * c.T * c.V, o.tokens.data() + b * c.T, 1, c.T,
+                                                        c.V, 1e-5f, N, nullptr);
+      ce_ref.push_back(s.ce);
+      z_ref.push_back(s.z);
+    }
+    const size_t R = static_cast<size_t>(c.B * c.T), B = static_cast<size_t>(c.B);
+    float* dl = to_device(o.logits);
+    uint32_t* dt = to_device(o.tokens);
+    double *dce = to_device(std::vector<double>(R)), *dz = to_device(std::vector<double>(R));
+    double *dcet = to_device(std::vector<double>(B)), *dzt = to_device(std::vector<double>(B));
+    kernels::LossArgs a;
+    a.R = c.B * c.T, a.T = c.T, a.V = c.V, a.logits = dl, a.tokens = dt, a.z_coef = 1e-5f, a.global_n_targets = N;
+    a.ce_terms = dce, a.z_terms = dz, a.ce_total = dcet, a.z_total = dzt;
+    kernels::cross_entropy_device(a);
+    const cudaError_t err = cudaDeviceSynchronize();
+    const std::vector<double> ce = from_device(dcet, B), z = from_device(dzt, B);
+    const bool same = err == cudaSuccess && bits_equal(from_device(dl, ref.size()), ref) &&
+                      std::memcmp(ce.data(), ce_ref.data(), B * 8) == 0 && std::memcmp(z.data(), z_ref.data(), B * 8) == 0;
+    cudaFree(dl);
+    cudaFree(dt);
+    for (double* p : {dce, dz, dcet, dzt}) cudaFree(p);
+    if (!same) {
+      std::printf("FAILED cross-entropy B=%lld T=%lld V=%lld\n", (long long)c.B, (long long)c.T, (long long)c.V);
+      ++failed;
+    }
+  }
+  std::printf("cross-entropy exact: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
+  for (const int64_t n : {int64_t{31}, int64_t{65537}, int64_t{3 * 65536 + 1000}}) {
+    const std::vector<float> g = testing::norm_vector(n, static_cast<uint32_t>(n));
+    const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    std::vector<double> want(static_cast<size_t>(chunks));
+    grad_norm_chunks(g.data(), n, 0, chunks, want.data(), nullptr);
+    float* dg = to_device(g);
+    double* dout = to_device(std::vector<double>(want.size()));
+    kernels::NormChunkArgs a;
+    a.grad = dg, a.n = n, a.chunk = kNormChunk, a.out = dout;
+    kernels::grad_norm_chunks_device(a);
+    cudaDeviceSynchronize();
+    const std::vector<double> got = from_device(dout, want.size());
+    const bool same = std::memcmp(got.data(), want.data(), want.size() * 8) == 0;
+    std::printf("grad-norm chunks n=%lld: %s\n", (long long)n, same ? "bitwise equal" : "DIFFERENT");
+    failed += !same;
+    cudaFree(dg);
+    cudaFree(dout);
+  }
+  return failed;
+}
+
 int check_math() {
   // Every 97th fp32 bit pattern (44 million inputs) plus the special values.
   std::vector<float> in;
@@ -222,7 +282,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + (gemm_only ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

@@ -7,9 +7,12 @@
 #include <random>
 
 #include "kernels/gemm_exact.h"
+#include "kernels/loss_exact.h"
 #include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
 #include "ref/ops.h"
+#include "ref/optim.h"
+#include "tests/kernels/loss_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/norm_cases.h"
 
@@ -109,4 +112,45 @@ TEST_CASE("rmsnorm exact negative control: a sequential row sum instead of 32 la
     differ += std::memcmp(&naive, &ir[static_cast<size_t>(r)], 4) != 0;
   }
   CHECK(differ > 0);
+}
+
+TEST_CASE("cross-entropy exact: one warp per row, per-instance fp64 totals, equal to ref/ bit for bit") {
+  for (const testing::LossCase& c : testing::loss_cases()) {
+    CAPTURE(c.B);
+    CAPTURE(c.T);
+    CAPTURE(c.V);
+    const testing::LossOperands o = testing::loss_operands(c, static_cast<uint32_t>(c.T * 100 + c.V));
+    const int64_t N = 3 * c.B * (c.T - 1);  // a global target count larger than this batch's, as in a step
+    std::vector<float> ref_grad = o.logits, got = o.logits;
+    std::vector<LossSums> ref_sums;
+    for (int64_t b = 0; b < c.B; ++b)
+      ref_sums.push_back(cross_entropy_forward_backward(ref_grad.data() + b * c.T * c.V, o.tokens.data() + b * c.T, 1,
+                                                        c.T, c.V, 1e-5f, N, nullptr));
+    std::vector<double> ce_terms(static_cast<size_t>(c.B * c.T)), z_terms(ce_terms.size());
+    std::vector<double> ce(static_cast<size_t>(c.B)), z(ce.size());
+    kernels::LossArgs a;
+    a.R = c.B * c.T, a.T = c.T, a.V = c.V, a.logits = got.data(), a.tokens = o.tokens.data(), a.z_coef = 1e-5f;
+    a.global_n_targets = N, a.ce_terms = ce_terms.data(), a.z_terms = z_terms.data(), a.ce_total = ce.data();
+    a.z_total = z.data();
+    kernels::cross_entropy_host(a);
+    CHECK(std::memcmp(got.data(), ref_grad.data(), got.size() * sizeof(float)) == 0);
+    for (int64_t b = 0; b < c.B; ++b) {
+      CHECK(std::memcmp(&ce[static_cast<size_t>(b)], &ref_sums[static_cast<size_t>(b)].ce, 8) == 0);
+      CHECK(std::memcmp(&z[static_cast<size_t>(b)], &ref_sums[static_cast<size_t>(b)].z, 8) == 0);
+    }
+  }
+}
+
+TEST_CASE("gradient-norm chunks exact: 32 fp64 lanes per chunk equal ref/ bit for bit") {
+  for (const int64_t n : {int64_t{1}, int64_t{31}, int64_t{65536}, int64_t{65537}, int64_t{3 * 65536 + 1000}}) {
+    CAPTURE(n);
+    const std::vector<float> g = testing::norm_vector(n, static_cast<uint32_t>(n));
+    const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    std::vector<double> want(static_cast<size_t>(chunks)), got(want.size());
+    grad_norm_chunks(g.data(), n, 0, chunks, want.data(), nullptr);
+    kernels::NormChunkArgs a;
+    a.grad = g.data(), a.n = n, a.chunk = kNormChunk, a.out = got.data();
+    kernels::grad_norm_chunks_host(a);
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0);
+  }
 }

@@ -1,0 +1,140 @@
+// kernels/loss_exact.h — cross-entropy + z-loss (docs/canonical/loss.md) and the fp64 gradient-norm chunks
+// (docs/canonical/step.md) in exact mode, one source for the CUDA kernels and their host execution.
+//
+// Loss: one warp-sized block per row of logits [R, V]. Lane j takes the vocabulary entries j, j+32, ...:
+// their max (order-free), then e_v = expf(x_v − m) in place and the lane sums, the 32-lane tree, and each lane
+// writes its entries' gradient. Thread 0 writes the row's fp64 terms; instance totals are the 32-lane fp64 sum
+// of an instance's T row terms (one block per instance). Norm chunks: one block per chunk of 65,536 floats,
+// lanes summing fma(g, g) in fp64.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/block.h"
+#include "ref/hd.h"
+#include "ref/mathfn_impl.h"
+
+namespace olmoref::kernels {
+
+struct LossArgs {
+  int64_t R = 0, T = 0, V = 0;  // R rows = instances · T
+  float* logits = nullptr;      // [R, V], replaced by ∂loss/∂logits
+  const uint32_t* tokens = nullptr;  // [R]; row r's target is tokens[r + 1] (none at t = T − 1)
+  float z_coef = 0.0f;
+  int64_t global_n_targets = 1;
+  double* ce_terms = nullptr;   // [R]
+  double* z_terms = nullptr;    // [R]
+  double* ce_total = nullptr;   // [R / T]: per instance
+  double* z_total = nullptr;
+};
+
+struct LossShared {
+  float lane[32];
+  double lane64[32];
+};
+
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void cross_entropy_row(Block& blk, LossShared& sh, const LossArgs& a, int64_t row) {
+  float* x = a.logits + row * a.V;
+  const int64_t t_pos = row % a.T;
+  if (t_pos == a.T - 1) {  // no target: a zero gradient row and zero terms
+    blk.phase([&](int t, auto&) {
+      for (int64_t v = t; v < a.V; v += 32) x[v] = 0.0f;
+      if (t == 0) a.ce_terms[row] = 0.0, a.z_terms[row] = 0.0;
+    });
+    return;
+  }
+  const int64_t y = a.tokens[row + 1];
+  blk.phase([&](int t, auto&) {  // lane maxima (order-free: max ignores the order of its operands)
+    float m = -hd_float(0x7f800000u);
+    for (int64_t v = t; v < a.V; v += 32) m = m < x[v] ? x[v] : m;
+    sh.lane[t] = m;
+  });
+  blk.phase([&](int t, auto&) {
+    if (t == 0) {
+      float m = sh.lane[0];
+      for (int j = 1; j < 32; ++j) m = m < sh.lane[j] ? sh.lane[j] : m;
+      sh.lane64[0] = static_cast<double>(m);  // the row max, kept exactly
+      sh.lane64[1] = static_cast<double>(x[y]);
+    }
+  });
+  blk.phase([&](int t, auto&) {
+    const float m = static_cast<float>(sh.lane64[0]);
+    float acc = 0.0f;
+    for (int64_t v = t; v < a.V; v += 32) {
+      x[v] = det::impl::expf(x[v] - m);
+      acc = acc + x[v];
+    }
+    sh.lane[t] = acc;
+  });
+  lane_tree_phases(blk, sh.lane);
+  blk.phase([&](int t, auto&) {
+    const float m = static_cast<float>(sh.lane64[0]), xy = static_cast<float>(sh.lane64[1]);
+    const float S = sh.lane[0];
+    const float lse = m + det::impl::logf(S);
+    const float inv_n = 1.0f / static_cast<float>(a.global_n_targets);
+    const float coef = 1.0f + 2.0f * a.z_coef * lse;
+    if (t == 0) {
+      a.ce_terms[row] = static_cast<double>(lse - xy);
+      a.z_terms[row] = static_cast<double>(a.z_coef) * static_cast<double>(lse) * static_cast<double>(lse);
+    }
+    for (int64_t v = t; v < a.V; v += 32)
+      x[v] = v == y ? ((x[v] / S) * coef - 1.0f) * inv_n : ((x[v] / S) * coef) * inv_n;
+  });
+}
+
+// Instance b's totals: 32 fp64 lanes over its T row terms, then the lane tree.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void loss_instance_totals(Block& blk, LossShared& sh, const LossArgs& a, int64_t b) {
+  for (int which = 0; which < 2; ++which) {
+    const double* terms = (which == 0 ? a.ce_terms : a.z_terms) + b * a.T;
+    blk.phase([&](int t, auto&) {
+      double acc = 0.0;
+      for (int64_t r = t; r < a.T; r += 32) acc = acc + terms[r];
+      sh.lane64[t] = acc;
+    });
+    lane_tree_phases(blk, sh.lane64);
+    blk.phase([&](int t, auto&) {
+      if (t == 0) (which == 0 ? a.ce_total : a.z_total)[b] = sh.lane64[0];
+    });
+  }
+}
+
+// Σ g² of chunk c of the flat gradient [0, n) (chunk = 65,536 floats), 32 fp64 fma lanes and the lane tree.
+struct NormChunkArgs {
+  const float* grad = nullptr;
+  int64_t n = 0, chunk = 65536;
+  double* out = nullptr;  // [chunks]
+};
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void grad_norm_chunk(Block& blk, LossShared& sh, const NormChunkArgs& a, int64_t c) {
+  const int64_t lo = c * a.chunk, hi = lo + a.chunk < a.n ? lo + a.chunk : a.n;
+  blk.phase([&](int t, auto&) {
+    double acc = 0.0;
+    for (int64_t i = lo + t; i < hi; i += 32) {
+      const double g = a.grad[i];
+      acc = hd_fma(g, g, acc);
+    }
+    sh.lane64[t] = acc;
+  });
+  lane_tree_phases(blk, sh.lane64);
+  blk.phase([&](int t, auto&) {
+    if (t == 0) a.out[c] = sh.lane64[0];
+  });
+}
+
+void cross_entropy_host(const LossArgs& a);  // rows, then per-instance totals
+void cross_entropy_device(const LossArgs& a);
+void grad_norm_chunks_host(const NormChunkArgs& a);
+void grad_norm_chunks_device(const NormChunkArgs& a);
+
+}  // namespace olmoref::kernels
