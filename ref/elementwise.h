@@ -29,6 +29,31 @@ OLMOREF_HD inline void swiglu_backward_bf16(float g, float u, float da, float& d
   dg = round_bf16(round_bf16(da * u) * dsilu);
 }
 
+// RoPE on one rotate-half pair (lo = element j, hi = element j + hd/2) with the table's c = cos, s = sin:
+// forward lo' = lo·c − hi·s, hi' = hi·c + lo·s; backward (Rᵀ) lo' = lo·c + hi·s, hi' = hi·c − lo·s. Each product
+// rounded, then the sum, as PyTorch.
+OLMOREF_HD inline void rope_pair_forward(float& lo, float& hi, float c, float s) {
+  const float a = lo, b = hi;
+  const float p1 = a * c, p2 = b * s, p3 = b * c, p4 = a * s;
+  lo = p1 - p2;
+  hi = p3 + p4;
+}
+OLMOREF_HD inline void rope_pair_backward(float& lo, float& hi, float c, float s) {
+  const float a = lo, b = hi;
+  const float p1 = a * c, p2 = b * s, p3 = b * c, p4 = a * s;
+  lo = p1 + p2;
+  hi = p3 - p4;
+}
+
+// Embedding gradient dtable[v, c]: token v's positions order[start[v] .. start[v+1]) summed in order with
+// plain adds from +0 (ref/ops.h embedding_position_order).
+OLMOREF_HD inline float embedding_grad(const int64_t* start, const int64_t* order, const float* dx, int64_t v, int64_t c,
+                                       int64_t d) {
+  float row = 0.0f;
+  for (int64_t k = start[v]; k < start[v + 1]; ++k) row = row + dx[order[k] * d + c];
+  return row;
+}
+
 // AdamW's fp32 scalars of one step (formed in fp64 and rounded once by the caller, ref/optim.cpp).
 struct AdamWScalars {
   float step_size, bc2_sqrt, one_minus_b1, b2, one_minus_b2, eps;

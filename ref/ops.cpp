@@ -105,12 +105,7 @@ void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& tabl
       for (int64_t h = 0; h < n_heads; ++h) {
         float* lo = x + r * n_heads * hd + h * hd;
         float* hi = lo + half;
-        for (int64_t j = 0; j < half; ++j) {
-          const float a = lo[j], bb = hi[j];
-          const float p1 = a * c[j], p2 = bb * s[j], p3 = bb * c[j], p4 = a * s[j];
-          lo[j] = p1 - p2;
-          hi[j] = p3 + p4;
-        }
+        for (int64_t j = 0; j < half; ++j) elem::rope_pair_forward(lo[j], hi[j], c[j], s[j]);
       }
     }
   });
@@ -125,12 +120,7 @@ void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& ta
       for (int64_t h = 0; h < n_heads; ++h) {
         float* lo = dx + r * n_heads * hd + h * hd;
         float* hi = lo + half;
-        for (int64_t j = 0; j < half; ++j) {
-          const float a = lo[j], bb = hi[j];
-          const float p1 = a * c[j], p2 = bb * s[j], p3 = bb * c[j], p4 = a * s[j];
-          lo[j] = p1 + p2;
-          hi[j] = p3 - p4;
-        }
+        for (int64_t j = 0; j < half; ++j) elem::rope_pair_backward(lo[j], hi[j], c[j], s[j]);
       }
     }
   });
@@ -371,24 +361,24 @@ void embedding_forward(const float* table, const uint32_t* tokens, float* x, int
   });
 }
 
-void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
-                        ThreadPool* pool) {
-  // Positions grouped by token with a stable counting sort, so each row sums its positions in order.
-  std::vector<int64_t> start(static_cast<size_t>(V + 1), 0), order(static_cast<size_t>(R));
+void embedding_position_order(const uint32_t* tokens, int64_t R, int64_t V, std::vector<int64_t>& start,
+                              std::vector<int64_t>& order) {
+  // A stable counting sort, so each row sums its positions in order.
+  start.assign(static_cast<size_t>(V + 1), 0);
+  order.assign(static_cast<size_t>(R), 0);
   for (int64_t r = 0; r < R; ++r) ++start[tokens[r] + 1];
   for (int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t r = 0; r < R; ++r) order[fill[tokens[r]]++] = r;
-  }
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t r = 0; r < R; ++r) order[fill[tokens[r]]++] = r;
+}
+
+void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
+                        ThreadPool* pool) {
+  std::vector<int64_t> start, order;
+  embedding_position_order(tokens, R, V, start, order);
   run(pool, V, 64, [&](int64_t vb, int64_t ve) {
     for (int64_t v = vb; v < ve; ++v) {
-      float* row = dtable + v * d;
-      for (int64_t c = 0; c < d; ++c) row[c] = 0.0f;
-      for (int64_t k = start[v]; k < start[v + 1]; ++k) {
-        const float* src = dx + order[k] * d;
-        for (int64_t c = 0; c < d; ++c) row[c] = row[c] + src[c];
-      }
+      for (int64_t c = 0; c < d; ++c) dtable[v * d + c] = elem::embedding_grad(start.data(), order.data(), dx, v, c, d);
     }
   });
 }

@@ -65,6 +65,10 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
 
 // ---- Embedding ----
 void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d, ThreadPool* pool);
+// The positions of each token in order (a stable counting sort): token v's positions are
+// order[start[v] .. start[v+1]). Every executor's embedding backward sums in this order.
+void embedding_position_order(const uint32_t* tokens, int64_t R, int64_t V, std::vector<int64_t>& start,
+                              std::vector<int64_t>& order);
 // dtable [V, d] overwritten: row v = Σ over positions with token v, in position order (plain adds).
 void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
                         ThreadPool* pool);

@@ -11,6 +11,7 @@
 
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
+#include "kernels/embed_rope.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
 #include "kernels/mathfn_device.h"
@@ -241,6 +242,52 @@ int check_loss() {
   return failed;
 }
 
+// Embedding forward/backward (repeated and absent tokens) and RoPE forward/backward (GQA head counts).
+int check_embed_rope() {
+  int failed = 0;
+  const int64_t V = 53, d = 24, R = 300, T = 50, hd = 8;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> table(V * d), dx(R * d);
+  std::vector<uint32_t> tokens(R);
+  for (auto& x : table) x = u(rng);
+  for (auto& x : dx) x = std::ldexp(u(rng), static_cast<int>(rng() % 20) - 10);
+  for (auto& t : tokens) t = static_cast<uint32_t>(rng() % (V - 3));  // the last 3 tokens never occur
+  std::vector<float> x_ref(R * d), dt_ref(V * d);
+  embedding_forward(table.data(), tokens.data(), x_ref.data(), R, d, nullptr);
+  embedding_backward(tokens.data(), dx.data(), dt_ref.data(), R, V, d, nullptr);
+  std::vector<int64_t> start, order;
+  embedding_position_order(tokens.data(), R, V, start, order);
+  float *dtab = to_device(table), *ddx = to_device(dx), *dx_out = to_device(std::vector<float>(R * d));
+  float* ddt = to_device(std::vector<float>(V * d));
+  uint32_t* dtok = to_device(tokens);
+  int64_t *dstart = to_device(start), *dorder = to_device(order);
+  kernels::embedding_forward_device(dtab, dtok, dx_out, R, d);
+  kernels::embedding_backward_device(dstart, dorder, ddx, ddt, V, d);
+  cudaDeviceSynchronize();
+  const bool emb = bits_equal(from_device(dx_out, R * d), x_ref) && bits_equal(from_device(ddt, V * d), dt_ref);
+  std::printf("embedding forward/backward: %s\n", emb ? "bitwise equal" : "DIFFERENT");
+  failed += !emb;
+  cudaFree(dtab), cudaFree(ddx), cudaFree(dx_out), cudaFree(ddt), cudaFree(dtok), cudaFree(dstart), cudaFree(dorder);
+  const RopeTable rt = make_rope_table(T, hd, 500000.0);
+  for (const int64_t heads : {int64_t{4}, int64_t{2}}) {
+    std::vector<float> q(R * heads * hd);
+    for (auto& x : q) x = u(rng);
+    std::vector<float> fwd = q, bwd = q;
+    rope_forward(fwd.data(), R, heads, rt, nullptr);
+    rope_backward(bwd.data(), R, heads, rt, nullptr);
+    float *dq = to_device(q), *dq2 = to_device(q), *dc = to_device(rt.cos), *ds = to_device(rt.sin);
+    kernels::rope_forward_device(dq, R, heads, hd, T, dc, ds);
+    kernels::rope_backward_device(dq2, R, heads, hd, T, dc, ds);
+    cudaDeviceSynchronize();
+    const bool ok = bits_equal(from_device(dq, q.size()), fwd) && bits_equal(from_device(dq2, q.size()), bwd);
+    std::printf("rope %lld heads forward/backward: %s\n", (long long)heads, ok ? "bitwise equal" : "DIFFERENT");
+    failed += !ok;
+    cudaFree(dq), cudaFree(dq2), cudaFree(dc), cudaFree(ds);
+  }
+  return failed;
+}
+
 int check_math() {
   // Every 97th fp32 bit pattern (44 million inputs) plus the special values.
   std::vector<float> in;
@@ -282,7 +329,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + (gemm_only ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }
