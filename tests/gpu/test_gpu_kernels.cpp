@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/attention_exact.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/embed_rope.h"
@@ -22,6 +23,7 @@
 #include "ref/optim.h"
 #include "ref/gradient_tree.h"
 #include "ref/params.h"
+#include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/norm_cases.h"
@@ -288,6 +290,37 @@ int check_embed_rope() {
   return failed;
 }
 
+int check_attention() {
+  int failed = 0, n_cases = 0;
+  for (const testing::AttentionCase& c : testing::attention_cases()) {
+    ++n_cases;
+    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+    const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
+    std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
+    attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
+                      l_ref.data(), nullptr);
+    kernels::AttentionArgs a;
+    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    float *dq = to_device(o.q), *dk = to_device(o.k), *dv = to_device(o.v), *dout = to_device(std::vector<float>(out_n));
+    float *dm = to_device(std::vector<float>(stats)), *dl = to_device(std::vector<float>(stats));
+    float* ds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
+    a.q = dq, a.k = dk, a.v = dv, a.out = dout, a.row_max = dm, a.row_sum = dl, a.scratch = ds;
+    kernels::attention_forward_device(a);
+    const cudaError_t err = cudaDeviceSynchronize();
+    const bool same = err == cudaSuccess && bits_equal(from_device(dout, out_n), out_ref) &&
+                      bits_equal(from_device(dm, stats), m_ref) && bits_equal(from_device(dl, stats), l_ref);
+    for (float* p : {dq, dk, dv, dout, dm, dl, ds}) cudaFree(p);
+    if (!same) {
+      std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d\n", (long long)c.T, (long long)c.H,
+                  (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16);
+      ++failed;
+    }
+  }
+  std::printf("attention forward exact: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
+  return failed;
+}
+
 int check_math() {
   // Every 97th fp32 bit pattern (44 million inputs) plus the special values.
   std::vector<float> in;
@@ -329,7 +362,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + (gemm_only ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

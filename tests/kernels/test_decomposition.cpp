@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/attention_exact.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
 #include "kernels/rmsnorm_exact.h"
@@ -13,6 +14,7 @@
 #include "ref/ops.h"
 #include "ref/optim.h"
 #include "tests/kernels/loss_cases.h"
+#include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/norm_cases.h"
 
@@ -152,5 +154,32 @@ TEST_CASE("gradient-norm chunks exact: 32 fp64 lanes per chunk equal ref/ bit fo
     a.grad = g.data(), a.n = n, a.chunk = kNormChunk, a.out = got.data();
     kernels::grad_norm_chunks_host(a);
     CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0);
+  }
+}
+
+TEST_CASE("attention forward exact: a warp per query (score chains, first-occurrence max, 32-lane denominator, "
+          "P·V chains) equals ref/ bit for bit") {
+  for (const testing::AttentionCase& c : testing::attention_cases()) {
+    CAPTURE(c.T);
+    CAPTURE(c.H);
+    CAPTURE(c.KV);
+    CAPTURE(c.hd);
+    CAPTURE(c.window);
+    CAPTURE(c.bf16);
+    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+    const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
+    std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
+    attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
+                      l_ref.data(), nullptr);
+    std::vector<float> out(out_n), m(stats), l(stats), scratch(stats * static_cast<size_t>(c.T));
+    kernels::AttentionArgs a;
+    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
+    a.scratch = scratch.data();
+    kernels::attention_forward_host(a);
+    CHECK(std::memcmp(out.data(), out_ref.data(), out_n * sizeof(float)) == 0);
+    CHECK(std::memcmp(m.data(), m_ref.data(), stats * sizeof(float)) == 0);
+    CHECK(std::memcmp(l.data(), l_ref.data(), stats * sizeof(float)) == 0);
   }
 }
