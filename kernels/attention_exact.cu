@@ -15,7 +15,35 @@ __global__ void __launch_bounds__(32) attention_forward_kernel(AttentionArgs a) 
   DeviceBlock<NoRegs, 32> blk;
   attention_forward_row(blk, sh, a, blockIdx.x);
 }
+__global__ void __launch_bounds__(32) attention_backward_query_kernel(AttentionArgs a) {
+  __shared__ AttentionShared sh;
+  DeviceBlock<NoRegs, 32> blk;
+  attention_backward_query(blk, sh, a, blockIdx.x);
+}
+__global__ void __launch_bounds__(32) attention_backward_key_kernel(AttentionArgs a) {
+  DeviceBlock<NoRegs, 32> blk;
+  attention_backward_key(blk, a, blockIdx.x);
+}
+__global__ void attention_group_sum_kernel(AttentionArgs a, int64_t n) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e < n) attention_group_sum(a, e);
+}
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
+}
 }  // namespace
+
+void attention_backward_device(const AttentionArgs& a) {
+  const int64_t rows = a.B * a.H * a.T, n = a.B * a.T * a.KV * a.hd;
+  if (rows == 0) return;
+  attention_backward_query_kernel<<<static_cast<unsigned>(rows), 32>>>(a);
+  check_launch("attention_backward_query_kernel");
+  attention_backward_key_kernel<<<static_cast<unsigned>(rows), 32>>>(a);
+  check_launch("attention_backward_key_kernel");
+  attention_group_sum_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(a, n);
+  check_launch("attention_group_sum_kernel");
+}
 
 void attention_forward_device(const AttentionArgs& a) {
   const int64_t rows = a.B * a.H * a.T;

@@ -6,7 +6,13 @@
 // the largest score (what the CPU's sequential max gives, ±0 included); e_j = expf(s_j − m) and the
 // denominator l is the 32-lane sum with lane = (j − lo) mod 32 and the lane tree; P_j = e_j / l (bf16: rounded).
 // Then thread t computes output dims d = t, t+32, ...: one fma chain over j ascending of P_j·v_jd.
-// Scores/probabilities go to a scratch row of `scratch_stride` floats per block (global memory).
+// Scores/probabilities go to a scratch row of T floats per block (global memory).
+//
+// Backward, three kernels in the order of attention.md: (1) a warp per query recomputes P with the forward's
+// operations, dP_j (chain over d), D (chain over d, one thread), dS_j = (P_j·(dP_j − D))·scale, the bf16
+// roundings, and dq (chain over j per d); P and dS rows are kept in scratch [B·H·T, T]. (2) a block per
+// (instance, query head, key j), thread per d: dk_h and dv_h as chains over the queries i = j..hi(j) ascending.
+// (3) per KV head the group sum over its query heads in ascending order.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +31,13 @@ struct AttentionArgs {
   const float *q = nullptr, *k = nullptr, *v = nullptr;  // [B·T, H·hd], [B·T, KV·hd] ×2
   float* out = nullptr;                                  // [B·T, H·hd]
   float *row_max = nullptr, *row_sum = nullptr;          // [B, H, T]
-  float* scratch = nullptr;                              // [B·H·T, T]
+  float* scratch = nullptr;                              // [B·H·T, T]: forward scores/P; backward P
+  // backward only
+  const float* dout = nullptr;                           // [B·T, H·hd]
+  float* dq = nullptr;                                   // [B·T, H·hd]
+  float *dk = nullptr, *dv = nullptr;                    // [B·T, KV·hd]
+  float* scratch_ds = nullptr;                           // [B·H·T, T]
+  float *dk_head = nullptr, *dv_head = nullptr;          // [B, H, T, hd]
 };
 
 struct AttentionShared {
@@ -89,7 +101,91 @@ OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const Att
   });
 }
 
+// Backward (1): query row `row` = (b·H + h)·T + i.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
+  const int64_t i = row % a.T, bh = row / a.T, h = bh % a.H, b = bh / a.H, g = h / (a.H / a.KV);
+  const int64_t lo = a.window > 0 && i - a.window + 1 > 0 ? i - a.window + 1 : 0, n = i - lo + 1;
+  const int64_t qw = a.H * a.hd, kw = a.KV * a.hd;
+  const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
+  const float* doi = a.dout + (b * a.T + i) * qw + h * a.hd;
+  const float* oi = a.out + (b * a.T + i) * qw + h * a.hd;
+  float* P = a.scratch + row * a.T + lo;  // row i, columns lo..i
+  float* dS = a.scratch_ds + row * a.T + lo;
+  blk.phase([&](int t, auto&) {
+    if (t == 0) {  // D = chain over d of dO_d·o_d
+      float acc = 0.0f;
+      for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(doi[d], oi[d], acc);
+      sh.m = acc;
+    }
+  });
+  blk.phase([&](int t, auto&) {
+    const float m = a.row_max[row], l = a.row_sum[row], D = sh.m;
+    for (int64_t j = t; j < n; j += 32) {
+      const float* kj = a.k + (b * a.T + lo + j) * kw + g * a.hd;
+      const float* vj = a.v + (b * a.T + lo + j) * kw + g * a.hd;
+      float sc = 0.0f, dp = 0.0f;
+      for (int64_t d = 0; d < a.hd; ++d) sc = hd_fma(qi[d], kj[d], sc);
+      for (int64_t d = 0; d < a.hd; ++d) dp = hd_fma(doi[d], vj[d], dp);
+      const float p = det::impl::expf(sc * a.scale - m) / l;
+      const float ds = (p * (dp - D)) * a.scale;
+      P[j] = a.bf16 ? round_bf16(p) : p;  // P and dS enter the dq/dk/dv products as bf16 operands
+      dS[j] = a.bf16 ? round_bf16(ds) : ds;
+    }
+  });
+  blk.phase([&](int t, auto&) {
+    float* dqi = a.dq + (b * a.T + i) * qw + h * a.hd;
+    for (int64_t d = t; d < a.hd; d += 32) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n; ++j) acc = hd_fma(dS[j], a.k[(b * a.T + lo + j) * kw + g * a.hd + d], acc);
+      dqi[d] = a.bf16 ? round_bf16(acc) : acc;
+    }
+  });
+}
+
+// Backward (2): key `key` = (b·H + h)·T + j, per query head; thread t takes d = t, t+32, ...
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void attention_backward_key(Block& blk, const AttentionArgs& a, int64_t key) {
+  const int64_t j = key % a.T, bh = key / a.T, h = bh % a.H, b = bh / a.H;
+  const int64_t hi = a.window > 0 && j + a.window - 1 < a.T - 1 ? j + a.window - 1 : a.T - 1;
+  const int64_t qw = a.H * a.hd;
+  blk.phase([&](int t, auto&) {
+    for (int64_t d = t; d < a.hd; d += 32) {
+      float dk = 0.0f, dv = 0.0f;
+      for (int64_t i = j; i <= hi; ++i) {
+        const int64_t qrow = bh * a.T + i;
+        dk = hd_fma(a.scratch_ds[qrow * a.T + j], a.q[(b * a.T + i) * qw + h * a.hd + d], dk);
+        dv = hd_fma(a.scratch[qrow * a.T + j], a.dout[(b * a.T + i) * qw + h * a.hd + d], dv);
+      }
+      a.dk_head[key * a.hd + d] = a.bf16 ? round_bf16(dk) : dk;
+      a.dv_head[key * a.hd + d] = a.bf16 ? round_bf16(dv) : dv;
+    }
+  });
+}
+
+// Backward (3): element e of dk/dv [B·T, KV·hd]: the group's query heads in ascending order.
+OLMOREF_HD inline void attention_group_sum(const AttentionArgs& a, int64_t e) {
+  const int64_t kw = a.KV * a.hd, r = e / kw, g = (e % kw) / a.hd, d = e % a.hd, b = r / a.T, t = r % a.T;
+  const int64_t group = a.H / a.KV;
+  float sk = 0.0f, sv = 0.0f;
+  for (int64_t hh = 0; hh < group; ++hh) {
+    const int64_t src = ((b * a.H + g * group + hh) * a.T + t) * a.hd + d;
+    sk = hh == 0 ? a.dk_head[src] : sk + a.dk_head[src];
+    sv = hh == 0 ? a.dv_head[src] : sv + a.dv_head[src];
+  }
+  a.dk[e] = a.bf16 ? round_bf16(sk) : sk;
+  a.dv[e] = a.bf16 ? round_bf16(sv) : sv;
+}
+
 void attention_forward_host(const AttentionArgs& a);
+void attention_backward_host(const AttentionArgs& a);
+void attention_backward_device(const AttentionArgs& a);
 void attention_forward_device(const AttentionArgs& a);
 
 }  // namespace olmoref::kernels

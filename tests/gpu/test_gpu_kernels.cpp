@@ -318,7 +318,36 @@ int check_attention() {
     }
   }
   std::printf("attention forward exact: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
-  return failed;
+  int bwd_failed = 0;
+  for (const testing::AttentionCase& c : testing::attention_cases()) {
+    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+    const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
+    const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
+    const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
+    const AttentionShape shape = testing::attention_shape(c);
+    std::vector<float> out(qn), m(stats), l(stats), dq_ref(qn), dk_ref(kn), dv_ref(kn);
+    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
+    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
+                       dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
+    kernels::AttentionArgs a;
+    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
+    float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
+    float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));
+    float *sp = to_device(std::vector<float>(stats * static_cast<size_t>(c.T))), *sds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
+    float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
+    a.q = dq_in, a.k = dk_in, a.v = dv_in, a.out = dout_in, a.row_max = dm, a.row_sum = dl, a.dout = dgo;
+    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.scratch_ds = sds, a.dk_head = dkh, a.dv_head = dvh;
+    kernels::attention_backward_device(a);
+    const cudaError_t err = cudaDeviceSynchronize();
+    const bool same = err == cudaSuccess && bits_equal(from_device(ddq, qn), dq_ref) && bits_equal(from_device(ddk, kn), dk_ref) &&
+                      bits_equal(from_device(ddv, kn), dv_ref);
+    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, sds, dkh, dvh}) cudaFree(p);
+    bwd_failed += !same;
+  }
+  std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);
+  return failed + bwd_failed;
 }
 
 int check_math() {

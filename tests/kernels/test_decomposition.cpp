@@ -183,3 +183,36 @@ TEST_CASE("attention forward exact: a warp per query (score chains, first-occurr
     CHECK(std::memcmp(l.data(), l_ref.data(), stats * sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("attention backward exact: query warps (P, dS, dq), key blocks (dk, dv per head), group sums equal ref/") {
+  for (const testing::AttentionCase& c : testing::attention_cases()) {
+    CAPTURE(c.T);
+    CAPTURE(c.H);
+    CAPTURE(c.KV);
+    CAPTURE(c.hd);
+    CAPTURE(c.window);
+    CAPTURE(c.bf16);
+    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+    const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));  // g.q: dO
+    const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
+    const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
+    const AttentionShape shape = testing::attention_shape(c);
+    std::vector<float> out(qn), m(stats), l(stats);
+    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
+    std::vector<float> dq_ref(qn), dk_ref(kn), dv_ref(kn);
+    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
+                       dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
+    std::vector<float> dq(qn), dk(kn), dv(kn), sp(stats * static_cast<size_t>(c.T)), sds(sp.size());
+    std::vector<float> dkh(stats * static_cast<size_t>(c.hd)), dvh(dkh.size());
+    kernels::AttentionArgs a;
+    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
+    a.scratch = sp.data(), a.scratch_ds = sds.data(), a.dout = g.q.data(), a.dq = dq.data(), a.dk = dk.data();
+    a.dv = dv.data(), a.dk_head = dkh.data(), a.dv_head = dvh.data();
+    kernels::attention_backward_host(a);
+    CHECK(std::memcmp(dq.data(), dq_ref.data(), qn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dk.data(), dk_ref.data(), kn * sizeof(float)) == 0);
+    CHECK(std::memcmp(dv.data(), dv_ref.data(), kn * sizeof(float)) == 0);
+  }
+}
