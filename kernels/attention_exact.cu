@@ -2,6 +2,8 @@
 // (instance, head, query).
 #include <cuda_runtime.h>
 
+#include "kernels/launch.cuh"
+
 #include <stdexcept>
 #include <string>
 
@@ -28,10 +30,6 @@ __global__ void attention_group_sum_kernel(AttentionArgs a, int64_t n) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < n) attention_group_sum(a, e);
 }
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
 }  // namespace
 
 void attention_backward_device(const AttentionArgs& a) {
@@ -41,7 +39,7 @@ void attention_backward_device(const AttentionArgs& a) {
   check_launch("attention_backward_query_kernel");
   attention_backward_key_kernel<<<static_cast<unsigned>(rows), 32>>>(a);
   check_launch("attention_backward_key_kernel");
-  attention_group_sum_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(a, n);
+  attention_group_sum_kernel<<<element_blocks(n), kElementThreads>>>(a, n);
   check_launch("attention_group_sum_kernel");
 }
 
@@ -49,8 +47,7 @@ void attention_forward_device(const AttentionArgs& a) {
   const int64_t rows = a.B * a.H * a.T;
   if (rows == 0) return;
   attention_forward_kernel<<<static_cast<unsigned>(rows), 32>>>(a);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("attention_forward_kernel launch: ") + cudaGetErrorString(err));
+  check_launch("attention_forward_kernel");
 }
 
 }  // namespace olmoref::kernels

@@ -46,14 +46,30 @@ struct AttentionShared {
   float m;
 };
 
+// Query row `row` = (b·H + h)·T + i: its instance, heads, key band [lo, i] (n keys) and row widths.
+struct QueryRow {
+  int64_t i, b, h, g, lo, n, qw, kw;
+};
+OLMOREF_HD inline QueryRow query_row(const AttentionArgs& a, int64_t row) {
+  QueryRow r;
+  r.i = row % a.T;
+  r.h = (row / a.T) % a.H;
+  r.b = row / a.T / a.H;
+  r.g = r.h / (a.H / a.KV);
+  r.lo = a.window > 0 && r.i - a.window + 1 > 0 ? r.i - a.window + 1 : 0;
+  r.n = r.i - r.lo + 1;
+  r.qw = a.H * a.hd;
+  r.kw = a.KV * a.hd;
+  return r;
+}
+
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class Block>
 OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
-  const int64_t i = row % a.T, bh = row / a.T, h = bh % a.H, b = bh / a.H, g = h / (a.H / a.KV);
-  const int64_t lo = a.window > 0 && i - a.window + 1 > 0 ? i - a.window + 1 : 0, n = i - lo + 1;
-  const int64_t qw = a.H * a.hd, kw = a.KV * a.hd;
+  const QueryRow qr = query_row(a, row);
+  const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
   const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
   float* s = a.scratch + row * a.T;
   blk.phase([&](int t, auto&) {
@@ -107,9 +123,8 @@ OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const Att
 #endif
 template <class Block>
 OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
-  const int64_t i = row % a.T, bh = row / a.T, h = bh % a.H, b = bh / a.H, g = h / (a.H / a.KV);
-  const int64_t lo = a.window > 0 && i - a.window + 1 > 0 ? i - a.window + 1 : 0, n = i - lo + 1;
-  const int64_t qw = a.H * a.hd, kw = a.KV * a.hd;
+  const QueryRow qr = query_row(a, row);
+  const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
   const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
   const float* doi = a.dout + (b * a.T + i) * qw + h * a.hd;
   const float* oi = a.out + (b * a.T + i) * qw + h * a.hd;

@@ -1,6 +1,8 @@
 // Exact-mode elementwise kernels (kernels/elementwise.h). Grid: ceil(n / 256) blocks of 256 threads.
 #include <cuda_runtime.h>
 
+#include "kernels/launch.cuh"
+
 #include <stdexcept>
 #include <string>
 
@@ -10,40 +12,33 @@ namespace olmoref::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
-unsigned blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-__device__ int64_t element() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
 
 __global__ void swiglu_forward_kernel(const float* g, const float* u, float* a, int64_t n, bool bf16) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i < n) a[i] = bf16 ? elem::swiglu_forward_bf16(g[i], u[i]) : elem::swiglu_forward(g[i], u[i]);
 }
 __global__ void swiglu_backward_kernel(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                                        bool bf16) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i >= n) return;
   if (bf16) elem::swiglu_backward_bf16(g[i], u[i], da[i], dg[i], du[i]);
   else elem::swiglu_backward(g[i], u[i], da[i], dg[i], du[i]);
 }
 __global__ void adamw_kernel(elem::AdamWScalars s, float decay, const float* grad, float* p, float* m, float* v,
                              int64_t n) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i < n) elem::adamw(s, decay, grad[i], p[i], m[i], v[i]);
 }
 __global__ void round_bf16_kernel(float* x, int64_t n) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i < n) x[i] = round_bf16(x[i]);
 }
 __global__ void tree_add_kernel(float* dst, const float* src, int64_t n) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i < n) dst[i] = dst[i] + src[i];
 }
 __global__ void scale_kernel(float* x, float c, int64_t n) {
-  const int64_t i = element();
+  const int64_t i = element_index();
   if (i < n) x[i] = x[i] * c;
 }
 
@@ -51,32 +46,32 @@ __global__ void scale_kernel(float* x, float c, int64_t n) {
 
 void swiglu_forward_device(const float* g, const float* u, float* a, int64_t n, bool bf16) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<blocks(n), kThreads>>>(g, u, a, n, bf16);
+  swiglu_forward_kernel<<<element_blocks(n), kElementThreads>>>(g, u, a, n, bf16);
   check_launch("swiglu_forward_kernel");
 }
 void swiglu_backward_device(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n, bool bf16) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<blocks(n), kThreads>>>(g, u, da, dg, du, n, bf16);
+  swiglu_backward_kernel<<<element_blocks(n), kElementThreads>>>(g, u, da, dg, du, n, bf16);
   check_launch("swiglu_backward_kernel");
 }
 void adamw_device(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v, int64_t n) {
   if (n == 0) return;
-  adamw_kernel<<<blocks(n), kThreads>>>(s, decay, grad, p, m, v, n);
+  adamw_kernel<<<element_blocks(n), kElementThreads>>>(s, decay, grad, p, m, v, n);
   check_launch("adamw_kernel");
 }
 void round_bf16_device(float* x, int64_t n) {
   if (n == 0) return;
-  round_bf16_kernel<<<blocks(n), kThreads>>>(x, n);
+  round_bf16_kernel<<<element_blocks(n), kElementThreads>>>(x, n);
   check_launch("round_bf16_kernel");
 }
 void tree_add_device(float* dst, const float* src, int64_t n) {
   if (n == 0) return;
-  tree_add_kernel<<<blocks(n), kThreads>>>(dst, src, n);
+  tree_add_kernel<<<element_blocks(n), kElementThreads>>>(dst, src, n);
   check_launch("tree_add_kernel");
 }
 void scale_device(float* x, float c, int64_t n) {
   if (n == 0) return;
-  scale_kernel<<<blocks(n), kThreads>>>(x, c, n);
+  scale_kernel<<<element_blocks(n), kElementThreads>>>(x, c, n);
   check_launch("scale_kernel");
 }
 

@@ -1,6 +1,8 @@
 // The exact-mode GEMM on the device: the decomposition of kernels/gemm_exact.h, one block per output tile.
 #include <cuda_runtime.h>
 
+#include "kernels/launch.cuh"
+
 #include <stdexcept>
 #include <string>
 
@@ -19,8 +21,7 @@ void gemm_exact_device(const GemmArgs& g) {
   const dim3 grid(static_cast<unsigned>(gemm_grid_cols(g.N)), static_cast<unsigned>(gemm_grid_rows(g.M)));
   if (gemm_grid_rows(g.M) > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");
   gemm_exact_kernel<<<grid, kGemmThreads>>>(g);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_exact_kernel launch: ") + cudaGetErrorString(err));
+  check_launch("gemm_exact_kernel");
 }
 
 }  // namespace olmoref::kernels

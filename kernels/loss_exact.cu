@@ -2,6 +2,8 @@
 // 32-thread block per row, per instance and per chunk.
 #include <cuda_runtime.h>
 
+#include "kernels/launch.cuh"
+
 #include <stdexcept>
 #include <string>
 
@@ -11,10 +13,6 @@ namespace olmoref::kernels {
 
 namespace {
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
 
 __global__ void __launch_bounds__(32) cross_entropy_row_kernel(LossArgs a) {
   __shared__ LossShared sh;

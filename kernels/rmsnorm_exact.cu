@@ -2,6 +2,8 @@
 // (a warp) and one thread per column for the weight gradient.
 #include <cuda_runtime.h>
 
+#include "kernels/launch.cuh"
+
 #include <stdexcept>
 #include <string>
 
@@ -11,10 +13,6 @@ namespace olmoref::kernels {
 
 namespace {
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + " launch: " + cudaGetErrorString(err));
-}
 
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_forward_kernel(RmsNormArgs a) {
   __shared__ RowShared sh;

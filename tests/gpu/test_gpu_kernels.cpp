@@ -299,9 +299,7 @@ int check_attention() {
     std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
     attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
                       l_ref.data(), nullptr);
-    kernels::AttentionArgs a;
-    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    kernels::AttentionArgs a = testing::attention_args(c);
     float *dq = to_device(o.q), *dk = to_device(o.k), *dv = to_device(o.v), *dout = to_device(std::vector<float>(out_n));
     float *dm = to_device(std::vector<float>(stats)), *dl = to_device(std::vector<float>(stats));
     float* ds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
@@ -329,9 +327,7 @@ int check_attention() {
     attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
     attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
                        dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
-    kernels::AttentionArgs a;
-    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    kernels::AttentionArgs a = testing::attention_args(c);
     float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
     float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
     float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/attention_exact.h"
 #include "ref/bf16.h"
 #include "ref/ops.h"
 
@@ -39,6 +40,15 @@ inline AttentionShape attention_shape(const AttentionCase& c) {
   AttentionShape s{c.B, c.T, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
   s.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   return s;
+}
+
+// The kernel arguments of a case (shape fields only; the caller sets the pointers).
+inline kernels::AttentionArgs attention_args(const AttentionCase& c) {
+  kernels::AttentionArgs a;
+  a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  a.bf16 = c.bf16;
+  return a;
 }
 
 }  // namespace olmoref::testing

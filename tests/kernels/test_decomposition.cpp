@@ -172,9 +172,7 @@ TEST_CASE("attention forward exact: a warp per query (score chains, first-occurr
     attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
                       l_ref.data(), nullptr);
     std::vector<float> out(out_n), m(stats), l(stats), scratch(stats * static_cast<size_t>(c.T));
-    kernels::AttentionArgs a;
-    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    kernels::AttentionArgs a = testing::attention_args(c);
     a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
     a.scratch = scratch.data();
     kernels::attention_forward_host(a);
@@ -204,9 +202,7 @@ TEST_CASE("attention backward exact: query warps (P, dS, dq), key blocks (dk, dv
                        dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
     std::vector<float> dq(qn), dk(kn), dv(kn), sp(stats * static_cast<size_t>(c.T)), sds(sp.size());
     std::vector<float> dkh(stats * static_cast<size_t>(c.hd)), dvh(dkh.size());
-    kernels::AttentionArgs a;
-    a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), a.bf16 = c.bf16;
+    kernels::AttentionArgs a = testing::attention_args(c);
     a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
     a.scratch = sp.data(), a.scratch_ds = sds.data(), a.dout = g.q.data(), a.dq = dq.data(), a.dk = dk.data();
     a.dv = dv.data(), a.dk_head = dkh.data(), a.dv_head = dvh.data();
