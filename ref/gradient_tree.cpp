@@ -24,7 +24,15 @@ GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, ThreadPool* po
       plan_(n_instances),
       mb_plan_((n_instances + microbatch_instances - 1) / microbatch_instances) {}
 
+void GradientTree::reset_emitting(int64_t first, int64_t last, EmitFn emit) {
+  if (shape_ != TreeShape::balanced) throw std::logic_error("GradientTree: emission needs the balanced tree");
+  reset();
+  plan_ = TreePlan(n_instances_, first, last);
+  emit_ = std::move(emit);
+}
+
 void GradientTree::reset() {
+  emit_ = nullptr;
   plan_ = TreePlan(n_instances_);
   mb_plan_ = TreePlan((n_instances_ + mb_ - 1) / mb_);
   steps_.clear();
@@ -67,9 +75,11 @@ float* GradientTree::leaf(int64_t instance, int64_t offset, int64_t) {
 }
 
 void GradientTree::commit(int64_t instance, int64_t offset, int64_t n) {
-  for (const TreePlan::Merge& m : steps_[static_cast<size_t>(instance)].merges)
+  const TreePlan::Step& st = steps_[static_cast<size_t>(instance)];
+  for (const TreePlan::Merge& m : st.merges)
     tree_add(slots_[static_cast<size_t>(m.dst)].data() + offset, slots_[static_cast<size_t>(m.src)].data() + offset, n,
              pool_);
+  if (st.emit_slot >= 0) emit_(st.emit_index, slots_[static_cast<size_t>(st.emit_slot)].data() + offset, offset, n);
 }
 
 void GradientTree::release() { std::vector<std::vector<float>>().swap(slots_); }

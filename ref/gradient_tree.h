@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ref/instance_tree.h"
@@ -34,14 +35,21 @@ class GradientTree : public GradientLeaves {
 
   // Starts a step: the plan restarts at instance 0 (buffers are kept).
   void reset();
+  // Receives a finished maximal subtree (output `index`), tensor slice by tensor slice: src[0..n) holds its
+  // values of the flat vector's [offset, offset + n).
+  using EmitFn = std::function<void(int index, const float* src, int64_t offset, int64_t n)>;
+  // Starts a step of one rank of several, holding instances [first, last): each maximal subtree of that range
+  // goes to `emit` as soon as it is complete, so at most ceil(log2 N) + 1 slots are ever live.
+  void reset_emitting(int64_t first, int64_t last, EmitFn emit);
   // The next micro-batch is the global instances [first, first + count); they must follow the previous
   // micro-batch fed since reset() (or be the first of this process's range).
   void begin_microbatch(int64_t first, int64_t count);
   float* leaf(int64_t instance, int64_t offset, int64_t n) override;
   void commit(int64_t instance, int64_t offset, int64_t n) override;
 
-  // After the last micro-batch: the maximal whole subtrees of the fed range, slot i holding node i.
-  const std::vector<TreeNode>& nodes() const { return plan_.stack(); }
+  // After the last micro-batch: the maximal whole subtrees of the fed range. Without emission slot i holds
+  // node i; with emission they went to the EmitFn, in this order.
+  const std::vector<TreeNode>& nodes() const { return emit_ ? plan_.emitted() : plan_.stack(); }
   float* slot(int i) { return slots_[static_cast<size_t>(i)].data(); }
   int peak_slots() const { return peak_; }
   void release();  // returns the slot buffers' memory (a sharded run keeps none between steps)
@@ -53,6 +61,7 @@ class GradientTree : public GradientLeaves {
   int64_t mb_;
   TreePlan plan_;
   TreePlan mb_plan_;  // microbatch_chain only: the tree over micro-batch index
+  EmitFn emit_;
   std::vector<TreePlan::Step> steps_;  // of the current micro-batch, one per instance
   int64_t count_ = 0;
   std::vector<std::vector<float>> slots_;

@@ -74,6 +74,17 @@ inline std::vector<TreeNode> maximal_subtrees(int64_t n, int64_t lo, int64_t hi)
   return out;
 }
 
+// The parent of node [lo, hi) (not the root) in the tree over [0, n).
+inline TreeNode tree_parent(int64_t n, TreeNode node) {
+  int64_t a = 0, b = n;
+  while (true) {
+    const int64_t m = tree_mid(a, b);
+    if ((node.lo == a && node.hi == m) || (node.lo == m && node.hi == b)) return {a, b};
+    if (node.hi <= m) b = m;
+    else a = m;
+  }
+}
+
 // Left-to-right evaluation of the tree with a stack. Nodes are fed in index order, each starting where
 // the previous one ended (leaves, or whole subtrees computed elsewhere); a fed node goes to the first free
 // slot, and whenever the two top slots are the two children of one node they are added into the lower
@@ -85,25 +96,38 @@ class TreePlan {
   struct Step {
     int slot = 0;               // where the fed node's value must be written
     std::vector<Merge> merges;  // then these adds, in order
+    // Emitting plans: after the adds, the value in slot `emit_slot` is output `emit_index` (a finished maximal
+    // subtree of the range) and that slot is free again. -1: nothing emitted.
+    int emit_slot = -1, emit_index = -1;
   };
 
-  explicit TreePlan(int64_t n) : n_(n) {
+  explicit TreePlan(int64_t n) : n_(n), r0_(0), r1_(n) {
     if (n < 1) throw std::invalid_argument("the instance tree needs at least one instance");
   }
+  // A plan for one rank's range [r0, r1) that emits each maximal subtree of the range the moment it is
+  // complete (it can never be added to within this rank), so the stack holds only pending nodes: at most
+  // ceil(log2 N) + 1 slots whatever the range. emitted() lists the outputs in order.
+  TreePlan(int64_t n, int64_t r0, int64_t r1) : TreePlan(n) {
+    r0_ = r0;
+    r1_ = r1;
+    emitting_ = true;
+  }
+  const std::vector<TreeNode>& emitted() const { return emitted_; }
   int64_t size() const { return n_; }
   const std::vector<TreeNode>& stack() const { return stack_; }
   int peak_slots() const { return peak_; }
-  // Bound on peak_slots() when feeding starts at instance 0: one pending left sibling per level plus the new
-  // node. A range starting inside a subtree also keeps its finished boundary subtrees (they are its output
-  // to the exchange), at most ceil(log2 N) - 1 more.
+  // Bound on peak_slots() when feeding starts at instance 0, or for an emitting plan: one pending left
+  // sibling per level plus the new node. A non-emitting plan over a range that starts inside a subtree also
+  // keeps its finished boundary subtrees, at most ceil(log2 N) - 1 more.
   int max_slots() const { return tree_depth(n_) + 1; }
 
   Step feed(TreeNode node) {
     if (node.hi <= node.lo || !is_tree_node(n_, node.lo, node.hi))
       throw std::logic_error("instance tree: [" + std::to_string(node.lo) + ", " + std::to_string(node.hi) +
                              ") is not a node of the tree over " + std::to_string(n_) + " instances");
-    if (!stack_.empty() && stack_.back().hi != node.lo)
-      throw std::logic_error("instance tree: nodes must be fed in order without gaps");
+    if (fed_ && node.lo != next_) throw std::logic_error("instance tree: nodes must be fed in order without gaps");
+    fed_ = true;
+    next_ = node.hi;
     Step s;
     s.slot = static_cast<int>(stack_.size());
     stack_.push_back(node);
@@ -115,13 +139,26 @@ class TreePlan {
       stack_.back() = {left.lo, right.hi};
       s.merges.push_back({static_cast<int>(stack_.size()) - 1, static_cast<int>(stack_.size())});
     }
+    if (emitting_) {
+      const TreeNode top = stack_.back();
+      const bool root = top.lo == 0 && top.hi == n_;
+      const TreeNode parent = root ? top : tree_parent(n_, top);
+      if (root || parent.lo < r0_ || parent.hi > r1_) {
+        s.emit_slot = static_cast<int>(stack_.size()) - 1;
+        s.emit_index = static_cast<int>(emitted_.size());
+        emitted_.push_back(top);
+        stack_.pop_back();
+      }
+    }
     return s;
   }
   Step feed_leaf(int64_t i) { return feed({i, i + 1}); }
 
  private:
-  int64_t n_;
-  std::vector<TreeNode> stack_;
+  int64_t n_, r0_, r1_;
+  bool emitting_ = false, fed_ = false;
+  int64_t next_ = 0;
+  std::vector<TreeNode> stack_, emitted_;
   int peak_ = 0;
 };
 

@@ -130,7 +130,25 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
   const BatchSplit split = batch_split();
   const int64_t T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
   per_instance.assign(static_cast<size_t>(split.global_instances), LossSums{});
-  tree_.reset();
+  if (layout_.world() == 1 || par_.debug_tree_shape != TreeShape::balanced) {
+    tree_.reset();
+  } else {
+    // Each finished maximal subtree goes straight into the all-to-all's send blocks (block (j, q): subtree q
+    // on rank j's shard range, padded to the stride), so the stack never holds more than ceil(log2 N) + 1.
+    const auto [i0, i1] = split.instances_of_rank(layout_.rank);
+    const int64_t k = static_cast<int64_t>(maximal_subtrees(split.global_instances, i0, i1).size());
+    const int64_t stride = layout_.shard_stride();
+    const int W = layout_.world();
+    send_.assign(static_cast<size_t>(k * stride * W), 0.0f);
+    tree_.reset_emitting(i0, i1, [this, k, stride, W](int q, const float* src, int64_t off, int64_t n) {
+      for (int j = 0; j < W; ++j) {
+        const int s = j % layout_.dp_shard;
+        const int64_t a = std::max(off, layout_.begin(s)), b = std::min(off + n, layout_.end(s));
+        if (a < b)
+          std::copy(src + (a - off), src + (b - off), send_.begin() + (j * k + q) * stride + (a - layout_.begin(s)));
+      }
+    });
+  }
   const auto [m0, m1] = split.microbatches_of_rank(layout_.rank);
   const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
   for (int64_t m = m0; m < m1; ++m) {
@@ -200,15 +218,10 @@ void Trainer::reduce_gradient_to_shard(float* shard_out) {
     recv_counts[static_cast<size_t>(j)] = static_cast<int64_t>(nodes_of[static_cast<size_t>(j)].size()) * stride;
     recv_total += recv_counts[static_cast<size_t>(j)];
   }
-  std::vector<float> send(static_cast<size_t>(k * stride * W), 0.0f), recv(static_cast<size_t>(recv_total));
-  for (int j = 0; j < W; ++j) {
-    const int s = j % layout_.dp_shard;
-    for (int64_t q = 0; q < k; ++q) {
-      const float* src = tree_.slot(static_cast<int>(q));
-      std::copy(src + layout_.begin(s), src + layout_.end(s), send.begin() + (j * k + q) * stride);
-    }
-  }
-  comm_->alltoallv(send.data(), send_counts, recv.data(), recv_counts, "all-to-all gradient subtrees");
+  std::vector<float> recv(static_cast<size_t>(recv_total));
+  // send_ was filled while the subtrees finished (compute_local_tree).
+  comm_->alltoallv(send_.data(), send_counts, recv.data(), recv_counts, "all-to-all gradient subtrees");
+  std::vector<float>().swap(send_);
   // The owner finishes the tree: the same left-to-right plan, fed whole subtrees in rank (= index) order.
   TreePlan plan(N);
   std::vector<float*> slot(static_cast<size_t>(plan.max_slots()), nullptr);

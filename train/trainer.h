@@ -111,6 +111,7 @@ class Trainer {
   std::unique_ptr<UnitGather> unit_gather_;
   float* full_view_ = nullptr;
   GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
+  std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
   int64_t step_ = 0;
   int64_t tokens_ = 0;
 };

@@ -88,15 +88,20 @@ TEST_CASE("instance tree: per-rank stack plans leave the maximal subtrees, and t
     for (size_t r = 0; r + 1 < cuts.size(); ++r) {
       TreePlan plan(n);
       for (int64_t i = cuts[r]; i < cuts[r + 1]; ++i) plan.feed_leaf(i);
-      // From instance 0 (one process, or the first rank) the stack never exceeds ceil(log2 N) + 1. A range
-      // that starts inside a subtree also keeps its finished boundary subtrees (outputs, waiting for the
-      // exchange): at most ceil(log2 N) - 1 more.
+      // Without emission: from instance 0 the stack never exceeds ceil(log2 N) + 1; a range that starts inside
+      // a subtree also keeps its finished boundary subtrees there.
       CAPTURE(n);
       CAPTURE(cuts[r]);
       if (cuts[r] == 0) CHECK(plan.peak_slots() <= plan.max_slots());
       else CHECK(plan.peak_slots() <= 2 * tree_depth(n));
       CHECK(plan.stack() == maximal_subtrees(n, cuts[r], cuts[r + 1]));
       all.insert(all.end(), plan.stack().begin(), plan.stack().end());
+      // The emitting plan (what ranks run): the same subtrees, emitted when complete, within the bound always.
+      TreePlan emitting(n, cuts[r], cuts[r + 1]);
+      for (int64_t i = cuts[r]; i < cuts[r + 1]; ++i) emitting.feed_leaf(i);
+      CHECK(emitting.peak_slots() <= emitting.max_slots());
+      CHECK(emitting.stack().empty());
+      CHECK(emitting.emitted() == plan.stack());
     }
     TreePlan owner(n);
     for (const TreeNode& node : all) owner.feed(node);
@@ -132,6 +137,39 @@ TEST_CASE("gradient tree: any micro-batch cut and tensor slicing give the defini
     REQUIRE(tree.nodes() == std::vector<TreeNode>{{0, n}});
     CHECK(same_bits(tree.slot(0), want.data(), static_cast<size_t>(len)));
     CHECK(tree.peak_slots() <= tree_depth(n) + 1);
+  }
+}
+
+TEST_CASE("gradient tree: an emitting rank's outputs are its maximal subtrees' values, slice by slice") {
+  ThreadPool pool(2);
+  std::mt19937 rng(19);
+  for (int trial = 0; trial < 80; ++trial) {
+    const int64_t n = 2 + rng() % 30, len = 1 + rng() % 200;
+    const int64_t r0 = rng() % n, r1 = r0 + 1 + rng() % (n - r0);
+    const auto leaves = random_leaves(n, len, 300 + trial);
+    const std::vector<TreeNode> want_nodes = maximal_subtrees(n, r0, r1);
+    std::vector<std::vector<float>> out(want_nodes.size(), std::vector<float>(static_cast<size_t>(len), -1.0f));
+    GradientTree tree(n, len, &pool);
+    tree.reset_emitting(r0, r1, [&](int q, const float* src, int64_t off, int64_t sz) {
+      std::copy(src, src + sz, out[static_cast<size_t>(q)].begin() + off);
+    });
+    const int64_t mb = 1 + rng() % (r1 - r0);
+    for (int64_t a = r0; a < r1; a += mb) {
+      const int64_t count = std::min(mb, r1 - a);
+      tree.begin_microbatch(a, count);
+      const int64_t cut = static_cast<int64_t>(rng() % (len + 1));
+      for (const auto& [off, sz] : {std::pair<int64_t, int64_t>{0, cut}, {cut, len - cut}})
+        for (int64_t b = 0; b < count; ++b) {
+          std::copy(leaves[a + b].begin() + off, leaves[a + b].begin() + off + sz, tree.leaf(b, off, sz));
+          tree.commit(b, off, sz);
+        }
+    }
+    REQUIRE(tree.nodes() == want_nodes);
+    CHECK(tree.peak_slots() <= tree_depth(n) + 1);
+    for (size_t q = 0; q < want_nodes.size(); ++q) {
+      const std::vector<float> want = tree_value(leaves, want_nodes[q].lo, want_nodes[q].hi);
+      CHECK(same_bits(out[q].data(), want.data(), static_cast<size_t>(len)));
+    }
   }
 }
 
