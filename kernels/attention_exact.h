@@ -63,6 +63,14 @@ OLMOREF_HD inline QueryRow query_row(const AttentionArgs& a, int64_t row) {
   return r;
 }
 
+// Key j (0-based from qr.lo) of the query row: the score chain over d from 0, times scale.
+OLMOREF_HD inline float attention_score(const AttentionArgs& a, const QueryRow& qr, const float* qi, int64_t j) {
+  const float* kj = a.k + (qr.b * a.T + qr.lo + j) * qr.kw + qr.g * a.hd;
+  float acc = 0.0f;
+  for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(qi[d], kj[d], acc);
+  return acc * a.scale;
+}
+
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
@@ -76,10 +84,7 @@ OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const Att
     float m = -hd_float(0x7f800000u);
     int64_t first = n;
     for (int64_t j = t; j < n; j += 32) {
-      const float* kj = a.k + (b * a.T + lo + j) * kw + g * a.hd;
-      float acc = 0.0f;
-      for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(qi[d], kj[d], acc);
-      s[j] = acc * a.scale;
+      s[j] = attention_score(a, qr, qi, j);
       if (m < s[j]) m = s[j], first = j;
     }
     sh.lane[t] = m;
@@ -140,12 +145,10 @@ OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const 
   blk.phase([&](int t, auto&) {
     const float m = a.row_max[row], l = a.row_sum[row], D = sh.m;
     for (int64_t j = t; j < n; j += 32) {
-      const float* kj = a.k + (b * a.T + lo + j) * kw + g * a.hd;
       const float* vj = a.v + (b * a.T + lo + j) * kw + g * a.hd;
-      float sc = 0.0f, dp = 0.0f;
-      for (int64_t d = 0; d < a.hd; ++d) sc = hd_fma(qi[d], kj[d], sc);
+      float dp = 0.0f;
       for (int64_t d = 0; d < a.hd; ++d) dp = hd_fma(doi[d], vj[d], dp);
-      const float p = det::impl::expf(sc * a.scale - m) / l;
+      const float p = det::impl::expf(attention_score(a, qr, qi, j) - m) / l;
       const float ds = (p * (dp - D)) * a.scale;
       P[j] = a.bf16 ? round_bf16(p) : p;  // P and dS enter the dq/dk/dv products as bf16 operands
       dS[j] = a.bf16 ? round_bf16(ds) : ds;

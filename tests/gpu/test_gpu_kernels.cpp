@@ -86,14 +86,10 @@ int check_rmsnorm() {
     std::vector<float> y_ref(rn), ir_ref(R), dx_ref(rn), dw_ref(n);
     rmsnorm_forward(o.x.data(), o.w.data(), y_ref.data(), ir_ref.data(), c.R, c.n, 1e-6f, nullptr);
     rmsnorm_backward(o.x.data(), o.w.data(), ir_ref.data(), o.dy.data(), dx_ref.data(), dw_ref.data(), c.R, c.n, nullptr);
-    kernels::RmsNormArgs a;
-    a.R = c.R;
-    a.n = c.n;
-    a.eps = 1e-6f;
     float *dx_in = to_device(o.x), *dw_in = to_device(o.w), *ddy = to_device(o.dy);
     float *dy_out = to_device(std::vector<float>(rn)), *dir = to_device(std::vector<float>(R));
     float *ddx = to_device(std::vector<float>(rn)), *ddw = to_device(std::vector<float>(n));
-    a.x = dx_in, a.w = dw_in, a.dy = ddy, a.y = dy_out, a.inv_rms = dir, a.dx = ddx, a.dw = ddw;
+    const kernels::RmsNormArgs a = testing::norm_args(c, dx_in, dw_in, dy_out, dir, ddy, ddx, ddw);
     kernels::rmsnorm_forward_device(a);
     kernels::rmsnorm_backward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
@@ -380,14 +376,14 @@ int check_math() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool gemm_only = argc > 1 && std::strcmp(argv[1], "--gemm-only") == 0;  // for the sanitizers
+  const bool no_math_sweep = argc > 1 && std::strcmp(argv[1], "--no-math-sweep") == 0;  // for the sanitizers
   const cuda::DeviceInfo dev = cuda::query_device();
   if (!dev.available) {
     std::printf("SKIPPED: no CUDA device (%s)\n", dev.reason.c_str());
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + (gemm_only ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/rmsnorm_exact.h"
+
 namespace olmoref::testing {
 
 struct NormCase {
@@ -26,6 +28,14 @@ inline NormOperands norm_operands(const NormCase& c, uint32_t seed) {
   for (int64_t i = 0; i < c.n; ++i) o.w.push_back(1.0f + 0.3f * u(rng));
   for (int64_t i = 0; i < c.R * c.n; ++i) o.dy.push_back(std::ldexp(u(rng), static_cast<int>(rng() % 12) - 6));
   return o;
+}
+
+// The kernel arguments of a case over the caller's buffers (eps 1e-6; backward pointers may stay null).
+inline kernels::RmsNormArgs norm_args(const NormCase& c, const float* x, const float* w, float* y, float* inv_rms,
+                                      const float* dy = nullptr, float* dx = nullptr, float* dw = nullptr) {
+  kernels::RmsNormArgs a;
+  a.R = c.R, a.n = c.n, a.x = x, a.w = w, a.y = y, a.inv_rms = inv_rms, a.eps = 1e-6f, a.dy = dy, a.dx = dx, a.dw = dw;
+  return a;
 }
 
 }  // namespace olmoref::testing

@@ -72,17 +72,8 @@ TEST_CASE("rmsnorm exact: one warp per row (32 lanes + tree) and a chain per col
     rmsnorm_forward(o.x.data(), o.w.data(), y_ref.data(), ir_ref.data(), c.R, c.n, 1e-6f, nullptr);
     rmsnorm_backward(o.x.data(), o.w.data(), ir_ref.data(), o.dy.data(), dx_ref.data(), dw_ref.data(), c.R, c.n, nullptr);
     std::vector<float> y(rn), ir(R), dx(rn), dw(n);
-    kernels::RmsNormArgs a;
-    a.R = c.R;
-    a.n = c.n;
-    a.x = o.x.data();
-    a.w = o.w.data();
-    a.y = y.data();
-    a.inv_rms = ir.data();
-    a.eps = 1e-6f;
-    a.dy = o.dy.data();
-    a.dx = dx.data();
-    a.dw = dw.data();
+    const kernels::RmsNormArgs a =
+        testing::norm_args(c, o.x.data(), o.w.data(), y.data(), ir.data(), o.dy.data(), dx.data(), dw.data());
     kernels::rmsnorm_forward_host(a);
     kernels::rmsnorm_backward_host(a);
     CHECK(std::memcmp(y.data(), y_ref.data(), rn * sizeof(float)) == 0);
@@ -97,14 +88,7 @@ TEST_CASE("rmsnorm exact negative control: a sequential row sum instead of 32 la
   const testing::NormCase c{4, 257};
   const testing::NormOperands o = testing::norm_operands(c, 3);
   std::vector<float> y(static_cast<size_t>(c.R * c.n)), ir(static_cast<size_t>(c.R));
-  kernels::RmsNormArgs a;
-  a.R = c.R;
-  a.n = c.n;
-  a.x = o.x.data();
-  a.w = o.w.data();
-  a.y = y.data();
-  a.inv_rms = ir.data();
-  a.eps = 1e-6f;
+  const kernels::RmsNormArgs a = testing::norm_args(c, o.x.data(), o.w.data(), y.data(), ir.data());
   kernels::rmsnorm_forward_host(a);
   int differ = 0;
   for (int64_t r = 0; r < c.R; ++r) {

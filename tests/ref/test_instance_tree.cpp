@@ -38,6 +38,18 @@ std::vector<std::vector<float>> random_leaves(int64_t n, int64_t len, uint32_t s
   return out;
 }
 
+// Feeds instances [a, a+count) as the model writes them: two "tensors" [0, cut) and [cut, len), each instance
+// by instance.
+void feed_two_tensors(GradientTree& tree, const std::vector<std::vector<float>>& leaves, int64_t a, int64_t count,
+                      int64_t cut) {
+  const int64_t len = static_cast<int64_t>(leaves.front().size());
+  for (const auto& [off, sz] : {std::pair<int64_t, int64_t>{0, cut}, {cut, len - cut}})
+    for (int64_t b = 0; b < count; ++b) {
+      std::copy(leaves[a + b].begin() + off, leaves[a + b].begin() + off + sz, tree.leaf(b, off, sz));
+      tree.commit(b, off, sz);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("instance tree: the shape is the balanced split with the larger half on the left") {
@@ -126,13 +138,7 @@ TEST_CASE("gradient tree: any micro-batch cut and tensor slicing give the defini
     for (int64_t a = 0; a < n; a += mb) {
       const int64_t count = std::min(mb, n - a);
       tree.begin_microbatch(a, count);
-      // Two "tensors" [0, cut) and [cut, len), each instance by instance, as the model writes them.
-      const int64_t cut = static_cast<int64_t>(rng() % (len + 1));
-      for (const auto& [off, sz] : {std::pair<int64_t, int64_t>{0, cut}, {cut, len - cut}})
-        for (int64_t b = 0; b < count; ++b) {
-          std::copy(leaves[a + b].begin() + off, leaves[a + b].begin() + off + sz, tree.leaf(b, off, sz));
-          tree.commit(b, off, sz);
-        }
+      feed_two_tensors(tree, leaves, a, count, static_cast<int64_t>(rng() % (len + 1)));
     }
     REQUIRE(tree.nodes() == std::vector<TreeNode>{{0, n}});
     CHECK(same_bits(tree.slot(0), want.data(), static_cast<size_t>(len)));
@@ -157,12 +163,7 @@ TEST_CASE("gradient tree: an emitting rank's outputs are its maximal subtrees' v
     for (int64_t a = r0; a < r1; a += mb) {
       const int64_t count = std::min(mb, r1 - a);
       tree.begin_microbatch(a, count);
-      const int64_t cut = static_cast<int64_t>(rng() % (len + 1));
-      for (const auto& [off, sz] : {std::pair<int64_t, int64_t>{0, cut}, {cut, len - cut}})
-        for (int64_t b = 0; b < count; ++b) {
-          std::copy(leaves[a + b].begin() + off, leaves[a + b].begin() + off + sz, tree.leaf(b, off, sz));
-          tree.commit(b, off, sz);
-        }
+      feed_two_tensors(tree, leaves, a, count, static_cast<int64_t>(rng() % (len + 1)));
     }
     REQUIRE(tree.nodes() == want_nodes);
     CHECK(tree.peak_slots() <= tree_depth(n) + 1);
