@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ref/init.h"
-#include "ref/model.h"
+#include "model/olmo3.h"
 #include "ref/ops.h"
 #include "ref/parallel.h"
 

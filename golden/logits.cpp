@@ -14,7 +14,7 @@
 #include "golden/safetensors.h"
 #include "ref/bf16.h"
 #include "ref/init.h"
-#include "ref/model.h"
+#include "model/olmo3.h"
 #include "ref/parallel.h"
 #include "train/config.h"
 

@@ -1,21 +1,109 @@
-// kernels/elementwise.h — exact-mode elementwise kernels: SwiGLU (fp32 and the bf16 recipe), AdamW on a range
-// of the flat vector, bf16 rounding, the instance tree's add and gradient scaling (clipping). Their arithmetic
-// is ref/elementwise.h and ref/bf16.h, the very functions the CPU loops call; one thread per element.
-// All pointers are device pointers.
+// kernels/elementwise.h — the exact-mode elementwise kernels, one source for the device and the host:
+// SwiGLU (fp32 and the bf16 recipe), AdamW on one tensor, bf16 rounding, residual add, the instance tree's add,
+// gradient scaling (clipping), embedding forward/backward and RoPE (docs/canonical/norm-rope-swiglu.md,
+// step.md, bf16.md).
+//
+// Each kernel is an op object whose operator()(i) computes element i with ref/elementwise.h's and ref/bf16.h's
+// arithmetic (the functions the CPU loops call). On the device one thread runs one i (grid ceil(n / 256) x 256,
+// kernels/elementwise.cu); on the host run_host runs i = 0, 1, ..., n-1. No element reads another's output,
+// so both give the same bits. Pointers are executor memory.
 #pragma once
 
 #include <cstdint>
 
+#include "ref/bf16.h"
 #include "ref/elementwise.h"
+#include "ref/hd.h"
 
 namespace olmoref::kernels {
 
-void swiglu_forward_device(const float* g, const float* u, float* a, int64_t n, bool bf16);
-void swiglu_backward_device(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n, bool bf16);
-// One parameter tensor's elements [0, n): decay is 1 for tensors without weight decay.
-void adamw_device(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v, int64_t n);
-void round_bf16_device(float* x, int64_t n);
-void tree_add_device(float* dst, const float* src, int64_t n);  // dst = dst + src
-void scale_device(float* x, float c, int64_t n);                // x = x · c
+struct SwigluForwardOp {
+  const float *g, *u;
+  float* a;
+  bool bf16;
+  OLMOREF_HD void operator()(int64_t i) const {
+    a[i] = bf16 ? elem::swiglu_forward_bf16(g[i], u[i]) : elem::swiglu_forward(g[i], u[i]);
+  }
+};
+struct SwigluBackwardOp {
+  const float *g, *u, *da;
+  float *dg, *du;
+  bool bf16;
+  OLMOREF_HD void operator()(int64_t i) const {
+    if (bf16) elem::swiglu_backward_bf16(g[i], u[i], da[i], dg[i], du[i]);
+    else elem::swiglu_backward(g[i], u[i], da[i], dg[i], du[i]);
+  }
+};
+struct AdamWOp {
+  elem::AdamWScalars s;
+  float decay;
+  const float* grad;
+  float *p, *m, *v;
+  OLMOREF_HD void operator()(int64_t i) const { elem::adamw(s, decay, grad[i], p[i], m[i], v[i]); }
+};
+struct RoundBf16Op {
+  const float* in;
+  float* out;  // may equal in
+  OLMOREF_HD void operator()(int64_t i) const { out[i] = round_bf16(in[i]); }
+};
+struct AddOp {  // out = a + b; a may equal out (the instance tree's add)
+  const float *a, *b;
+  float* out;
+  OLMOREF_HD void operator()(int64_t i) const { out[i] = a[i] + b[i]; }
+};
+struct ScaleOp {
+  float* x;
+  float c;
+  OLMOREF_HD void operator()(int64_t i) const { x[i] = x[i] * c; }
+};
+// x[r, :] = table[tokens[r], :], element i = r·d + c.
+struct EmbeddingForwardOp {
+  const float* table;
+  const uint32_t* tokens;
+  float* x;
+  int64_t d;
+  OLMOREF_HD void operator()(int64_t i) const { x[i] = table[static_cast<int64_t>(tokens[i / d]) * d + i % d]; }
+};
+// dtable[v, c] over token v's positions in position order (start/order: ref/ops.h embedding_position_order);
+// element i = v·d + c; rows of absent tokens +0.
+struct EmbeddingBackwardOp {
+  const int64_t *start, *order;
+  const float* dx;
+  float* dtable;
+  int64_t d;
+  OLMOREF_HD void operator()(int64_t i) const { dtable[i] = elem::embedding_grad(start, order, dx, i / d, i % d, d); }
+};
+// One rotate-half pair per element: i = (r·n_heads + h)·(hd/2) + j; row r has position r % T; cos/sin [T, hd/2].
+struct RopeOp {
+  float* x;
+  int64_t n_heads, hd, T;
+  const float *cos, *sin;
+  bool backward;
+  OLMOREF_HD void operator()(int64_t i) const {
+    const int64_t half = hd / 2, j = i % half, h = (i / half) % n_heads, r = i / (half * n_heads);
+    float* lo = x + r * n_heads * hd + h * hd + j;
+    const float c = cos[(r % T) * half + j], s = sin[(r % T) * half + j];
+    if (backward) elem::rope_pair_backward(lo[0], lo[half], c, s);
+    else elem::rope_pair_forward(lo[0], lo[half], c, s);
+  }
+};
+
+template <class Op>
+void run_host(const Op& op, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) op(i);
+}
+// The device launches (kernels/elementwise.cu; CUDA builds only).
+void run_device(const SwigluForwardOp& op, int64_t n);
+void run_device(const SwigluBackwardOp& op, int64_t n);
+void run_device(const AdamWOp& op, int64_t n);
+void run_device(const RoundBf16Op& op, int64_t n);
+void run_device(const AddOp& op, int64_t n);
+void run_device(const ScaleOp& op, int64_t n);
+void run_device(const EmbeddingForwardOp& op, int64_t n);
+void run_device(const EmbeddingBackwardOp& op, int64_t n);
+void run_device(const RopeOp& op, int64_t n);
+
+// Element counts of the ops whose n is not the tensor size.
+inline int64_t rope_elements(int64_t rows, int64_t n_heads, int64_t hd) { return rows * n_heads * (hd / 2); }
 
 }  // namespace olmoref::kernels

@@ -96,34 +96,41 @@ RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta) {
 }
 
 // out_lo = x_lo·c − x_hi·s,  out_hi = x_hi·c + x_lo·s  (each product rounded, then the sum: as PyTorch).
-void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool) {
-  const int64_t hd = table.head_dim, half = hd / 2, T = table.seq_len;
+namespace {
+template <bool kBackward>
+void rope_apply(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
+                ThreadPool* pool) {
+  const int64_t half = hd / 2;
   run(pool, rows, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      const float* c = table.cos.data() + (r % T) * half;
-      const float* s = table.sin.data() + (r % T) * half;
+      const float* c = cos + (r % T) * half;
+      const float* s = sin + (r % T) * half;
       for (int64_t h = 0; h < n_heads; ++h) {
         float* lo = x + r * n_heads * hd + h * hd;
         float* hi = lo + half;
-        for (int64_t j = 0; j < half; ++j) elem::rope_pair_forward(lo[j], hi[j], c[j], s[j]);
+        for (int64_t j = 0; j < half; ++j) {
+          if constexpr (kBackward) elem::rope_pair_backward(lo[j], hi[j], c[j], s[j]);
+          else elem::rope_pair_forward(lo[j], hi[j], c[j], s[j]);
+        }
       }
     }
   });
 }
+}  // namespace
 
-void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool) {
-  const int64_t hd = table.head_dim, half = hd / 2, T = table.seq_len;
-  run(pool, rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* c = table.cos.data() + (r % T) * half;
-      const float* s = table.sin.data() + (r % T) * half;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* lo = dx + r * n_heads * hd + h * hd;
-        float* hi = lo + half;
-        for (int64_t j = 0; j < half; ++j) elem::rope_pair_backward(lo[j], hi[j], c[j], s[j]);
-      }
-    }
-  });
+void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
+                  ThreadPool* pool) {
+  rope_apply<false>(x, rows, n_heads, T, hd, cos, sin, pool);
+}
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos,
+                   const float* sin, ThreadPool* pool) {
+  rope_apply<true>(dx, rows, n_heads, T, hd, cos, sin, pool);
+}
+void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& t, ThreadPool* pool) {
+  rope_forward(x, rows, n_heads, t.seq_len, t.head_dim, t.cos.data(), t.sin.data(), pool);
+}
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& t, ThreadPool* pool) {
+  rope_backward(dx, rows, n_heads, t.seq_len, t.head_dim, t.cos.data(), t.sin.data(), pool);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,6 +432,17 @@ LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, i
   sums.z = canonical_sum_f64(z_terms.data(), R);
   sums.n_targets = B * (T - 1);
   return sums;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The instance tree's add
+
+void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool) {
+  auto body = [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) dst[i] = dst[i] + src[i];
+  };
+  if (pool && n >= (1 << 16)) pool->parallel_for(n, 1 << 15, body);
+  else body(0, n);
 }
 
 }  // namespace olmoref

@@ -34,6 +34,11 @@ RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta);
 void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
 // dx = Rᵀ dy in place.
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
+// The same on tables given as cos, sin [T, hd/2].
+void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
+                  ThreadPool* pool);
+void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos,
+                   const float* sin, ThreadPool* pool);
 
 // ---- SwiGLU: a = silu(g) ⊙ u ----
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
@@ -83,5 +88,8 @@ struct LossSums {
 };
 LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
                                         float z_coef, int64_t global_n_targets, ThreadPool* pool);
+
+// ---- The instance tree's add (docs/canonical/step.md): dst[0..n) = dst[0..n) + src[0..n) ----
+void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool);
 
 }  // namespace olmoref

@@ -41,22 +41,29 @@ float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr) {
   return p.weight_decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
 }
 
+std::vector<AdamWPiece> adamw_pieces(const AdamWConfig& cfg, const ParamLayout& layout, int64_t lo, int64_t hi,
+                                     double lr) {
+  std::vector<AdamWPiece> out;
+  for (const ParamInfo& p : layout.params) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    if (a < b) out.push_back({a - lo, b - a, adamw_decay(cfg, p, lr)});
+  }
+  return out;
+}
+
+void adamw_elements(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
+                    int64_t n, ThreadPool* pool) {
+  auto body = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) elem::adamw(s, decay, grad[i], p[i], m[i], v[i]);
+  };
+  if (pool) pool->parallel_for(n, 1 << 14, body); else body(0, n);
+}
+
 void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
                       int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool) {
   const elem::AdamWScalars s = adamw_scalars(cfg, step, lr);
-  for (const ParamInfo& p : layout.params) {
-    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
-    if (a >= b) continue;
-    const float decay = adamw_decay(cfg, p, lr);
-    float* pp = params + (a - lo);
-    const float* gg = grad + (a - lo);
-    float* mm = m + (a - lo);
-    float* vv = v + (a - lo);
-    auto body = [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) elem::adamw(s, decay, gg[i], pp[i], mm[i], vv[i]);
-    };
-    if (pool) pool->parallel_for(b - a, 1 << 14, body); else body(0, b - a);
-  }
+  for (const AdamWPiece& q : adamw_pieces(cfg, layout, lo, hi, lr))
+    adamw_elements(s, q.decay, grad + q.begin, params + q.begin, m + q.begin, v + q.begin, q.n, pool);
 }
 
 void grad_norm_chunks(const float* grad, int64_t n, int64_t c0, int64_t c1, double* out, ThreadPool* pool) {

@@ -37,6 +37,17 @@ float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr);
 
 void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
                       int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool);
+// The parameter tensors' parts of [lo, hi), in order: `begin` relative to lo, n elements, the tensor's decay.
+// Every executor's AdamW walks these (a step is elementwise within a piece).
+struct AdamWPiece {
+  int64_t begin = 0, n = 0;
+  float decay = 1.0f;
+};
+std::vector<AdamWPiece> adamw_pieces(const AdamWConfig& cfg, const ParamLayout& layout, int64_t lo, int64_t hi,
+                                     double lr);
+// elem::adamw over one piece's elements [0, n).
+void adamw_elements(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
+                    int64_t n, ThreadPool* pool);
 
 // Global gradient norm over fixed chunks of the flat vector (kNormChunk floats): each chunk's Σg² in
 // fp64 by the canonical row reduction, then the chunk totals added in chunk order, then sqrt.

@@ -74,7 +74,12 @@ void register_commands(CLI::App& app) {
     cfg->add(cmd);
     auto o = std::make_shared<RunOptions>();
     auto steps = std::make_shared<int64_t>(-1);
+    auto executor = std::make_shared<std::string>();
     cmd->add_option("--out", o->out_dir, "Run directory (created)")->required();
+    cmd->add_option("--executor", *executor,
+                    "cpu, cuda (the GPU) or cuda-host (the CUDA kernels run on the host: a slow check); overrides "
+                    "train.executor. Every executor gives the same bits, and checkpoints move between them")
+        ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
     cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it");
     cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)");
     cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted");
@@ -95,6 +100,11 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--comm-timeout", o->comm_timeout_s,
                     "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
+    cmd->add_flag("--no-checkpoint", o->no_checkpoint,
+                  "Write no checkpoint, not even at the end (benchmarks); the run cannot be resumed");
+    cmd->add_flag("--profile-ops", o->parallel.profile_ops,
+                  "Time every executor op (synchronizing around each) and print calls, seconds, share and GFLOP/s at "
+                  "the end; the values computed do not change");
     cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
                   "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
     auto tree_shape = std::make_shared<std::string>("balanced");
@@ -105,6 +115,7 @@ void register_commands(CLI::App& app) {
     cmd->callback([=] {
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
+      if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
       const TrainConfig c = load_config(cfg->path, ov);
       RunOptions run = *o;
       run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;

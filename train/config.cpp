@@ -247,7 +247,8 @@ void TrainConfig::validate() const {
   require(train.z_loss >= 0, "train.z_loss", "must be >= 0");
   require(train.precision == "fp32" || train.precision == "bf16", "train.precision",
           "must be \"fp32\" or \"bf16\" (the Olmo 3 recipe, docs/canonical/bf16.md)");
-  require(train.executor == "cpu", "train.executor", "must be \"cpu\" (the CUDA executors are not implemented yet)");
+  require(train.executor == "cpu" || train.executor == "cuda" || train.executor == "cuda-host", "train.executor",
+          "must be \"cpu\", \"cuda\" (the GPU) or \"cuda-host\" (the CUDA kernels executed on the host: a slow check)");
   require(train.log_every > 0, "train.log_every", "must be > 0");
   require(optim.lr >= 0, "optim.lr", "must be >= 0");
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1)");
@@ -345,6 +346,8 @@ std::string TrainConfig::resume_hash() const {
   // The micro-batch size only decides how many instances one forward/backward holds; the instance tree makes
   // it irrelevant to every bit (tier T6), so a resume may change it.
   c.train.micro_batch_instances = 1;
+  // Every executor computes the same bits (tier T5), so a checkpoint written by one continues on another.
+  c.train.executor = "cpu";
   // Evaluation never changes training: the [eval] section is left out of the hashed text entirely,
   // so the hash is also what it was before the section existed.
   std::string text = c.to_toml();

@@ -18,7 +18,7 @@ struct TrainLoopConfig {
   int64_t steps = 1;
   double z_loss = 1e-5;
   std::string precision = "fp32";      // fp32, or bf16 (the Olmo 3 recipe: docs/canonical/bf16.md)
-  std::string executor = "cpu";        // cpu (cuda-exact / cuda-fast: the CUDA issue)
+  std::string executor = "cpu";        // cpu | cuda | cuda-host (model/executor.h); every one gives the same bits
   int64_t log_every = 1;
 };
 

@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ref/model.h"
+#include "model/olmo3.h"
 #include "train/config.h"
 
 namespace olmoref {
@@ -125,6 +125,7 @@ class EvalBackstop {
   EvalBackstop(const TrainConfig& cfg, const std::string& out_dir, int64_t resume_step, bool quiet);
   ~EvalBackstop();
   void after_step(const float* params, ThreadPool& pool, int64_t step);
+  bool due(int64_t step) const { return eval_.due(step); }
   const std::vector<EvalResult>& results() const { return results_; }
 
  private:

@@ -61,7 +61,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
 
   HfExportOptions hf;
   hf.max_position_embeddings = T;
-  export_hf_checkpoint(out_dir + "/hf", cfg.model, L, trainer.params(), hf);
+  export_hf_checkpoint(out_dir + "/hf", cfg.model, L, trainer.host_params(), hf);
 
   {
     std::ofstream tok(out_dir + "/batches.u32", std::ios::binary);

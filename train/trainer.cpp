@@ -19,6 +19,8 @@
 #include "ref/gemm.h"
 #include "ref/init.h"
 #include "ref/optim.h"
+#include "model/executor.h"
+#include "model/profiled_executor.h"
 #include "ckpt/checkpoint.h"
 #include "train/eval.h"
 #include "train/manifest.h"
@@ -48,7 +50,7 @@ class Trainer::UnitGather : public ParamGate {
     for (int s = 0; s < L.dp_shard; ++s) widest = std::max(widest, part(s).second - part(s).first);
     std::vector<float> send(static_cast<size_t>(widest), 0.0f), recv(static_cast<size_t>(widest * L.dp_shard));
     const auto [ma, mb] = part(L.shard_index());
-    std::copy(t_.params_.begin() + (ma - L.lo()), t_.params_.begin() + (mb - L.lo()), send.begin());
+    std::copy(t_.params_.data() + (ma - L.lo()), t_.params_.data() + (mb - L.lo()), send.begin());
     t_.shard_comm_->allgather(send.data(), send.size() * sizeof(float), recv.data(), "all-gather parameters of a unit");
     for (int s = 0; s < L.dp_shard; ++s) {
       const auto [pa, pb] = part(s);
@@ -76,11 +78,14 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source, Parallelism par)
     : cfg_(cfg),
       pool_(threads),
-      model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision)),
+      ex_(par.profile_ops ? std::make_unique<ProfiledExecutor>(make_executor(cfg.train.executor, &pool_))
+                          : make_executor(cfg.train.executor, &pool_)),
+      model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
+             ex_.get()),
       source_(std::move(source)),
       par_(par),
       comm_(par.comm ? par.comm : &dist::world()),
-      tree_(cfg.train.global_batch_instances, model_.layout().total, &pool_, par.debug_tree_shape,
+      tree_(cfg.train.global_batch_instances, model_.layout().total, *ex_, par.debug_tree_shape,
             cfg.train.micro_batch_instances) {
   cfg_.validate();
   layout_.dp_shard = par.dp_shard;
@@ -94,13 +99,23 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   batch_split().validate();
   if (par.debug_tree_shape != TreeShape::balanced && layout_.world() != 1)
     throw std::invalid_argument("--debug-tree-shape is a single-process negative control");
+  // FSDP gathers parameter units into a host view (UnitGather); a device executor would need them on the device.
+  if (!ex_->host_memory() && layout_.dp_shard > 1)
+    throw std::invalid_argument("--executor " + ex_->name() + " with dp_shard " + std::to_string(layout_.dp_shard) +
+                                " (FSDP) is not supported yet; use dp_shard 1 (data-parallel ranks via dp_replicate)");
+  if (!ex_->host_memory() && par.debug_float_allreduce)
+    throw std::invalid_argument("--debug-float-allreduce is a negative control for host-memory executors only");
   // Ranks of one replicate group split the vector; the group is ordered by shard index.
   shard_comm_ = comm_->split(layout_.replicate_index(), layout_.shard_index());
-  const size_t n = static_cast<size_t>(layout_.hi() - layout_.lo());
-  params_.assign(n, 0.0f);
-  m_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
-  init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), params_.data());
+  const int64_t n = layout_.hi() - layout_.lo();
+  params_.reset(*ex_, n, "fp32 master parameters");
+  m_.reset(*ex_, n, "AdamW first moments");
+  v_.reset(*ex_, n, "AdamW second moments");
+  {
+    std::vector<float> init(static_cast<size_t>(n));
+    init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), init.data());
+    params_.upload(init.data(), n);
+  }
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<UnitGather>(*this);
     full_view_ = unit_gather_->base();
@@ -108,9 +123,28 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   }
 }
 
+std::string Trainer::op_profile() const {
+  const auto* p = dynamic_cast<const ProfiledExecutor*>(ex_.get());
+  return p ? p->report() : "";
+}
+
 int64_t Trainer::state_bytes() const {
   return static_cast<int64_t>((params_.size() + m_.size() + v_.size() + grad_shard_.size()) * sizeof(float));
 }
+
+std::vector<float> Trainer::host_copy(const Buffer<float>& b) {
+  std::vector<float> out(static_cast<size_t>(b.size()));
+  if (b.size() > 0) b.download(out.data(), b.size());
+  return out;
+}
+
+const float* Trainer::host_view(const Buffer<float>& b, std::vector<float>& staging) const {
+  if (ex_->host_memory()) return b.data();
+  staging = host_copy(b);
+  return staging.data();
+}
+
+const float* Trainer::host_params() { return host_view(params_, host_staging_); }
 
 
 void Trainer::release_transients() {
@@ -145,7 +179,8 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
         const int s = j % layout_.dp_shard;
         const int64_t a = std::max(off, layout_.begin(s)), b = std::min(off + n, layout_.end(s));
         if (a < b)
-          std::copy(src + (a - off), src + (b - off), send_.begin() + (j * k + q) * stride + (a - layout_.begin(s)));
+          ex_->to_host(send_.data() + (j * k + q) * stride + (a - layout_.begin(s)), src + (a - off),
+                       static_cast<size_t>(b - a) * sizeof(float));
       }
     });
   }
@@ -183,7 +218,7 @@ LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* l
   if (layout_.world() != 1) throw std::logic_error("compute_gradient is single-process only");
   std::vector<LossSums> per;
   compute_local_tree(batch, per, logits_out);
-  if (grad) std::copy(tree_.slot(0), tree_.slot(0) + layout_.total, grad);
+  if (grad) ex_->to_host(grad, tree_.slot(0), static_cast<size_t>(layout_.total) * sizeof(float));
   std::vector<double> ce(per.size()), z(per.size());
   int64_t n = 0;
   for (size_t i = 0; i < per.size(); ++i) ce[i] = per[i].ce, z[i] = per[i].z, n += per[i].n_targets;
@@ -196,7 +231,7 @@ void Trainer::reduce_gradient_to_shard(float* shard_out) {
   const BatchSplit split = batch_split();
   const int64_t N = split.global_instances;
   if (W == 1 || par_.debug_tree_shape != TreeShape::balanced) {  // the root is in slot 0
-    std::copy(tree_.slot(0) + lo, tree_.slot(0) + lo + len, shard_out);
+    ex_->copy(shard_out, tree_.slot(0) + lo, static_cast<size_t>(len) * sizeof(float));
     return;
   }
   // Every rank's maximal subtrees are known to all from the layout alone, so block sizes need no exchange.
@@ -222,22 +257,32 @@ void Trainer::reduce_gradient_to_shard(float* shard_out) {
   // send_ was filled while the subtrees finished (compute_local_tree).
   comm_->alltoallv(send_.data(), send_counts, recv.data(), recv_counts, "all-to-all gradient subtrees");
   std::vector<float>().swap(send_);
-  // The owner finishes the tree: the same left-to-right plan, fed whole subtrees in rank (= index) order.
+  // The owner finishes the tree on the executor: the same left-to-right plan, fed whole subtrees in rank
+  // (= index) order.
+  Buffer<float> recv_dev;
+  float* received = recv.data();
+  if (!ex_->host_memory()) {
+    recv_dev.reset(*ex_, recv_total, "received gradient subtrees");
+    recv_dev.upload(recv.data(), recv_total);
+    received = recv_dev.data();
+  }
   TreePlan plan(N);
   std::vector<float*> slot(static_cast<size_t>(plan.max_slots()), nullptr);
-  float* next = recv.data();
+  float* next = received;
   for (int j = 0; j < W; ++j)
     for (const TreeNode& node : nodes_of[static_cast<size_t>(j)]) {
       const TreePlan::Step st = plan.feed(node);
       slot[static_cast<size_t>(st.slot)] = next;
       next += stride;
       for (const TreePlan::Merge& mg : st.merges)
-        tree_add(slot[static_cast<size_t>(mg.dst)], slot[static_cast<size_t>(mg.src)], len, &pool_);
+        ex_->tree_add(slot[static_cast<size_t>(mg.dst)], slot[static_cast<size_t>(mg.src)], len);
     }
-  std::copy(slot[0], slot[0] + len, shard_out);
+  ex_->copy(shard_out, slot[0], static_cast<size_t>(len) * sizeof(float));
 }
 
-std::string Trainer::sharded_digest(const float* shard) {
+std::string Trainer::sharded_digest(const Buffer<float>& state) {
+  std::vector<float> staging;
+  const float* shard = host_view(state, staging);  // the digest is hashed on the host, chunk by chunk
   const int64_t lo = layout_.lo(), hi = layout_.hi();
   if (layout_.dp_shard == 1) return merkle_digest(shard - lo, hi).hex();  // shard == whole vector
   const int64_t per = layout_.shard_stride() / kDigestChunk;               // chunks per shard
@@ -267,7 +312,7 @@ StepResult Trainer::train_step() {
   const BatchSplit split = batch_split();
   const int64_t N = split.global_instances;
   const int64_t len = layout_.hi() - layout_.lo();
-  grad_shard_.resize(static_cast<size_t>(len));
+  if (grad_shard_.size() != len) grad_shard_.reset(*ex_, len, "gradient shard");
   std::vector<LossSums> per;
   if (par_.debug_float_allreduce) {
     // TEST ONLY negative control: what data-parallel trainers usually do. A per-rank fp32 running sum
@@ -280,7 +325,7 @@ StepResult Trainer::train_step() {
     const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
     for (int64_t m = m0; m < m1; ++m) {
       const auto [a, b] = split.instances_of_microbatch(m);
-      GradientTree mtree(b - a, n, &pool_);
+      GradientTree mtree(b - a, n, *ex_);
       mtree.begin_microbatch(0, b - a);
       model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), mtree, per.data() + a,
                               &pool_);
@@ -288,7 +333,7 @@ StepResult Trainer::train_step() {
     }
     gather_for_longer_runs(m1 - m0);
     comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
-    std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.begin());
+    std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.data());
   } else {
     compute_local_tree(batch, per, nullptr);
     reduce_gradient_to_shard(grad_shard_.data());
@@ -314,13 +359,15 @@ StepResult Trainer::train_step() {
   const LossSums sums = tree_loss_sums(ce, z, cfg_.targets_per_step());
   // Gradient norm: per-chunk Σg² of my range, exchanged within the shard group, added in chunk order.
   const int64_t chunks = (layout_.total + kNormChunk - 1) / kNormChunk;
-  const int64_t c0 = layout_.lo() / kNormChunk;
-  const int64_t c1 = layout_.hi() > layout_.lo() ? (layout_.hi() + kNormChunk - 1) / kNormChunk : c0;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
   {
+    // Shards start on chunk boundaries (the stride is a whole number of chunks; an empty shard owns no chunk), so
+    // the shard's own chunks are chunks of the flat vector.
     const int64_t per = layout_.shard_stride() / kNormChunk;
+    if (len > 0 && (layout_.lo() % kNormChunk != 0 || (len + kNormChunk - 1) / kNormChunk > per))
+      throw std::logic_error("gradient norm: the shard is not a whole run of norm chunks");
     std::vector<double> mine(static_cast<size_t>(per), 0.0);
-    grad_norm_chunks(grad_shard_.data() - layout_.lo(), layout_.hi(), c0, c1, mine.data(), &pool_);
+    ex_->grad_norm_chunks(grad_shard_.data(), len, mine.data());
     std::vector<double> all(static_cast<size_t>(per * layout_.dp_shard));
     shard_comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather norm partials");
     for (int s = 0; s < layout_.dp_shard; ++s)
@@ -333,11 +380,13 @@ StepResult Trainer::train_step() {
   for (double x : part) total += x;
   const double norm = std::sqrt(total);
   const float clip = clip_coefficient(norm, cfg_.optim.max_grad_norm);
-  scale_inplace(grad_shard_.data(), len, clip, &pool_);
+  if (clip != 1.0f) ex_->scale(grad_shard_.data(), clip, len);
   const int64_t step = step_ + 1;
   const double lr = scheduled_lr(cfg_.schedule, cfg_.optim.lr, step, cfg_.train.steps);
-  adamw_step_range(cfg_.optim, model_.layout(), step, lr, layout_.lo(), layout_.hi(), params_.data(),
-                   grad_shard_.data(), m_.data(), v_.data(), &pool_);
+  const elem::AdamWScalars adam = adamw_scalars(cfg_.optim, step, lr);
+  for (const AdamWPiece& q : adamw_pieces(cfg_.optim, model_.layout(), layout_.lo(), layout_.hi(), lr))
+    ex_->adamw(adam, q.decay, grad_shard_.data() + q.begin, params_.data() + q.begin, m_.data() + q.begin,
+               v_.data() + q.begin, q.n);
   step_ = step;
   tokens_ += static_cast<int64_t>(batch.tokens.size());
   release_transients();
@@ -355,7 +404,7 @@ StepResult Trainer::train_step() {
   r.lr = lr;
   r.tokens = tokens_;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
-  r.param_digest = sharded_digest(params_.data());
+  r.param_digest = sharded_digest(params_);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -389,10 +438,14 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   const bool rank0 = comm_->rank() == 0;
   const std::string tmp = ckpt::begin_save(root, step_, rank0);
   comm_->barrier("checkpoint: temporary directory created");
-  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), params_.data(), m_.data(), v_.data()};
+  std::vector<float> hp, hm, hv;  // device executors: the state comes to the host once, for the write
+  float* p_host = const_cast<float*>(host_view(params_, hp));
+  float* m_host = const_cast<float*>(host_view(m_, hm));
+  float* v_host = const_cast<float*>(host_view(v_, hv));
+  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), p_host, m_host, v_host};
   if (layout_.replicate_index() == 0)
     ckpt::write_shard(tmp, layout_.shard_index(), local, layout_.lo(), layout_.hi(), segments, opts, step_);
-  const ckpt::StateDigests digests{sharded_digest(params_.data()), sharded_digest(m_.data()), sharded_digest(v_.data())};
+  const ckpt::StateDigests digests{sharded_digest(params_), sharded_digest(m_), sharded_digest(v_)};
   comm_->barrier("checkpoint: every shard written");
   std::string dir = root + "/" + ckpt::step_dir_name(step_);
   if (rank0) dir = ckpt::finish_save(root, tmp, meta, layout_.total, digests, opts);
@@ -408,21 +461,22 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   ckpt::LoadOptions lo;
   lo.ignore_fingerprint_mismatch = opts.ignore_fingerprint_mismatch;
   lo.allow_config_change = opts.allow_config_change;
-  std::vector<float> m_fresh, v_fresh;
-  if (opts.skip_moments) {
-    m_fresh = m_;
-    v_fresh = v_;
-  }
-  // Each rank reads only its range, whatever layout wrote the checkpoint (resharding).
-  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), params_.data(), m_.data(), v_.data()};
+  const std::vector<float> m_fresh = host_copy(m_), v_fresh = host_copy(v_);
+  // Each rank reads only its range, whatever layout (or executor) wrote the checkpoint (resharding).
+  const int64_t n = layout_.hi() - layout_.lo();
+  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
+  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
   const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
+  params_.upload(hp.data(), n);
+  m_.upload(hm.data(), n);
+  v_.upload(hv.data(), n);
   // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest.
-  if (sharded_digest(params_.data()) != meta.digests.params || sharded_digest(m_.data()) != meta.digests.adam_m ||
-      sharded_digest(v_.data()) != meta.digests.adam_v)
+  if (sharded_digest(params_) != meta.digests.params || sharded_digest(m_) != meta.digests.adam_m ||
+      sharded_digest(v_) != meta.digests.adam_v)
     throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
   if (opts.skip_moments) {
-    m_ = std::move(m_fresh);
-    v_ = std::move(v_fresh);
+    m_.upload(m_fresh.data(), n);
+    v_.upload(v_fresh.data(), n);
   }
   if (!opts.skip_step) step_ = meta.step;
   tokens_ = meta.tokens;
@@ -433,6 +487,9 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
   const std::string& out_dir = opts.out_dir;
+  // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
+  if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())
+    throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
   fs::create_directories(out_dir);
   const std::string ckpt_root = out_dir + "/checkpoints";
   const int64_t total = cfg.train.steps;
@@ -481,8 +538,8 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   else if (lead && cfg.eval.interval > 0 && !quiet)
     std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1)\n");
   if (!quiet) {
-    std::fprintf(stderr, "olmoref train: %s, %.3fM params, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
-                 cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6,
+    std::fprintf(stderr, "olmoref train: %s, %.3fM params, executor %s, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
+                 cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6, cfg.train.executor.c_str(),
                  static_cast<long long>(trainer.step() + 1), static_cast<long long>(stop), static_cast<long long>(total),
                  static_cast<long long>(cfg.train.global_batch_instances * cfg.train.seq_len), trainer.pool().size(),
                  trainer.source().describe().c_str(), out_dir.c_str());
@@ -524,9 +581,9 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                    static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
                    res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
     }
-    if (backstop) backstop->after_step(trainer.params(), trainer.pool(), s);
+    if (backstop && backstop->due(s)) backstop->after_step(trainer.host_params(), trainer.pool(), s);
     const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
-    if (periodic || s == stop) {
+    if ((periodic || s == stop) && !opts.no_checkpoint) {
       trainer.source_mut().flush_audit();
       const std::string dir = trainer.save_checkpoint(ckpt_root);
       if (!quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
@@ -536,6 +593,9 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(done),
                  elapsed, static_cast<double>(done * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
                  out_dir.c_str());
+  if (opts.parallel.profile_ops && lead)
+    std::fprintf(stderr, "per-op time over %lld steps (each op timed between device synchronizations):\n%s",
+                 static_cast<long long>(done), trainer.op_profile().c_str());
   if (opts.report_comm) {
     // Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
     const double n = static_cast<double>(trainer.n_params()) * 4.0;

@@ -12,7 +12,7 @@
 #include "dist/layout.h"
 #include "golden/trace.h"
 #include "ref/instance_tree.h"
-#include "ref/model.h"
+#include "model/olmo3.h"
 #include "ref/parallel.h"
 #include "train/batch_source.h"
 #include "train/config.h"
@@ -31,6 +31,7 @@ struct Parallelism {
   dist::Comm* comm = nullptr;                 // the world; nullptr = single process
   bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
   TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
+  bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
 };
 
 class Trainer {
@@ -42,14 +43,19 @@ class Trainer {
 
   const TrainConfig& config() const { return cfg_; }
   const Olmo3& model() const { return model_; }
+  Executor& executor() { return *ex_; }
+  // The per-op timing table of a run with Parallelism::profile_ops ("" otherwise).
+  std::string op_profile() const;
   int64_t step() const { return step_; }          // optimizer steps completed
   int64_t n_params() const { return model_.layout().total; }
   // This rank's shard [layout().lo(), layout().hi()) of the fp32 master parameters and AdamW moments
-  // (the whole vectors in a single-process run).
+  // (the whole vectors in a single-process run), in executor memory.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
-  const std::vector<float>& adam_m() const { return m_; }
-  const std::vector<float>& adam_v() const { return v_; }
+  // The same on the host: the buffer itself for host-memory executors, else a copy made now.
+  const float* host_params();
+  std::vector<float> adam_m() const { return host_copy(m_); }
+  std::vector<float> adam_v() const { return host_copy(v_); }
   const dist::Layout& layout() const { return layout_; }
   dist::Comm& comm() { return *comm_; }
   // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
@@ -81,6 +87,9 @@ class Trainer {
   LossSums compute_gradient(const StepBatch& batch, float* grad, float* logits_out = nullptr);
 
  private:
+  static std::vector<float> host_copy(const Buffer<float>& b);
+  // b on the host: b itself for host-memory executors, else its copy in `staging`.
+  const float* host_view(const Buffer<float>& b, std::vector<float>& staging) const;
   // Who computes which instances of a step (ref/instance_tree.h: BatchSplit).
   BatchSplit batch_split() const;
   // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
@@ -89,20 +98,22 @@ class Trainer {
   void gather_for_longer_runs(int64_t my_runs);
   void release_transients();           // frees the gradient buffers of a sharded step
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
-  std::string sharded_digest(const float* shard);
+  std::string sharded_digest(const Buffer<float>& state);
   // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
   // shard) travel to the shard's owners by one all-to-all, and the owner performs the tree's remaining adds.
   void reduce_gradient_to_shard(float* shard_out);
 
   TrainConfig cfg_;
   ThreadPool pool_;
+  std::unique_ptr<Executor> ex_;  // train.executor: every op of the step runs on it
   Olmo3 model_;
   std::unique_ptr<BatchSource> source_;
   Parallelism par_;
   dist::Comm* comm_;
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
   dist::Layout layout_;
-  std::vector<float> params_, m_, v_, grad_shard_;  // this rank's range
+  Buffer<float> params_, m_, v_, grad_shard_;  // this rank's range, in executor memory
+  std::vector<float> host_staging_;             // host_params() of a device executor
   // FSDP: the model's view of the full parameter vector when dp_shard > 1. Virtual memory only: each
   // unit (embedding, block, head) is all-gathered into it just before use and its pages are returned
   // to the OS right after (ParamGate), so a rank never holds more than a unit or two of other ranks'
@@ -127,6 +138,7 @@ struct RunOptions {
   Parallelism parallel;        // dp_shard x dp_replicate; the world comes from mpirun (dist::world)
   double comm_timeout_s = 300; // a rank that does not reach a collective within this aborts the job
   bool report_comm = false;    // print bytes sent per rank per step at the end
+  bool no_checkpoint = false;  // benchmarks: write no checkpoint, not even at the end
 };
 
 // `olmoref train`: runs to cfg.train.steps writing out_dir/trace.jsonl (one record per step),

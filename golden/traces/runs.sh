@@ -26,10 +26,11 @@ golden_prepare_data() {
 }
 
 # golden_train NAME CONFIG STEPS PRECISION DATA WORK OUT BIN [THREADS]: one golden run into OUT (trace.jsonl,
-# manifest.json). The bits do not depend on THREADS (default: OLMOREF_THREADS, else 2).
+# manifest.json). The bits do not depend on THREADS (default: OLMOREF_THREADS, else 2), nor on the executor
+# (GOLDEN_EXECUTOR: cpu, the default, cuda or cuda-host; tier T5).
 golden_train() {
   local name=$1 config=$2 steps=$3 precision=$4 data=$5 work=$6 out=$7 bin=$8 threads=${9:-${OLMOREF_THREADS:-2}}
-  local -a set=(--set "train.precision=\"$precision\"")
+  local -a set=(--set "train.precision=\"$precision\"" --executor "${GOLDEN_EXECUTOR:-cpu}")
   case "$data" in
     tiny) set+=(--set "data.train_files=[\"$work/tiny.u16\"]") ;;
     demo) set+=(--set "data.train_mix=\"$work/demo-data/train.mix\"" --set "data.holdout_mix=\"$work/demo-data/holdout.mix\"") ;;

@@ -53,6 +53,12 @@ for layout in 8x1 5x1 3x2; do
   run_layout "$layout-mb1" "$layout" "${base[@]}" --set train.micro_batch_instances=1
   same single "$layout-mb1" "fp32 layout $layout (micro-batch 1)"
 done
+# T5 x T3: data-parallel ranks on the CUDA executor's host execution (device-memory code paths: staged
+# all-to-all blocks, the owners' tree on the executor) equal the CPU's single process.
+for layout in 1x2 1x3; do
+  run_layout "$layout-cuda-host" "$layout" "${cfg[@]}" --executor cuda-host
+  same single "$layout-cuda-host" "fp32 layout $layout on cuda-host (micro-batch 2)"
+done
 # T3, bf16.
 for layout in 3x1 2x3 4x1 5x1; do
   run_layout "$layout-bf16" "$layout" "${cfg[@]}" "${bf16[@]}"

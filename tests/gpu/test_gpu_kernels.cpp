@@ -12,7 +12,7 @@
 #include "kernels/attention_exact.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
-#include "kernels/embed_rope.h"
+#include "kernels/executor.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
 #include "kernels/mathfn_device.h"
@@ -21,12 +21,14 @@
 #include "ref/mathfn.h"
 #include "ref/ops.h"
 #include "ref/optim.h"
-#include "ref/gradient_tree.h"
+#include "model/gradient_tree.h"
 #include "ref/params.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/norm_cases.h"
+#include "tests/kernels/model_cases.h"
+#include "ref/cpu_executor.h"
 
 using namespace olmoref;
 
@@ -133,8 +135,8 @@ int check_elementwise() {
     }
     float *dG = to_device(gq), *dU = to_device(uq), *dDA = to_device(daq);
     float *dA = to_device(std::vector<float>(n)), *dDG = to_device(std::vector<float>(n)), *dDU = to_device(std::vector<float>(n));
-    kernels::swiglu_forward_device(dG, dU, dA, n, bf16);
-    kernels::swiglu_backward_device(dG, dU, dDA, dDG, dDU, n, bf16);
+    kernels::run_device(kernels::SwigluForwardOp{dG, dU, dA, bf16}, n);
+    kernels::run_device(kernels::SwigluBackwardOp{dG, dU, dDA, dDG, dDU, bf16}, n);
     cudaDeviceSynchronize();
     report(bf16 ? "swiglu bf16" : "swiglu fp32",
            bits_equal(from_device(dA, n), a) && bits_equal(from_device(dDG, n), dg) && bits_equal(from_device(dDU, n), du));
@@ -155,7 +157,7 @@ int check_elementwise() {
     adamw_step_range(oc, L, step, lr, 0, L.total, p.data(), gr.data(), m.data(), v.data(), nullptr);
     const elem::AdamWScalars sc = adamw_scalars(oc, step, lr);
     for (const ParamInfo& info : L.params) {
-      kernels::adamw_device(sc, adamw_decay(oc, info, lr), dGR + info.offset, dP + info.offset, dM + info.offset, dV + info.offset, info.numel);
+      kernels::run_device(kernels::AdamWOp{sc, adamw_decay(oc, info, lr), dGR + info.offset, dP + info.offset, dM + info.offset, dV + info.offset}, info.numel);
     }
     cudaDeviceSynchronize();
     report("adamw", bits_equal(from_device(dP, L.total), p) && bits_equal(from_device(dM, L.total), m) &&
@@ -170,9 +172,9 @@ int check_elementwise() {
     tree_add(t.data(), up.data(), n, nullptr);
     scale_inplace(sc.data(), n, 0.37f, nullptr);
     float *dX = to_device(x), *dT = to_device(g), *dS = to_device(up), *dC = to_device(g);
-    kernels::round_bf16_device(dX, static_cast<int64_t>(x.size()));
-    kernels::tree_add_device(dT, dS, n);
-    kernels::scale_device(dC, 0.37f, n);
+    kernels::run_device(kernels::RoundBf16Op{dX, dX}, static_cast<int64_t>(x.size()));
+    kernels::run_device(kernels::AddOp{dT, dS, dT}, n);
+    kernels::run_device(kernels::ScaleOp{dC, 0.37f}, n);
     cudaDeviceSynchronize();
     report("round_bf16", bits_equal(from_device(dX, x.size()), r));
     report("tree_add", bits_equal(from_device(dT, n), t));
@@ -260,8 +262,8 @@ int check_embed_rope() {
   float* ddt = to_device(std::vector<float>(V * d));
   uint32_t* dtok = to_device(tokens);
   int64_t *dstart = to_device(start), *dorder = to_device(order);
-  kernels::embedding_forward_device(dtab, dtok, dx_out, R, d);
-  kernels::embedding_backward_device(dstart, dorder, ddx, ddt, V, d);
+  kernels::run_device(kernels::EmbeddingForwardOp{dtab, dtok, dx_out, d}, R * d);
+  kernels::run_device(kernels::EmbeddingBackwardOp{dstart, dorder, ddx, ddt, d}, V * d);
   cudaDeviceSynchronize();
   const bool emb = bits_equal(from_device(dx_out, R * d), x_ref) && bits_equal(from_device(ddt, V * d), dt_ref);
   std::printf("embedding forward/backward: %s\n", emb ? "bitwise equal" : "DIFFERENT");
@@ -275,8 +277,8 @@ int check_embed_rope() {
     rope_forward(fwd.data(), R, heads, rt, nullptr);
     rope_backward(bwd.data(), R, heads, rt, nullptr);
     float *dq = to_device(q), *dq2 = to_device(q), *dc = to_device(rt.cos), *ds = to_device(rt.sin);
-    kernels::rope_forward_device(dq, R, heads, hd, T, dc, ds);
-    kernels::rope_backward_device(dq2, R, heads, hd, T, dc, ds);
+    kernels::run_device(kernels::RopeOp{dq, heads, hd, T, dc, ds, false}, kernels::rope_elements(R, heads, hd));
+    kernels::run_device(kernels::RopeOp{dq2, heads, hd, T, dc, ds, true}, kernels::rope_elements(R, heads, hd));
     cudaDeviceSynchronize();
     const bool ok = bits_equal(from_device(dq, q.size()), fwd) && bits_equal(from_device(dq2, q.size()), bwd);
     std::printf("rope %lld heads forward/backward: %s\n", (long long)heads, ok ? "bitwise equal" : "DIFFERENT");
@@ -373,6 +375,22 @@ int check_math() {
   return failed;
 }
 
+// Whole micro-batches of the model through the device executor (kernels/executor.h, device memory) against the
+// CPU executor: the same cases tests/kernels/test_executor.cpp runs through the host execution in CI.
+int check_model() {
+  int failed = 0;
+  CpuExecutor cpu;
+  kernels::KernelExecutor gpu(true);
+  for (const testing::ModelCase& mc : testing::model_cases()) {
+    const std::string diff =
+        testing::model_runs_differ(testing::run_model_case(mc, cpu), testing::run_model_case(mc, gpu), ParamLayout(mc.cfg));
+    std::printf("model d_model %lld %s: %s\n", (long long)mc.cfg.d_model, mc.precision == Precision::bf16 ? "bf16" : "fp32",
+                diff.empty() ? "bitwise equal" : ("DIFFERS: " + diff).c_str());
+    failed += !diff.empty();
+  }
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,7 +401,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + (no_math_sweep ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

@@ -23,7 +23,7 @@
 #include "ref/gemm.h"
 #include "ref/init.h"
 #include "ref/mathfn.h"
-#include "ref/model.h"
+#include "model/olmo3.h"
 #include "ref/ops.h"
 #include "ref/parallel.h"
 #include "tests/ref/reference_f64.h"

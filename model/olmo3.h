@@ -1,14 +1,20 @@
-// ref/model.h — Olmo 3 forward and backward for one micro-batch on the CPU.
+// model/olmo3.h — Olmo 3 forward and backward for one micro-batch, written once over the executor interface
+// (model/executor.h): the same code drives the CPU reference and the CUDA kernels.
 //
 // data -> embedding -> L × [h = x + RMSNorm(Attn(x)); out = h + RMSNorm(SwiGLU(h))] -> RMSNorm -> LM head
 //      -> cross-entropy + z-loss over shifted labels, divided by the *global* target count.
+//
+// Memory: parameters, activations and gradients are executor memory (the device for CUDA); tokens, loss totals
+// and the optional logits copy are host memory.
 #pragma once
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-#include "ref/gradient_tree.h"
+#include "model/executor.h"
+#include "model/gradient_tree.h"
+#include "ref/cpu_executor.h"
 #include "ref/model_config.h"
 #include "ref/ops.h"
 #include "ref/params.h"
@@ -19,16 +25,24 @@ class ThreadPool;
 
 // Activations kept from forward for backward, sized for one micro-batch shape (B instances × T).
 struct LayerActs {
-  std::vector<float> x;                 // [R, d]   block input
-  std::vector<float> q_raw, k_raw;      // [R, qd], [R, kd]  projections before QK-norm
-  std::vector<float> q_rms, k_rms;      // [R]      inverse RMS of q_raw, k_raw
-  std::vector<float> q, k, v;           // [R, qd], [R, kd], [R, kd]  after QK-norm + RoPE (v: projection)
-  std::vector<float> att;               // [R, qd]  attention output (before w_out)
-  std::vector<float> att_max, att_sum;  // [B, H, T] softmax statistics
-  std::vector<float> ao, ao_rms;        // [R, d], [R]  w_out output, before attention_norm
-  std::vector<float> h;                 // [R, d]   x + RMSNorm(ao)
-  std::vector<float> g, u, a;           // [R, F]   gate, up, silu(gate) ⊙ up
-  std::vector<float> f, f_rms;          // [R, d], [R]  w2 output, before feed_forward_norm
+  Buffer<float> x;                 // [R, d]   block input
+  Buffer<float> q_raw, k_raw;      // [R, qd], [R, kd]  projections before QK-norm
+  Buffer<float> q_rms, k_rms;      // [R]      inverse RMS of q_raw, k_raw
+  Buffer<float> q, k, v;           // [R, qd], [R, kd], [R, kd]  after QK-norm + RoPE (v: projection)
+  Buffer<float> att;               // [R, qd]  attention output (before w_out)
+  Buffer<float> att_max, att_sum;  // [B, H, T] softmax statistics
+  Buffer<float> ao, ao_rms;        // [R, d], [R]  w_out output, before attention_norm
+  Buffer<float> h;                 // [R, d]   x + RMSNorm(ao)
+  Buffer<float> g, u, a;           // [R, F]   gate, up, silu(gate) ⊙ up
+  Buffer<float> f, f_rms;          // [R, d], [R]  w2 output, before feed_forward_norm
+};
+
+// Gradient temporaries of backward (allocated at the first backward).
+struct BackwardBuffers {
+  Buffer<float> dx, dtmp;     // [R, d]
+  Buffer<float> dqd, dq;      // [R, qd]
+  Buffer<float> dkd, dk, dv;  // [R, kd]
+  Buffer<float> dF1, dg, du;  // [R, F]
 };
 
 // FSDP-style parameter gathering. A model with a gate asks for each unit's parameters just before it
@@ -47,7 +61,11 @@ class Olmo3 {
   // precision bf16: the Olmo 3 recipe (docs/canonical/bf16.md). `params` stay the fp32 master weights;
   // each call rounds them to a bf16 copy, activations and gradients are rounded at the documented points,
   // and `grad` receives the bf16-valued parameter gradients of this micro-batch (the caller sums them in fp32).
-  Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32);
+  // ex: the executor every op runs on; nullptr: a CPU executor of the model's own, using the ThreadPool each
+  // call passes (`pool` is ignored with any other executor).
+  Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32,
+        Executor* ex = nullptr);
+  Executor& executor() { return *ex_; }
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
@@ -59,7 +77,7 @@ class Olmo3 {
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }
 
-  // Forward and backward of one micro-batch of n_instances <= micro_batch() instances. tokens: [n, T].
+  // Forward and backward of one micro-batch of n_instances <= micro_batch() instances. tokens (host): [n, T].
   // The parameter gradients (of the loss divided by global_n_targets) go to `grads` instance by instance
   // (GradientLeaves: the leaves of the step's instance tree); per_instance[b] receives instance b's fp64
   // loss totals. If logits_out is not null it receives the fp32 logits [n, T, V] before the loss.
@@ -67,7 +85,7 @@ class Olmo3 {
                         GradientLeaves& grads, LossSums* per_instance, ThreadPool* pool, float* logits_out = nullptr);
 
   // The micro-batch's gradient on its own: the instance tree over its micro_batch() instances, into grad
-  // (layout().total floats, overwritten); the loss totals are the same tree over the instances.
+  // (executor memory, layout().total floats, overwritten); the loss totals are the same tree over the instances.
   LossSums forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
                             ThreadPool* pool, float* logits_out = nullptr);
 
@@ -76,29 +94,39 @@ class Olmo3 {
   // sequence of forward_backward), so the group's collectives stay matched.
   void gather_only_pass();
 
-  // Forward only: loss sums (no gradient). Used by evaluation. If logits_out is not null it receives the
-  // logits [B, T, V] (bf16-valued in bf16 precision), as in forward_backward.
+  // Forward only: loss sums (no gradient), the instance tree's totals over the micro_batch() instances. If
+  // logits_out (host) is not null it receives the logits [B, T, V] (bf16-valued in bf16 precision), as in
+  // forward_backward.
   LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out = nullptr);
 
  private:
-  void forward(const float* params, const uint32_t* tokens, int64_t n_instances, ThreadPool* pool);
+  // Points the model's CPU executor at this call's threads; returns the tokens in executor memory.
+  const uint32_t* begin_call(const uint32_t* host_tokens, int64_t n_instances, ThreadPool* pool);
+  void forward(const float* params, const uint32_t* tokens, int64_t n_instances);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
-  const float* working_params(const float* params, ThreadPool* pool);
-  void use_unit(const float* master, int unit, ThreadPool* pool);  // acquire (+ the bf16 copy of the unit)
+  const float* working_params(const float* params);
+  void use_unit(const float* master, int unit);  // acquire (+ the bf16 copy of the unit)
   void drop_unit(int unit);
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
-  void round_act(float* x, int64_t n, ThreadPool* pool) const;
+  void round_act(float* x, int64_t n) const;
 
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
-  std::vector<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
+  std::unique_ptr<CpuExecutor> own_ex_;  // when no executor was given
+  Executor* ex_;
+  Buffer<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
   ParamGate* gate_ = nullptr;
   const float* master_ = nullptr;  // the fp32 parameters of the current call (what use_unit rounds from)
   ParamLayout layout_;
   int64_t B_, T_, R_;
-  RopeTable rope_;
+  Buffer<float> rope_cos_, rope_sin_;  // [T, hd/2] (ref/ops.h make_rope_table)
+  RopeView rope_;
+  Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
-  std::vector<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
+  Buffer<float> tmp_;                  // [R, d]  the normed sublayer output before its residual add
+  Buffer<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
+  BackwardBuffers bw_;
+  std::vector<LossSums> per_scratch_;
 };
 
 }  // namespace olmoref

@@ -1,24 +1,24 @@
-#include "ref/gradient_tree.h"
+#include "model/gradient_tree.h"
 
 #include <stdexcept>
 
-#include "ref/parallel.h"
 
 namespace olmoref {
 
-void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool) {
-  auto body = [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) dst[i] = dst[i] + src[i];
-  };
-  if (pool && n >= (1 << 16)) pool->parallel_for(n, 1 << 15, body);
-  else body(0, n);
-}
-
 GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, ThreadPool* pool, TreeShape shape,
                            int64_t microbatch_instances)
+    : GradientTree(n_instances, n_floats, std::make_unique<CpuExecutor>(pool), nullptr, shape, microbatch_instances) {}
+
+GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, Executor& ex, TreeShape shape,
+                           int64_t microbatch_instances)
+    : GradientTree(n_instances, n_floats, nullptr, &ex, shape, microbatch_instances) {}
+
+GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, std::unique_ptr<CpuExecutor> own, Executor* ex,
+                           TreeShape shape, int64_t microbatch_instances)
     : n_instances_(n_instances),
       n_floats_(n_floats),
-      pool_(pool),
+      own_(std::move(own)),
+      ex_(ex ? ex : own_.get()),
       shape_(shape),
       mb_(microbatch_instances),
       plan_(n_instances),
@@ -65,8 +65,8 @@ void GradientTree::begin_microbatch(int64_t first, int64_t count) {
   }
   if (static_cast<int>(slots_.size()) < needed) slots_.resize(static_cast<size_t>(needed));
   for (int i = 0; i < needed; ++i)
-    if (slots_[static_cast<size_t>(i)].size() != static_cast<size_t>(n_floats_))
-      slots_[static_cast<size_t>(i)].assign(static_cast<size_t>(n_floats_), 0.0f);
+    if (slots_[static_cast<size_t>(i)].size() != n_floats_)
+      slots_[static_cast<size_t>(i)].reset(*ex_, n_floats_, "instance-tree slot " + std::to_string(i) + " (a full gradient)");
   peak_ = std::max(peak_, needed);
 }
 
@@ -77,11 +77,10 @@ float* GradientTree::leaf(int64_t instance, int64_t offset, int64_t) {
 void GradientTree::commit(int64_t instance, int64_t offset, int64_t n) {
   const TreePlan::Step& st = steps_[static_cast<size_t>(instance)];
   for (const TreePlan::Merge& m : st.merges)
-    tree_add(slots_[static_cast<size_t>(m.dst)].data() + offset, slots_[static_cast<size_t>(m.src)].data() + offset, n,
-             pool_);
+    ex_->tree_add(slots_[static_cast<size_t>(m.dst)].data() + offset, slots_[static_cast<size_t>(m.src)].data() + offset, n);
   if (st.emit_slot >= 0) emit_(st.emit_index, slots_[static_cast<size_t>(st.emit_slot)].data() + offset, offset, n);
 }
 
-void GradientTree::release() { std::vector<std::vector<float>>().swap(slots_); }
+void GradientTree::release() { std::vector<Buffer<float>>().swap(slots_); }
 
 }  // namespace olmoref

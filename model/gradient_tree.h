@@ -1,11 +1,14 @@
-// ref/gradient_tree.h — the float side of the instance tree on the CPU: stack slots holding partial
-// gradients (full flat-vector length) and the adds the TreePlan prescribes (ref/instance_tree.h).
+// model/gradient_tree.h — the float side of the instance tree: stack slots holding partial gradients (full
+// flat-vector length, in executor memory) and the adds the TreePlan prescribes (ref/instance_tree.h), run by the
+// executor's tree_add.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "model/executor.h"
+#include "ref/cpu_executor.h"
 #include "ref/instance_tree.h"
 
 namespace olmoref {
@@ -28,15 +31,18 @@ class GradientLeaves {
 // A step's gradient tree evaluated left to right over the instances one process computes.
 class GradientTree : public GradientLeaves {
  public:
-  // n_instances: the step's global instance count N; n_floats: the flat gradient length.
-  // shape/microbatch: TreeShape::microbatch_chain is the TEST-ONLY negative control.
+  // n_instances: the step's global instance count N; n_floats: the flat gradient length; the slots live in
+  // `ex`'s memory. shape/microbatch: TreeShape::microbatch_chain is the TEST-ONLY negative control.
+  GradientTree(int64_t n_instances, int64_t n_floats, Executor& ex, TreeShape shape = TreeShape::balanced,
+               int64_t microbatch_instances = 1);
+  // On the CPU executor with these threads.
   GradientTree(int64_t n_instances, int64_t n_floats, ThreadPool* pool, TreeShape shape = TreeShape::balanced,
                int64_t microbatch_instances = 1);
 
   // Starts a step: the plan restarts at instance 0 (buffers are kept).
   void reset();
-  // Receives a finished maximal subtree (output `index`), tensor slice by tensor slice: src[0..n) holds its
-  // values of the flat vector's [offset, offset + n).
+  // Receives a finished maximal subtree (output `index`), tensor slice by tensor slice: src[0..n) (executor
+  // memory) holds its values of the flat vector's [offset, offset + n).
   using EmitFn = std::function<void(int index, const float* src, int64_t offset, int64_t n)>;
   // Starts a step of one rank of several, holding instances [first, last): each maximal subtree of that range
   // goes to `emit` as soon as it is complete, so at most ceil(log2 N) + 1 slots are ever live.
@@ -55,8 +61,11 @@ class GradientTree : public GradientLeaves {
   void release();  // returns the slot buffers' memory (a sharded run keeps none between steps)
 
  private:
+  GradientTree(int64_t n_instances, int64_t n_floats, std::unique_ptr<CpuExecutor> own, Executor* ex, TreeShape shape,
+               int64_t microbatch_instances);
   int64_t n_instances_, n_floats_;
-  ThreadPool* pool_;
+  std::unique_ptr<CpuExecutor> own_;  // the CPU executor of the ThreadPool constructor
+  Executor* ex_;
   TreeShape shape_;
   int64_t mb_;
   TreePlan plan_;
@@ -64,11 +73,8 @@ class GradientTree : public GradientLeaves {
   EmitFn emit_;
   std::vector<TreePlan::Step> steps_;  // of the current micro-batch, one per instance
   int64_t count_ = 0;
-  std::vector<std::vector<float>> slots_;
+  std::vector<Buffer<float>> slots_;
   int peak_ = 0;
 };
-
-// slot[dst][0..n) = slot[dst][0..n) + slot[src][0..n): the tree's add, threaded over elements.
-void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool);
 
 }  // namespace olmoref

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bench/gpu_bench.sh — exact-mode training throughput on the GPU (run by tools/gpu_check.sh).
+#
+#   bash bench/gpu_bench.sh OUT_DIR [BIN]
+#
+# For configs/olmo3-100m.toml and configs/olmo3-1b.toml (OLMo-core's olmo3_100M and olmo3_1B shapes, context
+# 2048), fp32 and bf16: `olmoref train --executor cuda` on random tokens for BENCH_STEPS steps (default 4; the first
+# is left out as warm-up), tokens/s from the progress lines (the trace holds no times: its bytes are the contract), achieved FLOP/s = tokens/s x FLOPs/token (`olmoref
+# config`: OLMo-core's formula, 6 x non-embedding params + the LM head + attention at the full context, so the
+# sliding-window layers count more than they compute) and its share of the H200's fp32 SIMT peak (67 TFLOP/s, the
+# datasheet figure; BENCH_PEAK_TFLOPS to change it). Then one --profile-ops run per config (fp32, 2 steps) for each
+# kernel's share of step time and the GEMMs' own GFLOP/s. Writes OUT_DIR/bench.json and OUT_DIR/bench.txt.
+set -euo pipefail
+out=${1:?usage: gpu_bench.sh OUT_DIR [BIN]}
+bin=${2:-build/olmoref}
+steps=${BENCH_STEPS:-4}
+peak=${BENCH_PEAK_TFLOPS:-67}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+rows=()
+: > "$out/bench.txt"
+executor=${BENCH_EXECUTOR:-cuda}  # another executor only to try the script where there is no GPU
+for config in ${BENCH_CONFIGS:-configs/olmo3-100m.toml configs/olmo3-1b.toml}; do
+  name=$(basename "$config" .toml)
+  flops=$("$bin" config --config "$config" | awk '/^FLOPs\/token/ {print $2}')
+  vocab=$("$bin" config --config "$config" | sed -n 's/^shape .*vocab \([0-9]*\).*/\1/p')
+  python3 - "$work/tokens.u32" "$vocab" <<'PY'
+import random, struct, sys
+random.seed(5)
+n = 1 << 20  # enough instances for every benchmark run
+v = int(sys.argv[2])
+open(sys.argv[1], "wb").write(struct.pack("<%dI" % n, *(random.randrange(v) for _ in range(n))))
+PY
+  for precision in fp32 bf16; do
+    run="$work/$name-$precision"
+    "$bin" train --config "$config" --executor "$executor" --steps "$steps" --set "train.precision=\"$precision\"" \
+      --set train.log_every=1 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" --out "$run" --no-checkpoint \
+      2> "$run.err" || { echo "$name $precision: train failed: $(tail -n 3 "$run.err")" | tee -a "$out/bench.txt"; continue; }
+    # Progress lines: "step     2/4  loss ...  1234 tok/s  digest"; step 1 (allocation, first launches) is left out.
+    rows+=("$(python3 - "$run.err" "$name" "$precision" "$flops" "$peak" <<'PY'
+import json, re, sys
+err, name, precision, flops, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+tps = [float(m.group(2)) for m in (re.match(r"step\s+(\d+)/\d+ .* (\d+) tok/s", l) for l in open(err)) if m and int(m.group(1)) > 1]
+print(json.dumps({"config": name, "precision": precision, "steps_timed": len(tps), "tokens_per_second_each": tps,
+                  "flops_per_token": flops, "peak_tflops": peak}))
+PY
+)")
+  done
+  "$bin" train --config "$config" --executor "$executor" --steps 2 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" \
+    --out "$work/$name-profile" --no-checkpoint --quiet --profile-ops 2> "$work/$name-profile.err" || true
+  { echo "== $name fp32, per-op time (--profile-ops, 2 steps)"; sed -n '/^per-op time/,$p' "$work/$name-profile.err"; } >> "$out/bench.txt"
+done
+printf '%s\n' "${rows[@]}" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+out = []
+for r in rows:
+    t = r["tokens_per_second_each"]
+    if t:
+        r["tokens_per_second"] = len(t) / sum(1.0 / x for x in t)  # the mean step time, as tokens/s
+        r["achieved_tflops"] = r["tokens_per_second"] * r["flops_per_token"] / 1e12
+        r["share_of_fp32_simt_peak"] = r["achieved_tflops"] / r["peak_tflops"]
+    out.append(r)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+for r in out:
+    if "tokens_per_second" in r:
+        print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak" % (r["config"], r["precision"],
+              r["tokens_per_second"], r["achieved_tflops"], 100 * r["share_of_fp32_simt_peak"], r["peak_tflops"]))
+' "$out/bench.json" | tee -a "$out/bench.txt"

@@ -1,0 +1,70 @@
+#include "kernels/device_memory.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+namespace olmoref::kernels {
+
+namespace {
+void check(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) throw std::runtime_error("CUDA: " + what + ": " + cudaGetErrorString(err));
+}
+std::string mib(size_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB"; }
+__global__ void probe_kernel() {}  // has code for the device's architecture only if the build targeted it
+}  // namespace
+
+void* device_allocate(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free error state
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    throw std::runtime_error("out of GPU memory allocating " + what + " (" + mib(bytes) + "; " + mib(free_b) +
+                             " free of " + mib(total_b) + "); try a smaller train.micro_batch_instances");
+  }
+  check(err, "allocating " + what + " (" + mib(bytes) + ")");
+  return p;
+}
+void device_free(void* p) { cudaFree(p); }
+void device_to_device(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device-to-device copy");
+}
+void host_to_device(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "host-to-device copy");
+}
+void device_to_host(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "device-to-host copy");
+}
+void device_zero(void* dst, size_t bytes) { check(cudaMemset(dst, 0, bytes), "memset"); }
+void device_synchronize(const char* after) { check(cudaDeviceSynchronize(), std::string("after ") + after); }
+
+std::string device_unavailable_reason() {
+  int driver = 0, runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+    return "no CUDA driver is installed (libcuda not found)";
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorInsufficientDriver)
+    return "the CUDA driver (" + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+           ") is older than this build's toolkit (" + std::to_string(runtime / 1000) + "." +
+           std::to_string(runtime % 1000 / 10) + "); update the driver or build with an older toolkit";
+  if (err != cudaSuccess) return std::string("cannot query CUDA devices: ") + cudaGetErrorString(err);
+  if (count == 0) return "no CUDA device is visible (check CUDA_VISIBLE_DEVICES)";
+  // A kernel for the device's architecture must exist in the binary (asked without launching anything).
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, probe_kernel) != cudaSuccess) {
+    cudaGetLastError();
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    return "this build has no kernels for the device's architecture sm_" + std::to_string(prop.major) +
+           std::to_string(prop.minor) + " (" + prop.name + "); rebuild with -Dgpu_archs=" +
+           std::to_string(prop.major) + std::to_string(prop.minor);
+  }
+  return "";
+}
+
+}  // namespace olmoref::kernels
+

@@ -1,0 +1,22 @@
+// kernels/device_memory.h — device allocations and copies for the CUDA executor (kernels/device_memory.cu; CUDA
+// builds only). Errors are exceptions that name the tensor and the CUDA error.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace olmoref::kernels {
+
+// Out of memory: names `what`, its size, the device's free and total memory, and suggests a smaller micro-batch.
+void* device_allocate(size_t bytes, const std::string& what);
+void device_free(void* p);
+void device_to_device(void* dst, const void* src, size_t bytes);
+void host_to_device(void* dst, const void* src, size_t bytes);
+void device_to_host(void* dst, const void* src, size_t bytes);
+void device_zero(void* dst, size_t bytes);
+void device_synchronize(const char* after);
+// "" when device 0 can run this build's kernels; else one line: no driver, no device, driver older than the
+// toolkit, or an architecture the build has no code for.
+std::string device_unavailable_reason();
+
+}  // namespace olmoref::kernels

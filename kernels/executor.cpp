@@ -1,0 +1,237 @@
+#include "kernels/executor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/attention_exact.h"
+#include "kernels/device_memory.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm_exact.h"
+#include "kernels/loss_exact.h"
+#include "kernels/rmsnorm_exact.h"
+#include "ref/optim.h"
+
+// The device calls exist only in a CUDA build; elsewhere a KernelExecutor(true) cannot be made (make_executor
+// refuses it at start), so the branch is unreachable.
+#if OLMOREF_HAVE_CUDA
+#define OLMOREF_DEVICE(call) call
+#else
+#define OLMOREF_DEVICE(call) no_cuda()
+#endif
+
+namespace olmoref::kernels {
+
+namespace {
+[[noreturn]] [[maybe_unused]] void no_cuda() { throw std::logic_error("this olmoref was built without CUDA"); }
+}  // namespace
+
+KernelExecutor::KernelExecutor(bool on_device) : on_device_(on_device) {
+#if !OLMOREF_HAVE_CUDA
+  if (on_device) no_cuda();
+#endif
+}
+KernelExecutor::~KernelExecutor() = default;
+
+void* KernelExecutor::allocate(size_t bytes, const std::string& what) {
+  if (on_device_) return OLMOREF_DEVICE(device_allocate(bytes, what));
+  void* p = std::malloc(bytes > 0 ? bytes : 1);
+  if (!p)
+    throw std::runtime_error("out of host memory allocating " + what + " (" + std::to_string(bytes >> 20) +
+                             " MiB); try a smaller train.micro_batch_instances");
+  return p;
+}
+void KernelExecutor::deallocate(void* p) {
+  if (on_device_) OLMOREF_DEVICE(device_free(p));
+  else std::free(p);
+}
+void KernelExecutor::to_device(void* dst, const void* src, size_t bytes) {
+  if (on_device_) OLMOREF_DEVICE(host_to_device(dst, src, bytes));
+  else std::memcpy(dst, src, bytes);
+}
+void KernelExecutor::to_host(void* dst, const void* src, size_t bytes) {
+  if (on_device_) OLMOREF_DEVICE(device_to_host(dst, src, bytes));
+  else std::memcpy(dst, src, bytes);
+}
+void KernelExecutor::copy(void* dst, const void* src, size_t bytes) {
+  if (on_device_) OLMOREF_DEVICE(device_to_device(dst, src, bytes));
+  else std::memmove(dst, src, bytes);
+}
+void KernelExecutor::zero(void* dst, size_t bytes) {
+  if (on_device_) OLMOREF_DEVICE(device_zero(dst, bytes));
+  else std::memset(dst, 0, bytes);
+}
+void KernelExecutor::synchronize() {
+  if (on_device_) OLMOREF_DEVICE(device_synchronize("the step's kernels"));
+}
+
+template <class Op>
+void KernelExecutor::elements(const Op& op, int64_t n) {
+  if (on_device_) OLMOREF_DEVICE(run_device(op, n));
+  else run_host(op, n);
+}
+
+template <class T>
+T* KernelExecutor::workspace(Buffer<T>& b, int64_t n, const char* what) {
+  if (b.size() < n) b.reset(*this, n, what);
+  return b.data();
+}
+
+// ---- GEMM: the three products of a linear layer as strided views (ref/gemm.h) ----
+namespace {
+GemmArgs gemm_view(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
+                   int64_t b_row, int64_t b_col, float* C, bool accumulate) {
+  GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = A, g.a_row = a_row, g.a_col = a_col;
+  g.B = B, g.b_row = b_row, g.b_col = b_col;
+  g.C = C, g.ldc = N, g.accumulate = accumulate;
+  return g;
+}
+}  // namespace
+
+#define OLMOREF_GEMM(args)                                   \
+  do {                                                       \
+    GemmArgs g_ = (args);                                    \
+    g_.debug_split_k = debug_split_k_;                       \
+    if (on_device_) OLMOREF_DEVICE(gemm_exact_device(g_));   \
+    else gemm_exact_host(g_);                                \
+  } while (0)
+
+// Y[M,N] = X[M,K] · W[N,K]ᵀ: B(p, j) = W[j, p].
+void KernelExecutor::matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) {
+  OLMOREF_GEMM(gemm_view(M, N, K, X, K, 1, W, 1, K, Y, false));
+}
+// dX[M,K] (+)= dY[M,N] · W[N,K]: a product of M x K over N.
+void KernelExecutor::matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
+                                           bool accumulate) {
+  OLMOREF_GEMM(gemm_view(M, K, N, dY, N, 1, W, K, 1, dX, accumulate));
+}
+// dW[N,K] (+)= dY[M,N]ᵀ · X[M,K]: a product of N x K over the M tokens; A(i, p) = dY[p, i].
+void KernelExecutor::matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N,
+                                            int64_t K, bool accumulate) {
+  OLMOREF_GEMM(gemm_view(N, K, M, dY, 1, N, X, K, 1, dW, accumulate));
+}
+
+// ---- RMSNorm ----
+void KernelExecutor::rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
+                                     float eps) {
+  RmsNormArgs a;
+  a.R = R, a.n = n, a.x = x, a.w = w, a.y = y, a.inv_rms = inv_rms, a.eps = eps;
+  if (on_device_) OLMOREF_DEVICE(rmsnorm_forward_device(a));
+  else rmsnorm_forward_host(a);
+}
+void KernelExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
+                                      float* dw, int64_t R, int64_t n) {
+  RmsNormArgs a;
+  // One argument struct serves forward and backward; backward only reads inv_rms.
+  a.R = R, a.n = n, a.x = x, a.w = w, a.inv_rms = const_cast<float*>(inv_rms), a.dy = dy, a.dx = dx, a.dw = dw;
+  if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
+  else rmsnorm_backward_host(a);
+}
+
+// ---- RoPE, SwiGLU, embedding, elementwise ----
+void KernelExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& r) {
+  elements(RopeOp{x, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, false}, rope_elements(rows, n_heads, r.head_dim));
+}
+void KernelExecutor::rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& r) {
+  elements(RopeOp{dx, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, true}, rope_elements(rows, n_heads, r.head_dim));
+}
+void KernelExecutor::swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) {
+  elements(SwigluForwardOp{g, u, a, bf16}, n);
+}
+void KernelExecutor::swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                                     bool bf16) {
+  elements(SwigluBackwardOp{g, u, da, dg, du, bf16}, n);
+}
+void KernelExecutor::embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) {
+  elements(EmbeddingForwardOp{table, tokens, x, d}, R * d);
+}
+void KernelExecutor::embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R,
+                                        int64_t V, int64_t d) {
+  // The fixed position order (a stable counting sort) is data preparation: made on the host from the host tokens.
+  std::vector<int64_t> start, order;
+  embedding_position_order(host_tokens, R, V, start, order);
+  int64_t* s = workspace(emb_start_, V + 1, "embedding position starts");
+  int64_t* o = workspace(emb_order_, R, "embedding position order");
+  to_device(s, start.data(), start.size() * sizeof(int64_t));
+  to_device(o, order.data(), order.size() * sizeof(int64_t));
+  elements(EmbeddingBackwardOp{s, o, dx, dtable, d}, V * d);
+}
+void KernelExecutor::add(const float* a, const float* b, float* out, int64_t n) { elements(AddOp{a, b, out}, n); }
+void KernelExecutor::round_bf16(float* x, int64_t n) { elements(RoundBf16Op{x, x}, n); }
+void KernelExecutor::copy_round_bf16(const float* in, float* out, int64_t n) { elements(RoundBf16Op{in, out}, n); }
+void KernelExecutor::tree_add(float* dst, const float* src, int64_t n) { elements(AddOp{dst, src, dst}, n); }
+void KernelExecutor::scale(float* x, float c, int64_t n) {
+  if (c != 1.0f) elements(ScaleOp{x, c}, n);  // as ref/optim.h scale_inplace: clip 1 leaves the gradient alone
+}
+void KernelExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
+                           int64_t n) {
+  elements(AdamWOp{s, decay, grad, p, m, v}, n);
+}
+
+// ---- attention ----
+namespace {
+AttentionArgs attention_args(const AttentionShape& s) {
+  AttentionArgs a;
+  a.B = s.B, a.T = s.T, a.H = s.H, a.KV = s.KV, a.hd = s.hd, a.window = s.window, a.scale = s.scale;
+  a.bf16 = s.precision == Precision::bf16;
+  return a;
+}
+}  // namespace
+
+void KernelExecutor::attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                       float* out, float* row_max, float* row_sum) {
+  AttentionArgs a = attention_args(s);
+  a.q = q, a.k = k, a.v = v, a.out = out, a.row_max = row_max, a.row_sum = row_sum;
+  a.scratch = workspace(att_p_, s.B * s.H * s.T * s.T, "attention scores [B·H·T, T]");
+  if (on_device_) OLMOREF_DEVICE(attention_forward_device(a));
+  else attention_forward_host(a);
+}
+void KernelExecutor::attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                        const float* out, const float* row_max, const float* row_sum,
+                                        const float* dout, float* dq, float* dk, float* dv) {
+  AttentionArgs a = attention_args(s);
+  // One argument struct serves forward and backward; backward only reads out and the row statistics.
+  a.q = q, a.k = k, a.v = v, a.out = const_cast<float*>(out), a.row_max = const_cast<float*>(row_max);
+  a.row_sum = const_cast<float*>(row_sum), a.dout = dout;
+  a.dq = dq, a.dk = dk, a.dv = dv;
+  const int64_t rows = s.B * s.H * s.T;
+  a.scratch = workspace(att_p_, rows * s.T, "attention probabilities [B·H·T, T]");
+  a.scratch_ds = workspace(att_ds_, rows * s.T, "attention score gradients [B·H·T, T]");
+  a.dk_head = workspace(att_dk_head_, rows * s.hd, "per-head key gradients [B, H, T, hd]");
+  a.dv_head = workspace(att_dv_head_, rows * s.hd, "per-head value gradients [B, H, T, hd]");
+  if (on_device_) OLMOREF_DEVICE(attention_backward_device(a));
+  else attention_backward_host(a);
+}
+
+// ---- loss and the step's reductions ----
+void KernelExecutor::cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                   float z_coef, int64_t global_n_targets, LossSums* per_instance) {
+  LossArgs a;
+  a.R = B * T, a.T = T, a.V = V, a.logits = logits, a.tokens = tokens, a.z_coef = z_coef;
+  a.global_n_targets = global_n_targets;
+  a.ce_terms = workspace(ce_terms_, B * T, "loss row terms (ce)");
+  a.z_terms = workspace(z_terms_, B * T, "loss row terms (z)");
+  a.ce_total = workspace(ce_total_, B, "per-instance loss totals (ce)");
+  a.z_total = workspace(z_total_, B, "per-instance loss totals (z)");
+  if (on_device_) OLMOREF_DEVICE(cross_entropy_device(a));
+  else cross_entropy_host(a);
+  std::vector<double> ce(static_cast<size_t>(B)), z(static_cast<size_t>(B));
+  to_host(ce.data(), a.ce_total, ce.size() * sizeof(double));
+  to_host(z.data(), a.z_total, z.size() * sizeof(double));
+  for (int64_t b = 0; b < B; ++b) per_instance[b] = {ce[static_cast<size_t>(b)], z[static_cast<size_t>(b)], T - 1};
+}
+void KernelExecutor::grad_norm_chunks(const float* grad, int64_t n, double* out) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  if (chunks == 0) return;
+  NormChunkArgs a;
+  a.grad = grad, a.n = n, a.chunk = kNormChunk;
+  a.out = workspace(norm_chunks_, chunks, "gradient-norm chunk totals");
+  if (on_device_) OLMOREF_DEVICE(grad_norm_chunks_device(a));
+  else grad_norm_chunks_host(a);
+  to_host(out, a.out, static_cast<size_t>(chunks) * sizeof(double));
+}
+
+}  // namespace olmoref::kernels

@@ -1,0 +1,150 @@
+// model/executor.h — the op table: every operation the Olmo 3 step performs, as one interface with two
+// implementations, op for op with the same names and shapes: ref/cpu_executor.h (the CPU reference, ref/) and
+// kernels/executor.h (the CUDA exact kernels, kernels/). The model (model/olmo3.h), the instance tree
+// (model/gradient_tree.h) and the trainer's step are written once over it. docs/canonical/README.md lists
+// the same table with each op's order.
+//
+// Memory: every float*/uint32_t* an op receives is executor memory (device memory for CUDA), obtained from
+// allocate() or a Buffer. Host data crosses only through to_device / to_host, and the few arguments marked
+// "host" below. Shapes as in ref/ops.h: R rows (instances · T), n a row width, V the vocabulary.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ref/elementwise.h"
+#include "ref/ops.h"
+
+namespace olmoref {
+
+// RoPE tables in executor memory: cos, sin [T, hd/2].
+struct RopeView {
+  int64_t seq_len = 0, head_dim = 0;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // "cpu", "cuda" or "cuda-host" (the CUDA kernels' decompositions executed on the host: the CI check).
+  virtual std::string name() const = 0;
+  // True when executor memory is ordinary host memory (pointers may be read and written by the host).
+  virtual bool host_memory() const = 0;
+
+  // ---- memory ----
+  // `what` names the tensor in the out-of-memory error, which also gives the size and a remedy.
+  virtual void* allocate(size_t bytes, const std::string& what) = 0;
+  virtual void deallocate(void* p) = 0;
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // executor memory to executor memory
+  virtual void zero(void* dst, size_t bytes) = 0;
+
+  // ---- linear layers (ref/gemm.h; docs/canonical/matmul.md) ----
+  virtual void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) = 0;
+  virtual void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
+                                     bool accumulate) = 0;
+  virtual void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,
+                                      bool accumulate) = 0;
+  // ---- RMSNorm / QK-norm, RoPE, SwiGLU, attention, embedding (ref/ops.h) ----
+  virtual void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
+                                float* dw, int64_t R, int64_t n) = 0;
+  virtual void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) = 0;
+  virtual void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) = 0;
+  virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) = 0;
+  virtual void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
+                               bool bf16) = 0;
+  virtual void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
+                                 float* row_max, float* row_sum) = 0;
+  virtual void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                  const float* out, const float* row_max, const float* row_sum, const float* dout,
+                                  float* dq, float* dk, float* dv) = 0;
+  virtual void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) = 0;
+  // host_tokens: the same R tokens in host memory (the fixed position order is made from them on the host).
+  virtual void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,
+                                  int64_t d) = 0;
+  // ---- loss (docs/canonical/loss.md) ----
+  // logits [B·T, V] of B instances become ∂loss/∂logits; per_instance (host) [B] receives each instance's fp64
+  // totals, which are the leaves of the loss tree.
+  virtual void cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V, float z_coef,
+                             int64_t global_n_targets, LossSums* per_instance) = 0;
+  // ---- elementwise ----
+  virtual void add(const float* a, const float* b, float* out, int64_t n) = 0;  // out = a + b (residuals)
+  virtual void round_bf16(float* x, int64_t n) = 0;
+  virtual void copy_round_bf16(const float* in, float* out, int64_t n) = 0;
+  // ---- the step (docs/canonical/step.md) ----
+  virtual void tree_add(float* dst, const float* src, int64_t n) = 0;  // dst = dst + src
+  // Σg² of each kNormChunk-float chunk of grad [0, n) (grad starts at a chunk boundary of the flat vector) into
+  // out (host) [ceil(n / kNormChunk)], by the canonical fp64 row reduction.
+  virtual void grad_norm_chunks(const float* grad, int64_t n, double* out) = 0;
+  virtual void scale(float* x, float c, int64_t n) = 0;  // x = x · c
+  // AdamW on one tensor's elements [0, n) (ref/elementwise.h adamw); decay is 1 for tensors without decay.
+  virtual void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
+                     int64_t n) = 0;
+  // Waits for queued work (device executors); the host's copies already wait.
+  virtual void synchronize() {}
+};
+
+// A typed allocation in executor memory, freed with its owner; zero-filled.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Executor& ex, int64_t n, const std::string& what) { reset(ex, n, what); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      free();
+      ex_ = o.ex_, p_ = o.p_, n_ = o.n_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  ~Buffer() { free(); }
+
+  void reset(Executor& ex, int64_t n, const std::string& what) {
+    free();
+    ex_ = &ex;
+    n_ = n;
+    if (n > 0) {
+      p_ = static_cast<T*>(ex.allocate(static_cast<size_t>(n) * sizeof(T), what));
+      ex.zero(p_, static_cast<size_t>(n) * sizeof(T));
+    }
+  }
+  void free() {
+    if (p_) ex_->deallocate(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  int64_t size() const { return n_; }
+  void upload(const T* host, int64_t n, int64_t at = 0) {
+    ex_->to_device(p_ + at, host, static_cast<size_t>(n) * sizeof(T));
+  }
+  void download(T* host, int64_t n, int64_t at = 0) const {
+    ex_->to_host(host, p_ + at, static_cast<size_t>(n) * sizeof(T));
+  }
+
+ private:
+  Executor* ex_ = nullptr;
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+class ThreadPool;
+// The executors by name: "cpu" (pool: its threads), "cuda" (the device; fails with one line naming the reason
+// when there is none, or the build has no CUDA), "cuda-host" (the CUDA kernels executed on the host).
+std::unique_ptr<Executor> make_executor(const std::string& name, ThreadPool* pool);
+// Why `name` cannot run here ("" when it can): checked at start, before any work.
+std::string executor_unavailable(const std::string& name);
+
+}  // namespace olmoref

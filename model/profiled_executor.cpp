@@ -1,0 +1,143 @@
+#include "model/profiled_executor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+namespace olmoref {
+
+template <class F>
+void ProfiledExecutor::timed(const char* op, double flops, F&& f) {
+  inner_->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  f(*inner_);
+  inner_->synchronize();
+  Stat& s = stats_[op];
+  ++s.calls;
+  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.flops += flops;
+}
+
+std::string ProfiledExecutor::report() const {
+  std::vector<std::pair<std::string, Stat>> rows(stats_.begin(), stats_.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0.0;
+  for (const auto& r : rows) total += r.second.seconds;
+  std::string out;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-24s %10s %10s %7s %10s\n", ("op (" + name() + ")").c_str(), "calls", "seconds",
+                "share", "GFLOP/s");
+  out += line;
+  for (const auto& [op, s] : rows) {
+    if (s.flops > 0)
+      std::snprintf(line, sizeof line, "%-24s %10lld %10.4f %6.1f%% %10.1f\n", op.c_str(), static_cast<long long>(s.calls),
+                    s.seconds, 100.0 * s.seconds / total, s.flops / s.seconds / 1e9);
+    else
+      std::snprintf(line, sizeof line, "%-24s %10lld %10.4f %6.1f%% %10s\n", op.c_str(), static_cast<long long>(s.calls),
+                    s.seconds, 100.0 * s.seconds / total, "-");
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-24s %10s %10.4f %6.1f%%\n", "total (timed ops)", "", total, 100.0);
+  out += line;
+  return out;
+}
+
+double attention_keys(const AttentionShape& s) {
+  double keys = 0.0;  // Σ over query positions of the keys each sees
+  for (int64_t i = 0; i < s.T; ++i) keys += static_cast<double>(s.window > 0 ? std::min<int64_t>(i + 1, s.window) : i + 1);
+  return keys * static_cast<double>(s.B * s.H);
+}
+
+void ProfiledExecutor::to_device(void* dst, const void* src, size_t bytes) {
+  timed("copy to device", 0, [&](Executor& e) { e.to_device(dst, src, bytes); });
+}
+void ProfiledExecutor::to_host(void* dst, const void* src, size_t bytes) {
+  timed("copy to host", 0, [&](Executor& e) { e.to_host(dst, src, bytes); });
+}
+void ProfiledExecutor::copy(void* dst, const void* src, size_t bytes) {
+  timed("copy", 0, [&](Executor& e) { e.copy(dst, src, bytes); });
+}
+void ProfiledExecutor::zero(void* dst, size_t bytes) {
+  timed("zero", 0, [&](Executor& e) { e.zero(dst, bytes); });
+}
+void ProfiledExecutor::matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) {
+  timed("matmul_forward", 2.0 * M * N * K, [&](Executor& e) { e.matmul_forward(X, W, Y, M, N, K); });
+}
+void ProfiledExecutor::matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N,
+                                             int64_t K, bool accumulate) {
+  timed("matmul_backward_input", 2.0 * M * N * K,
+        [&](Executor& e) { e.matmul_backward_input(dY, W, dX, M, N, K, accumulate); });
+}
+void ProfiledExecutor::matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N,
+                                              int64_t K, bool accumulate) {
+  timed("matmul_backward_weight", 2.0 * M * N * K,
+        [&](Executor& e) { e.matmul_backward_weight(dY, X, dW, M, N, K, accumulate); });
+}
+void ProfiledExecutor::rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
+                                       float eps) {
+  timed("rmsnorm_forward", 0, [&](Executor& e) { e.rmsnorm_forward(x, w, y, inv_rms, R, n, eps); });
+}
+void ProfiledExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy,
+                                        float* dx, float* dw, int64_t R, int64_t n) {
+  timed("rmsnorm_backward", 0, [&](Executor& e) { e.rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n); });
+}
+void ProfiledExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) {
+  timed("rope_forward", 0, [&](Executor& e) { e.rope_forward(x, rows, n_heads, rope); });
+}
+void ProfiledExecutor::rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) {
+  timed("rope_backward", 0, [&](Executor& e) { e.rope_backward(dx, rows, n_heads, rope); });
+}
+void ProfiledExecutor::swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) {
+  timed("swiglu_forward", 0, [&](Executor& e) { e.swiglu_forward(g, u, a, n, bf16); });
+}
+void ProfiledExecutor::swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du,
+                                       int64_t n, bool bf16) {
+  timed("swiglu_backward", 0, [&](Executor& e) { e.swiglu_backward(g, u, da, dg, du, n, bf16); });
+}
+void ProfiledExecutor::attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                         float* out, float* row_max, float* row_sum) {
+  timed("attention_forward", 4.0 * attention_keys(s) * s.hd,
+        [&](Executor& e) { e.attention_forward(s, q, k, v, out, row_max, row_sum); });
+}
+void ProfiledExecutor::attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                          const float* out, const float* row_max, const float* row_sum,
+                                          const float* dout, float* dq, float* dk, float* dv) {
+  timed("attention_backward", 8.0 * attention_keys(s) * s.hd,
+        [&](Executor& e) { e.attention_backward(s, q, k, v, out, row_max, row_sum, dout, dq, dk, dv); });
+}
+void ProfiledExecutor::embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) {
+  timed("embedding_forward", 0, [&](Executor& e) { e.embedding_forward(table, tokens, x, R, d); });
+}
+void ProfiledExecutor::embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R,
+                                          int64_t V, int64_t d) {
+  timed("embedding_backward", 0, [&](Executor& e) { e.embedding_backward(host_tokens, dx, dtable, R, V, d); });
+}
+void ProfiledExecutor::cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                     float z_coef, int64_t global_n_targets, LossSums* per_instance) {
+  timed("cross_entropy", 0,
+        [&](Executor& e) { e.cross_entropy(logits, tokens, B, T, V, z_coef, global_n_targets, per_instance); });
+}
+void ProfiledExecutor::add(const float* a, const float* b, float* out, int64_t n) {
+  timed("add (residual)", 0, [&](Executor& e) { e.add(a, b, out, n); });
+}
+void ProfiledExecutor::round_bf16(float* x, int64_t n) {
+  timed("round_bf16", 0, [&](Executor& e) { e.round_bf16(x, n); });
+}
+void ProfiledExecutor::copy_round_bf16(const float* in, float* out, int64_t n) {
+  timed("copy_round_bf16", 0, [&](Executor& e) { e.copy_round_bf16(in, out, n); });
+}
+void ProfiledExecutor::tree_add(float* dst, const float* src, int64_t n) {
+  timed("tree_add", 0, [&](Executor& e) { e.tree_add(dst, src, n); });
+}
+void ProfiledExecutor::grad_norm_chunks(const float* grad, int64_t n, double* out) {
+  timed("grad_norm_chunks", 0, [&](Executor& e) { e.grad_norm_chunks(grad, n, out); });
+}
+void ProfiledExecutor::scale(float* x, float c, int64_t n) {
+  timed("scale (clip)", 0, [&](Executor& e) { e.scale(x, c, n); });
+}
+void ProfiledExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
+                             int64_t n) {
+  timed("adamw", 0, [&](Executor& e) { e.adamw(s, decay, grad, p, m, v, n); });
+}
+
+}  // namespace olmoref

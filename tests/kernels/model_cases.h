@@ -1,0 +1,97 @@
+// Whole-model cases shared by the host-execution test (tests/kernels/test_executor.cpp) and the GPU test
+// (tests/gpu/test_gpu_kernels.cpp): one micro-batch's forward/backward through two executors, compared bit for bit
+// (loss totals, logits, every parameter gradient). Shapes are awkward on purpose: odd vocabulary and widths, GQA
+// 5:1, window 1, a window longer than the sequence, full attention, and a micro-batch whose last call is shorter.
+#pragma once
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/executor.h"
+#include "model/gradient_tree.h"
+#include "model/olmo3.h"
+#include "ref/init.h"
+
+namespace olmoref::testing {
+
+struct ModelCase {
+  ModelConfig cfg;
+  int64_t micro_batch = 2, instances = 3, seq_len = 13;
+  Precision precision = Precision::fp32;
+};
+
+inline std::vector<ModelCase> model_cases() {
+  ModelConfig c;
+  c.vocab_size = 97;
+  c.d_model = 40;
+  c.n_layers = 3;
+  c.n_heads = 5;
+  c.n_kv_heads = 1;
+  c.head_dim = 6;
+  c.ffn_hidden = 70;
+  c.swa_pattern = {1, 20, -1};
+  ModelConfig wide = c;  // rows wider than one 32-lane pass and the 64-wide GEMM tiles
+  wide.d_model = 130;
+  wide.n_heads = 4;
+  wide.n_kv_heads = 2;
+  wide.head_dim = 34;
+  wide.ffn_hidden = 200;
+  wide.vocab_size = 300;
+  wide.swa_pattern = {5, -1, 5};
+  std::vector<ModelCase> out;
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    out.push_back({c, 2, 3, 13, p});
+    out.push_back({wide, 3, 3, 70, p});
+  }
+  return out;
+}
+
+struct ModelRun {
+  LossSums sums;
+  std::vector<LossSums> per_instance;
+  std::vector<float> grad, logits;
+};
+
+// The step gradient of `instances` instances fed in micro-batches of micro_batch, on executor ex.
+inline ModelRun run_model_case(const ModelCase& mc, Executor& ex) {
+  Olmo3 model(mc.cfg, mc.micro_batch, mc.seq_len, mc.precision, &ex);
+  const ParamLayout& L = model.layout();
+  const int64_t T = mc.seq_len, N = mc.instances, V = mc.cfg.vocab_size;
+  std::vector<float> host_params(static_cast<size_t>(L.total));
+  init_params(mc.cfg, L, host_params.data());
+  Buffer<float> params(ex, L.total, "test parameters");
+  params.upload(host_params.data(), L.total);
+  std::vector<uint32_t> tokens(static_cast<size_t>(N * T));
+  std::mt19937 rng(static_cast<uint32_t>(mc.cfg.d_model * 31 + T));
+  for (auto& t : tokens) t = static_cast<uint32_t>(rng() % static_cast<uint32_t>(V));
+  ModelRun run;
+  run.per_instance.resize(static_cast<size_t>(N));
+  run.logits.resize(static_cast<size_t>(N * T * V));
+  GradientTree tree(N, L.total, ex);
+  for (int64_t a = 0; a < N; a += mc.micro_batch) {
+    const int64_t n = std::min(mc.micro_batch, N - a);
+    tree.begin_microbatch(a, n);
+    model.forward_backward(params.data(), tokens.data() + a * T, n, N * (T - 1), tree, run.per_instance.data() + a,
+                           nullptr, run.logits.data() + a * T * V);
+  }
+  run.grad.resize(static_cast<size_t>(L.total));
+  ex.to_host(run.grad.data(), tree.slot(0), run.grad.size() * sizeof(float));
+  return run;
+}
+
+// "" when the two runs have the same bits; else what differs first.
+inline std::string model_runs_differ(const ModelRun& a, const ModelRun& b, const ParamLayout& L) {
+  for (size_t i = 0; i < a.per_instance.size(); ++i)
+    if (std::memcmp(&a.per_instance[i].ce, &b.per_instance[i].ce, 8) != 0 ||
+        std::memcmp(&a.per_instance[i].z, &b.per_instance[i].z, 8) != 0)
+      return "loss totals of instance " + std::to_string(i);
+  if (std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) != 0) return "logits";
+  for (const ParamInfo& p : L.params)
+    if (std::memcmp(a.grad.data() + p.offset, b.grad.data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)))
+      return "gradient of " + p.name;
+  return "";
+}
+
+}  // namespace olmoref::testing
