@@ -488,6 +488,11 @@ CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int
   return meta;
 }
 
+CheckpointMeta check_resumable(const std::string& dir, int64_t total, const CheckpointMeta& expect,
+                               const LoadOptions& opts) {
+  return check_meta(dir, read_manifest(dir), total, expect, opts);
+}
+
 CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
                     const LoadOptions& opts) {
   const nlohmann::json m = read_manifest(dir);

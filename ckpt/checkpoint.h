@@ -104,6 +104,11 @@ CheckpointMeta load(const std::string& dir, const StateVectors& state, const Che
 CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int64_t lo, int64_t hi, int64_t total,
                           const CheckpointMeta& expect, const LoadOptions& opts);
 
+// The manifest checks of load/load_range alone (no state is read): what a resume will refuse, known before
+// anything of the run directory is touched.
+CheckpointMeta check_resumable(const std::string& dir, int64_t total, const CheckpointMeta& expect,
+                               const LoadOptions& opts);
+
 // Verifies every byte of a checkpoint without a model: manifest, shards, every tensor's checksums,
 // coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact).
 std::vector<std::string> verify(const std::string& dir);

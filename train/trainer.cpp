@@ -34,9 +34,14 @@ class Trainer::UnitGather : public ParamGate {
     void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("cannot reserve address space for the parameter view");
     base_ = static_cast<float*>(p);
+    // A device executor reads the units from device memory: they are gathered on the host, then copied into a
+    // device view of the whole vector (the state, gradients and moments stay sharded).
+    if (!t.ex_->host_memory())
+      device_view_.reset(*t.ex_, t.layout_.total, "FSDP parameter view (the units are gathered into it)");
   }
   ~UnitGather() override { ::munmap(base_, bytes_); }
-  float* base() const { return base_; }
+  // What the model reads: the device view, or the host view itself.
+  float* base() { return device_view_.size() > 0 ? device_view_.data() : base_; }
 
   // All-gather of the unit's range [a, b) within the replicate group: shard s contributes its part of it
   // (padded to the largest part, so every rank sends the same number of bytes).
@@ -50,12 +55,13 @@ class Trainer::UnitGather : public ParamGate {
     for (int s = 0; s < L.dp_shard; ++s) widest = std::max(widest, part(s).second - part(s).first);
     std::vector<float> send(static_cast<size_t>(widest), 0.0f), recv(static_cast<size_t>(widest * L.dp_shard));
     const auto [ma, mb] = part(L.shard_index());
-    std::copy(t_.params_.data() + (ma - L.lo()), t_.params_.data() + (mb - L.lo()), send.begin());
+    t_.ex_->to_host(send.data(), t_.params_.data() + (ma - L.lo()), static_cast<size_t>(mb - ma) * sizeof(float));
     t_.shard_comm_->allgather(send.data(), send.size() * sizeof(float), recv.data(), "all-gather parameters of a unit");
     for (int s = 0; s < L.dp_shard; ++s) {
       const auto [pa, pb] = part(s);
       std::copy(recv.begin() + s * widest, recv.begin() + s * widest + (pb - pa), base_ + pa);
     }
+    if (device_view_.size() > 0) device_view_.upload(base_ + a, b - a, a);
   }
 
   // Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).
@@ -71,6 +77,7 @@ class Trainer::UnitGather : public ParamGate {
   Trainer& t_;
   float* base_ = nullptr;
   size_t bytes_ = 0;
+  Buffer<float> device_view_;
 };
 
 Trainer::~Trainer() = default;
@@ -99,10 +106,6 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   batch_split().validate();
   if (par.debug_tree_shape != TreeShape::balanced && layout_.world() != 1)
     throw std::invalid_argument("--debug-tree-shape is a single-process negative control");
-  // FSDP gathers parameter units into a host view (UnitGather); a device executor would need them on the device.
-  if (!ex_->host_memory() && layout_.dp_shard > 1)
-    throw std::invalid_argument("--executor " + ex_->name() + " with dp_shard " + std::to_string(layout_.dp_shard) +
-                                " (FSDP) is not supported yet; use dp_shard 1 (data-parallel ranks via dp_replicate)");
   if (!ex_->host_memory() && par.debug_float_allreduce)
     throw std::invalid_argument("--debug-float-allreduce is a negative control for host-memory executors only");
   // Ranks of one replicate group split the vector; the group is ordered by shard index.
@@ -510,6 +513,18 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   std::snprintf(audit_name, sizeof audit_name, world == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", rank);
   const std::string audit_path = cfg.data.audit ? out_dir + "/" + audit_name : "";
   if (!resume_dir.empty()) {
+    // Everything the resume will check is checked first (the manifest against this run's config and data, the
+    // loader state against the data): a refused resume leaves the run directory as it was.
+    std::unique_ptr<BatchSource> probe = make_batch_source(cfg, "", false, world, rank);
+    ckpt::CheckpointMeta expect;
+    expect.model_hash = cfg.model_hash();
+    expect.resume_hash = cfg.resume_hash();
+    expect.dataset_fingerprint = probe->fingerprint();
+    ckpt::LoadOptions lo;
+    lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
+    lo.allow_config_change = opts.resume_opts.allow_config_change;
+    const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
+    if (!opts.resume_opts.skip_loader) probe->restore(meta.loader_state, opts.resume_opts.ignore_fingerprint_mismatch);
     // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
     const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
     if (lead) truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);

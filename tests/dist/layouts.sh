@@ -54,8 +54,9 @@ for layout in 8x1 5x1 3x2; do
   same single "$layout-mb1" "fp32 layout $layout (micro-batch 1)"
 done
 # T5 x T3: data-parallel ranks on the CUDA executor's host execution (device-memory code paths: staged
-# all-to-all blocks, the owners' tree on the executor) equal the CPU's single process.
-for layout in 1x2 1x3; do
+# all-to-all blocks, the owners' tree on the executor, FSDP units copied into the device view) equal the CPU's
+# single process.
+for layout in 1x2 1x3 2x1 3x2; do
   run_layout "$layout-cuda-host" "$layout" "${cfg[@]}" --executor cuda-host
   same single "$layout-cuda-host" "fp32 layout $layout on cuda-host (micro-batch 2)"
 done

@@ -43,4 +43,21 @@ printf '\x01\x02\x03' > "$work/odd.u16"
 expect_error "odd.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/odd.u16\"]" --out "$work/x"
 expect_error "missing.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/missing.u16\"]" --out "$work/x"
 "$BIN" config --config "$SRC/configs/olmo3-7b.toml" | grep -q "7298617344"
+
+# A refused resume touches nothing: the finished run's trace and audit log keep every record.
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true --set checkpoint.interval=2 \
+  --out "$work/done" --threads 1 --steps 4 --quiet
+cp "$work/done/trace.jsonl" "$work/trace.before"; cp "$work/done/audit.jsonl" "$work/audit.before"
+for change in "optim.lr=1e-3" "model.d_model=32"; do
+  expect_error "manifest.json" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
+    --set checkpoint.interval=2 --set "$change" --out "$work/done" --threads 1 --steps 4 \
+    --resume-from "$work/done/checkpoints/step00000002"
+  cmp "$work/done/trace.jsonl" "$work/trace.before" || { echo "a refused resume ($change) cut the trace"; exit 1; }
+  cmp "$work/done/audit.jsonl" "$work/audit.before" || { echo "a refused resume ($change) cut the audit log"; exit 1; }
+done
+cp "$work/tokens.u16" "$work/other.u16"; printf '\x05\x00' >> "$work/other.u16"  # one token more: other data
+expect_error "fingerprint" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/other.u16\"]" \
+  --set data.audit=true --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 \
+  --resume-from "$work/done/checkpoints/step00000002"
+cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
 echo "cli_train: ok"

@@ -48,3 +48,16 @@ TEST_CASE("make_executor: names, refusals with one line") {
     CHECK_THROWS_WITH_AS(make_executor("cuda", nullptr), doctest::Contains(why.c_str()), std::runtime_error);
   }
 }
+
+TEST_CASE("out of memory names the tensor, its size and the remedy") {
+  kernels::KernelExecutor host(false);
+  CpuExecutor cpu;
+  const size_t huge = static_cast<size_t>(1) << 62;
+  for (Executor* ex : {static_cast<Executor*>(&host), static_cast<Executor*>(&cpu)}) {
+    CAPTURE(ex->name());
+    CHECK_THROWS_WITH_AS(ex->allocate(huge, "activation g (gate) of block 7"),
+                         doctest::Contains("activation g (gate) of block 7 (4398046511104 MiB)"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(ex->allocate(huge, "x"), doctest::Contains("smaller train.micro_batch_instances"),
+                         std::runtime_error);
+  }
+}
