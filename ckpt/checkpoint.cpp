@@ -128,6 +128,51 @@ void read_entry(const std::string& path, const ParsedShard& s, const nlohmann::j
     fail(path, what + ": tensor checksum mismatch after decompression (corrupted)");
 }
 
+// The manifest's own checksum: XXH3-64 of its compact JSON without the "manifest_xxh3" key (nlohmann keeps object
+// keys sorted and writes numbers in shortest round-trip form, so parse -> dump reproduces the written text).
+std::string manifest_checksum(nlohmann::json m) {
+  m.erase("manifest_xxh3");
+  const std::string text = m.dump();
+  return hex(XXH3_64bits(text.data(), text.size()));
+}
+
+// Every key a resume, verify or inspect reads, with the JSON type it must have: checked once, so a missing or
+// mistyped key is reported with the file and the key, never as a JSON library message.
+void check_manifest_keys(const std::string& path, const nlohmann::json& m) {
+  using T = nlohmann::json::value_t;
+  auto type_name = [](T t) -> std::string {
+    switch (t) {
+      case T::string: return "a string";
+      case T::object: return "an object";
+      case T::array: return "an array";
+      default: return "an integer";
+    }
+  };
+  auto need = [&](const nlohmann::json& j, const std::string& where, const std::string& key, T t) {
+    if (!j.contains(key)) fail(path, "key '" + where + key + "' is missing (expected " + type_name(t) + ")");
+    const nlohmann::json& v = j.at(key);
+    const bool ok = t == T::number_integer ? v.is_number_integer() : v.type() == t;
+    if (!ok) fail(path, "key '" + where + key + "' must be " + type_name(t) + ", is " + v.type_name());
+  };
+  for (const char* k : {"step", "tokens", "total_params", "raw_bytes"}) need(m, "", k, T::number_integer);
+  for (const char* k : {"dataset_fingerprint", "config_toml", "resume_hash", "model_hash", "precision", "executor"})
+    need(m, "", k, T::string);
+  for (const char* k : {"loader_state", "data_layout", "state_digests"}) need(m, "", k, T::object);
+  need(m, "", "shards", T::array);
+  for (const char* k : {"params", "adam_m", "adam_v"}) need(m.at("state_digests"), "state_digests.", k, T::string);
+  for (size_t i = 0; i < m.at("shards").size(); ++i) {
+    const nlohmann::json& sh = m.at("shards")[i];
+    const std::string where = "shards[" + std::to_string(i) + "].";
+    if (!sh.is_object()) fail(path, "key 'shards[" + std::to_string(i) + "]' must be an object");
+    need(sh, where, "file", T::string);
+    need(sh, where, "header_xxh3", T::string);
+    need(sh, where, "rank", T::number_integer);
+    need(sh, where, "bytes", T::number_integer);
+  }
+  if (m.at("step").get<int64_t>() < 0 || m.at("tokens").get<int64_t>() < 0 || m.at("total_params").get<int64_t>() < 0)
+    fail(path, "'step', 'tokens' and 'total_params' must be >= 0");
+}
+
 nlohmann::json read_manifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   if (!fs::exists(path)) fail(path, "missing: " + dir + " is not a complete checkpoint");
@@ -137,11 +182,21 @@ nlohmann::json read_manifest(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     fail(path, std::string("not valid JSON (") + e.what() + ")");
   }
-  if (m.value("format", "") != kFormat) fail(path, "not an olmoref checkpoint manifest");
-  const int version = m.value("format_version", -1);
+  if (!m.is_object() || !m.contains("format") || !m.at("format").is_string() || m.at("format") != kFormat)
+    fail(path, "not an olmoref checkpoint manifest");
+  const int version = m.contains("format_version") && m.at("format_version").is_number_integer()
+                          ? m.at("format_version").get<int>() : -1;
   if (version != kFormatVersion)
     fail(path, "checkpoint format version " + std::to_string(version) + ", this build reads version " +
-                   std::to_string(kFormatVersion) + " (use the olmoref release that wrote it, or convert)");
+                   std::to_string(kFormatVersion) + " (use the olmoref release that wrote it, or convert)" +
+                   (version == 1 ? "; version 1 manifests carry no checksum of their own" : ""));
+  // Every byte a resume reads is covered: the shards by their checksums, the manifest by this one.
+  if (!m.contains("manifest_xxh3") || !m.at("manifest_xxh3").is_string())
+    fail(path, "key 'manifest_xxh3' (the manifest's checksum) is missing");
+  if (m.at("manifest_xxh3").get<std::string>() != manifest_checksum(m))
+    fail(path, "manifest checksum mismatch: the file was changed after it was written (step, loader state, "
+               "config or digests may differ from what was saved); restore it or resume from another checkpoint");
+  check_manifest_keys(path, m);
   return m;
 }
 
@@ -345,6 +400,7 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
   m["raw_bytes"] = raw_bytes;
   m["shards"] = shards;
   m["state_digests"] = {{"params", digests.params}, {"adam_m", digests.adam_m}, {"adam_v", digests.adam_v}};
+  m["manifest_xxh3"] = manifest_checksum(m);
   write_file_atomic(tmp_dir + "/manifest.json", m.dump(2) + "\n");
   fsync_path(tmp_dir, true);
   const std::string final_dir = root + "/" + step_dir_name(meta.step);

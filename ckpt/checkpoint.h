@@ -22,7 +22,7 @@
 namespace olmoref::ckpt {
 
 inline constexpr const char* kFormat = "olmoref-checkpoint";
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;  // 2: the manifest carries its own checksum (manifest_xxh3)
 inline constexpr char kShardMagic[16] = {'O', 'L', 'M', 'O', 'R', 'E', 'F', '-', 'S', 'H', 'A', 'R', 'D', '-', 'v', '1'};
 
 // The flat fp32 vectors a checkpoint holds ("params", "adam_m", "adam_v"), each `total` floats.

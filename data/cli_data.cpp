@@ -1,5 +1,6 @@
 #include "data/cli_data.h"
 
+#include <limits>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -518,7 +519,7 @@ void register_data_commands(CLI::App& app) {
     c->add_option("--global-batch", a->global_batch, "global batch in instances")->required();
     c->add_option("--microbatch", a->microbatch, "micro-batch in instances (default: the global batch)");
     c->add_option("--seed", a->seed, "data loader seed (OLMo-core default 34521)");
-    c->add_option("--steps", a->steps, "number of batches to print");
+    c->add_option("--steps", a->steps, "number of batches to print")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     c->add_option("--skip", a->skip, "start after this many batches (resumes through restore())");
     c->add_option("--tokens-out", a->tokens_out, "also write the batches' tokens as raw uint32");
     c->add_option("--audit", a->audit, "write the audit log (JSON lines) here");

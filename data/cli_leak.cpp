@@ -1,5 +1,6 @@
 #include "data/cli_leak.h"
 
+#include <limits>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -71,7 +72,7 @@ void register_leak_commands(CLI::App& app) {
       "it, and loader audits (partition, exactly-once, resume, layouts). Exit 0 clean, 1 found, 2 could not check");
   c->add_option("--config", a->config, "Run configuration (TOML), the same file `olmoref train` reads")->required();
   c->add_option("--set", a->overrides, "Override a config key: --set section.key=value (repeatable)");
-  auto* steps = c->add_option("--steps", a->steps, "Steps of the stream to check (default: train.steps)");
+  auto* steps = c->add_option("--steps", a->steps, "Steps of the stream to check (default: train.steps)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   c->add_flag("--epoch", a->epoch, "Check the whole first epoch")->excludes(steps);
   c->add_option("--ngram", a->opt.ngram, "n-gram length of the near-overlap check")->check(CLI::Range(1, 1024));
   c->add_flag("--bloom", a->opt.bloom, "Bloom filter (4 B/n-gram) with exact re-verification instead of the exact set (16 B)");
@@ -95,7 +96,7 @@ void register_leak_commands(CLI::App& app) {
       ->check(CLI::ExistingFile);
   c->add_option("--report", a->report, "Write the JSON report here");
   c->add_option("--work-dir", a->opt.work_dir, "Keep the generated audit logs here (default: a temporary directory)");
-  c->add_option("--threads", a->opt.threads, "Scan threads (default: all cores)");
+  c->add_option("--threads", a->opt.threads, "Scan threads (default: all cores)")->check(CLI::Range(0, 65536));
   c->add_flag("--quiet", a->quiet, "No summary on stdout");
   c->add_option("--debug-plant-bug", a->debug_bug, "TEST-ONLY: make the loader misbehave (data/planted_bugs.h)")
       ->group("");

@@ -7,6 +7,7 @@
 // Uses header-only CLI11, like data/cli_data.cpp.
 #include "golden/cli_golden.h"
 
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -139,7 +140,7 @@ void register_golden_commands(CLI::App& app) {
     auto o = std::make_shared<GoldenExportOptions>();
     exp->add_option("--run", o->run_dir, "Run directory written by `olmoref train`")->required();
     exp->add_option("--out", o->out_dir, "Bundle directory (created; must not exist or be empty)")->required();
-    exp->add_option("--steps", o->steps, "Export steps 1..N only (default: every step of the trace)");
+    exp->add_option("--steps", o->steps, "Export steps 1..N only (default: every step of the trace)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     exp->add_flag("--copy-data", o->copy_data, "Copy the token files into BUNDLE/data/ (default: reference them)");
     exp->add_option("--set", o->overrides,
                     "Override a key of the run's config, e.g. data.train_mix=PATH when the corpus moved (repeatable)");
@@ -167,7 +168,7 @@ void register_golden_commands(CLI::App& app) {
     lg->add_option("--instances", lo->instances, "Windows (default 1)");
     lg->add_option("--data", lo->data, "Where the tokens come from: holdout, train or auto (holdout if configured)")
         ->check(CLI::IsMember({"holdout", "train", "auto"}));
-    lg->add_option("--threads", lo->threads, "Worker threads (0 = all cores)");
+    lg->add_option("--threads", lo->threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 65536));
     lg->add_option("--out", lo->out_dir, "Bundle directory (created)")->required();
     lg->callback([=] {
       const LogitsBundleSummary s = write_logits_bundle(*lo);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -67,9 +68,10 @@ double number_of(const json& v) {
     if (s == "nan") return kNaN;
     if (s == "inf" || s == "+inf" || s == "infinity") return std::numeric_limits<double>::infinity();
     if (s == "-inf" || s == "-infinity") return -std::numeric_limits<double>::infinity();
-    size_t used = 0;
-    const double d = std::stod(s, &used);
-    if (used == s.size()) return d;
+    // strtod, not stod: an out-of-range decimal (1e999) is ±inf or 0 with a message here, not a bare exception.
+    char* end = nullptr;
+    const double d = std::strtod(s.c_str(), &end);
+    if (!s.empty() && end == s.c_str() + s.size()) return d;
   }
   if (v.is_null()) return kNaN;
   throw std::runtime_error("not a number: " + v.dump());
@@ -94,8 +96,9 @@ void read_jsonl(LoadedTrace& t, const std::string& text) {
         if (key == "step") continue;
         if (key.size() > 4 && key.compare(key.size() - 4, 4, "_hex") == 0) continue;
         MetricValue mv;
-        if (v.is_number()) {
-          mv.value = v.get<double>();
+        if (v.is_number() || v.is_null()) {
+          // null: JSON's spelling of a non-finite value (olmoref traces keep the exact bits in the hex twin).
+          mv.value = v.is_number() ? v.get<double>() : kNaN;
           const std::string hk = key + "_hex";
           if (j.contains(hk) && j.at(hk).is_string()) {
             mv.exact = lower(j.at(hk).get<std::string>());
@@ -105,7 +108,7 @@ void read_jsonl(LoadedTrace& t, const std::string& text) {
           mv.value = kNaN;
           mv.exact = lower(v.get<std::string>());
         } else {
-          continue;  // objects, arrays, booleans, nulls: not metrics
+          continue;  // objects, arrays, booleans: not metrics
         }
         auto& series = t.metrics[canonical_metric(key)];
         if (!series.emplace(step, mv).second)
@@ -166,6 +169,11 @@ void read_steploss(LoadedTrace& t, const std::string& text) {
     } catch (const std::invalid_argument&) {
       if (series.empty() && lineno == 1) continue;  // a header line ("step loss")
       throw std::runtime_error(t.path + ":" + std::to_string(lineno) + ": expected \"STEP LOSS\" (got '" + line + "')");
+    } catch (const std::out_of_range&) {
+      throw std::runtime_error(t.path + ":" + std::to_string(lineno) + ": the step number is out of range (line '" +
+                               line + "')");
+    } catch (const std::exception& e) {  // a repeated step, a loss that is not a number
+      throw std::runtime_error(t.path + ":" + std::to_string(lineno) + ": " + e.what() + " (line '" + line + "')");
     }
   }
   if (series.empty()) throw std::runtime_error(t.path + ": no \"step loss\" lines");
@@ -454,6 +462,19 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
         if (m.first_failing_step < 0) m.first_failing_step = step;
       }
     }
+    // A metric B has at a step where A lacks it is as much a difference as the other way round.
+    for (const auto& [step, vb] : B) {
+      if (rule.first_step > 0 && step < rule.first_step) continue;
+      if (rule.last_step > 0 && step > rule.last_step) continue;
+      if (A.count(step)) continue;
+      ++m.compared;
+      ++m.missing_in_a;
+      if (m.first_differing_step < 0 || step < m.first_differing_step) m.first_differing_step = step;
+      if (rule.check != MetricRule::Check::report) {
+        ++m.failing;
+        if (m.first_failing_step < 0 || step < m.first_failing_step) m.first_failing_step = step;
+      }
+    }
     m.allowed = rule.max_failing_steps >= 0 ? rule.max_failing_steps
                                             : std::max<int64_t>(1, std::min<int64_t>(m.compared / 100, 50));
     if (rule.check == MetricRule::Check::report) {
@@ -523,7 +544,8 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
       o << line;
     }
   }
-  if (r.steps_only_in_b > 0) o << "(" << r.steps_only_in_b << " step(s) of B are not in A and were not compared)\n";
+  if (r.steps_only_in_b > 0)
+    o << "(" << r.steps_only_in_b << " step(s) of B are not in A: every rule covering them counts them as failing)\n";
   if (r.pass) {
     o << "PASS: every rule holds";
   } else {

@@ -70,6 +70,7 @@ struct MetricResult {
   bool present = true;         // in both traces
   int64_t compared = 0;        // steps of A in range that were checked
   int64_t missing_in_b = 0;    // of those, absent from B (counted as failing)
+  int64_t missing_in_a = 0;    // steps in range where only B has the metric (counted as failing, and compared)
   int64_t failing = 0;         // steps that break the rule (missing included)
   int64_t allowed = 0;         // failing steps the rule allows
   int64_t first_failing_step = -1;

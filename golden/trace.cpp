@@ -1,6 +1,8 @@
 #include "golden/trace.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -31,10 +33,18 @@ double dfrom(uint64_t u) {
   std::memcpy(&x, &u, 8);
   return x;
 }
+// JSON has no NaN or infinity: a non-finite value is written as null, and its *_hex field keeps it exactly.
 std::string fmt(const char* f, double x) {
+  if (!std::isfinite(x)) return "null";
   char buf[64];
   std::snprintf(buf, sizeof buf, f, x);
   return buf;
+}
+// A decimal field without its hex twin (hand-written traces): null reads as NaN.
+template <class T>
+T decimal(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  return v.is_null() ? std::numeric_limits<T>::quiet_NaN() : v.get<T>();
 }
 }  // namespace
 
@@ -60,14 +70,14 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.epoch = j.value("epoch", int64_t{0});
   auto f32 = [&](const char* hex_key, const char* dec_key) {
     if (j.contains(hex_key)) return ffrom(static_cast<uint32_t>(std::stoul(j.at(hex_key).get<std::string>(), nullptr, 16)));
-    return j.at(dec_key).get<float>();
+    return decimal<float>(j, dec_key);
   };
   r.loss = f32("loss_hex", "loss");
   r.ce = f32("ce_hex", "ce");
   r.z = f32("z_hex", "z");
   r.grad_norm = f32("grad_norm_hex", "grad_norm");
   r.clip = f32("clip_hex", "clip");
-  r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : j.at("lr").get<double>();
+  r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : decimal<double>(j, "lr");
   r.tokens = j.at("tokens").get<int64_t>();
   r.data_digest = j.at("data_digest").get<std::string>();
   r.param_digest = j.at("param_digest").get<std::string>();

@@ -40,6 +40,12 @@ void device_to_host(void* dst, const void* src, size_t bytes) {
 void device_zero(void* dst, size_t bytes) { check(cudaMemset(dst, 0, bytes), "memset"); }
 void device_synchronize(const char* after) { check(cudaDeviceSynchronize(), std::string("after ") + after); }
 
+int64_t device_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "querying free memory");
+  return static_cast<int64_t>(free_b);
+}
+
 std::string device_unavailable_reason() {
   int driver = 0, runtime = 0;
   cudaRuntimeGetVersion(&runtime);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace olmoref::kernels {
@@ -15,6 +16,7 @@ void host_to_device(void* dst, const void* src, size_t bytes);
 void device_to_host(void* dst, const void* src, size_t bytes);
 void device_zero(void* dst, size_t bytes);
 void device_synchronize(const char* after);
+int64_t device_free_bytes();
 // "" when device 0 can run this build's kernels; else one line: no driver, no device, driver older than the
 // toolkit, or an architecture the build has no code for.
 std::string device_unavailable_reason();

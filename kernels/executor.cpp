@@ -18,13 +18,16 @@
 #if OLMOREF_HAVE_CUDA
 #define OLMOREF_DEVICE(call) call
 #else
-#define OLMOREF_DEVICE(call) no_cuda()
+#define OLMOREF_DEVICE(call) no_cuda<decltype(call)>()  // decltype: the device call is named, never linked
 #endif
 
 namespace olmoref::kernels {
 
 namespace {
-[[noreturn]] [[maybe_unused]] void no_cuda() { throw std::logic_error("this olmoref was built without CUDA"); }
+template <class T = void>
+[[noreturn]] [[maybe_unused]] T no_cuda() {
+  throw std::logic_error("this olmoref was built without CUDA");
+}
 }  // namespace
 
 KernelExecutor::KernelExecutor(bool on_device) : on_device_(on_device) {
@@ -61,6 +64,10 @@ void KernelExecutor::copy(void* dst, const void* src, size_t bytes) {
 void KernelExecutor::zero(void* dst, size_t bytes) {
   if (on_device_) OLMOREF_DEVICE(device_zero(dst, bytes));
   else std::memset(dst, 0, bytes);
+}
+int64_t KernelExecutor::memory_available() const {
+  if (on_device_) return OLMOREF_DEVICE(device_free_bytes());
+  return host_memory_available();
 }
 void KernelExecutor::synchronize() {
   if (on_device_) OLMOREF_DEVICE(device_synchronize("the step's kernels"));

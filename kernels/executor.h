@@ -61,6 +61,7 @@ class KernelExecutor final : public Executor {
   void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
              int64_t n) override;
   void synchronize() override;
+  int64_t memory_available() const override;
   // TEST ONLY negative control: every GEMM splits K into slabs added afterwards (GemmArgs::debug_split_k).
   void set_debug_split_k(bool on) { debug_split_k_ = on; }
 

@@ -1,5 +1,6 @@
 #include "model/executor.h"
 
+#include <fstream>
 #include <stdexcept>
 
 #include "kernels/executor.h"
@@ -9,6 +10,18 @@
 #endif
 
 namespace olmoref {
+
+int64_t host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+int64_t Executor::memory_available() const { return host_memory_available(); }
 
 std::string executor_unavailable(const std::string& name) {
   if (name == "cpu" || name == "cuda-host") return "";

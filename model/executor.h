@@ -89,6 +89,9 @@ class Executor {
                      int64_t n) = 0;
   // Waits for queued work (device executors); the host's copies already wait.
   virtual void synchronize() {}
+  // Bytes that can still be allocated (device: free device memory; host: the kernel's MemAvailable), or -1 when
+  // unknown. Used to refuse a run that will not fit before anything is allocated.
+  virtual int64_t memory_available() const;
 };
 
 // A typed allocation in executor memory, freed with its owner; zero-filled.
@@ -139,6 +142,9 @@ class Buffer {
   T* p_ = nullptr;
   int64_t n_ = 0;
 };
+
+// The host's available memory (MemAvailable of /proc/meminfo), -1 when unknown.
+int64_t host_memory_available();
 
 class ThreadPool;
 // The executors by name: "cpu" (pool: its threads), "cuda" (the device; fails with one line naming the reason

@@ -95,6 +95,18 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   logits_.reset(e, R * cfg_.vocab_size, "logits [micro-batch tokens, vocabulary]");
 }
 
+int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch) {
+  const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
+  const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T;
+  // Per layer: x, ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
+  const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 3 * F + 5) + 2 * stats;
+  int64_t floats = cfg.n_layers * per_layer + R * (3 * d + 1) + R * V + T * cfg.head_dim;  // + tmp, x_final, hn, logits
+  floats += R * (2 * d + 2 * qd + 3 * kd + 3 * F);  // backward temporaries
+  if (precision == Precision::bf16) floats += ParamLayout(cfg).total;
+  if (kernel_scratch) floats += 2 * stats * T + 2 * stats * cfg.head_dim;  // attention P, dS, per-head dk/dv
+  return floats * static_cast<int64_t>(sizeof(float)) + R * 24;  // + tokens and the loss's fp64 row terms
+}
+
 const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, ThreadPool* pool) {
   if (own_ex_) own_ex_->set_pool(pool);
   const int64_t R = n_inst * T_, V = cfg_.vocab_size;

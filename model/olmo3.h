@@ -56,6 +56,12 @@ class ParamGate {
   virtual void release(int unit) = 0;  // ... and may be dropped from now on
 };
 
+// Bytes a model of this shape allocates on its executor: activations, backward temporaries, logits, RoPE tables,
+// the bf16 working copy and, with kernel_scratch, the CUDA kernels' largest scratch (attention's [B·H·T, T]
+// buffers). Mirrors the constructor and forward_backward; used to refuse a run before it allocates anything.
+int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
+                           bool kernel_scratch);
+
 class Olmo3 {
  public:
   // precision bf16: the Olmo 3 recipe (docs/canonical/bf16.md). `params` stay the fp32 master weights;

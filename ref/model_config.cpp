@@ -1,5 +1,7 @@
 #include "ref/model_config.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -26,9 +28,17 @@ void ModelConfig::validate() const {
   require(head_dim > 0, "model.head_dim", "must be > 0 (or leave it out to use d_model / n_heads)");
   require(head_dim % 2 == 0, "model.head_dim", "must be even for rotary embeddings (got " + std::to_string(head_dim) + ")");
   require(ffn_hidden > 0, "model.ffn_hidden", "must be > 0");
-  require(rope_theta > 0, "model.rope_theta", "must be > 0");
-  require(norm_eps > 0, "model.norm_eps", "must be > 0");
-  require(init_std > 0, "model.init_std", "must be > 0");
+  require(rope_theta > 0 && std::isfinite(rope_theta), "model.rope_theta", "must be finite and > 0");
+  require(norm_eps > 0 && std::isfinite(norm_eps), "model.norm_eps", "must be finite and > 0");
+  require(init_std > 0 && std::isfinite(init_std), "model.init_std", "must be finite and > 0");
+  // Shapes whose parameter count overflows the 64-bit element indices (and any memory) are refused here; what
+  // does not fit this machine's memory is refused before allocation (train/trainer.cpp).
+  const double d = static_cast<double>(d_model), approx_params =
+      2.0 * static_cast<double>(vocab_size) * d +
+      static_cast<double>(n_layers) * (4.0 * static_cast<double>(n_heads) * static_cast<double>(head_dim) * d +
+                                       3.0 * static_cast<double>(ffn_hidden) * d);
+  require(approx_params < 1e14, "model", "the shape has about " + std::to_string(approx_params) +
+                                              " parameters, beyond anything trainable (check d_model, vocab_size, ffn_hidden)");
   require(!swa_pattern.empty(), "model.swa_pattern", "must not be empty (use [-1] for full attention everywhere)");
   for (int64_t w : swa_pattern)
     require(w > 0 || w == -1, "model.swa_pattern",

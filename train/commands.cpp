@@ -1,5 +1,6 @@
 #include "train/commands.h"
 
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -80,9 +81,9 @@ void register_commands(CLI::App& app) {
                     "cpu, cuda (the GPU) or cuda-host (the CUDA kernels run on the host: a slow check); overrides "
                     "train.executor. Every executor gives the same bits, and checkpoints move between them")
         ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
-    cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it");
-    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)");
-    cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted");
+    cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     cmd->add_flag("--resume", o->resume, "Continue from the newest complete checkpoint in OUT/checkpoints");
     cmd->add_option("--resume-from", o->resume_from, "Continue from this checkpoint directory");
     cmd->add_flag("--ignore-fingerprint-mismatch", o->resume_opts.ignore_fingerprint_mismatch,
@@ -136,9 +137,9 @@ void register_commands(CLI::App& app) {
     auto skip = std::make_shared<std::vector<std::string>>();
     cmd->add_option("--config", o->config_path, "Run configuration (TOML)")->required();
     cmd->add_option("--set", o->overrides, "Override a config key (repeatable)");
-    cmd->add_option("--steps", o->steps, "Steps of the run")->required();
+    cmd->add_option("--steps", o->steps, "Steps of the run")->required()->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     cmd->add_option("--at", *at, "Steps to stop and resume at, comma separated (e.g. 3,7)")->required();
-    cmd->add_option("--threads", o->threads, "Worker threads per run");
+    cmd->add_option("--threads", o->threads, "Worker threads per run")->check(CLI::Range(0, 65536));
     cmd->add_option("--work", o->work_dir, "Keep the runs here (default: a temporary directory, removed when identical)");
     cmd->add_option("--debug-skip-restore", *skip, "TEST ONLY: negative control passed to the resumed runs")
         ->check(CLI::IsMember({"moments", "loader", "step"}));
@@ -206,8 +207,8 @@ void register_commands(CLI::App& app) {
     auto steps = std::make_shared<int64_t>(10);
     auto threads = std::make_shared<int>(0);
     cmd->add_option("--out", *out, "Bundle directory (created)")->required();
-    cmd->add_option("--steps", *steps, "AdamW steps to record");
-    cmd->add_option("--threads", *threads, "Worker threads (0 = all cores)");
+    cmd->add_option("--steps", *steps, "AdamW steps to record (>= 1)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--threads", *threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 65536));
     cmd->callback([=] { write_parity_bundle(cfg->load(), *out, *steps, *threads); });
   }
   // ---- export-hf ----

@@ -101,10 +101,11 @@ class Reader {
     }
   }
 
- private:
   [[noreturn]] void bad(const std::string& section, const std::string& key, const std::string& want) const {
     fail(origin_, "config key '" + section + "." + key + "' must be " + want);
   }
+
+ private:
   const toml::table& root_;
   std::string origin_;
   std::set<std::string> seen_;
@@ -163,6 +164,7 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("model", "init_std", m.init_std);
   int64_t init_seed = 0;
   r.get("model", "init_seed", init_seed);
+  if (init_seed < 0) r.bad("model", "init_seed", "an integer >= 0");
   m.init_seed = static_cast<uint64_t>(init_seed);
 
   TrainLoopConfig& t = c.train;
@@ -250,16 +252,22 @@ void TrainConfig::validate() const {
   require(train.executor == "cpu" || train.executor == "cuda" || train.executor == "cuda-host", "train.executor",
           "must be \"cpu\", \"cuda\" (the GPU) or \"cuda-host\" (the CUDA kernels executed on the host: a slow check)");
   require(train.log_every > 0, "train.log_every", "must be > 0");
-  require(optim.lr >= 0, "optim.lr", "must be >= 0");
+  // Every comparison below is false for NaN, so NaN is refused with the range; infinities need their own test.
+  require(std::isfinite(train.z_loss), "train.z_loss", "must be finite");
+  require(optim.lr >= 0 && std::isfinite(optim.lr), "optim.lr", "must be finite and >= 0");
   require(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", "must be in [0, 1)");
-  require(optim.eps > 0, "optim.eps", "must be > 0");
-  require(optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  require(optim.eps > 0 && std::isfinite(optim.eps), "optim.eps", "must be finite and > 0");
+  require(optim.weight_decay >= 0 && std::isfinite(optim.weight_decay), "optim.weight_decay", "must be finite and >= 0");
+  require(optim.max_grad_norm > 0, "optim.max_grad_norm",
+          "must be > 0 (the clipping threshold; write inf to train without clipping)");
   require(schedule.kind == "cosine" || schedule.kind == "constant", "schedule.kind", "must be \"cosine\" or \"constant\"");
   require(schedule.warmup >= 0, "schedule.warmup", "must be >= 0");
   require(schedule.alpha_f >= 0 && schedule.alpha_f <= 1, "schedule.alpha_f", "must be in [0, 1]");
   require(schedule.t_max >= 0, "schedule.t_max", "must be >= 0 (0 = the run's steps)");
   require(data.dtype == "auto" || data.dtype == "u16" || data.dtype == "u32", "data.dtype", "must be \"u16\", \"u32\" or \"auto\"");
+  require(data.eos_id == -1 || (data.eos_id >= 0 && data.eos_id < model.vocab_size), "data.eos_id",
+          "must be a token id below model.vocab_size (" + std::to_string(model.vocab_size) + "), or -1 for none");
   require(data.train_files.empty() || data.train_mix.empty(), "data.train_mix", "give either data.train_files or data.train_mix, not both");
   require(checkpoint.interval >= 0, "checkpoint.interval", "must be >= 0 (0 = only at the end)");
   require(checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");

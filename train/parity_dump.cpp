@@ -53,6 +53,15 @@ std::vector<StepBatch> parity_batches(const TrainConfig& cfg, int64_t steps) {
 
 void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int64_t steps, int threads) {
   namespace fs = std::filesystem;
+  // Refused before anything is written, so a refusal leaves no partial bundle.
+  if (steps < 1)
+    throw std::invalid_argument("parity-dump --steps " + std::to_string(steps) +
+                                ": the bundle records at least one AdamW step (use --steps 1 or more)");
+  if (cfg.train.precision != "fp32")
+    throw std::invalid_argument("config key 'train.precision' is \"" + cfg.train.precision +
+                                "\": parity-dump replays training steps against Hugging Face in fp32; set "
+                                "train.precision=\"fp32\" (the bf16 recipe is compared through its logits: "
+                                "golden/parity/run_parity_bf16.sh)");
   fs::create_directories(out_dir + "/hf");
   const std::vector<StepBatch> batches = parity_batches(cfg, steps);
   Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches));

@@ -80,13 +80,56 @@ class Trainer::UnitGather : public ParamGate {
   Buffer<float> device_view_;
 };
 
+namespace {
+
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return b;
+}
+
+}  // namespace
+
+// The state, the instance tree's slots and the model's buffers, estimated before any of them is allocated: a run
+// that does not fit is refused saying how much it needs.
+void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex) {
+  cfg.validate();  // the estimate below assumes a valid shape
+  const double n = static_cast<double>(cfg.model.n_params()), shard = std::ceil(n / std::max(1, par.dp_shard));
+  const double N = static_cast<double>(cfg.train.global_batch_instances);
+  const double slots = std::ceil(std::log2(std::max(1.0, N))) + 1;
+  const double state = 4.0 * shard * 4, tree = slots * n * 4;
+  const double view = par.dp_shard > 1 ? n * 4 : 0;  // the gathered units
+  const double model = static_cast<double>(olmo3_memory_bytes(cfg.model, cfg.train.micro_batch_instances,
+                                                               cfg.train.seq_len, parse_precision(cfg.train.precision),
+                                                               cfg.train.executor != "cpu"));
+  const double need = state + tree + view + model;
+  const int64_t have = ex.memory_available();
+  if (have >= 0 && need > static_cast<double>(have))
+    throw std::runtime_error(
+        "this run needs about " + gib(need) + " of " + (cfg.train.executor == "cuda" ? "GPU" : "host") + " memory (" +
+        gib(state) + " parameters, gradient shard and AdamW moments; " + gib(tree) + " instance tree, " +
+        std::to_string(static_cast<int>(slots)) + " full gradients; " + gib(model) + " activations and logits" +
+        (view > 0 ? "; " + gib(view) + " FSDP parameter view" : "") + ") but " + gib(static_cast<double>(have)) +
+        " is available; use a smaller model or train.micro_batch_instances, or more ranks (dp_shard)");
+}
+
+namespace {
+
+std::unique_ptr<Executor> make_fitting_executor(const TrainConfig& cfg, const Parallelism& par, ThreadPool* pool) {
+  std::unique_ptr<Executor> ex = make_executor(cfg.train.executor, pool);
+  check_run_fits(cfg, par, *ex);
+  if (par.profile_ops) ex = std::make_unique<ProfiledExecutor>(std::move(ex));
+  return ex;
+}
+
+}  // namespace
+
 Trainer::~Trainer() = default;
 
 Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSource> source, Parallelism par)
     : cfg_(cfg),
       pool_(threads),
-      ex_(par.profile_ops ? std::make_unique<ProfiledExecutor>(make_executor(cfg.train.executor, &pool_))
-                          : make_executor(cfg.train.executor, &pool_)),
+      ex_(make_fitting_executor(cfg, par, &pool_)),
       model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
              ex_.get()),
       source_(std::move(source)),
@@ -493,6 +536,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
   if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())
     throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
+  check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr));
   fs::create_directories(out_dir);
   const std::string ckpt_root = out_dir + "/checkpoints";
   const int64_t total = cfg.train.steps;

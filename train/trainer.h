@@ -147,4 +147,7 @@ struct RunOptions {
 // step and continues after it. Returns the records written by this process.
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts);
 
+// Throws, saying how much memory the run needs and what is available, when it cannot fit on `ex`.
+void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex);
+
 }  // namespace olmoref

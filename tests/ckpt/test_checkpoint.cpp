@@ -1,6 +1,7 @@
 // Checkpoints: round trip, exact continuation, and every way a checkpoint can be wrong is refused
 // with a message naming the file and the problem.
 #include <doctest.h>
+#include <xxhash.h>
 
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,50 @@ TEST_CASE("a corrupted byte, a truncated shard and a deleted shard are each dete
     const std::string d = make_checkpoint(root, c);
     std::ofstream(d + "/manifest.json") << "{ not json";
     CHECK(error_of([&] { load(d); }).find("manifest.json") != std::string::npos);
+  }
+  SUBCASE("an edited manifest value (step, loader position, tokens) is caught by the manifest checksum") {
+    for (const char* key : {"step", "tokens"}) {
+      const std::string d = make_checkpoint(root, c);
+      nlohmann::json m = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+      m[key] = m[key].get<int64_t>() + 1;
+      std::ofstream(d + "/manifest.json") << m.dump(2);
+      const std::string e = error_of([&] { load(d); });
+      CHECK(e.find("manifest.json") != std::string::npos);
+      CHECK(e.find("manifest checksum mismatch") != std::string::npos);
+      CHECK(!ckpt::verify(d).empty());
+    }
+    const std::string d = make_checkpoint(root, c);
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+    m["loader_state"]["batches_processed"] = 1000;
+    std::ofstream(d + "/manifest.json") << m.dump(2);
+    CHECK(error_of([&] { load(d); }).find("manifest checksum mismatch") != std::string::npos);
+  }
+  SUBCASE("a missing or mistyped key is named, with the file (even when the checksum was recomputed)") {
+    const std::string d = make_checkpoint(root, c);
+    const nlohmann::json orig = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+    auto rewrite = [&](nlohmann::json m) {  // what a buggy writer would produce: consistent checksum, bad content
+      m.erase("manifest_xxh3");
+      const std::string text = m.dump();
+      char h[17];
+      std::snprintf(h, sizeof h, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+      m["manifest_xxh3"] = h;
+      std::ofstream(d + "/manifest.json") << m.dump(2);
+    };
+    nlohmann::json m = orig;
+    m.erase("tokens");
+    rewrite(m);
+    std::string e = error_of([&] { load(d); });
+    CHECK(e.find("manifest.json: key 'tokens' is missing (expected an integer)") != std::string::npos);
+    m = orig;
+    m["state_digests"]["adam_v"] = 7;
+    rewrite(m);
+    e = error_of([&] { load(d); });
+    CHECK(e.find("key 'state_digests.adam_v' must be a string, is number") != std::string::npos);
+    CHECK(ckpt::verify(d).front().find("state_digests.adam_v") != std::string::npos);
+    m = orig;
+    m.erase("manifest_xxh3");
+    std::ofstream(d + "/manifest.json") << m.dump(2);
+    CHECK(error_of([&] { load(d); }).find("'manifest_xxh3'") != std::string::npos);
   }
   SUBCASE("incompatible format version") {
     const std::string d = make_checkpoint(root, c);

@@ -44,6 +44,31 @@ expect_error "odd.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "
 expect_error "missing.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/missing.u16\"]" --out "$work/x"
 "$BIN" config --config "$SRC/configs/olmo3-7b.toml" | grep -q "7298617344"
 
+# Every value is validated, naming the key (or flag) and the allowed range.
+tiny=(--config "$SRC/configs/tiny.toml" --set "$data" --out "$work/v" --threads 1 --quiet)
+for bad in "optim.max_grad_norm=0" "optim.max_grad_norm=-1" "optim.max_grad_norm=nan" "optim.lr=inf" "optim.lr=nan" \
+           "data.eos_id=512" "data.eos_id=-7" "model.init_seed=-1" "model.rope_theta=inf" "optim.eps=0"; do
+  expect_error "'${bad%%=*}'" -- "$BIN" train "${tiny[@]}" --set "$bad" --steps 1
+done
+expect_error "--steps" -- "$BIN" train "${tiny[@]}" --steps -5
+expect_error "--threads" -- "$BIN" train "${tiny[@]}" --threads -2 --steps 1
+expect_error "needs about" -- "$BIN" train "${tiny[@]}" --set model.vocab_size=2000000000 --steps 1
+expect_error "'model'" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set model.d_model=100000000 --set model.ffn_hidden=100000000
+[ ! -e "$work/v" ] || { echo "a refused run created its directory"; exit 1; }
+"$BIN" train "${tiny[@]}" --set optim.max_grad_norm=inf --steps 2  # inf: no clipping, explicitly
+grep -q '"clip":1,' "$work/v/trace.jsonl"
+# parity-dump: nothing written for a refused bundle.
+expect_error "--steps" -- "$BIN" parity-dump --config "$SRC/configs/tiny.toml" --out "$work/pd" --steps 0
+expect_error "train.precision" -- "$BIN" parity-dump --config "$SRC/configs/tiny.toml" --set 'train.precision="bf16"' --out "$work/pd" --steps 1
+[ ! -e "$work/pd" ] || { echo "a refused parity-dump left output"; exit 1; }
+
+# A diverged run (NaN loss) writes valid JSON; compare, plot and the reader take it.
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --threads 1 --quiet --out "$work/nan" --set optim.lr=1e6 --set optim.max_grad_norm=inf --set schedule.warmup=0 --steps 4
+python3 -c 'import json,sys; [json.loads(l, parse_constant=lambda c: sys.exit("bare " + c)) for l in open(sys.argv[1])]' "$work/nan/trace.jsonl"
+grep -q '"loss":null,"loss_hex":"7fc00000"' "$work/nan/trace.jsonl"
+"$BIN" trace compare "$work/nan" "$work/nan" > /dev/null
+"$BIN" trace plot "$work/nan" --out "$work/nan.svg" > /dev/null
+
 # A refused resume touches nothing: the finished run's trace and audit log keep every record.
 "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true --set checkpoint.interval=2 \
   --out "$work/done" --threads 1 --steps 4 --quiet

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -163,6 +164,62 @@ TEST_CASE("close rules: tolerance, allowed failing steps, Megatron's allowance, 
   CHECK(r.pass);
 }
 
+TEST_CASE("a metric only one side has at a step fails, whichever side lacks it") {
+  std::string full, gappy;
+  for (int s = 1; s <= 6; ++s) {
+    full += "{\"step\":" + std::to_string(s) + ",\"loss\":2.5,\"z\":0.1}\n";
+    gappy += "{\"step\":" + std::to_string(s) + ",\"loss\":2.5" + (s == 4 ? "" : ",\"z\":0.1") + "}\n";
+  }
+  const LoadedTrace a = load_trace_any(write("full.jsonl", full)), b = load_trace_any(write("gappy.jsonl", gappy));
+  const CompareRules rules = parse_rules("[z]\ncheck = \"exact\"\n", "test rules");
+  CompareResult r = compare_traces(a, b, rules);  // B lacks z at step 4
+  CHECK_FALSE(r.pass);
+  CHECK(result_for(r, "z").missing_in_b == 1);
+  r = compare_traces(b, a, rules);  // A lacks it: the same failure, not a skipped step
+  CHECK_FALSE(r.pass);
+  CHECK(result_for(r, "z").missing_in_a == 1);
+  CHECK(result_for(r, "z").first_failing_step == 4);
+  CHECK(result_for(r, "z").compared == 6);
+  // A shorter A against a longer B: B's extra steps fail too.
+  const LoadedTrace shorter = load_trace_any(olmoref_trace("short.jsonl", 3)), longer = load_trace_any(olmoref_trace("long.jsonl", 5));
+  CHECK_FALSE(compare_traces(shorter, longer, default_rules(shorter, longer)).pass);
+  CHECK(compare_traces(shorter, shorter, default_rules(shorter, shorter)).pass);
+}
+
+TEST_CASE("non-finite metrics: written as JSON null with exact hex, read back exactly by every reader") {
+  TraceRecord r;
+  r.step = 1;
+  r.loss = std::numeric_limits<float>::quiet_NaN();
+  r.ce = std::numeric_limits<float>::infinity();
+  r.z = -std::numeric_limits<float>::infinity();
+  r.grad_norm = std::numeric_limits<float>::quiet_NaN();
+  r.lr = std::numeric_limits<double>::infinity();
+  r.data_digest = "0000000000000001";
+  r.param_digest = "0123456789abcdef0123456789abcdef";
+  const std::string line = r.to_json();
+  CHECK(line.find("nan") == std::string::npos);
+  CHECK(line.find("inf") == std::string::npos);
+  CHECK(line.find("\"loss\":null,\"loss_hex\":\"7fc00000\"") != std::string::npos);
+  const TraceRecord back = TraceRecord::from_json(line);  // the JSON library accepts it: it is JSON
+  CHECK(std::isnan(back.loss));
+  CHECK(back.ce == std::numeric_limits<float>::infinity());
+  CHECK(back.z == -std::numeric_limits<float>::infinity());
+  CHECK(back.lr == std::numeric_limits<double>::infinity());
+  CHECK(back.to_json() == line);
+  // trace compare: a diverged trace equals itself and differs from a finite one at the first non-finite step.
+  TraceRecord ok = r;
+  ok.loss = 2.0f, ok.ce = 2.0f, ok.z = 0.0f, ok.grad_norm = 1.0f, ok.lr = 1e-3;
+  const std::string diverged = write("diverged.jsonl", ok.to_json() + "\n" + [&] { TraceRecord x = r; x.step = 2; return x.to_json(); }() + "\n");
+  const LoadedTrace d = load_trace_any(diverged);
+  CHECK(compare_traces(d, d, default_rules(d, d)).pass);
+  const std::string finite = write("finite.jsonl", ok.to_json() + "\n" + [&] { TraceRecord x = ok; x.step = 2; return x.to_json(); }() + "\n");
+  const LoadedTrace f = load_trace_any(finite);
+  const CompareResult c = compare_traces(f, d, default_rules(f, d));
+  CHECK_FALSE(c.pass);
+  CHECK(c.first_differing_step == 2);
+  CHECK(read_trace(diverged).size() == 2);
+}
+
 TEST_CASE("rules files: errors name the file, the rule and the key") {
   CHECK_THROWS_WITH_AS(parse_rules("[loss]\nrtoll = 1e-5\n", "r.toml"), doctest::Contains("'rtoll'"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(parse_rules("[loss]\ncheck = \"exact\"\nrtol = 1e-5\n", "r.toml"), doctest::Contains("close"),
@@ -188,4 +245,14 @@ TEST_CASE("writers: Megatron JSON and step-loss text read back to the same value
   CHECK(meg.metrics.count("param_digest") == 0);  // not a number
   const LoadedTrace txt = load_trace_any(write("w.txt", to_steploss_text(a)));
   for (const auto& [step, v] : a.metrics.at("loss")) CHECK(txt.metrics.at("loss").at(step).value == v.value);
+}
+
+TEST_CASE("step-loss reader: every error names the file and the line") {
+  for (const char* text : {"1 2.5\n1 2.5\n", "1 2.5\n99999999999999999999999 3\n", "1 2.5\n2 0x\n", "1 2.5\n2\n"}) {
+    CAPTURE(text);
+    const std::string p = write("bad-steploss.txt", text);
+    CHECK_THROWS_WITH_AS(load_trace_any(p), doctest::Contains((p + ":2:").c_str()), std::runtime_error);
+  }
+  const std::string p = write("huge.txt", "1 2.5\n2 1e999\n");  // out-of-range decimals read as inf, not a crash
+  CHECK(std::isinf(load_trace_any(p).metrics.at("loss").at(2).value));
 }
