@@ -1,5 +1,7 @@
 #include "data/audit.h"
 
+#include <unistd.h>
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -95,7 +97,9 @@ void AuditLog::write(const AuditRecord& r) {
 
 void AuditLog::flush() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (std::fflush(f_) != 0) throw std::runtime_error("audit log '" + path_ + "': flush failed");
+  // fsync too: the trainer calls this before a checkpoint becomes complete, so the log holds every step it does.
+  if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0)
+    throw std::runtime_error("audit log '" + path_ + "': flush failed");
 }
 
 std::vector<AuditRecord> read_audit_log(const std::string& path) {

@@ -1,5 +1,7 @@
 #include "golden/trace.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -138,6 +140,11 @@ void TraceWriter::write(const TraceRecord& r) {
   const std::string line = r.to_json() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw std::runtime_error(path_ + ": write failed (disk full?)");
+}
+
+void TraceWriter::sync() {
+  if (!f_) return;
+  if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0) throw std::runtime_error(path_ + ": fsync failed");
 }
 
 TraceWriter::~TraceWriter() {

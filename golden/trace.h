@@ -44,6 +44,9 @@ class TraceWriter {
   // append=false truncates; append=true keeps earlier records (resume).
   void open(const std::string& path, bool append);
   void write(const TraceRecord& r);
+  // fsync: the records written so far are on disk (called before a checkpoint becomes complete, so a checkpoint
+  // never holds a step its trace lost).
+  void sync();
   ~TraceWriter();
 
  private:

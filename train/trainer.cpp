@@ -24,6 +24,7 @@
 #include "ckpt/checkpoint.h"
 #include "train/eval.h"
 #include "train/manifest.h"
+#include "train/run_lock.h"
 
 namespace olmoref {
 
@@ -530,6 +531,38 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
 }
 
 
+namespace {
+
+void check_trace_covers(const std::string& path, int64_t ckpt_step) {
+  // No trace at all: a run branched from another run's checkpoint into a fresh directory; it starts at K + 1.
+  if (ckpt_step == 0 || !std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line;
+  int64_t expect = 1, lineno = 0;
+  while (std::getline(in, line) && expect <= ckpt_step) {
+    ++lineno;
+    if (line.empty()) continue;
+    int64_t step = -1;
+    try {
+      step = nlohmann::json::parse(line).at("step").get<int64_t>();
+    } catch (const std::exception&) {
+      break;  // a torn last record: what follows is checked below as missing
+    }
+    if (step != expect)
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": step " + std::to_string(step) + " where step " +
+                               std::to_string(expect) + " belongs; the trace does not match the checkpoint at step " +
+                               std::to_string(ckpt_step) + " (restore the trace, or resume from an earlier checkpoint)");
+    ++expect;
+  }
+  if (expect <= ckpt_step)
+    throw std::runtime_error(path + ": holds steps 1.." + std::to_string(expect - 1) + " but the checkpoint is at step " +
+                             std::to_string(ckpt_step) + ": steps " + std::to_string(expect) + ".." +
+                             std::to_string(ckpt_step) + " are missing (restore the trace, or resume from the " +
+                             "checkpoint it covers)");
+}
+
+}  // namespace
+
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
   const std::string& out_dir = opts.out_dir;
@@ -551,6 +584,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   dist::Comm& comm = opts.parallel.comm ? *opts.parallel.comm : dist::world(opts.comm_timeout_s);
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;  // rank 0 writes the trace and manifest and reports progress
+  const RunDirLock run_lock(out_dir, comm);  // one writer per run directory, before anything in it is touched
   const bool quiet = opts.quiet || !lead;
   // One audit log per rank process: each holds the micro-batches that rank computed.
   char audit_name[64];
@@ -569,6 +603,9 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     lo.allow_config_change = opts.resume_opts.allow_config_change;
     const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
     if (!opts.resume_opts.skip_loader) probe->restore(meta.loader_state, opts.resume_opts.ignore_fingerprint_mismatch);
+    // The trace must hold exactly steps 1..K of a checkpoint at step K (records past K, from a run killed after
+    // it, are dropped below): a trace with steps missing or repeated would continue as a wrong record.
+    if (lead) check_trace_covers(out_dir + "/trace.jsonl", meta.step);
     // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
     const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
     if (lead) truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);
@@ -644,6 +681,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
     if ((periodic || s == stop) && !opts.no_checkpoint) {
       trainer.source_mut().flush_audit();
+      if (lead) trace.sync();
       const std::string dir = trainer.save_checkpoint(ckpt_root);
       if (!quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
     }

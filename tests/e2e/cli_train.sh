@@ -85,4 +85,33 @@ expect_error "fingerprint" -- "$BIN" train --config "$SRC/configs/tiny.toml" --s
   --set data.audit=true --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 \
   --resume-from "$work/done/checkpoints/step00000002"
 cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
+# A trace that does not hold exactly steps 1..K of the checkpoint at K is refused, saying which steps; nothing is cut.
+head -n 1 "$work/trace.before" > "$work/done/trace.jsonl"
+expect_error "steps 2..2 are missing" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
+  --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 --resume-from "$work/done/checkpoints/step00000002"
+[ "$(wc -l < "$work/done/trace.jsonl")" -eq 1 ]
+{ head -n 1 "$work/trace.before"; head -n 1 "$work/trace.before"; } > "$work/done/trace.jsonl"
+expect_error "step 1 where step 2 belongs" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" \
+  --set data.audit=true --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 \
+  --resume-from "$work/done/checkpoints/step00000002"
+cp "$work/trace.before" "$work/done/trace.jsonl"  # intact again: the resume goes through and rewrites steps 3, 4
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true --set checkpoint.interval=2 \
+  --out "$work/done" --threads 1 --steps 4 --quiet --resume-from "$work/done/checkpoints/step00000002"
+cmp "$work/done/trace.jsonl" "$work/trace.before"
+
+# One writer per run directory: a second run on a directory in use is refused naming the holder; the lock dies
+# with its process (kill -9), and the run then resumes.
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set checkpoint.interval=1 --out "$work/busy" --threads 1 \
+  --steps 100000 --quiet &
+holder=$!
+for _ in $(seq 100); do [ -d "$work/busy/checkpoints/step00000001" ] && break; sleep 0.1; done
+expect_error "in use by another run (olmoref train pid $holder" -- "$BIN" train --config "$SRC/configs/tiny.toml" \
+  --set "$data" --set checkpoint.interval=1 --out "$work/busy" --threads 1 --steps 100000 --resume
+kill -9 $holder; wait $holder 2>/dev/null || true
+last=$(ls "$work/busy/checkpoints" | grep '^step' | tail -n 1)
+k=$((10#${last#step}))
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set checkpoint.interval=1 --out "$work/busy" --threads 1 \
+  --steps 100000 --stop-after $((k + 1)) --resume --quiet
+[ "$(wc -l < "$work/busy/trace.jsonl")" -eq $((k + 1)) ]
+
 echo "cli_train: ok"
