@@ -68,6 +68,33 @@ TokenFile::TokenFile(std::string path, Dtype dtype) : path_(std::move(path)), dt
     base_ = p;
   }
   ::close(fd);  // the mapping keeps the file alive
+  check_contents();
+}
+
+// Two mistakes that would otherwise train on garbage without a word: a NumPy .npy file (its header read as tokens)
+// and uint32 tokens read as uint16 (every second 16-bit value is a zero high half). The first 64 KiB decide.
+void TokenFile::check_contents() const {
+  const auto* bytes = static_cast<const unsigned char*>(base_);
+  if (size_bytes_ >= 6 && std::memcmp(bytes, "\x93NUMPY", 6) == 0) {
+    throw std::runtime_error("token file '" + path_ + "': a NumPy .npy file (it starts with the .npy header), "
+                             "not a raw token array; write the tokens with array.astype(numpy.uint16 or uint32)"
+                             ".tofile(path), as OLMo-core's files are, and point the config at that file");
+  }
+  if (dtype_ != Dtype::u16) return;
+  const int64_t n = std::min<int64_t>(size_bytes_ / 2, 32768) / 2 * 2;  // whole (low, high) pairs
+  if (n < 128) return;
+  int64_t high_zero = 0, low_nonzero = 0;
+  for (int64_t i = 0; i < n; i += 2) {
+    const uint16_t lo = static_cast<uint16_t>(bytes[2 * i] | bytes[2 * i + 1] << 8);
+    const uint16_t hi = static_cast<uint16_t>(bytes[2 * i + 2] | bytes[2 * i + 3] << 8);
+    high_zero += hi == 0;
+    low_nonzero += lo != 0;
+  }
+  const int64_t pairs = n / 2;
+  if (high_zero == pairs && low_nonzero * 2 > pairs)
+    throw std::runtime_error("token file '" + path_ + "': read as uint16, every second value of its first " +
+                             std::to_string(n) + " is 0: these are uint32 tokens (the zeros are their high halves); "
+                             "set data.dtype = \"u32\" (\"auto\" picks uint16 for a vocabulary below 65536)");
 }
 
 TokenFile::~TokenFile() { unmap(); }

@@ -71,6 +71,7 @@ class TokenFile {
   Scan scan(uint32_t eos_id, int64_t vocab_size) const;
 
  private:
+  void check_contents() const;  // refuses .npy files and uint32 tokens read as uint16, naming the file
   void unmap();
 
   std::string path_;

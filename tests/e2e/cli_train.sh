@@ -41,6 +41,18 @@ expect_error "unknown config key 'train.stepz'" -- "$BIN" config --config "$SRC/
 expect_error "cannot open config" -- "$BIN" config --config "$work/none.toml"
 printf '\x01\x02\x03' > "$work/odd.u16"
 expect_error "odd.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/odd.u16\"]" --out "$work/x"
+python3 - "$work/tokens.u16" "$work/wide.u16" "$work/np.u16" <<'PY'
+import struct, sys
+toks = struct.unpack("<%dH" % (len(open(sys.argv[1], "rb").read()) // 2), open(sys.argv[1], "rb").read())
+open(sys.argv[2], "wb").write(struct.pack("<%dI" % len(toks), *toks))              # uint32 tokens, named .u16
+hdr = b"\x93NUMPY\x01\x00" + struct.pack("<H", 118) + b"{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % len(toks)
+hdr = hdr.ljust(128 - 1, b" ") + b"\n"
+open(sys.argv[3], "wb").write(hdr + struct.pack("<%dH" % len(toks), *toks))       # np.save output
+PY
+expect_error "wide.u16': read as uint16, every second value" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/wide.u16\"]" --out "$work/x"
+expect_error "np.u16': a NumPy .npy file" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/np.u16\"]" --out "$work/x"
+"$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/wide.u16\"]" --set 'data.dtype="u32"' \
+  --out "$work/wide" --steps 1 --quiet  # the same file, read as what it is
 expect_error "missing.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/missing.u16\"]" --out "$work/x"
 "$BIN" config --config "$SRC/configs/olmo3-7b.toml" | grep -q "7298617344"
 
