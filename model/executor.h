@@ -27,6 +27,61 @@ struct RopeView {
   const float* sin = nullptr;
 };
 
+// The op table, written once: OLMOREF_EXECUTOR_OPS(PRE, POST) declares every op as `PRE <signature> POST;`. The
+// interface below is OLMOREF_EXECUTOR_OPS(virtual, = 0); each executor declares OLMOREF_EXECUTOR_OPS(, override).
+#define OLMOREF_EXECUTOR_OPS(PRE, POST) \
+  /* ---- memory ---- */                                                                                             \
+  /* `what` names the tensor in the out-of-memory error, which also gives the size and a remedy. */                  \
+  PRE void* allocate(size_t bytes, const std::string& what) POST;                                                    \
+  PRE void deallocate(void* p) POST;                                                                                 \
+  PRE void to_device(void* dst, const void* host_src, size_t bytes) POST;                                            \
+  PRE void to_host(void* host_dst, const void* src, size_t bytes) POST;                                              \
+  PRE void copy(void* dst, const void* src, size_t bytes) POST;  /* executor memory to executor memory */            \
+  PRE void zero(void* dst, size_t bytes) POST;                                                                       \
+  /* ---- linear layers (ref/gemm.h; docs/canonical/matmul.md) ---- */                                               \
+  PRE void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) POST;           \
+  PRE void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,        \
+                                 bool accumulate) POST;                                                              \
+  PRE void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,       \
+                                  bool accumulate) POST;                                                             \
+  /* ---- RMSNorm / QK-norm, RoPE, SwiGLU, attention, embedding (ref/ops.h) ---- */                                  \
+  PRE void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,           \
+                           float eps) POST;                                                                          \
+  PRE void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,        \
+                            float* dw, int64_t R, int64_t n) POST;                                                   \
+  PRE void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                         \
+  PRE void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                       \
+  PRE void swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) POST;                      \
+  PRE void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,         \
+                           bool bf16) POST;                                                                          \
+  PRE void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,    \
+                             float* row_max, float* row_sum) POST;                                                   \
+  PRE void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,               \
+                              const float* out, const float* row_max, const float* row_sum, const float* dout,       \
+                              float* dq, float* dk, float* dv) POST;                                                 \
+  PRE void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) POST;       \
+  /* host_tokens: the same R tokens in host memory (the fixed position order is made from them on the host). */      \
+  PRE void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,     \
+                              int64_t d) POST;                                                                       \
+  /* ---- loss (docs/canonical/loss.md) ---- */                                                                      \
+  /* logits [B·T, V] of B instances become ∂loss/∂logits; per_instance (host) [B] receives each instance's fp64 */   \
+  /* totals, which are the leaves of the loss tree. */                                                               \
+  PRE void cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V, float z_coef,       \
+                         int64_t global_n_targets, LossSums* per_instance) POST;                                     \
+  /* ---- elementwise ---- */                                                                                        \
+  PRE void add(const float* a, const float* b, float* out, int64_t n) POST;  /* out = a + b (residuals) */           \
+  PRE void round_bf16(float* x, int64_t n) POST;                                                                     \
+  PRE void copy_round_bf16(const float* in, float* out, int64_t n) POST;                                             \
+  /* ---- the step (docs/canonical/step.md) ---- */                                                                  \
+  PRE void tree_add(float* dst, const float* src, int64_t n) POST;  /* dst = dst + src */                            \
+  /* Σg² of each kNormChunk-float chunk of grad [0, n) (grad starts at a chunk boundary of the flat vector) into */  \
+  /* out (host) [ceil(n / kNormChunk)], by the canonical fp64 row reduction. */                                      \
+  PRE void grad_norm_chunks(const float* grad, int64_t n, double* out) POST;                                         \
+  PRE void scale(float* x, float c, int64_t n) POST;  /* x = x · c */                                                \
+  /* AdamW on one tensor's elements [0, n) (ref/elementwise.h adamw); decay is 1 for tensors without decay. */       \
+  PRE void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,          \
+                 int64_t n) POST;                                                                                   
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -35,58 +90,8 @@ class Executor {
   // True when executor memory is ordinary host memory (pointers may be read and written by the host).
   virtual bool host_memory() const = 0;
 
-  // ---- memory ----
-  // `what` names the tensor in the out-of-memory error, which also gives the size and a remedy.
-  virtual void* allocate(size_t bytes, const std::string& what) = 0;
-  virtual void deallocate(void* p) = 0;
-  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // executor memory to executor memory
-  virtual void zero(void* dst, size_t bytes) = 0;
+  OLMOREF_EXECUTOR_OPS(virtual, = 0)
 
-  // ---- linear layers (ref/gemm.h; docs/canonical/matmul.md) ----
-  virtual void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) = 0;
-  virtual void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
-                                     bool accumulate) = 0;
-  virtual void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,
-                                      bool accumulate) = 0;
-  // ---- RMSNorm / QK-norm, RoPE, SwiGLU, attention, embedding (ref/ops.h) ----
-  virtual void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
-                               float eps) = 0;
-  virtual void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
-                                float* dw, int64_t R, int64_t n) = 0;
-  virtual void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) = 0;
-  virtual void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) = 0;
-  virtual void swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) = 0;
-  virtual void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
-                               bool bf16) = 0;
-  virtual void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
-                                 float* row_max, float* row_sum) = 0;
-  virtual void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                                  const float* out, const float* row_max, const float* row_sum, const float* dout,
-                                  float* dq, float* dk, float* dv) = 0;
-  virtual void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) = 0;
-  // host_tokens: the same R tokens in host memory (the fixed position order is made from them on the host).
-  virtual void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,
-                                  int64_t d) = 0;
-  // ---- loss (docs/canonical/loss.md) ----
-  // logits [B·T, V] of B instances become ∂loss/∂logits; per_instance (host) [B] receives each instance's fp64
-  // totals, which are the leaves of the loss tree.
-  virtual void cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V, float z_coef,
-                             int64_t global_n_targets, LossSums* per_instance) = 0;
-  // ---- elementwise ----
-  virtual void add(const float* a, const float* b, float* out, int64_t n) = 0;  // out = a + b (residuals)
-  virtual void round_bf16(float* x, int64_t n) = 0;
-  virtual void copy_round_bf16(const float* in, float* out, int64_t n) = 0;
-  // ---- the step (docs/canonical/step.md) ----
-  virtual void tree_add(float* dst, const float* src, int64_t n) = 0;  // dst = dst + src
-  // Σg² of each kNormChunk-float chunk of grad [0, n) (grad starts at a chunk boundary of the flat vector) into
-  // out (host) [ceil(n / kNormChunk)], by the canonical fp64 row reduction.
-  virtual void grad_norm_chunks(const float* grad, int64_t n, double* out) = 0;
-  virtual void scale(float* x, float c, int64_t n) = 0;  // x = x · c
-  // AdamW on one tensor's elements [0, n) (ref/elementwise.h adamw); decay is 1 for tensors without decay.
-  virtual void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
-                     int64_t n) = 0;
   // Waits for queued work (device executors); the host's copies already wait.
   virtual void synchronize() {}
   // Bytes that can still be allocated (device: free device memory; host: the kernel's MemAvailable), or -1 when

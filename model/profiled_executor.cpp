@@ -48,6 +48,8 @@ double attention_keys(const AttentionShape& s) {
   return keys * static_cast<double>(s.B * s.H);
 }
 
+void* ProfiledExecutor::allocate(size_t bytes, const std::string& what) { return inner_->allocate(bytes, what); }
+void ProfiledExecutor::deallocate(void* p) { inner_->deallocate(p); }
 void ProfiledExecutor::to_device(void* dst, const void* src, size_t bytes) {
   timed("copy to device", 0, [&](Executor& e) { e.to_device(dst, src, bytes); });
 }
