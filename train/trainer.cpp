@@ -602,14 +602,29 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
     lo.allow_config_change = opts.resume_opts.allow_config_change;
     const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
-    if (!opts.resume_opts.skip_loader) probe->restore(meta.loader_state, opts.resume_opts.ignore_fingerprint_mismatch);
+    if (!opts.resume_opts.skip_loader) {
+      try {
+        probe->restore(meta.loader_state, opts.resume_opts.ignore_fingerprint_mismatch);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(resume_dir + "/manifest.json: loader_state: " + e.what());
+      }
+    }
     // The trace must hold exactly steps 1..K of a checkpoint at step K (records past K, from a run killed after
     // it, are dropped below): a trace with steps missing or repeated would continue as a wrong record.
     if (lead) check_trace_covers(out_dir + "/trace.jsonl", meta.step);
     // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
     const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
-    if (lead) truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);
-    if (!audit_path.empty()) truncate_step_records(audit_path, ckpt_step);
+    if (lead) {
+      truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);
+      // Every audit log of the directory, also those of ranks the new layout does not have (a resume at fewer
+      // ranks): records past the checkpoint belong to steps this run computes again.
+      for (const auto& entry : fs::directory_iterator(out_dir)) {
+        const std::string name = entry.path().filename().string();
+        const bool audit = name == "audit.jsonl" || (name.rfind("audit-rank", 0) == 0 && entry.path().extension() == ".jsonl");
+        if (audit) truncate_step_records(entry.path().string(), ckpt_step);
+      }
+    }
+    comm.barrier("resume: logs cut to the checkpoint");  // before any rank reopens its audit log
   }
   Parallelism par = opts.parallel;
   par.comm = &comm;
