@@ -20,6 +20,7 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rows=()
+failed=0
 : > "$out/bench.txt"
 executor=${BENCH_EXECUTOR:-cuda}  # another executor only to try the script where there is no GPU
 for config in ${BENCH_CONFIGS:-configs/olmo3-100m.toml configs/olmo3-1b.toml}; do
@@ -37,7 +38,7 @@ PY
     run="$work/$name-$precision"
     "$bin" train --config "$config" --executor "$executor" --steps "$steps" --set "train.precision=\"$precision\"" \
       --set train.log_every=1 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" --out "$run" --no-checkpoint \
-      2> "$run.err" || { echo "$name $precision: train failed: $(tail -n 3 "$run.err")" | tee -a "$out/bench.txt"; continue; }
+      2> "$run.err" || { echo "$name $precision: train failed: $(tail -n 3 "$run.err")" | tee -a "$out/bench.txt"; failed=1; continue; }
     # Progress lines: "step     2/4  loss ...  1234 tok/s  digest"; step 1 (allocation, first launches) is left out.
     rows+=("$(python3 - "$run.err" "$name" "$precision" "$flops" "$peak" <<'PY'
 import json, re, sys
@@ -69,3 +70,4 @@ for r in out:
         print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak" % (r["config"], r["precision"],
               r["tokens_per_second"], r["achieved_tflops"], 100 * r["share_of_fp32_simt_peak"], r["peak_tflops"]))
 ' "$out/bench.json" | tee -a "$out/bench.txt"
+exit $failed

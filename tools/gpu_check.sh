@@ -16,6 +16,7 @@
 #   - compute-sanitizer memcheck and racecheck on every kernel (without the long math sweep) and on one tiny
 #     training step through the executor;
 #   - the benchmark (bench/gpu_bench.sh): tokens/s, FLOP/s against the fp32 SIMT peak, per-op shares.
+# Checks run in this order, most important first, within GPU_CHECK_BUDGET seconds (default 540).
 # Files under OUT (at most 8): summary.txt (one line per check), summary.json (name, exit status, seconds),
 # device.txt, checks.log (every check's output, in order), bench.json, bench.txt. Exit 0 only if every check passed.
 set -uo pipefail
@@ -30,9 +31,19 @@ fi
 export OLMOREF_BUILD_ROOT=$PWD/build OLMOREF_SOURCE_ROOT=$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1 || true
 declare -a names=() statuses=() seconds=()
+# The whole script stays within GPU_CHECK_BUDGET seconds (default 540: one device call may run 600): each check's
+# limit is cut to what is left, and a check with under 20 s left is not started (recorded as exit 125).
+budget=${GPU_CHECK_BUDGET:-540}
 check() {  # check NAME TIMEOUT_S COMMAND...: runs it, its output to the log
   local name=$1 limit=$2 start=$SECONDS
   shift 2
+  local left=$((budget - SECONDS - 10))
+  if [ "$left" -lt 20 ]; then
+    names+=("$name"); statuses+=(125); seconds+=(0)
+    printf "%-22s not run: the time budget (%ss) is spent\n" "$name" "$budget" | tee -a "$out/summary.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   local log
   log="$logs/$(printf %02d ${#names[@]})-$name.log"
   if declare -F "$1" > /dev/null; then  # a function of this script: timeout needs a process
@@ -58,7 +69,11 @@ sanitize_step() {  # one tiny training step through the device executor under a 
 check gpu-smoke 60 build/tests/gpu/test_gpu_smoke
 check gpu-kernels 240 build/tests/gpu/test_gpu_kernels
 check gpu-training 300 bash tests/gpu/training.sh
-if command -v compute-sanitizer > /dev/null; then
+command -v compute-sanitizer > /dev/null || PATH="$PATH:/usr/local/cuda/bin"
+if ! command -v compute-sanitizer > /dev/null; then
+  names+=(sanitizers); statuses+=(127); seconds+=(0)
+  echo "sanitizers             not run: compute-sanitizer not found" | tee -a "$out/summary.txt"
+else
   check sanitizer-memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_gpu_kernels --no-math-sweep
   check sanitizer-racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/gpu/test_gpu_kernels --no-math-sweep
   check sanitizer-step 120 sanitize_step memcheck
