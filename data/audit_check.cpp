@@ -138,11 +138,14 @@ class Reference {
   std::map<int64_t, std::unique_ptr<GlobalOrder>> orders_;
 };
 
+// Any split the trainer accepts (ref/instance_tree.h BatchSplit): ceil(G / mb) micro-batches, the last one shorter,
+// over at most that many ranks, whose runs may differ by one.
 void require_shape(const StreamExpectation& e) {
-  if (e.global_batch_instances <= 0 || e.microbatch_instances <= 0 ||
-      e.global_batch_instances % e.microbatch_instances != 0 || e.world_size <= 0 ||
-      (e.global_batch_instances / e.microbatch_instances) % e.world_size != 0) {
-    throw std::invalid_argument("audit check: the global batch must be a whole number of micro-batches per rank");
+  const int64_t M = e.microbatch_instances > 0 ? (e.global_batch_instances + e.microbatch_instances - 1) / e.microbatch_instances : 0;
+  if (e.global_batch_instances <= 0 || e.microbatch_instances <= 0 || e.world_size < 0 || e.world_size > M) {
+    throw std::invalid_argument("audit check: " + std::to_string(e.world_size) + " rank(s) for " + std::to_string(M) +
+                                " micro-batch(es) of " + std::to_string(e.microbatch_instances) +
+                                " instances: every rank needs at least one micro-batch");
   }
 }
 
@@ -174,6 +177,20 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
                      " of the configured order (" + std::to_string(ref.batches_per_epoch()) + " batches per epoch)");
       }
     }
+    // The step's layout: the configured one, or (world_size 0: logs of a run resumed at other layouts) the ranks
+    // the step's records come from, which must be 0..W-1 (every rank computes at least one micro-batch).
+    int world = e.world_size;
+    if (world == 0) {
+      std::set<int64_t> ranks;
+      for (const AuditRecord* r : recs) ranks.insert(r->rank);
+      world = static_cast<int>(*ranks.rbegin() + 1);
+      if (*ranks.begin() != 0 || static_cast<int64_t>(ranks.size()) != world || world > M) {
+        res.fail(position_of(*recs.front(), 0), "step " + std::to_string(step) + " has records of " +
+                                                    std::to_string(ranks.size()) + " rank(s) up to rank " +
+                                                    std::to_string(world - 1) + ": a rank's log is missing");
+        world = std::max(1, std::min<int>(world, static_cast<int>(M)));
+      }
+    }
     // Each micro-batch index once, from its owner, with mb instances.
     std::vector<int64_t> count(static_cast<size_t>(M), 0);
     for (size_t i = 0; i < recs.size(); ++i) {
@@ -184,10 +201,10 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
         continue;
       }
       ++count[static_cast<size_t>(r.microbatch)];
-      const int owner = Loader::rank_of_microbatch(r.microbatch, M, e.world_size);
+      const int owner = Loader::rank_of_microbatch(r.microbatch, M, world);
       if (r.rank != owner) {
         res.fail(position_of(r, idx[i]), "micro-batch " + std::to_string(r.microbatch) + " came from rank " +
-                                             std::to_string(r.rank) + "; with " + std::to_string(e.world_size) +
+                                             std::to_string(r.rank) + "; with " + std::to_string(world) +
                                              " ranks its owner is rank " + std::to_string(owner));
       }
     }
@@ -199,7 +216,7 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
       p.step = step;
       p.epoch = epoch;
       p.microbatch = m;
-      p.rank = Loader::rank_of_microbatch(m, M, e.world_size);
+      p.rank = Loader::rank_of_microbatch(m, M, world);
       p.index = c == 0 ? 0 : size;
       res.fail(p, c == 0 ? "micro-batch " + std::to_string(m) + " of step " + std::to_string(step) +
                                " is missing (no rank delivered it)"
@@ -330,7 +347,7 @@ CheckResult check_exactly_once(const std::vector<AuditRecord>& records, const St
           p.step = s;
           p.epoch = epoch;
           p.microbatch = static_cast<int64_t>(i) / mb;
-          p.rank = Loader::rank_of_microbatch(p.microbatch, M, e.world_size);
+          p.rank = e.world_size > 0 ? Loader::rank_of_microbatch(p.microbatch, M, e.world_size) : -1;  // -1: unknown
           p.instance = row[i];
           p.index = static_cast<int64_t>(i) % mb;
           res.fail(p, "instance " + std::to_string(row[i]) + " of step " + std::to_string(s) +

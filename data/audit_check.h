@@ -70,7 +70,8 @@ struct CheckResult {
 struct StreamExpectation {
   int64_t global_batch_instances = 0;
   int64_t microbatch_instances = 0;
-  int world_size = 1;  // the ranks whose logs are merged (micro-batch m belongs to rank m / (M/W))
+  int world_size = 1;  // the ranks whose logs are merged (micro-batch m belongs to rank m / (M/W)); 0: per step,
+                       // the ranks the step's records come from (a run resumed at other layouts)
   // Optional reference: the configured dataset and seed. Row (epoch, batch) is
   // GlobalOrder(seed, epoch, dataset->size(), G).batch(batch).
   std::shared_ptr<const FslDataset> dataset;

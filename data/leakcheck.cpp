@@ -905,14 +905,37 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
         last_step = std::max(last_step, r.step);
       }
       StreamExpectation ee = expect;
-      ee.world_size = std::max(W, max_rank + 1);
-      if (M < ee.world_size) ee.world_size = W;
+      // A run's logs may span layouts (a resume at another world size): each step is checked against the ranks
+      // that logged it.
+      ee.world_size = 0;
+      (void)max_rank;
       ee.first_step = first_step;
       ee.last_step = -1;
       ee.check_content = o.content_check;
       const CheckResult p = check_partition(external, ee);
       const CheckResult e1 = check_exactly_once(external, ee);
       const CheckResult eq = compare_streams(single_by_label, batches_by_label(external), "external_audit", first_step, last_step);
+      // With the layout read from each step's records, a record must also be in its own rank's file (the trainer
+      // writes audit.jsonl alone, or audit-rankNNNNN.jsonl per rank): a rank's records relabelled as another's
+      // cannot pass as a smaller layout.
+      CheckResult files("external_rank_files");
+      for (const std::string& path : o.audit_logs) {
+        const std::string name = fs::path(path).filename().string();
+        int64_t file_rank = -1;
+        if (name == "audit.jsonl") file_rank = 0;
+        else if (name.rfind("audit-rank", 0) == 0 && name.size() == std::string("audit-rank00000.jsonl").size())
+          file_rank = std::strtoll(name.substr(10, 5).c_str(), nullptr, 10);
+        if (file_rank < 0) continue;
+        for (const AuditRecord& r : read_audit_log(path)) {
+          ++files.checked;
+          if (r.rank == file_rank) continue;
+          StreamPosition at;
+          at.step = r.step, at.epoch = r.epoch, at.microbatch = r.microbatch, at.rank = r.rank;
+          at.instance = r.instance, at.file = r.file, at.token_start = r.token_start;
+          files.fail(at, path + " is rank " + std::to_string(file_rank) + "'s log but holds a record of rank " +
+                             std::to_string(r.rank));
+        }
+      }
       CheckResult overlap("external_holdout");
       for (const AuditRecord& r : external) {
         ++overlap.checked;
@@ -929,6 +952,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
         overlap.fail(at, "the log's instance has the XXH3 of holdout instance " + std::to_string(it->second));
       }
       ext.merge(p);
+      ext.merge(files);
       ext.merge(e1);
       ext.merge(eq);
       ext.merge(overlap);
@@ -936,6 +960,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
       ext.details["files"] = o.audit_logs;
       ext.details["records"] = static_cast<int64_t>(external.size());
       ext.details["partition"] = p.to_json();
+      ext.details["rank_files"] = files.to_json();
       ext.details["exactly_once"] = e1.to_json();
       ext.details["equals_configured_stream"] = eq.to_json();
       ext.details["holdout_instances"] = overlap.to_json();

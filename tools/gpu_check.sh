@@ -3,8 +3,9 @@
 #
 #   bash tools/gpu_check.sh [OUT_DIR]        (default: $OUT, else ./gpu-check)
 #
-# It uses the build in ./build when one is there (the device machines reach no package registry, so build here
-# with nvcc and carry build/), and configures and builds otherwise. Then, each bounded in time:
+# It uses the build in ./build when one is there (the device machines reach no package registry and lack this
+# project's Debian packages: build here, run `bash tools/gpu_carry.sh`, and carry what it lists), and configures
+# and builds otherwise. Then, each bounded in time:
 #   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM, RMSNorm, attention forward/
 #     backward, cross-entropy, grad-norm chunks, embedding, RoPE, SwiGLU, AdamW, bf16 rounding, tree add, scale)
 #     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor
@@ -29,6 +30,8 @@ if [ ! -x build/tests/gpu/test_gpu_kernels ]; then
   { bash tools/build.sh; } > "$out/checks.log" 2>&1 || { echo "build failed (see checks.log)" | tee "$out/summary.txt"; exit 1; }
 fi
 export OLMOREF_BUILD_ROOT=$PWD/build OLMOREF_SOURCE_ROOT=$PWD
+# Libraries carried by tools/gpu_carry.sh for a machine without this project's Debian packages.
+[ -d build/gpu-libs ] && export LD_LIBRARY_PATH="$PWD/build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1 || true
 declare -a names=() statuses=() seconds=()
 # The whole script stays within GPU_CHECK_BUDGET seconds (default 540: one device call may run 600): each check's

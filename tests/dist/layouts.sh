@@ -72,6 +72,22 @@ got = sorted(key(json.loads(l)) for f in glob.glob(sys.argv[2] + "/audit*.jsonl"
 sys.exit(0 if got == want else 1)
 PY
 echo "audit after a 2x1 -> 1x1 resume: the uninterrupted run's records, none stale"
+# leakcheck reads the logs of a run that changed layout (each step against the ranks that logged it) and accepts
+# them; a rank's records relabelled as another rank's are caught by their file.
+python3 -c "import random,struct,sys; random.seed(7); open(sys.argv[1],'wb').write(struct.pack('<4000H',*[random.randrange(500) for _ in range(4000)]))" "$work/holdout.u16"
+logs=(); for f in "$work"/audit-2x1/audit*.jsonl; do logs+=(--audit "$f"); done
+lc=("$BIN" leakcheck --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]"
+    --set train.global_batch_instances=12 --set train.micro_batch_instances=2 --steps 4
+    --set "data.holdout_files=[\"$work/holdout.u16\"]")
+"${lc[@]}" "${logs[@]}" --report "$work/lc.json" > "$work/lc.log" 2>&1 || { cat "$work/lc.log"; echo "leakcheck refused a clean 2x1 -> 1x1 resume's audit"; exit 1; }
+mkdir -p "$work/relabel"
+sed 's/"rank":1/"rank":0/' "$work/audit-2x1/audit-rank00001.jsonl" > "$work/relabel/audit-rank00001.jsonl"
+if "${lc[@]}" --audit "$work/audit-2x1/audit.jsonl" --audit "$work/audit-2x1/audit-rank00000.jsonl" \
+     --audit "$work/relabel/audit-rank00001.jsonl" --report "$work/lc2.json" > "$work/lc2.log" 2>&1; then
+  echo "leakcheck accepted relabelled rank records"; exit 1
+fi
+grep -q "is rank 1's log but holds a record of rank 0" "$work/lc2.log"
+echo "leakcheck: the resumed run's audit accepted; relabelled records caught"
 # T3, bf16.
 for layout in 3x1 2x3 4x1 5x1; do
   run_layout "$layout-bf16" "$layout" "${cfg[@]}" "${bf16[@]}"
