@@ -575,6 +575,13 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   const int64_t total = cfg.train.steps;
   const int64_t stop = opts.stop_after >= 0 ? std::min(opts.stop_after, total) : total;
   std::string resume_dir = opts.resume_from;
+  // A fresh run into a directory that holds a resumable run would overwrite its trace and, by retention, its
+  // checkpoints: refused before anything is touched.
+  if (!opts.resume && resume_dir.empty())
+    if (const auto newest = ckpt::newest_complete(ckpt_root))
+      throw std::runtime_error(out_dir + " already holds a run (checkpoint " + *newest +
+                               "): pass --resume to continue it, or choose another --out; to start over, delete " +
+                               out_dir + " first");
   if (opts.resume && resume_dir.empty()) {
     const auto newest = ckpt::newest_complete(ckpt_root);
     if (!newest)

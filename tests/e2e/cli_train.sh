@@ -92,6 +92,9 @@ for change in "optim.lr=1e-3" "model.d_model=32"; do
   cmp "$work/done/trace.jsonl" "$work/trace.before" || { echo "a refused resume ($change) cut the trace"; exit 1; }
   cmp "$work/done/audit.jsonl" "$work/audit.before" || { echo "a refused resume ($change) cut the audit log"; exit 1; }
 done
+expect_error "already holds a run" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
+  --out "$work/done" --threads 1 --steps 4  # a fresh run would overwrite it: --resume or another --out
+cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
 cp "$work/tokens.u16" "$work/other.u16"; printf '\x05\x00' >> "$work/other.u16"  # one token more: other data
 expect_error "fingerprint" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/other.u16\"]" \
   --set data.audit=true --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 \
