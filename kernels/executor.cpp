@@ -98,27 +98,25 @@ GemmArgs gemm_view(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_ro
 }
 }  // namespace
 
-#define OLMOREF_GEMM(args)                                   \
-  do {                                                       \
-    GemmArgs g_ = (args);                                    \
-    g_.debug_split_k = debug_split_k_;                       \
-    if (on_device_) OLMOREF_DEVICE(gemm_exact_device(g_));   \
-    else gemm_exact_host(g_);                                \
-  } while (0)
+void KernelExecutor::gemm(GemmArgs g) {
+  g.debug_split_k = debug_split_k_;
+  if (on_device_) OLMOREF_DEVICE(gemm_exact_device(g));
+  else gemm_exact_host(g);
+}
 
 // Y[M,N] = X[M,K] · W[N,K]ᵀ: B(p, j) = W[j, p].
 void KernelExecutor::matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) {
-  OLMOREF_GEMM(gemm_view(M, N, K, X, K, 1, W, 1, K, Y, false));
+  gemm(gemm_view(M, N, K, X, K, 1, W, 1, K, Y, false));
 }
 // dX[M,K] (+)= dY[M,N] · W[N,K]: a product of M x K over N.
 void KernelExecutor::matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
                                            bool accumulate) {
-  OLMOREF_GEMM(gemm_view(M, K, N, dY, N, 1, W, K, 1, dX, accumulate));
+  gemm(gemm_view(M, K, N, dY, N, 1, W, K, 1, dX, accumulate));
 }
 // dW[N,K] (+)= dY[M,N]ᵀ · X[M,K]: a product of N x K over the M tokens; A(i, p) = dY[p, i].
 void KernelExecutor::matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N,
                                             int64_t K, bool accumulate) {
-  OLMOREF_GEMM(gemm_view(N, K, M, dY, 1, N, X, K, 1, dW, accumulate));
+  gemm(gemm_view(N, K, M, dY, 1, N, X, K, 1, dW, accumulate));
 }
 
 // ---- RMSNorm ----

@@ -11,6 +11,8 @@
 
 namespace olmoref::kernels {
 
+struct GemmArgs;  // kernels/gemm_exact.h
+
 class KernelExecutor final : public Executor {
  public:
   // on_device: false runs the kernels on the host. true needs a CUDA build and a device (make_executor checks).
@@ -28,6 +30,7 @@ class KernelExecutor final : public Executor {
   void set_debug_split_k(bool on) { debug_split_k_ = on; }
 
  private:
+  void gemm(GemmArgs g);  // the exact GEMM, on the device or executed on the host
   template <class Op>
   void elements(const Op& op, int64_t n);
   template <class T>
