@@ -14,7 +14,7 @@ Perturbations (each must trip the named gate of hf_parity.py):
   logit   +0.05 on the top logit of one token            -> max_token_kl (top-1 unchanged)
   top1    the two largest logits of one token swapped    -> top1_agreement_pct
   loss0   loss_step0 off by 1e-4 relative                 -> loss_step0_rel
-  trace   step-3 loss off by 1e-4 relative                -> max_step_loss_rel
+  trace   step-3 loss off by 1e-4 relative                -> max_step_loss_vs_fp64
   gnorm   step-1 grad norm off by 1e-3 relative           -> grad_norm_step1_rel
 """
 import argparse
@@ -25,7 +25,7 @@ import sys
 
 PERTURBATIONS = {
     "grad": "max_grad_rel", "logit": "max_token_kl", "top1": "top1_agreement_pct", "loss0": "loss_step0_rel",
-    "trace": "max_step_loss_rel", "gnorm": "grad_norm_step1_rel",
+    "trace": "max_step_loss_vs_fp64", "gnorm": "grad_norm_step1_rel",
 }
 
 # A tiny Olmo 3 that still exercises everything: GQA (4:2), head_dim != d/heads, two sliding layers with a window
@@ -40,7 +40,7 @@ def windows(m):
     return [0 if (i == L - 1 or pat[i % len(pat)] <= 0) else pat[i % len(pat)] for i in range(L)]
 
 
-def make(out, steps, seed, B=2, T=24):
+def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
     import numpy as np
     import torch
     from safetensors.numpy import save_file
@@ -70,7 +70,7 @@ def make(out, steps, seed, B=2, T=24):
     rng = np.random.default_rng(seed)
     batches = rng.integers(0, m["vocab_size"], size=(steps, B, T), dtype=np.uint32)
     batches.astype("<u4").tofile(os.path.join(out, "batches.u32"))
-    lrs = [4e-3 * min(1.0, s / 3) for s in range(1, steps + 1)]  # a short warmup
+    lrs = [lr_peak * min(1.0, s / 3) for s in range(1, steps + 1)]  # a short warmup
     betas, eps, wd, z_mult = (0.9, 0.95), 1e-8, 0.1, 1e-5
     # Not OLMo's 1.0: with this model's gradient norms (~1.3-4.5) 3.0 clips some steps and not others, so both
     # sides of the clamp are exercised.
