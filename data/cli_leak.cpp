@@ -29,11 +29,18 @@ struct LeakArgs {
   int64_t eos = -1;
   std::string report;
   bool quiet = false;
-  bool no_audit = false, no_content = false, no_static = false;
+  bool no_audit = false, no_content = false, no_attribution = false;
+  bool old_strict = false, old_no_static = false;  // flags of olmoref-leakcheck/1, refused with what replaced them
   std::string debug_bug;
 };
 
 void run(LeakArgs& a) {
+  if (a.old_strict)
+    throw std::invalid_argument("--strict is gone: overlap the training data itself delivers now fails by default; accept "
+                                "known overlaps with --allow-data-overlap or --accept FILE (docs/formats/leakcheck.md)");
+  if (a.old_no_static)
+    throw std::invalid_argument("--no-static is gone: the cause of each contaminated document is found without a static "
+                                "scan; --no-attribution skips it (causes are then 'unknown')");
   const TrainConfig cfg = load_config(a.config, a.overrides);
   LoaderConfig lc = loader_config(cfg);
   if (!a.debug_bug.empty()) lc.debug_bug = parse_planted_bug(a.debug_bug);
@@ -43,7 +50,8 @@ void run(LeakArgs& a) {
   o.steps = a.steps >= 0 ? a.steps : cfg.train.steps;
   if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
   o.audit_checks = !a.no_audit;
-  o.static_check = !a.no_static;
+  o.attribute = !a.no_attribution;
+  o.eval_interval = cfg.eval.interval;
   o.content_check = !a.no_content;
   const LeakReport rep = run_leakcheck(lc, o);
   if (!a.report.empty()) {
@@ -74,12 +82,23 @@ void register_leak_commands(CLI::App& app) {
   c->add_option("--set", a->overrides, "Override a config key: --set section.key=value (repeatable)");
   auto* steps = c->add_option("--steps", a->steps, "Steps of the stream to check (default: train.steps)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   c->add_flag("--epoch", a->epoch, "Check the whole first epoch")->excludes(steps);
-  c->add_option("--ngram", a->opt.ngram, "n-gram length of the near-overlap check")->check(CLI::Range(1, 1024));
-  c->add_flag("--bloom", a->opt.bloom, "Bloom filter (4 B/n-gram) with exact re-verification instead of the exact set (16 B)");
-  c->add_option("--bloom-bits", a->opt.bloom_bits_per_ngram, "Bloom filter bits per n-gram")->check(CLI::Range(4.0, 1024.0));
-  c->add_option("--threshold", a->opt.near_threshold,
-                "A holdout document counts as contaminated when this fraction of its n-grams occurs in training")
+  LeakLevels& lv = a->opt.levels;
+  c->add_option("--min-span", lv.verbatim_tokens,
+                "Level: a delivered verbatim span of this many tokens makes a holdout document contaminated (default 32)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 30));
+  c->add_option("--ngram", lv.ngram, "n of the n-gram fraction level (default 13)")->check(CLI::Range(4, 1024));
+  c->add_option("--threshold,--ngram-fraction", lv.ngram_fraction,
+                "Level: this fraction of a document's n-grams delivered makes it contaminated (default 0.5)")
       ->check(CLI::Range(0.0, 1.0));
+  c->add_option("--seed-ngram", lv.seed_ngram,
+                "Shortest verbatim piece the matcher sees (default 8; edits closer than this hide a copy)")
+      ->check(CLI::Range(4, 1024));
+  c->add_option("--near-dup", lv.near_duplicate,
+                "Level: this fraction of a document's tokens delivered in pieces of >= --seed-ngram tokens makes it "
+                "contaminated: a copy with small edits (default 0.8)")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_flag("--bloom", a->opt.bloom, "Bloom filter (4 B/n-gram) with exact verification instead of the exact set (16 B) for the seed probe");
+  c->add_option("--bloom-bits", a->opt.bloom_bits_per_ngram, "Bloom filter bits per n-gram")->check(CLI::Range(4.0, 1024.0));
   c->add_option("--min-doc-tokens", a->opt.min_doc_tokens, "Exact document matches ignore shorter documents");
   c->add_option("--eos", a->eos, "EOS token id (default: data.eos_id); delimits holdout documents");
   c->add_option("--world-size", a->opt.world_size, "Data-parallel ranks of the scanned stream (ranks in the report)");
@@ -87,10 +106,20 @@ void register_leak_commands(CLI::App& app) {
       ->delimiter(',');
   c->add_option("--resume-at", a->opt.resume_at, "Steps after which the resume check stops and resumes (default: mid-run, epoch ends)")
       ->delimiter(',');
-  c->add_flag("--no-static", a->no_static,
-              "Skip the static scan of every training file (then near overlap is not attributed to data vs loader)");
-  c->add_flag("--strict", a->opt.strict, "Near-duplicates the training data itself shares with the holdout fail too");
+  c->add_flag("--no-attribution", a->no_attribution,
+              "Do not find each contaminated document's cause (data vs loader); causes are then 'unknown'");
+  c->add_flag("--allow-data-overlap", a->opt.allow_data_overlap,
+              "Accept every contaminated document whose cause is the configured data itself (listed, not failed)");
+  c->add_option("--accept", a->opt.accept_file,
+                "Accept these known data overlaps: a file of 'HOLDOUT_FILE TOKEN_START' lines (as in the report)")
+      ->check(CLI::ExistingFile);
+  c->add_option("--since", a->opt.since,
+                "Count only documents first delivered after this step (the report still lists all) and list the "
+                "evaluations after it that contamination affects")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   c->add_flag("--no-audit-checks", a->no_audit, "Only the overlap checks");
+  c->add_flag("--strict", a->old_strict)->group("");
+  c->add_flag("--no-static", a->old_no_static)->group("");
   c->add_flag("--no-content-check", a->no_content, "Do not re-read instances to compare the audit log's XXH3s");
   c->add_option("--audit", a->opt.audit_logs, "Audit log(s) of a run (every rank's file) to check as well")
       ->check(CLI::ExistingFile);

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cctype>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include <unordered_map>
 
 #include "data/audit_check.h"
+#include "data/leak_match.h"
 #include "data/ngram.h"
 #include "ref/parallel.h"
 
@@ -116,34 +119,22 @@ std::unique_ptr<Holdout> load_holdout(std::shared_ptr<const FslDataset> ds, std:
 // ---------------------------------------------------------------------------------------------
 // Scanning the stream.
 
-struct FirstCount {
-  StreamPosition first;
-  int64_t count = 0;
-  void add(const StreamPosition& p) {
-    if (count == 0 || p.before(first)) first = p;
-    ++count;
-  }
-  void add(const FirstCount& o) {
-    if (o.count == 0) return;
-    if (count == 0 || o.first.before(first)) first = o.first;
-    count += o.count;
-  }
-};
-
-struct Variant {
-  std::vector<uint32_t> tokens;  // the n-gram as found in the stream
-  FirstCount where;
-  bool verified = false;
-};
-
-using CandidateMap = std::unordered_map<uint64_t, std::vector<Variant>>;  // n-gram hash -> token variants
-
 struct PartHits {
   std::unordered_map<int64_t, FirstCount> instances;  // holdout instance -> occurrences
-  std::unordered_map<int64_t, FirstCount> docs;       // holdout document -> occurrences
-  CandidateMap ngrams;
-  int64_t windows = 0, positives = 0, hash_mismatch = 0;
-  std::vector<uint64_t> keys, scratch;
+  std::unordered_map<int64_t, FirstCount> docs;       // holdout document -> whole-document occurrences
+  MatchSink matches;                                  // verbatim spans of holdout documents
+  int64_t hash_mismatch = 0;
+  std::vector<std::pair<uint64_t, int64_t>> delivered;  // (hash of the file path, first token) of each piece
+  void merge(PartHits& o) {
+    delivered.insert(delivered.end(), o.delivered.begin(), o.delivered.end());
+    o.delivered.clear();
+    for (auto& [k, v] : o.instances) instances[k].add(v);
+    for (auto& [k, v] : o.docs) docs[k].add(v);
+    matches.merge(o.matches);
+    hash_mismatch += o.hash_mismatch;
+    o.instances.clear();
+    o.docs.clear();
+  }
 };
 
 struct Chunk {
@@ -157,14 +148,13 @@ struct Chunk {
 
 struct ScanContext {
   const Holdout& h;
-  const NgramSet& set;
-  const NgramHasher& hasher;
+  const HoldoutText& text;
+  const SeedIndex& index;
+  int ngram;
   int64_t L;
   std::optional<uint32_t> eos;
   int64_t min_doc_tokens;
 };
-
-void probe_ngrams(const ScanContext& c, const uint32_t* t, int64_t len, const StreamPosition& at, PartHits& out);
 
 void scan_instance(const ScanContext& c, const uint32_t* t, const StreamPosition& at, PartHits& out) {
   const int64_t L = c.L;
@@ -195,30 +185,8 @@ void scan_instance(const ScanContext& c, const uint32_t* t, const StreamPosition
       prev = i + 1;
     }
   }
-  probe_ngrams(c, t, L, at, out);
-}
-
-void probe_ngrams(const ScanContext& c, const uint32_t* t, int64_t len, const StreamPosition& at, PartHits& out) {
-  const int n = c.hasher.n();
-  if (len < n) return;
-  out.keys.resize(static_cast<size_t>(len));
-  const size_t count = c.hasher.hash_all(std::span<const uint32_t>(t, static_cast<size_t>(len)), out.keys.data(), out.scratch);
-  out.windows += static_cast<int64_t>(count);
-  c.set.probe(out.keys.data(), count, [&](size_t i) {
-    ++out.positives;
-    std::vector<Variant>& vs = out.ngrams[out.keys[i]];
-    const uint32_t* g = t + i;
-    Variant* v = nullptr;
-    for (Variant& x : vs)
-      if (std::equal(g, g + n, x.tokens.begin())) v = &x;
-    if (!v) {
-      vs.push_back(Variant{std::vector<uint32_t>(g, g + n), {}, false});
-      v = &vs.back();
-    }
-    StreamPosition where = at;
-    where.token_offset = static_cast<int64_t>(i);
-    v->where.add(where);
-  });
+  match_piece(c.index, c.text, c.ngram, t, L, at, out.matches);
+  if (!at.file.empty()) out.delivered.emplace_back(std::hash<std::string>{}(at.file), at.token_start);
 }
 
 void scan_chunk(const ScanContext& c, const Chunk& chunk, ThreadPool& pool, std::vector<PartHits>& parts) {
@@ -233,110 +201,7 @@ void scan_chunk(const ScanContext& c, const Chunk& chunk, ThreadPool& pool, std:
   });
 }
 
-void merge_candidates(CandidateMap& into_map, CandidateMap& from) {
-  for (auto& [h, vs] : from) {
-    std::vector<Variant>& into = into_map[h];
-    for (Variant& v : vs) {
-      auto it = std::find_if(into.begin(), into.end(), [&](const Variant& x) { return x.tokens == v.tokens; });
-      if (it == into.end()) into.push_back(std::move(v));
-      else it->where.add(v.where);
-    }
-  }
-  from.clear();
-}
-
-// The static check: every token of the configured training files (tails included), in pieces of
-// 1M windows that overlap by n - 1 tokens, no loader involved.
-CandidateMap scan_files(const FslDataset& ds, const ScanContext& c, ThreadPool& pool, int64_t* windows, int64_t* tokens) {
-  struct Piece {
-    size_t file;
-    int64_t start, len;
-  };
-  constexpr int64_t kPiece = int64_t{1} << 20;
-  const int64_t n = c.hasher.n();
-  std::vector<Piece> pieces;
-  for (size_t f = 0; f < ds.n_files(); ++f) {
-    const int64_t nt = ds.file(f).n_tokens();
-    *tokens += nt;
-    for (int64_t s = 0; s + n <= nt; s += kPiece) pieces.push_back({f, s, std::min(nt - s, kPiece + n - 1)});
-  }
-  std::vector<PartHits> parts(static_cast<size_t>(pool.size()));
-  const int64_t P = static_cast<int64_t>(parts.size()), N = static_cast<int64_t>(pieces.size());
-  pool.parallel_for(P, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<uint32_t> buf;
-    for (int64_t p = p0; p < p1; ++p) {
-      for (int64_t i = N * p / P; i < N * (p + 1) / P; ++i) {
-        const Piece& pc = pieces[static_cast<size_t>(i)];
-        const TokenFile& tf = ds.file(pc.file);
-        buf.resize(static_cast<size_t>(pc.len));
-        tf.read(pc.start, buf, 0);
-        StreamPosition at;
-        at.file = tf.path();
-        at.token_start = pc.start;
-        probe_ngrams(c, buf.data(), pc.len, at, parts[static_cast<size_t>(p)]);
-      }
-    }
-  });
-  CandidateMap all;
-  for (PartHits& p : parts) {
-    *windows += p.windows;
-    merge_candidates(all, p.ngrams);
-  }
-  return all;
-}
-
-// Re-verification: every holdout n-gram whose hash is a candidate is compared token by token.
-// hit[pos_begin[d] + i] = 1 when n-gram i of document d was found; where[d] = its first occurrence.
-struct Coverage {
-  std::vector<uint8_t> hit;
-  std::vector<int64_t> hits;      // per document
-  std::vector<FirstCount> where;  // per document
-  int64_t candidates_distinct = 0, verified_distinct = 0, verified_occurrences = 0, rejected_occurrences = 0;
-};
-
-Coverage verify(const Holdout& h, const NgramHasher& hasher, const std::vector<int64_t>& pos_begin, CandidateMap& cand) {
-  Coverage cov;
-  const int n = hasher.n();
-  cov.hit.assign(static_cast<size_t>(pos_begin.back()), 0);
-  cov.hits.assign(h.docs.size(), 0);
-  cov.where.assign(h.docs.size(), FirstCount{});
-  if (!cand.empty()) {
-    std::vector<uint64_t> keys, scratch;
-    for (size_t di = 0; di < h.docs.size(); ++di) {
-      const HoldoutDoc& d = h.docs[di];
-      if (d.len < n) continue;
-      const uint32_t* t = h.tokens.data() + d.begin;
-      keys.resize(static_cast<size_t>(d.len));
-      const size_t count = hasher.hash_all(std::span<const uint32_t>(t, static_cast<size_t>(d.len)), keys.data(), scratch);
-      for (size_t i = 0; i < count; ++i) {
-        const auto it = cand.find(keys[i]);
-        if (it == cand.end()) continue;
-        for (Variant& v : it->second) {
-          if (!std::equal(t + i, t + i + n, v.tokens.begin())) continue;
-          v.verified = true;
-          cov.hit[static_cast<size_t>(pos_begin[di]) + i] = 1;
-          ++cov.hits[di];
-          cov.where[di].add(v.where.first);
-          break;
-        }
-      }
-    }
-  }
-  for (const auto& [hash, vs] : cand) {
-    (void)hash;
-    for (const Variant& v : vs) {
-      ++cov.candidates_distinct;
-      if (v.verified) {
-        ++cov.verified_distinct;
-        cov.verified_occurrences += v.where.count;
-      } else {
-        cov.rejected_occurrences += v.where.count;
-      }
-    }
-  }
-  return cov;
-}
-
+// ---------------------------------------------------------------------------------------------
 // One rank's view of the stream: its loader (with its own audit log), its micro-batches.
 class RankStream {
  public:
@@ -391,6 +256,100 @@ class RankStream {
   std::unique_ptr<Loader> loader_;
   GlobalBatch b_;
 };
+
+// Scans `steps` batches of the stream `base` delivers at world size W (each rank's loader in turn, a chunk read
+// ahead while the previous one is scanned); rank r's audit log goes to audit_prefix + ".r<r>.jsonl".
+// Instances of steps <= skip_through are delivered but not scanned.
+struct StreamScan {
+  PartHits hits;
+  int64_t tokens = 0, instances = 0;
+  double seconds = 0.0;
+};
+StreamScan scan_stream(const LoaderConfig& base, int W, int64_t steps, const std::string& audit_prefix,
+                       const ScanContext& ctx, ThreadPool& pool, int64_t chunk_tokens) {
+  StreamScan out;
+  std::vector<PartHits> parts(static_cast<size_t>(pool.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < W; ++r) {
+    RankStream stream(base, W, r, audit_prefix + ".r" + std::to_string(r) + ".jsonl", steps);
+    Chunk cur, next;
+    bool have = stream.fill(cur, chunk_tokens);
+    while (have) {
+      bool have_next = false;
+      std::exception_ptr err;
+      std::thread producer([&] {
+        try {
+          have_next = stream.fill(next, chunk_tokens);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      });
+      try {
+        scan_chunk(ctx, cur, pool, parts);
+      } catch (...) {
+        producer.join();
+        throw;
+      }
+      producer.join();
+      if (err) std::rethrow_exception(err);
+      out.tokens += static_cast<int64_t>(cur.tokens.size());
+      out.instances += static_cast<int64_t>(cur.where.size());
+      std::swap(cur, next);
+      have = have_next;
+    }
+  }
+  out.seconds = seconds_since(t0);
+  for (PartHits& p : parts) out.hits.merge(p);
+  return out;
+}
+
+// A span cut by an instance boundary leaves at most k - 1 of its tokens in the neighbouring instance, too few to seed
+// a match there: when that neighbour (the same file's next or previous instance) was delivered too, its tokens are
+// read and compared with the document's continuation, so the document's delivered run is not cut short by the cut.
+void bridge_boundaries(StreamScan& scan, const std::vector<const FslDataset*>& datasets, const HoldoutText& text,
+                       int k, int64_t L) {
+  std::vector<std::pair<uint64_t, int64_t>>& delivered = scan.hits.delivered;
+  std::sort(delivered.begin(), delivered.end());
+  delivered.erase(std::unique(delivered.begin(), delivered.end()), delivered.end());
+  MatchSink& sink = scan.hits.matches;
+  // Bits are collected and applied after every record, breaks first and then the verified joins, so the result does
+  // not depend on the order the scan threads recorded the cuts in.
+  std::vector<int64_t> breaks, joins;
+  std::vector<uint32_t> buf;
+  for (const BoundaryMem& bm : sink.boundary) {
+    if (bm.neighbour_start < 0 ||
+        !std::binary_search(delivered.begin(), delivered.end(), std::make_pair(std::hash<std::string>{}(bm.file), bm.neighbour_start)))
+      continue;
+    const TokenFile* tf = nullptr;
+    for (const FslDataset* ds : datasets)
+      for (size_t f = 0; f < ds->n_files() && !tf; ++f)
+        if (ds->file(f).path() == bm.file) tf = &ds->file(f);
+    if (!tf || bm.neighbour_start + L > tf->n_tokens()) continue;
+    // Forward: up to k - 1 tokens (k or more would have seeded a MEM of their own). Backward: up to k, to see whether
+    // the tokens before the bridged ones continue the document too (then the previous instance holds a MEM of its
+    // own that reaches its end) or not (then a run must not join across them: the bit at the bridge's start).
+    const int64_t room = bm.forward ? bm.doc_limit - bm.doc_pos : bm.doc_pos - bm.doc_limit;
+    const int64_t n = std::min<int64_t>(bm.forward ? k - 1 : k, room);
+    if (n <= 0) continue;
+    buf.resize(static_cast<size_t>(n));
+    tf->read(bm.forward ? bm.neighbour_start : bm.neighbour_start + L - n, buf, 0);
+    int64_t j = 0;
+    if (bm.forward) {
+      while (j < n && buf[static_cast<size_t>(j)] == text.tokens[static_cast<size_t>(bm.doc_pos + j)]) ++j;
+      for (int64_t q = bm.doc_pos; q < bm.doc_pos + j; ++q) sink.cover[static_cast<size_t>(q)] |= MatchSink::kCovered;
+      if (j > 0) joins.push_back(bm.doc_pos);
+    } else {
+      while (j < n && buf[static_cast<size_t>(n - 1 - j)] == text.tokens[static_cast<size_t>(bm.doc_pos - 1 - j)]) ++j;
+      if (j == 0) continue;
+      const int64_t bridged = std::min<int64_t>(j, k - 1);
+      for (int64_t q = bm.doc_pos - bridged; q < bm.doc_pos; ++q) sink.cover[static_cast<size_t>(q)] |= MatchSink::kCovered;
+      joins.push_back(bm.doc_pos);
+      if (j < k && bm.doc_pos - j > bm.doc_limit) breaks.push_back(bm.doc_pos - j);
+    }
+  }
+  for (const int64_t p : breaks) sink.cover[static_cast<size_t>(p)] |= MatchSink::kBreak;
+  for (const int64_t p : joins) sink.cover[static_cast<size_t>(p)] &= static_cast<uint8_t>(~MatchSink::kBreak);
+}
 
 // Runs `world_size` rank loaders for `steps` batches with audit logs only; returns the union.
 std::vector<AuditRecord> audit_stream(const LoaderConfig& base, int world_size, int64_t steps, const std::string& dir,
@@ -485,6 +444,34 @@ std::string position_text(const nlohmann::json& first) {
 
 }  // namespace
 
+// The accept file: holdout documents known to be in the training data, one per line as the report names them,
+// "HOLDOUT_FILE TOKEN_START" (the path as in the report's `file`, the document's first token); '#' starts a comment.
+std::set<std::pair<std::string, int64_t>> read_leak_accept_file(const std::string& path) {
+  std::set<std::pair<std::string, int64_t>> out;
+  if (path.empty()) return out;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open the accept file (--accept)");
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    size_t start = 0;
+    while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
+    line.erase(0, start);
+    if (line.empty()) continue;
+    const size_t sp = line.find_last_of(" \t");
+    char* end = nullptr;
+    const long long token = sp == std::string::npos ? -1 : std::strtoll(line.c_str() + sp + 1, &end, 10);
+    if (sp == std::string::npos || token < 0 || end == line.c_str() + sp + 1 || *end != '\0')
+      throw std::runtime_error(path + ":" + std::to_string(no) + ": expected 'HOLDOUT_FILE TOKEN_START' (the `file` and "
+                               "`token_start` of a contaminated_documents entry), got '" + line + "'");
+    std::string file = line.substr(0, sp);
+    while (!file.empty() && std::isspace(static_cast<unsigned char>(file.back()))) file.pop_back();
+    out.emplace(file, token);
+  }
+  return out;
+}
+
 LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptions& o) {
   const auto t_start = std::chrono::steady_clock::now();
   if (!loader_config.dataset) throw std::invalid_argument("leakcheck: the loader configuration has no dataset");
@@ -534,98 +521,225 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   }
 
   // ---- holdout index
+  const LeakLevels& lv = o.levels;
+  if (lv.seed_ngram < 4 || lv.ngram < lv.seed_ngram)
+    throw std::invalid_argument("leakcheck: need 4 <= seed n-gram (" + std::to_string(lv.seed_ngram) + ") <= n-gram (" +
+                                std::to_string(lv.ngram) + ")");
+  if (lv.verbatim_tokens < lv.seed_ngram)
+    throw std::invalid_argument("leakcheck: the verbatim span level (" + std::to_string(lv.verbatim_tokens) +
+                                " tokens) is shorter than the seed n-gram (" + std::to_string(lv.seed_ngram) + ")");
   const auto t_index = std::chrono::steady_clock::now();
   const std::unique_ptr<Holdout> hold = load_holdout(holdout_ds, eos, o.min_doc_tokens);
-  const NgramHasher hasher(o.ngram);
+  HoldoutText text;
+  text.tokens = hold->tokens;
+  for (const HoldoutDoc& d : hold->docs) text.begin.push_back(d.begin);
+  text.begin.push_back(static_cast<int64_t>(hold->tokens.size()));
   for (const HoldoutDoc& d : hold->docs) {
-    if (d.len >= o.ngram) {
-      hold->ngram_positions += d.len - o.ngram + 1;
+    if (d.len >= lv.ngram) {
+      hold->ngram_positions += d.len - lv.ngram + 1;
       ++hold->ngram_docs;
     }
   }
-  NgramSet set(o.bloom ? NgramSet::Kind::bloom : NgramSet::Kind::exact, hold->ngram_positions, o.bloom_bits_per_ngram);
-  {
-    std::vector<uint64_t> keys, scratch;
-    for (const HoldoutDoc& d : hold->docs) {
-      if (d.len < o.ngram) continue;
-      keys.resize(static_cast<size_t>(d.len));
-      const size_t n = hasher.hash_all(std::span<const uint32_t>(hold->tokens.data() + d.begin, static_cast<size_t>(d.len)),
-                                       keys.data(), scratch);
-      for (size_t i = 0; i < n; ++i) set.insert(keys[i]);
-    }
-  }
+  const SeedIndex index(text, lv.seed_ngram, o.bloom ? NgramSet::Kind::bloom : NgramSet::Kind::exact, o.bloom_bits_per_ngram);
   const double index_seconds = seconds_since(t_index);
+  const std::set<std::pair<std::string, int64_t>> accept_list = read_leak_accept_file(o.accept_file);
 
-  // ---- scan the stream (the scanned layout: W rank loaders, each scanning its micro-batches)
+  // ---- the stream as the loader delivers it (W rank loaders, each scanning its micro-batches), and the reference:
+  // the configured data as a correct loader delivers it over the same steps (the same stream, unless a test planted
+  // a loader bug), which decides the cause of what the stream holds.
   ThreadPool pool(o.threads);
-  std::vector<PartHits> parts(static_cast<size_t>(pool.size()));
-  const ScanContext ctx{*hold, set, hasher, L, eos, o.min_doc_tokens};
+  const ScanContext ctx{*hold, text, index, lv.ngram, L, eos, o.min_doc_tokens};
   const int W = o.world_size;
-  int64_t scanned_tokens = 0, scanned_instances = 0;
-  const auto t_scan = std::chrono::steady_clock::now();
-  for (int r = 0; r < W; ++r) {
-    RankStream stream(base, W, r, work.path + "/stream.w" + std::to_string(W) + ".r" + std::to_string(r) + ".jsonl", steps);
-    Chunk cur, next;
-    bool have = stream.fill(cur, o.chunk_tokens);
-    while (have) {
-      bool have_next = false;
-      std::exception_ptr err;
-      std::thread producer([&] {
-        try {
-          have_next = stream.fill(next, o.chunk_tokens);
-        } catch (...) {
-          err = std::current_exception();
-        }
-      });
-      try {
-        scan_chunk(ctx, cur, pool, parts);
-      } catch (...) {
-        producer.join();
-        throw;
-      }
-      producer.join();
-      if (err) std::rethrow_exception(err);
-      scanned_tokens += static_cast<int64_t>(cur.tokens.size());
-      scanned_instances += static_cast<int64_t>(cur.where.size());
-      std::swap(cur, next);
-      have = have_next;
-    }
+  StreamScan scanned = scan_stream(base, W, steps, work.path + "/stream.w" + std::to_string(W), ctx, pool, o.chunk_tokens);
+  StreamScan reference_owned;
+  const bool separate_reference = o.attribute && base.debug_bug != PlantedBug::none;
+  if (separate_reference) {
+    LoaderConfig clean = base;
+    clean.debug_bug = PlantedBug::none;
+    reference_owned = scan_stream(clean, 1, steps, work.path + "/reference.w1", ctx, pool, o.chunk_tokens);
   }
-  const double scan_seconds = seconds_since(t_scan);
+  const std::vector<const FslDataset*> datasets{&probe_loader.dataset(), &configured};
+  bridge_boundaries(scanned, datasets, text, lv.seed_ngram, L);
+  if (separate_reference) bridge_boundaries(reference_owned, datasets, text, lv.seed_ngram, L);
+  const StreamScan& reference = separate_reference ? reference_owned : scanned;
+  const PartHits& hits = scanned.hits;
+  const std::vector<uint8_t> no_cover;
+  const std::vector<uint8_t>& cover = hits.matches.cover.empty() ? no_cover : hits.matches.cover;
+  const std::vector<uint8_t>& ref_cover = reference.hits.matches.cover.empty() ? no_cover : reference.hits.matches.cover;
 
-  // ---- merge and verify
-  std::unordered_map<int64_t, FirstCount> inst_hits, doc_hits;
-  CandidateMap cand;
-  int64_t windows = 0, positives = 0, hash_mismatch = 0;
-  for (PartHits& p : parts) {
-    for (auto& [k, v] : p.instances) inst_hits[k].add(v);
-    for (auto& [k, v] : p.docs) doc_hits[k].add(v);
-    merge_candidates(cand, p.ngrams);
-    windows += p.windows;
-    positives += p.positives;
-    hash_mismatch += p.hash_mismatch;
-  }
-  parts.clear();
-  std::vector<int64_t> pos_begin(hold->docs.size() + 1, 0);
-  for (size_t di = 0; di < hold->docs.size(); ++di)
-    pos_begin[di + 1] = pos_begin[di] + std::max<int64_t>(0, hold->docs[di].len - o.ngram + 1);
-  const Coverage stream_cov = verify(*hold, hasher, pos_begin, cand);
-  cand.clear();
-
-  // ---- the static check over the configured training files (what the data itself shares with the holdout)
-  Coverage data_cov;
-  int64_t static_windows = 0, static_tokens = 0;
-  double static_seconds = 0.0;
-  if (o.static_check) {
-    const auto t0 = std::chrono::steady_clock::now();
-    CandidateMap sc = scan_files(configured, ctx, pool, &static_windows, &static_tokens);
-    data_cov = verify(*hold, hasher, pos_begin, sc);
-    static_seconds = seconds_since(t0);
-  }
-
-  // ---- checks
+  // ---- every holdout document with something delivered, on every level; its cause; accepted or not
   LeakReport rep;
   nlohmann::json checks = nlohmann::json::object();
+  struct LevelCheck {
+    CheckResult check;
+    int64_t documents = 0, accepted = 0;
+    std::map<std::string, int64_t> by_cause;
+  };
+  const char* level_names[] = {"exact", "verbatim", "ngram_fraction", "near_duplicate"};
+  const char* level_checks[] = {"exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates"};
+  LevelCheck level_results[4];
+  for (int i = 0; i < 4; ++i) level_results[i].check = CheckResult(level_checks[i]);
+  std::map<std::string, int64_t> cause_counts;
+  int64_t judged = 0, contaminated_count = 0, accepted_count = 0, since_count = 0;
+  std::set<std::pair<std::string, int64_t>> accept_used;
+  nlohmann::json contaminated = nlohmann::json::array(), partial = nlohmann::json::array();
+  std::vector<std::pair<double, nlohmann::json>> partial_sorted;
+  std::vector<int64_t> contaminated_first_steps;  // per contaminated document: its first delivery's step
+  std::set<int64_t> candidate_docs;
+  for (const auto& [d, m] : hits.matches.docs) candidate_docs.insert(d);
+  for (const auto& [d, fc] : hits.docs) candidate_docs.insert(d);
+  for (size_t di = 0; di < hold->docs.size(); ++di)
+    if (hold->docs[di].len >= lv.ngram || (eos && hold->docs[di].len >= o.min_doc_tokens)) ++judged;
+  for (const int64_t di : candidate_docs) {
+    const HoldoutDoc& d = hold->docs[static_cast<size_t>(di)];
+    const int64_t b = d.begin, e = d.begin + d.len;
+    const auto mit = hits.matches.docs.find(di);
+    const DocMatches* m = mit == hits.matches.docs.end() ? nullptr : &mit->second;
+    const auto xit = hits.docs.find(di);
+    const FirstCount* exact_fc = xit == hits.docs.end() ? nullptr : &xit->second;
+    const auto rxit = reference.hits.docs.find(di);
+    const bool ref_exact = rxit != reference.hits.docs.end();
+    // The document's text without its EOS: what "delivered whole" means when it was spliced in without one.
+    const int64_t text_len = eos && d.len > 0 && hold->tokens[static_cast<size_t>(e - 1)] == *eos ? d.len - 1 : d.len;
+    const int64_t positions = std::max<int64_t>(0, d.len - lv.ngram + 1);
+
+    // Levels over `keep`: the whole delivery, or the part the reference holds (data) or does not (loader).
+    struct Reached {
+      bool level[4] = {false, false, false, false};
+      int64_t covered = 0, ngram_hit = 0, longest = 0;
+      bool any() const { return level[0] || level[1] || level[2] || level[3]; }
+    };
+    auto judge = [&](int part) {  // part 0: all, 1: data (in the reference), 2: loader (not in it)
+      Reached r;
+      int64_t run = 0;
+      for (int64_t p = b; p < e; ++p) {
+        const uint8_t c = cover.empty() ? 0 : cover[static_cast<size_t>(p)];
+        const uint8_t rc = ref_cover.empty() ? 0 : ref_cover[static_cast<size_t>(p)];
+        auto in_part = [&](uint8_t bit) {
+          if (!(c & bit)) return false;
+          return part == 0 || (part == 1 ? (rc & bit) != 0 : (rc & bit) == 0);
+        };
+        if (in_part(MatchSink::kCovered)) {
+          ++r.covered;
+          run = (c & MatchSink::kBreak) ? 1 : run + 1;  // a run continues only where the stream did (or a cut)
+          r.longest = std::max(r.longest, run);
+        } else {
+          run = 0;
+        }
+        if (p + lv.ngram <= e && in_part(MatchSink::kNgramStart)) ++r.ngram_hit;
+      }
+      if (part == 0 && m) r.longest = std::max(r.longest, m->longest);
+      const bool exact = part == 0 ? exact_fc != nullptr : part == 1 ? exact_fc && ref_exact : exact_fc && !ref_exact;
+      r.level[0] = exact;
+      // A document shorter than the span level counts as verbatim when its whole text was delivered.
+      r.level[1] = text_len >= o.min_doc_tokens && r.longest >= std::min<int64_t>(lv.verbatim_tokens, text_len);
+      // The fraction levels judge documents of at least 2k tokens: in a shorter one a single common phrase of k
+      // tokens would be most of it. A shorter document counts when all its text was delivered (above).
+      const bool long_enough = d.len >= 2 * lv.seed_ngram;
+      r.level[2] = long_enough && positions > 0 && rate(r.ngram_hit, positions) >= lv.ngram_fraction;
+      r.level[3] = long_enough && rate(r.covered, d.len) >= lv.near_duplicate;
+      return r;
+    };
+    const Reached all = judge(0);
+    const double ngram_frac = rate(all.ngram_hit, positions), near_score = rate(all.covered, d.len);
+    nlohmann::json j{{"document", di},
+                     {"file", holdout_ds->file(static_cast<size_t>(d.file)).path()},
+                     {"token_start", d.file_start},
+                     {"tokens", d.len},
+                     {"longest_run", all.longest},
+                     {"longest_span", m ? m->longest : 0},
+                     {"ngram_fraction", ngram_frac},
+                     {"near_duplicate_score", near_score},
+                     {"exact", exact_fc != nullptr}};
+    FirstCount first;
+    if (m) first.add(m->first);
+    if (exact_fc) first.add(*exact_fc);
+    if (first.count > 0) {
+      j["first"] = first.first;
+      if (!first.first.file.empty() && first.first.token_start >= 0)
+        j["source"] = {{"file", first.first.file},
+                       {"token_offset", first.first.token_start + std::max<int64_t>(0, first.first.token_offset)}};
+    }
+    j["deliveries"] = m ? m->pieces : (exact_fc ? exact_fc->count : 0);
+    j["spans_delivered"] = m ? m->first.count : 0;
+    j["exact_deliveries"] = exact_fc ? exact_fc->count : 0;
+    if (m) {
+      j["longest_span_at"] = m->longest_at;
+      j["longest_span_document_offset"] = m->longest_doc_offset;
+    }
+    if (!all.any()) {
+      partial_sorted.emplace_back(std::max(ngram_frac, near_score), std::move(j));
+      continue;
+    }
+    std::string cause = "unknown";
+    if (o.attribute && !separate_reference) {
+      cause = "data";  // the scanned loader is the correct one: whatever it delivers, the configured data holds
+    } else if (o.attribute) {
+      const Reached in_data = judge(1), in_loader = judge(2);
+      const bool data = in_data.any(), loader = in_loader.any();
+      // Neither part reaches a level alone: the cause is the part that delivered anything at all, or both.
+      const bool data_some = in_data.covered > 0 || in_data.level[0], loader_some = in_loader.covered > 0 || in_loader.level[0];
+      cause = data && loader ? "both" : loader ? "loader" : data ? "data"
+              : data_some && loader_some ? "both" : loader_some ? "loader" : "data";
+      j["data_part"] = {{"longest_run", in_data.longest}, {"ngram_fraction", rate(in_data.ngram_hit, positions)},
+                        {"near_duplicate_score", rate(in_data.covered, d.len)}};
+      j["loader_part"] = {{"longest_run", in_loader.longest}, {"ngram_fraction", rate(in_loader.ngram_hit, positions)},
+                          {"near_duplicate_score", rate(in_loader.covered, d.len)}};
+    }
+    const std::pair<std::string, int64_t> key{holdout_ds->file(static_cast<size_t>(d.file)).path(), d.file_start};
+    const bool listed = accept_list.count(key) > 0;
+    const bool accepted = cause == "data" && (o.allow_data_overlap || listed);
+    if (listed) accept_used.insert(key);
+    const bool counted = !accepted && (o.since <= 0 || first.first.step > o.since);
+    nlohmann::json levels = nlohmann::json::array();
+    for (int i = 0; i < 4; ++i) {
+      if (!all.level[i]) continue;
+      levels.push_back(level_names[i]);
+      LevelCheck& lc = level_results[i];
+      ++lc.documents;
+      ++lc.by_cause[cause];
+      if (accepted) ++lc.accepted;
+      if (counted) {
+        StreamPosition at = first.first;
+        lc.check.fail(at, "holdout document " + std::to_string(di) + " (" + key.first + " token " +
+                              std::to_string(key.second) + ", cause " + cause + "): " +
+                              (i == 0 ? "delivered whole"
+                               : i == 1 ? "a " + std::to_string(all.longest) + "-token verbatim run delivered"
+                               : i == 2 ? fmt("%.3f", ngram_frac) + " of its " + std::to_string(lv.ngram) + "-grams delivered"
+                                        : fmt("%.3f", near_score) + " of its tokens delivered in spans of >= " +
+                                              std::to_string(lv.seed_ngram) + " tokens"));
+      }
+    }
+    j["levels"] = levels;
+    j["cause"] = cause;
+    j["accepted"] = accepted;
+    if (o.since > 0) j["after_since"] = first.first.step > o.since;
+    ++contaminated_count;
+    ++cause_counts[cause];
+    if (accepted) ++accepted_count;
+    if (counted) ++since_count;
+    contaminated_first_steps.push_back(first.first.step);
+    contaminated.push_back(std::move(j));
+  }
+  for (int i = 0; i < 4; ++i) {
+    LevelCheck& lc = level_results[i];
+    lc.check.checked = judged;
+    if (lc.check.status == "pass" && lc.accepted > 0) lc.check.status = "warn";
+    lc.check.details["contaminated"] = lc.documents;
+    lc.check.details["accepted"] = lc.accepted;
+    lc.check.details["rate"] = rate(lc.documents, judged);
+    lc.check.details["by_cause"] = lc.by_cause;
+  }
+  level_results[0].check.details["min_doc_tokens"] = o.min_doc_tokens;
+  if (!eos) level_results[0].check.skip("the EOS id is unknown (set data.eos_id or --eos), so documents cannot be delimited");
+  level_results[1].check.details["level_tokens"] = lv.verbatim_tokens;
+  level_results[2].check.details["n"] = lv.ngram;
+  level_results[2].check.details["level"] = lv.ngram_fraction;
+  level_results[3].check.details["seed_ngram"] = lv.seed_ngram;
+  level_results[3].check.details["level"] = lv.near_duplicate;
+  std::stable_sort(partial_sorted.begin(), partial_sorted.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < partial_sorted.size() && i < 1000; ++i) partial.push_back(std::move(partial_sorted[i].second));
 
   CheckResult files("shared_files");
   const nlohmann::json shared = shared_files(probe_loader.dataset(), *holdout_ds, files);
@@ -635,149 +749,38 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   checks["shared_files"] = files.to_json();
 
   CheckResult exact_inst("exact_instances");
-  exact_inst.checked = scanned_instances;
-  int64_t inst_occ = 0;
-  for (const auto& [hid, fc] : inst_hits) {
+  exact_inst.checked = scanned.instances;
+  int64_t inst_occ = 0, inst_accepted = 0;
+  for (const auto& [hid, fc] : hits.instances) {
     inst_occ += fc.count;
-    exact_inst.fail(fc.first, "holdout instance " + std::to_string(hid) + " delivered for training");
+    const bool data = !o.attribute || reference.hits.instances.count(hid) > 0;
+    if (data && o.attribute && o.allow_data_overlap) {
+      ++inst_accepted;
+      continue;
+    }
+    if (o.since > 0 && fc.first.step <= o.since) continue;
+    exact_inst.fail(fc.first, "holdout instance " + std::to_string(hid) + " delivered for training" +
+                                  (o.attribute ? std::string(data ? " (cause data)" : " (cause loader)") : ""));
   }
-  exact_inst.failures = static_cast<int64_t>(inst_hits.size());  // holdout instances, not occurrences
+  exact_inst.failures = static_cast<int64_t>(hits.instances.size()) - inst_accepted;  // holdout instances, not occurrences
+  if (exact_inst.status == "pass" && inst_accepted > 0) exact_inst.status = "warn";
   exact_inst.details["holdout_instances"] = holdout_ds->size();
-  exact_inst.details["contaminated"] = static_cast<int64_t>(inst_hits.size());
-  exact_inst.details["rate"] = rate(static_cast<int64_t>(inst_hits.size()), holdout_ds->size());
+  exact_inst.details["contaminated"] = static_cast<int64_t>(hits.instances.size());
+  exact_inst.details["accepted"] = inst_accepted;
+  exact_inst.details["rate"] = rate(static_cast<int64_t>(hits.instances.size()), holdout_ds->size());
   exact_inst.details["occurrences"] = inst_occ;
-  exact_inst.details["training_instances_scanned"] = scanned_instances;
-  exact_inst.details["hash_matches_rejected"] = hash_mismatch;  // equal XXH3, different tokens (instances and documents)
+  exact_inst.details["training_instances_scanned"] = scanned.instances;
+  exact_inst.details["hash_matches_rejected"] = hits.hash_mismatch;  // equal XXH3, different tokens (instances and documents)
   checks["exact_instances"] = exact_inst.to_json();
-
-  CheckResult exact_doc("exact_documents");
-  int64_t doc_occ = 0;
-  if (!eos) {
-    exact_doc.skip("the EOS id is unknown (set data.eos_id or --eos), so documents cannot be delimited");
-  } else {
-    exact_doc.checked = scanned_instances;
-    for (const auto& [di, fc] : doc_hits) {
-      doc_occ += fc.count;
-      exact_doc.fail(fc.first, "holdout document " + std::to_string(di) + " found whole in a training instance");
-    }
-    exact_doc.failures = static_cast<int64_t>(doc_hits.size());
-  }
-  exact_doc.details["documents"] = hold->exact_docs;
-  exact_doc.details["min_doc_tokens"] = o.min_doc_tokens;
-  exact_doc.details["contaminated"] = static_cast<int64_t>(doc_hits.size());
-  exact_doc.details["rate"] = rate(static_cast<int64_t>(doc_hits.size()), hold->exact_docs);
-  exact_doc.details["occurrences"] = doc_occ;
-  checks["exact_documents"] = exact_doc.to_json();
-
-  CheckResult near_check("near_ngrams"), static_check("static_ngrams");
-  near_check.checked = windows;
-  static_check.checked = static_windows;
-  if (!o.static_check) static_check.skip("turned off (--no-static)");
-  int64_t docs_with_hits = 0, docs_contaminated = 0, docs_over_threshold = 0, positions_hit = 0, data_docs = 0;
-  nlohmann::json contaminated = nlohmann::json::array(), data_overlaps = nlohmann::json::array(),
-                 partial = nlohmann::json::array();
-  std::vector<std::pair<double, nlohmann::json>> partial_sorted;
-  for (size_t di = 0; di < hold->docs.size(); ++di) {
-    const int64_t positions = pos_begin[di + 1] - pos_begin[di];
-    const int64_t hit = stream_cov.hits[di];
-    int64_t unexplained = hit, in_data = 0;
-    if (o.static_check && positions > 0) {
-      unexplained = 0;
-      in_data = data_cov.hits[di];
-      for (int64_t i = pos_begin[di]; i < pos_begin[di + 1]; ++i)
-        unexplained += stream_cov.hit[static_cast<size_t>(i)] && !data_cov.hit[static_cast<size_t>(i)];
-    }
-    const auto exact_it = doc_hits.find(static_cast<int64_t>(di));
-    const bool exact = exact_it != doc_hits.end();
-    const double frac = rate(hit, positions), frac_unexplained = rate(unexplained, positions), frac_data = rate(in_data, positions);
-    positions_hit += hit;
-    if (hit > 0) ++docs_with_hits;
-    if (hit > 0 && frac >= o.near_threshold) ++docs_over_threshold;
-    // Loader-caused: n-grams the stream holds that the configured training data does not.
-    const bool near_bad = positions > 0 && unexplained > 0 && frac_unexplained >= o.near_threshold;
-    const bool data_bad = o.static_check && positions > 0 && in_data > 0 && frac_data >= o.near_threshold;
-    if (near_bad) {
-      ++docs_contaminated;
-      near_check.fail(stream_cov.where[di].first,
-                      "holdout document " + std::to_string(di) + ": " + fmt("%.3f", frac_unexplained) + " of its " +
-                          std::to_string(o.ngram) + "-grams occur in the training stream but not in the configured training data");
-    }
-    if (data_bad) {
-      ++data_docs;
-      static_check.fail(data_cov.where[di].first, "holdout document " + std::to_string(di) + ": " + fmt("%.3f", frac_data) +
-                                                      " of its " + std::to_string(o.ngram) +
-                                                      "-grams occur in the configured training files");
-    }
-    if (!near_bad && !exact && !data_bad && hit == 0) continue;
-    const HoldoutDoc& d = hold->docs[di];
-    nlohmann::json j{{"document", di},
-                     {"file", holdout_ds->file(static_cast<size_t>(d.file)).path()},
-                     {"token_start", d.file_start},
-                     {"tokens", d.len},
-                     {"ngrams", positions},
-                     {"ngrams_hit", hit},
-                     {"hit_fraction", frac},
-                     {"exact", exact}};
-    if (o.static_check) {
-      j["data_fraction"] = frac_data;
-      j["unexplained_fraction"] = frac_unexplained;
-    }
-    // "loader": the stream holds n-grams the configured data does not; "data": the configured training
-    // files themselves hold them (near-duplicates across the split, or a holdout file in the mix).
-    j["cause"] = near_bad || (exact && (!o.static_check || unexplained > 0)) ? "loader" : exact || data_bad ? "data" : "none";
-    FirstCount first = stream_cov.where[di];
-    if (exact) first.add(exact_it->second);
-    if (first.count > 0) j["first"] = first.first;
-    if (near_bad || exact) contaminated.push_back(std::move(j));
-    else if (data_bad) data_overlaps.push_back(std::move(j));
-    else partial_sorted.emplace_back(frac, std::move(j));
-  }
-  near_check.failures = docs_contaminated;
-  static_check.failures = data_docs;
-  if (static_check.failed() && !o.strict) static_check.status = "warn";
-  std::stable_sort(partial_sorted.begin(), partial_sorted.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; i < partial_sorted.size() && i < 1000; ++i) partial.push_back(std::move(partial_sorted[i].second));
-  static_check.details["contaminated"] = data_docs;
-  static_check.details["rate"] = rate(data_docs, hold->ngram_docs);
-  static_check.details["documents"] = hold->ngram_docs;
-  static_check.details["threshold"] = o.near_threshold;
-  static_check.details["training_tokens"] = static_tokens;
-  static_check.details["windows_scanned"] = static_windows;
-  static_check.details["verified_distinct"] = data_cov.verified_distinct;
-  static_check.details["seconds"] = static_seconds;
-  static_check.details["note"] =
-      "holdout documents whose n-grams the configured training data itself holds (near-duplicates across the "
-      "split); not caused by the loader. A warning unless --strict";
-  near_check.details["n"] = o.ngram;
-  near_check.details["mode"] = o.bloom ? "bloom" : "exact";
-  near_check.details["threshold"] = o.near_threshold;
-  near_check.details["attribution"] = o.static_check ? "n-grams not in the configured training data" : "none (--no-static)";
-  near_check.details["documents"] = hold->ngram_docs;
-  near_check.details["documents_too_short"] = static_cast<int64_t>(hold->docs.size()) - hold->ngram_docs;
-  near_check.details["documents_with_hits"] = docs_with_hits;
-  near_check.details["documents_over_threshold"] = docs_over_threshold;
-  near_check.details["contaminated"] = docs_contaminated;
-  near_check.details["rate"] = rate(docs_contaminated, hold->ngram_docs);
-  near_check.details["holdout_ngrams"] = hold->ngram_positions;
-  near_check.details["holdout_ngrams_distinct"] = o.bloom ? nlohmann::json(nullptr) : nlohmann::json(set.inserted());
-  near_check.details["holdout_ngrams_hit"] = positions_hit;
-  near_check.details["windows_scanned"] = windows;
-  near_check.details["candidates"] = positives;
-  near_check.details["candidates_distinct"] = stream_cov.candidates_distinct;
-  near_check.details["verified_distinct"] = stream_cov.verified_distinct;
-  near_check.details["verified_occurrences"] = stream_cov.verified_occurrences;
-  near_check.details["rejected_occurrences"] = stream_cov.rejected_occurrences;
-  near_check.details["index_bytes"] = set.bytes();
-  if (o.bloom) {
-    near_check.details["bloom"] = {{"bits_per_ngram", o.bloom_bits_per_ngram},
-                                   {"hashes", 16},
-                                   {"block_bits", 512},
-                                   {"expected_false_positive_rate", set.expected_false_positive_rate()},
-                                   {"observed_false_positive_rate", rate(stream_cov.rejected_occurrences, windows)}};
-  }
-  checks["static_ngrams"] = static_check.to_json();
-  checks["near_ngrams"] = near_check.to_json();
+  for (int i = 0; i < 4; ++i) checks[level_checks[i]] = level_results[i].check.to_json();
+  const MatchSink& ms = hits.matches;
+  checks["near_duplicates"]["windows_scanned"] = ms.windows;
+  checks["near_duplicates"]["candidates"] = ms.index_hits;
+  checks["near_duplicates"]["rejected_candidates"] = ms.rejected;
+  checks["near_duplicates"]["spans_found"] = ms.mems;
+  nlohmann::json unused = nlohmann::json::array();
+  for (const auto& k : accept_list)
+    if (!accept_used.count(k)) unused.push_back({{"file", k.first}, {"token_start", k.second}});
 
   // ---- audit checks
   StreamExpectation expect;
@@ -941,6 +944,8 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
         ++overlap.checked;
         const auto it = hold->instance_hash.find(r.xxh3);
         if (it == hold->instance_hash.end()) continue;
+        // The configured data itself delivers that holdout instance, and the user accepted data overlaps.
+        if (o.allow_data_overlap && o.attribute && reference.hits.instances.count(it->second)) continue;
         StreamPosition at;
         at.step = r.step;
         at.epoch = r.epoch;
@@ -975,7 +980,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   }
 
   // ---- verdict
-  for (const char* name : {"shared_files", "exact_instances", "exact_documents", "near_ngrams", "static_ngrams"})
+  for (const char* name : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates"})
     if (checks[name]["status"] == "fail") rep.contaminated = true;
   for (const char* name : {"audit_partition", "audit_exactly_once", "audit_resume", "audit_layout", "external_audit"})
     if (checks.contains(name) && checks[name]["status"] == "fail") rep.audit_failed = true;
@@ -983,9 +988,26 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
                               : rep.contaminated                   ? "contaminated"
                               : rep.audit_failed                   ? "audit-failure"
                                                                    : "clean";
+  // Evaluations affected: an evaluation after step E saw a model trained on every document delivered by then.
+  std::sort(contaminated_first_steps.begin(), contaminated_first_steps.end());
+  nlohmann::json affected{{"since", o.since > 0 ? nlohmann::json(o.since) : nlohmann::json(nullptr)},
+                          {"first_step", contaminated_first_steps.empty() ? nlohmann::json(nullptr)
+                                                                          : nlohmann::json(contaminated_first_steps.front())},
+                          {"eval_interval", o.eval_interval}};
+  nlohmann::json evals = nlohmann::json::array();
+  if (o.eval_interval > 0 && !contaminated_first_steps.empty()) {
+    for (int64_t e = o.eval_interval; e <= steps && evals.size() < 1000; e += o.eval_interval) {
+      if (e <= o.since) continue;
+      const int64_t n = std::upper_bound(contaminated_first_steps.begin(), contaminated_first_steps.end(), e) -
+                        contaminated_first_steps.begin();
+      if (n > 0) evals.push_back({{"step", e}, {"documents", n}});
+    }
+  }
+  affected["evaluations"] = evals;
+
   const double total_seconds = seconds_since(t_start);
   nlohmann::json& j = rep.json;
-  j["format"] = "olmoref-leakcheck/1";
+  j["format"] = "olmoref-leakcheck/2";
   j["status"] = verdict;
   j["config"] = o.config_path;
   j["run"] = {{"train_mix", configured.mix().source},
@@ -998,25 +1020,46 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
               {"batches_per_epoch", bpe},
               {"eos_id", eos ? nlohmann::json(*eos) : nlohmann::json(nullptr)}};
   if (base.debug_bug != PlantedBug::none) j["run"]["planted_bug"] = planted_bug_name(base.debug_bug);
+  j["levels"] = {{"verbatim_tokens", lv.verbatim_tokens}, {"ngram", lv.ngram}, {"ngram_fraction", lv.ngram_fraction},
+                 {"seed_ngram", lv.seed_ngram}, {"near_duplicate", lv.near_duplicate},
+                 {"min_doc_tokens", o.min_doc_tokens}};
   j["stream"] = {{"steps", steps},
                  {"epochs", bpe > 0 ? (steps + bpe - 1) / bpe : 0},
                  {"world_size", W},
-                 {"instances", scanned_instances},
-                 {"tokens", scanned_tokens},
-                 {"scan_seconds", scan_seconds},
-                 {"tokens_per_second", scan_seconds > 0 ? static_cast<double>(scanned_tokens) / scan_seconds : 0.0},
+                 {"instances", scanned.instances},
+                 {"tokens", scanned.tokens},
+                 {"scan_seconds", scanned.seconds},
+                 {"tokens_per_second", scanned.seconds > 0 ? static_cast<double>(scanned.tokens) / scanned.seconds : 0.0},
                  {"threads", pool.size()}};
+  j["attribution"] = {{"enabled", o.attribute},
+                      {"reference", !o.attribute ? "none (--no-attribution)"
+                                    : separate_reference ? "a separate scan of the configured data through a correct loader"
+                                                         : "the scanned stream (its loader is the correct one)"},
+                      {"seconds", separate_reference ? reference.seconds : 0.0}};
   j["holdout"] = {{"files", holdout_ds->n_files()},
                   {"tokens", static_cast<int64_t>(hold->tokens.size())},
                   {"instances", holdout_ds->size()},
                   {"documents", static_cast<int64_t>(hold->docs.size())},
+                  {"documents_judged", judged},
                   {"documents_are_instances", hold->docs_are_instances},
                   {"ngrams", hold->ngram_positions},
-                  {"index_bytes", set.bytes()},
+                  {"seed_ngrams", index.seeds()},
+                  {"index", o.bloom ? "bloom" : "exact"},
+                  {"index_bytes", index.bytes()},
                   {"index_seconds", index_seconds}};
+  j["counts"] = {{"contaminated", contaminated_count},
+                 {"accepted", accepted_count},
+                 {"counted", since_count},
+                 {"by_level", {{"exact", level_results[0].documents}, {"verbatim", level_results[1].documents},
+                               {"ngram_fraction", level_results[2].documents}, {"near_duplicate", level_results[3].documents}}},
+                 {"by_cause", cause_counts}};
+  j["accept"] = {{"allow_data_overlap", o.allow_data_overlap},
+                 {"file", o.accept_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.accept_file)},
+                 {"listed", static_cast<int64_t>(accept_list.size())},
+                 {"unused", unused}};
+  j["affected"] = affected;
   j["checks"] = checks;
   j["contaminated_documents"] = contaminated;
-  j["data_overlaps"] = data_overlaps;
   j["partial_overlaps"] = partial;
   j["seconds"] = total_seconds;
   j["work_dir"] = work.remove ? nlohmann::json(nullptr) : nlohmann::json(work.path);
@@ -1025,16 +1068,44 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   std::string s = "olmoref leakcheck: " + std::string(verdict == "clean" ? "CLEAN" : verdict == "contaminated" ? "CONTAMINATED"
                                                                       : verdict == "audit-failure"        ? "AUDIT FAILURE"
                                                                                                           : "CONTAMINATED + AUDIT FAILURE") +
-                  "\n";
-  s += "stream: " + std::to_string(steps) + " steps (" + std::to_string(scanned_instances) + " instances, " +
-       std::to_string(scanned_tokens) + " tokens) on " + std::to_string(W) + " rank(s); scanned at " +
-       fmt("%.3g", scan_seconds > 0 ? static_cast<double>(scanned_tokens) / scan_seconds : 0.0) + " tokens/s\n";
+                  (accepted_count > 0 ? " (" + std::to_string(accepted_count) + " known data overlap(s) accepted)" : "") + "\n";
+  s += "stream: " + std::to_string(steps) + " steps (" + std::to_string(scanned.instances) + " instances, " +
+       std::to_string(scanned.tokens) + " tokens) on " + std::to_string(W) + " rank(s); scanned at " +
+       fmt("%.3g", scanned.seconds > 0 ? static_cast<double>(scanned.tokens) / scanned.seconds : 0.0) + " tokens/s\n";
   s += "holdout: " + std::to_string(hold->docs.size()) + (hold->docs_are_instances ? " instance-documents, " : " documents, ") +
-       std::to_string(holdout_ds->size()) + " instances, " + std::to_string(hold->tokens.size()) + " tokens, " +
-       std::to_string(hold->ngram_positions) + " " + std::to_string(o.ngram) + "-grams (" + (o.bloom ? "Bloom" : "exact") +
-       " index " + fmt("%.1f", static_cast<double>(set.bytes()) / (1 << 20)) + " MiB)\n";
-  for (const char* name : {"shared_files", "static_ngrams", "exact_instances", "exact_documents", "near_ngrams", "audit_partition",
-                           "audit_exactly_once", "audit_resume", "audit_layout", "external_audit"}) {
+       std::to_string(holdout_ds->size()) + " instances, " + std::to_string(hold->tokens.size()) + " tokens (" +
+       (o.bloom ? "Bloom" : "exact") + " " + std::to_string(lv.seed_ngram) + "-gram index " +
+       fmt("%.1f", static_cast<double>(index.bytes()) / (1 << 20)) + " MiB)\n";
+  s += "levels: verbatim span >= " + std::to_string(lv.verbatim_tokens) + " tokens, " + fmt("%.2f", lv.ngram_fraction) +
+       " of " + std::to_string(lv.ngram) + "-grams, near-duplicate " + fmt("%.2f", lv.near_duplicate) + " (spans >= " +
+       std::to_string(lv.seed_ngram) + ")\n";
+  if (contaminated_count > 0) {
+    std::string causes;
+    for (const auto& [c, n] : cause_counts) causes += (causes.empty() ? "" : ", ") + std::to_string(n) + " " + c;
+    s += "contaminated holdout documents: " + std::to_string(contaminated_count) + " (cause: " + causes + ")";
+    if (accepted_count > 0) s += ", " + std::to_string(accepted_count) + " accepted as known data overlap";
+    if (o.since > 0) s += ", " + std::to_string(since_count) + " first delivered after step " + std::to_string(o.since) + " and not accepted";
+    s += "; first delivered at step " + std::to_string(contaminated_first_steps.front()) + "\n";
+    int shown = 0;
+    for (const nlohmann::json& d : contaminated) {
+      if (++shown > 10) {
+        s += "    ... " + std::to_string(contaminated_count - 10) + " more in the report\n";
+        break;
+      }
+      std::string lvls;
+      for (const auto& l : d["levels"]) lvls += (lvls.empty() ? "" : ",") + l.get<std::string>();
+      s += "    " + d["file"].get<std::string>() + " token " + std::to_string(d["token_start"].get<int64_t>()) + " (" +
+           std::to_string(d["tokens"].get<int64_t>()) + " tokens): " + lvls + ", cause " + d["cause"].get<std::string>() +
+           (d["accepted"].get<bool>() ? " (accepted)" : "") + ", longest run " + std::to_string(d["longest_run"].get<int64_t>()) +
+           ", first at " + (d.contains("first") ? position_text(d["first"]) : std::string("?")) + "\n";
+    }
+    if (!evals.empty())
+      s += "affected evaluations: every one from step " + std::to_string(evals.front()["step"].get<int64_t>()) + " (" +
+           std::to_string(evals.size()) + " of the run's evaluations" + (o.since > 0 ? " after step " + std::to_string(o.since) : "") + ")\n";
+  }
+  if (!unused.empty()) s += "accept file: " + std::to_string(unused.size()) + " listed document(s) not contaminated (stale entries?)\n";
+  for (const char* name : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates",
+                           "audit_partition", "audit_exactly_once", "audit_resume", "audit_layout", "external_audit"}) {
     if (!checks.contains(name)) continue;
     const std::string key = name;
     const nlohmann::json& c = checks[key];
@@ -1044,9 +1115,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
     if (c.contains("contaminated")) {
       const std::string unit = key == "exact_instances" ? " holdout instances" : " holdout documents";
       extra += std::to_string(c["contaminated"].get<int64_t>()) + unit + " (" + fmt("%.2f%%", 100.0 * c["rate"].get<double>()) + ")";
-      if (key == "near_ngrams")
-        extra += ", " + std::to_string(c["documents_with_hits"].get<int64_t>()) + " with any hit, " +
-                 std::to_string(c["documents_over_threshold"].get<int64_t>()) + " over the threshold";
+      if (c.value("accepted", int64_t{0}) > 0) extra += ", " + std::to_string(c["accepted"].get<int64_t>()) + " accepted";
     } else if (c["status"] == "fail") {
       extra += std::to_string(c["failures"].get<int64_t>()) + " failure(s)";
     } else if (c["status"] == "skipped") {

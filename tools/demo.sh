@@ -7,7 +7,8 @@
 #      -> runs/demo/trace.jsonl, manifest.json, audit.jsonl, eval.jsonl (holdout vs fresh loss every 50
 #      steps), checkpoints/step00000050 ... step00000200;
 #   4. verifies the newest checkpoint and proves a resume changes nothing (resume-check, fresh processes);
-#   5. checks the holdout for leakage into the training stream -> runs/demo/leakcheck.json;
+#   5. checks the holdout for leakage into the training stream -> runs/demo/leakcheck.json (the corpus's own
+#      near-duplicates across the split are listed and accepted as known data overlaps);
 #   6. plots the loss -> runs/demo/loss.svg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +32,12 @@ echo "== resume check (12 steps uninterrupted vs stopped at step 6 and resumed, 
 "$bin" resume-check --config configs/small.toml --steps 12 --at 6 --threads "$threads" --set data.audit=false
 
 echo "== leakage check (holdout vs the training stream as the loader delivers it, and the run's audit log)"
+# The demo corpus holds real near-duplicates across its document split (the same attribution line under several
+# fortunes, passages the King James Bible repeats between books): the check lists them as contaminated with cause
+# `data`. They are accepted here, explicitly, so the demo shows them and still exits 0; without the flag the check
+# fails on them, as it should on a real corpus until they are deduplicated or accepted (--accept FILE).
 "$bin" leakcheck --config configs/small.toml --audit runs/demo/audit.jsonl --report runs/demo/leakcheck.json \
-  --threads "$threads"
+  --threads "$threads" --allow-data-overlap
 
 echo "== loss plot"
 "$bin" trace plot runs/demo --out runs/demo/loss.svg --title "configs/small.toml on the demo corpus"

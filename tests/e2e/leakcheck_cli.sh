@@ -7,7 +7,7 @@ set -euo pipefail
 BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
 python3 - "$work" <<'PY'
 import random, struct, sys
@@ -28,7 +28,7 @@ status_of() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print
 # Clean: exit 0, every check passes.
 leak --steps 80 --report "$work/clean.json" > "$work/clean.txt"
 grep -q "olmoref leakcheck: CLEAN" "$work/clean.txt"
-[ "$(status_of "$work/clean.json" near_ngrams)" = "clean pass -1" ]
+[ "$(status_of "$work/clean.json" near_duplicates)" = "clean pass -1" ]
 [ "$(status_of "$work/clean.json" audit_resume)" = "clean pass -1" ]
 leak --epoch --bloom --quiet
 
@@ -48,7 +48,7 @@ set -e
 grep -q "CONTAMINATED" "$work/mix.txt"
 read -r verdict st step < <(status_of "$work/mix.json" exact_instances)
 [ "$st" = fail ] && [ "$step" -ge 1 ]
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['contaminated_documents'] and r['contaminated_documents'][0]['hit_fraction'] > 0" "$work/mix.json"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); d=r['contaminated_documents']; assert d and all(x['cause'] == 'loader' for x in d) and d[0]['near_duplicate_score'] > 0" "$work/mix.json"
 for bug in off-by-one-peek per-rank-shuffle-seed fast-forward-twice; do
   set +e; leak --steps 80 --quiet --debug-plant-bug $bug; rc=$?; set -e
   [ $rc -eq 1 ] || { echo "planted bug $bug: expected exit 1, got $rc"; exit 1; }
@@ -62,6 +62,62 @@ set +e
 set -e
 [ $rc -eq 1 ]
 [ "$(status_of "$work/cfg.json" shared_files | cut -d' ' -f2)" = fail ]
+
+# The training data itself holds two holdout documents (copied into a training file): contaminated, cause data,
+# exit 1 by default; accepted explicitly (--accept FILE naming them, or --allow-data-overlap) the run is clean and the
+# report still lists them; an accept file with a bad line is refused naming the file and the line.
+python3 - "$work" <<'PY'
+import struct, sys
+w = sys.argv[1]
+h = struct.unpack("<%dH" % (len(open(f"{w}/holdout.u16", "rb").read()) // 2), open(f"{w}/holdout.u16", "rb").read())
+docs, start = [], 0
+for i, t in enumerate(h):
+    if t == 511:
+        docs.append((start, h[start:i + 1])); start = i + 1
+t = list(struct.unpack("<%dH" % (len(open(f"{w}/train.u16", "rb").read()) // 2), open(f"{w}/train.u16", "rb").read()))
+copied = [docs[3], docs[7]]
+t[64 * 10:64 * 10] = list(copied[0][1]) + list(copied[1][1])  # early in the file: delivered in the first epoch
+open(f"{w}/train-dup.u16", "wb").write(struct.pack("<%dH" % len(t), *t))
+with open(f"{w}/accept.txt", "w") as f:
+    f.write("# known duplicates of the holdout in the training data\n")
+    for s0, _ in copied: f.write(f"{w}/holdout.u16 {s0}\n")
+open(f"{w}/bad-accept.txt", "w").write(f"{w}/holdout.u16 12x\n")
+PY
+dup=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/train-dup.u16\"]" --set "data.holdout_files=[\"$work/holdout.u16\"]"
+     --set data.eos_id=511 --set 'data.dtype="u16"' --epoch)
+set +e
+"$BIN" leakcheck "${dup[@]}" --report "$work/dup.json" > "$work/dup.txt"; rc=$?
+set -e
+[ $rc -eq 1 ] || { echo "data overlap: expected exit 1, got $rc"; cat "$work/dup.txt"; exit 1; }
+python3 -c "
+import json,sys; r=json.load(open(sys.argv[1])); d=r['contaminated_documents']
+assert r['status'] == 'contaminated' and len(d) == 2, (r['status'], len(d))
+assert all(x['cause'] == 'data' and not x['accepted'] and 'verbatim' in x['levels'] for x in d)
+assert all(x['first']['step'] >= 1 and x['source']['file'].endswith('train-dup.u16') for x in d)
+assert r['counts']['by_cause'] == {'data': 2}" "$work/dup.json"
+"$BIN" leakcheck "${dup[@]}" --accept "$work/accept.txt" --report "$work/acc.json" > "$work/acc.txt"
+grep -q "CLEAN (2 known data overlap(s) accepted)" "$work/acc.txt"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['counts']['accepted'] == 2 and all(x['accepted'] for x in r['contaminated_documents'])" "$work/acc.json"
+"$BIN" leakcheck "${dup[@]}" --allow-data-overlap --quiet
+set +e
+"$BIN" leakcheck "${dup[@]}" --accept "$work/bad-accept.txt" > "$work/bad.txt" 2>&1; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q "bad-accept.txt:1: expected 'HOLDOUT_FILE TOKEN_START'" "$work/bad.txt"
+# --since: documents first delivered at or before the step do not count; the evaluations after it are listed.
+first=$(python3 -c "import json,sys; print(max(x['first']['step'] for x in json.load(open(sys.argv[1]))['contaminated_documents']))" "$work/dup.json")
+"$BIN" leakcheck "${dup[@]}" --since "$first" --set eval.interval=5 --set "eval.fresh_files=[\"$work/fresh.u16\"]" \
+  --report "$work/since.json" --quiet
+python3 -c "
+import json,sys; r=json.load(open(sys.argv[1]))
+assert r['status'] == 'clean' and r['counts']['contaminated'] == 2 and r['counts']['counted'] == 0
+ev = r['affected']['evaluations']; assert ev and all(e['step'] > int(sys.argv[2]) and e['documents'] == 2 for e in ev), ev
+" "$work/since.json" "$first"
+
+# Flags of the old report format are refused saying what replaced them.
+set +e
+"$BIN" leakcheck "${dup[@]}" --strict > "$work/strict.txt" 2>&1; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q -- "--allow-data-overlap" "$work/strict.txt"
 
 # No holdout: cannot check, exit 2 with a message naming the key.
 set +e

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "data/leakcheck.h"
 #include "data/loader.h"
 #include "data/mix.h"
 #include "golden/compare.h"
@@ -176,5 +177,7 @@ TEST_CASE("fuzz: checkpoint manifests, loader states, mix files") {
   spit(w + "/b.u16", std::string(64, '\x02'));
   expect_named(fuzz("mix-file", "# a mix\nweb,a.u16\ncode,b.u16\n" + w + "/a.u16\n", w + "/train.mix", "train.mix",
                     [](const std::string& path) { data::Mix::parse_file(path); }));
+  expect_named(fuzz("leak-accept", "# known overlaps\n/data/holdout/part-0.npy 1049\nholdout b.u16\t77\n", w + "/accept.txt",
+                    "accept.txt", [](const std::string& path) { data::read_leak_accept_file(path); }));
   fs::remove_all(w);
 }

@@ -43,8 +43,9 @@ python3 - "$work" <<'PY'
 import json, sys
 for name in ("overlap", "overlap-bloom", "full"):
     r = json.load(open(f"{sys.argv[1]}/{name}.json"))
-    s = r["stream"]
+    s, h = r["stream"], r["holdout"]
+    per_m = h["index_bytes"] / 2**20 / (h["seed_ngrams"] / 1e6)
     print(f"{name:14s} stream {s['tokens']:.3g} tokens, scan {s['scan_seconds']:.2f} s = {s['tokens_per_second']/1e6:.0f}M tokens/s; "
-          f"static {r['checks']['static_ngrams'].get('seconds', 0):.2f} s; whole command {r['seconds']:.1f} s; "
-          f"index {r['holdout']['index_bytes']/2**20:.1f} MiB for {r['holdout']['ngrams']/1e6:.2f}M n-grams; status {r['status']}")
+          f"whole command {r['seconds']:.1f} s; index ({h['index']}) {h['index_bytes']/2**20:.1f} MiB for {h['seed_ngrams']/1e6:.2f}M "
+          f"seed n-grams = {per_m:.1f} MiB per million; status {r['status']}, {r['counts']['contaminated']} documents")
 PY

@@ -3,12 +3,13 @@
 // splits over processes. Not a test (it asserts nothing but its own hit count); run it by hand:
 //
 //   build/tests/leak/leak_throughput [--tokens 1e9] [--holdout-ngrams 1e6] [--threads 2] [--bloom]
-//                                    [--seq-len 2048] [--n 13] [--part K --parts P]
+//                                    [--seq-len 2048] [--n 8] [--part K --parts P]
 //
 // The stream is `--tokens` uniformly random token ids (vocabulary 100352, Olmo 3's), cut into
 // instances of --seq-len; the holdout is random 500-token documents with `--holdout-ngrams`
 // n-grams in all, 1000 of which are copied into the stream (they must all be found). The kernel is
-// exactly what leakcheck runs per instance: NgramHasher::hash_all then NgramSet::probe (data/ngram.h).
+// exactly the probe leakcheck runs per instance: NgramHasher::hash_all then NgramSet::probe (data/ngram.h), at the
+// seed length n = 8 of its matcher (data/leak_match.h; the hits it then extends are rare on unrelated text).
 // With --parts P the process scans only part K of the stream (the split a rank of a P-rank job
 // scans: its own micro-batches); under mpirun the part comes from OMPI_COMM_WORLD_RANK/SIZE, e.g.
 //   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
   const int64_t holdout_ngrams = static_cast<int64_t>(arg(argc, argv, "--holdout-ngrams", 1e6));
   const int threads = static_cast<int>(arg(argc, argv, "--threads", 2));
   const int64_t L = static_cast<int64_t>(arg(argc, argv, "--seq-len", 2048));
-  const int n = static_cast<int>(arg(argc, argv, "--n", 13));
+  const int n = static_cast<int>(arg(argc, argv, "--n", 8));
   const bool bloom = flag(argc, argv, "--bloom");
   int part = static_cast<int>(arg(argc, argv, "--part", 0)), parts = static_cast<int>(arg(argc, argv, "--parts", 1));
   if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) part = std::atoi(r);

@@ -207,12 +207,13 @@ TEST_CASE("leakcheck report: fields of docs/formats/leakcheck.md, and documents 
   o.layouts = {2};
   const LeakReport r = run_leakcheck(lc, o);
   const nlohmann::json& j = r.json;
-  CHECK(j["format"] == "olmoref-leakcheck/1");
+  CHECK(j["format"] == "olmoref-leakcheck/2");
   CHECK(j["status"] == "clean");
-  for (const char* k : {"run", "stream", "holdout", "checks", "contaminated_documents", "data_overlaps", "partial_overlaps"})
+  for (const char* k : {"run", "levels", "stream", "attribution", "holdout", "counts", "accept", "affected", "checks",
+                        "contaminated_documents", "partial_overlaps"})
     CHECK(j.contains(k));
-  for (const char* k : {"shared_files", "static_ngrams", "exact_instances", "exact_documents", "near_ngrams",
-                        "audit_partition", "audit_exactly_once", "audit_resume", "audit_layout"}) {
+  for (const char* k : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction",
+                        "near_duplicates", "audit_partition", "audit_exactly_once", "audit_resume", "audit_layout"}) {
     INFO(k);
     REQUIRE(j["checks"].contains(k));
     CHECK(j["checks"][k].contains("status"));

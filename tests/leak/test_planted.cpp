@@ -82,7 +82,7 @@ void require_status(const LeakReport& r, const std::string& check, const std::st
 }
 
 void require_overlap_clean(const LeakReport& r) {
-  for (const char* c : {"shared_files", "static_ngrams", "exact_instances", "exact_documents", "near_ngrams"})
+  for (const char* c : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates"})
     require_status(r, c, "pass");
   CHECK_FALSE(r.contaminated);
 }
@@ -115,13 +115,14 @@ TEST_CASE("clean loader: no false positive on any check (exact set and Bloom fil
     CHECK(r.json["contaminated_documents"].empty());
     CHECK(r.check("audit_layout")["layouts"] == nlohmann::json::array({2, 4}));
     CHECK(r.check("audit_resume")["resume_points"].size() == 3);
-    CHECK(r.check("near_ngrams")["verified_distinct"] == 0);
+    CHECK(r.check("near_duplicates")["spans_found"] == 0);
+    CHECK(r.json["counts"]["contaminated"] == 0);
   }
 }
 
 // ---- mix-level bugs: holdout content in the stream -> the overlap checks
 
-TEST_CASE("planted: holdout file listed in the training mix -> exact_instances / near_ngrams / shared_files") {
+TEST_CASE("planted: the loader adds the holdout file to the training mix -> every level, cause loader") {
   Fixture f;
   const Pos want = first_position(f.N + f.H, f.G, f.mb, 0, f.steps, [&](int64_t id) { return id >= f.N; });
   REQUIRE(want.step > 0);
@@ -129,53 +130,69 @@ TEST_CASE("planted: holdout file listed in the training mix -> exact_instances /
     const LeakReport r = f.run(PlantedBug::holdout_file_in_train_mix, bloom);
     CHECK(r.contaminated);
     CHECK(r.exit_code() == 1);
-    for (const char* c : {"shared_files", "exact_instances", "exact_documents", "near_ngrams"}) require_status(r, c, "fail");
+    for (const char* c : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates"})
+      require_status(r, c, "fail");
     const nlohmann::json& first = first_of(r, "exact_instances");
     CHECK(first["step"] == want.step);
     CHECK(first["microbatch"] == want.microbatch);
     CHECK(first["rank"] == 0);
     CHECK(first["instance"] == want.instance);
     CHECK(first["file"] == f.corpus.holdout[0]);
-    CHECK(first_of(r, "near_ngrams")["step"] == want.step);
-    CHECK(r.check("near_ngrams")["rate"].get<double>() > 0.9);  // the whole file is trained on
-    CHECK(r.check("static_ngrams")["status"] == "pass");        // the configured data itself is clean
+    CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
+    // The whole file is trained on except its tail past the last whole instance: every document that ends before
+    // the tail is contaminated, none that lies in it.
+    const int64_t delivered_end = f.H * f.base.dataset->sequence_length();
+    int64_t before_tail = 0;
+    {
+      TokenFile hf(f.corpus.holdout[0], Dtype::u16);
+      std::vector<uint32_t> t(static_cast<size_t>(hf.n_tokens()));
+      hf.read(0, t, 0);
+      for (int64_t i = 0; i < static_cast<int64_t>(t.size()); ++i)
+        if (t[static_cast<size_t>(i)] == kEos && i < delivered_end) ++before_tail;
+    }
+    CHECK(r.json["counts"]["contaminated"].get<int64_t>() >= before_tail);
+    for (const auto& d : r.json["contaminated_documents"]) CHECK(d["token_start"].get<int64_t>() < delivered_end);
+    // The configured data itself is clean: every delivered document is the loader's doing, none can be accepted.
+    CHECK(r.json["counts"]["by_cause"] == nlohmann::json{{"loader", r.json["counts"]["contaminated"]}});
     CHECK_FALSE(r.json["contaminated_documents"].empty());
-    CHECK(r.json["contaminated_documents"][0]["cause"] == "loader");
+    for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
   }
 }
 
-TEST_CASE("planted: holdout carve-out overlapping the training start -> exact_instances / near_ngrams") {
+TEST_CASE("planted: holdout carve-out overlapping the training start -> exact_instances / verbatim_spans") {
   Fixture f;
   const int64_t offset = f.H / 5, n = f.H + f.N - offset;
   const Pos want = first_position(n, f.G, f.mb, offset, f.steps, [&](int64_t id) { return id < f.H; });
   REQUIRE(want.step > 0);
   const LeakReport r = f.run(PlantedBug::holdout_carveout_overlap);
   CHECK(r.contaminated);
-  for (const char* c : {"exact_instances", "near_ngrams"}) require_status(r, c, "fail");
+  for (const char* c : {"exact_instances", "verbatim_spans"}) require_status(r, c, "fail");
   const nlohmann::json& first = first_of(r, "exact_instances");
   CHECK(first["step"] == want.step);
   CHECK(first["microbatch"] == want.microbatch);
   CHECK(first["instance"] == want.instance);
-  CHECK(first_of(r, "near_ngrams")["step"] == want.step);
+  CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
+  for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
   // 80% of the holdout instances are inside the training range, the first fifth never is.
   const int64_t contaminated = r.check("exact_instances")["contaminated"];
   CHECK(contaminated <= f.H - offset);
   CHECK(contaminated >= (f.H - offset) * 3 / 4);
 }
 
-TEST_CASE("planted: oversampling before the split -> exact_instances / near_ngrams") {
+TEST_CASE("planted: oversampling before the split -> exact_instances / verbatim_spans") {
   Fixture f;
   const int64_t n1 = f.N + f.H, n = 2 * n1 - f.H;
   const Pos want = first_position(n, f.G, f.mb, 0, f.steps, [&](int64_t id) { return id >= f.N && id < n1; });
   REQUIRE(want.step > 0);
   const LeakReport r = f.run(PlantedBug::oversample_before_split);
   CHECK(r.contaminated);
-  for (const char* c : {"exact_instances", "near_ngrams"}) require_status(r, c, "fail");
+  for (const char* c : {"exact_instances", "verbatim_spans"}) require_status(r, c, "fail");
   const nlohmann::json& first = first_of(r, "exact_instances");
   CHECK(first["step"] == want.step);
   CHECK(first["microbatch"] == want.microbatch);
   CHECK(first["instance"] == want.instance);
-  CHECK(first_of(r, "near_ngrams")["step"] == want.step);
+  CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
+  for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
 }
 
 // ---- stream-level bugs: the overlap checks stay clean, an audit check fails
