@@ -97,7 +97,10 @@ void register_leak_commands(CLI::App& app) {
                 "Level: this fraction of a document's tokens delivered in pieces of >= --seed-ngram tokens makes it "
                 "contaminated: a copy with small edits (default 0.8)")
       ->check(CLI::Range(0.0, 1.0));
-  c->add_flag("--bloom", a->opt.bloom, "Bloom filter (4 B/n-gram) with exact verification instead of the exact set (16 B) for the seed probe");
+  c->add_flag("--bloom", a->opt.bloom, "Prefilter the seed probe with a Bloom filter (4 B/n-gram; the default)");
+  c->add_flag("--exact-set{false}", a->opt.bloom,
+              "Prefilter with the exact open-addressing set instead (16 B/n-gram); every hit is verified either way, "
+              "so the report is the same");
   c->add_option("--bloom-bits", a->opt.bloom_bits_per_ngram, "Bloom filter bits per n-gram")->check(CLI::Range(4.0, 1024.0));
   c->add_option("--min-doc-tokens", a->opt.min_doc_tokens, "Exact document matches ignore shorter documents");
   c->add_option("--eos", a->eos, "EOS token id (default: data.eos_id); delimits holdout documents");

@@ -30,6 +30,7 @@ leak --steps 80 --report "$work/clean.json" > "$work/clean.txt"
 grep -q "olmoref leakcheck: CLEAN" "$work/clean.txt"
 [ "$(status_of "$work/clean.json" near_duplicates)" = "clean pass -1" ]
 [ "$(status_of "$work/clean.json" audit_resume)" = "clean pass -1" ]
+leak --epoch --exact-set --quiet
 leak --epoch --bloom --quiet
 
 # A training run's audit log (and eval.jsonl from the backstop).

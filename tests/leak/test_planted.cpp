@@ -34,7 +34,7 @@ struct Fixture {
     H = FslDataset(Mix::from_paths(corpus.holdout), o).size();
   }
 
-  LeakReport run(PlantedBug bug, bool bloom = false) const {
+  LeakReport run(PlantedBug bug, bool bloom = true) const {
     LoaderConfig c = base;
     c.debug_bug = bug;
     LeakCheckOptions o;
