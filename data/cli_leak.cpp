@@ -13,6 +13,8 @@
 
 #include "data/leakcheck.h"
 #include "data/planted_bugs.h"
+#include "interop/megatron_data.h"
+#include "interop/olmo_core_data.h"
 #include "train/batch_source.h"
 #include "train/config.h"
 
@@ -31,29 +33,16 @@ struct LeakArgs {
   bool quiet = false;
   bool no_audit = false, no_content = false, no_attribution = false;
   bool old_strict = false, old_no_static = false;  // flags of olmoref-leakcheck/1, refused with what replaced them
+  // Another framework's run (interop/megatron_data.h).
+  std::string megatron_cache, megatron_data, megatron_split = "train", megatron_checkpoint;
+  int64_t megatron_global_batch = 0, megatron_micro_batch = 0;
+  bool megatron_no_extra_token = false;
+  std::string olmo_core_work_dir;
+  int64_t olmo_core_seed = -1;
   std::string debug_bug;
 };
 
-void run(LeakArgs& a) {
-  if (a.old_strict)
-    throw std::invalid_argument("--strict is gone: overlap the training data itself delivers now fails by default; accept "
-                                "known overlaps with --allow-data-overlap or --accept FILE (docs/formats/leakcheck.md)");
-  if (a.old_no_static)
-    throw std::invalid_argument("--no-static is gone: the cause of each contaminated document is found without a static "
-                                "scan; --no-attribution skips it (causes are then 'unknown')");
-  const TrainConfig cfg = load_config(a.config, a.overrides);
-  LoaderConfig lc = loader_config(cfg);
-  if (!a.debug_bug.empty()) lc.debug_bug = parse_planted_bug(a.debug_bug);
-  LeakCheckOptions o = a.opt;
-  o.config_path = a.config;
-  o.whole_epoch = a.epoch;
-  o.steps = a.steps >= 0 ? a.steps : cfg.train.steps;
-  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
-  o.audit_checks = !a.no_audit;
-  o.attribute = !a.no_attribution;
-  o.eval_interval = cfg.eval.interval;
-  o.content_check = !a.no_content;
-  const LeakReport rep = run_leakcheck(lc, o);
+void write_and_print(const LeakArgs& a, const LeakReport& rep) {
   if (!a.report.empty()) {
     const std::string tmp = a.report + ".tmp";
     {
@@ -68,6 +57,125 @@ void run(LeakArgs& a) {
     if (!a.report.empty()) std::printf("report: %s\n", a.report.c_str());
   }
   if (rep.exit_code() != 0) throw CLI::RuntimeError(rep.exit_code());
+}
+
+// A Megatron run: its GPTDataset index cache and token files give the samples of every iteration; the config says
+// only how to read the holdout (data.holdout_*, dtype, eos_id, vocabulary, train.seq_len for its instances).
+void run_megatron(LeakArgs& a, const TrainConfig& cfg) {
+  if (a.megatron_data.empty()) throw std::invalid_argument("--megatron-cache needs --megatron-data PREFIX (the .bin/.idx prefix)");
+  if (a.megatron_global_batch <= 0) throw std::invalid_argument("--megatron-cache needs --megatron-global-batch (the run's --global-batch-size)");
+  if (!a.debug_bug.empty()) throw std::invalid_argument("--debug-plant-bug applies to olmoref's loader, not a Megatron run");
+  LoaderConfig lc;
+  lc.holdout = holdout_spec(cfg.data);
+  if (lc.holdout.kind == HoldoutKind::none)
+    throw std::invalid_argument("leakcheck: the config has no holdout (set data.holdout_mix or data.holdout_files)");
+  DatasetOptions d = dataset_options(cfg);
+  d.allow_short_files = true;
+  lc.dataset = std::make_shared<FslDataset>(lc.holdout.mix, d);  // only its reading options are used
+  lc.global_batch_instances = cfg.train.global_batch_instances;
+  lc.microbatch_instances = cfg.train.micro_batch_instances;
+  const auto samples = std::make_shared<interop::MegatronGptSamples>(a.megatron_cache, a.megatron_data, a.megatron_split,
+                                                                     !a.megatron_no_extra_token);
+  ExternalStream ext;
+  ext.framework = "megatron";
+  ext.source = a.megatron_data + ".bin";
+  ext.piece_tokens = samples->sample_tokens();
+  ext.pieces_per_step = a.megatron_global_batch;
+  ext.pieces_per_microbatch = a.megatron_micro_batch;
+  ext.steps = samples->samples() / a.megatron_global_batch;
+  ext.read = [samples](int64_t k, std::span<uint32_t> out) { samples->read(k, out); };
+  ext.info = {{"cache", a.megatron_cache}, {"indices", samples->base()}, {"description", samples->description()},
+              {"data_prefix", a.megatron_data}, {"token_dtype", samples->dataset().dtype_name()},
+              {"sequences", samples->dataset().sequences()}, {"samples", samples->samples()},
+              {"sequence_length", samples->sequence_length()}, {"add_extra_token_to_sequence", !a.megatron_no_extra_token}};
+  LeakCheckOptions o = a.opt;
+  o.config_path = a.config;
+  o.external = &ext;
+  o.steps = a.steps >= 0 ? a.steps : 0;  // default: every whole iteration the indices hold
+  if (!a.megatron_checkpoint.empty()) {
+    if (a.steps >= 0) throw std::invalid_argument("give --steps or --megatron-checkpoint, not both");
+    o.steps = interop::megatron_checkpoint_iteration(a.megatron_checkpoint);
+    ext.info["checkpoint"] = a.megatron_checkpoint;
+    ext.info["checkpoint_iteration"] = o.steps;
+    if (o.steps == 0) throw std::invalid_argument(a.megatron_checkpoint + ": the checkpoint is at iteration 0: nothing was trained");
+  }
+  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
+  o.attribute = !a.no_attribution;
+  o.eval_interval = cfg.eval.interval;
+  write_and_print(a, run_leakcheck(lc, o));
+}
+
+// An OLMo-core run: the config names its token files (in its dataset's order), sequence length, global batch
+// (instances) and seed; the global instance order of each epoch is read from the data loader's work directory.
+void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
+  if (!a.debug_bug.empty()) throw std::invalid_argument("--debug-plant-bug applies to olmoref's loader, not an OLMo-core run");
+  LoaderConfig lc = loader_config(cfg);
+  if (lc.holdout.kind == HoldoutKind::none)
+    throw std::invalid_argument("leakcheck: the config has no holdout (set data.holdout_mix or data.holdout_files)");
+  const auto ds = lc.dataset;
+  const int64_t G = lc.global_batch_instances;
+  const auto order = std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G,
+                                                              a.olmo_core_seed >= 0 ? a.olmo_core_seed : static_cast<int64_t>(cfg.data.seed));
+  ExternalStream ext;
+  ext.framework = "olmo-core";
+  ext.source = ds->mix().source;
+  ext.piece_tokens = ds->sequence_length();
+  ext.pieces_per_step = G;
+  ext.pieces_per_microbatch = lc.microbatch_instances;
+  ext.steps = order->steps();
+  ext.steps_per_epoch = order->batches_per_epoch();
+  ext.read = [order, ds, G](int64_t piece, std::span<uint32_t> out) {
+    ds->read_instance(order->instance(piece / G + 1, piece % G), out);
+  };
+  ext.locate = [order, ds, G](int64_t piece) {
+    const FslDataset::Location loc = ds->locate(order->instance(piece / G + 1, piece % G));
+    return std::make_pair(ds->file(static_cast<size_t>(loc.file)).path(), loc.token_start);
+  };
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : order->files()) files.push_back({{"path", f.path}, {"epoch", f.epoch}, {"seed", f.seed}, {"chunk", f.chunk}});
+  ext.info = {{"work_dir", a.olmo_core_work_dir}, {"global_indices", files}, {"seed", order->seed()},
+              {"dataset_size", ds->size()}, {"batches_per_epoch", order->batches_per_epoch()},
+              {"global_batch_tokens", G * ds->sequence_length()}};
+  LeakCheckOptions o = a.opt;
+  o.config_path = a.config;
+  o.external = &ext;
+  o.steps = a.steps >= 0 ? a.steps : 0;  // default: every step the saved orders cover
+  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
+  o.attribute = !a.no_attribution;
+  o.eval_interval = cfg.eval.interval;
+  write_and_print(a, run_leakcheck(lc, o));
+}
+
+void run(LeakArgs& a) {
+  if (a.old_strict)
+    throw std::invalid_argument("--strict is gone: overlap the training data itself delivers now fails by default; accept "
+                                "known overlaps with --allow-data-overlap or --accept FILE (docs/formats/leakcheck.md)");
+  if (a.old_no_static)
+    throw std::invalid_argument("--no-static is gone: the cause of each contaminated document is found without a static "
+                                "scan; --no-attribution skips it (causes are then 'unknown')");
+  const TrainConfig cfg = load_config(a.config, a.overrides);
+  if (!a.megatron_cache.empty() && !a.olmo_core_work_dir.empty())
+    throw std::invalid_argument("give --megatron-cache or --olmo-core-work-dir, not both");
+  if (!a.megatron_cache.empty()) {
+    run_megatron(a, cfg);
+    return;
+  }
+  if (!a.olmo_core_work_dir.empty()) {
+    run_olmo_core(a, cfg);
+    return;
+  }
+  LoaderConfig lc = loader_config(cfg);
+  if (!a.debug_bug.empty()) lc.debug_bug = parse_planted_bug(a.debug_bug);
+  LeakCheckOptions o = a.opt;
+  o.config_path = a.config;
+  o.whole_epoch = a.epoch;
+  o.steps = a.steps >= 0 ? a.steps : cfg.train.steps;
+  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
+  o.audit_checks = !a.no_audit;
+  o.attribute = !a.no_attribution;
+  o.eval_interval = cfg.eval.interval;
+  o.content_check = !a.no_content;
+  write_and_print(a, run_leakcheck(lc, o));
 }
 
 }  // namespace
@@ -121,6 +229,27 @@ void register_leak_commands(CLI::App& app) {
                 "evaluations after it that contamination affects")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   c->add_flag("--no-audit-checks", a->no_audit, "Only the overlap checks");
+  c->add_option("--megatron-cache", a->megatron_cache,
+                "Check a Megatron-LM run instead: its GPTDataset index cache directory (*-document/sample/shuffle_index.npy)")
+      ->group("Another framework's run");
+  c->add_option("--megatron-data", a->megatron_data, "The run's dataset prefix (PREFIX.bin / PREFIX.idx)")->group("Another framework's run");
+  c->add_option("--megatron-split", a->megatron_split, "Index split to read (default train)")->group("Another framework's run");
+  c->add_option("--megatron-global-batch", a->megatron_global_batch, "The run's --global-batch-size (samples per iteration)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->group("Another framework's run");
+  c->add_option("--megatron-micro-batch", a->megatron_micro_batch, "The run's --micro-batch-size (micro-batches in the report)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))->group("Another framework's run");
+  c->add_option("--megatron-checkpoint", a->megatron_checkpoint,
+                "Check up to the iteration this Megatron checkpoint directory records (latest_checkpointed_iteration.txt)")
+      ->group("Another framework's run");
+  c->add_flag("--megatron-no-extra-token", a->megatron_no_extra_token,
+              "The run set add_extra_token_to_sequence=False (samples of sequence_length tokens, not + 1)")
+      ->group("Another framework's run");
+  c->add_option("--olmo-core-work-dir", a->olmo_core_work_dir,
+                "Check an OLMo-core run instead: its data loader's work directory (global_indices_*_v1.npy); the config "
+                "names the run's token files in order, seq_len, global batch (instances) and seed")
+      ->group("Another framework's run");
+  c->add_option("--olmo-core-seed", a->olmo_core_seed, "The OLMo-core run's data seed (default data.seed)")
+      ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()))->group("Another framework's run");
   c->add_flag("--strict", a->old_strict)->group("");
   c->add_flag("--no-static", a->old_no_static)->group("");
   c->add_flag("--no-content-check", a->no_content, "Do not re-read instances to compare the audit log's XXH3s");

@@ -151,7 +151,8 @@ struct ScanContext {
   const HoldoutText& text;
   const SeedIndex& index;
   int ngram;
-  int64_t L;
+  int64_t L;             // tokens of a delivered piece
+  int64_t instance_len;  // tokens of a holdout instance (the exact-instance check needs L == instance_len)
   std::optional<uint32_t> eos;
   int64_t min_doc_tokens;
 };
@@ -159,7 +160,8 @@ struct ScanContext {
 void scan_instance(const ScanContext& c, const uint32_t* t, const StreamPosition& at, PartHits& out) {
   const int64_t L = c.L;
   // Exact instance.
-  if (const auto it = c.h.instance_hash.find(xxh3_u32(t, L)); it != c.h.instance_hash.end()) {
+  if (const auto it = L == c.instance_len ? c.h.instance_hash.find(xxh3_u32(t, L)) : c.h.instance_hash.end();
+      it != c.h.instance_hash.end()) {
     if (std::equal(t, t + L, c.h.instance_tokens(it->second))) out.instances[it->second].add(at);
     else ++out.hash_mismatch;
   }
@@ -297,6 +299,69 @@ StreamScan scan_stream(const LoaderConfig& base, int W, int64_t steps, const std
       std::swap(cur, next);
       have = have_next;
     }
+  }
+  out.seconds = seconds_since(t0);
+  for (PartHits& p : parts) out.hits.merge(p);
+  return out;
+}
+
+// The same scan over another framework's stream: pieces read by ext.read, a chunk ahead in a second thread.
+StreamScan scan_external(const ExternalStream& ext, int64_t steps, const ScanContext& ctx, ThreadPool& pool,
+                         int64_t chunk_tokens) {
+  StreamScan out;
+  std::vector<PartHits> parts(static_cast<size_t>(pool.size()));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t total = steps * ext.pieces_per_step, P = ext.piece_tokens;
+  const int64_t per_chunk = std::max<int64_t>(1, chunk_tokens / P);
+  auto fill = [&](Chunk& c, int64_t first) {
+    c.clear();
+    const int64_t n = std::min(per_chunk, total - first);
+    c.tokens.resize(static_cast<size_t>(n * P));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t piece = first + i;
+      ext.read(piece, std::span<uint32_t>(c.tokens).subspan(static_cast<size_t>(i * P), static_cast<size_t>(P)));
+      StreamPosition p;
+      p.step = piece / ext.pieces_per_step + 1;
+      const int64_t k = piece % ext.pieces_per_step;
+      p.microbatch = ext.pieces_per_microbatch > 0 ? k / ext.pieces_per_microbatch : 0;
+      p.index = ext.pieces_per_microbatch > 0 ? k % ext.pieces_per_microbatch : k;
+      p.instance = piece;
+      if (ext.steps_per_epoch > 0) p.epoch = (p.step - 1) / ext.steps_per_epoch + 1;
+      if (ext.locate) {
+        auto [file, start] = ext.locate(piece);
+        p.file = std::move(file);
+        p.token_start = start;
+      } else {
+        p.file = ext.source;
+      }
+      c.where.push_back(std::move(p));
+    }
+    return n;
+  };
+  Chunk cur, next;
+  int64_t at = fill(cur, 0);
+  while (!cur.where.empty()) {
+    std::exception_ptr err;
+    int64_t got = 0;
+    std::thread producer([&] {
+      try {
+        got = at < total ? fill(next, at) : (next.clear(), 0);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    });
+    try {
+      scan_chunk(ctx, cur, pool, parts);
+    } catch (...) {
+      producer.join();
+      throw;
+    }
+    producer.join();
+    if (err) std::rethrow_exception(err);
+    at += got;
+    out.tokens += static_cast<int64_t>(cur.tokens.size());
+    out.instances += static_cast<int64_t>(cur.where.size());
+    std::swap(cur, next);
   }
   out.seconds = seconds_since(t0);
   for (PartHits& p : parts) out.hits.merge(p);
@@ -485,6 +550,11 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   const int64_t G = base.global_batch_instances, mb = base.microbatch_instances, M = (G + mb - 1) / mb;
   const int64_t L = configured.sequence_length();
   const int64_t bpe = configured.size() / G;
+  const ExternalStream* ext = o.external;
+  if (ext && (ext->piece_tokens < 1 || ext->pieces_per_step < 1 || !ext->read))
+    throw std::invalid_argument("leakcheck: the external stream has no pieces");
+  if (ext && !o.audit_logs.empty())
+    throw std::invalid_argument("leakcheck: --audit reads olmoref's audit logs; another framework's run is checked from its own files");
   if (o.world_size < 1 || M < o.world_size)
     throw std::invalid_argument("leakcheck: --world-size " + std::to_string(o.world_size) + " is more than the " +
                                 std::to_string(M) + " micro-batches of a step (every rank computes at least one)");
@@ -492,7 +562,8 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   // The loader under test, once, for the dataset it serves. The holdout is opened as
   // Loader::holdout_dataset() does (the training sequence length, vocabulary and dtype), except that
   // a holdout file shorter than one instance is kept: its documents are held out all the same.
-  Loader probe_loader(base);
+  std::unique_ptr<Loader> probe;
+  if (!ext) probe = std::make_unique<Loader>(base);
   DatasetOptions holdout_opts;
   holdout_opts.sequence_length = L;
   holdout_opts.vocab_size = configured.vocab_size();
@@ -506,6 +577,13 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   std::vector<AuditRecord> external;
   if (!o.audit_logs.empty()) external = read_audit_logs(o.audit_logs);
   int64_t steps = o.whole_epoch ? bpe : o.steps;
+  if (ext) {
+    if (steps > ext->steps)
+      throw std::invalid_argument("leakcheck: " + std::to_string(steps) + " steps asked for, but the " + ext->framework +
+                                  " files hold " + std::to_string(ext->steps) + " steps of " +
+                                  std::to_string(ext->pieces_per_step) + " samples");
+    if (steps <= 0) steps = ext->steps;
+  }
   for (const AuditRecord& r : external) steps = std::max(steps, r.step);
   if (steps <= 0) throw std::invalid_argument("leakcheck: give the steps to check (or the whole epoch)");
 
@@ -548,18 +626,22 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   // the configured data as a correct loader delivers it over the same steps (the same stream, unless a test planted
   // a loader bug), which decides the cause of what the stream holds.
   ThreadPool pool(o.threads);
-  const ScanContext ctx{*hold, text, index, lv.ngram, L, eos, o.min_doc_tokens};
-  const int W = o.world_size;
-  StreamScan scanned = scan_stream(base, W, steps, work.path + "/stream.w" + std::to_string(W), ctx, pool, o.chunk_tokens);
+  const ScanContext ctx{*hold, text, index, lv.ngram, ext ? ext->piece_tokens : L, L, eos, o.min_doc_tokens};
+  const int W = ext ? 1 : o.world_size;
+  StreamScan scanned = ext ? scan_external(*ext, steps, ctx, pool, o.chunk_tokens)
+                           : scan_stream(base, W, steps, work.path + "/stream.w" + std::to_string(W), ctx, pool, o.chunk_tokens);
   StreamScan reference_owned;
-  const bool separate_reference = o.attribute && base.debug_bug != PlantedBug::none;
+  // Another framework's stream is reconstructed from its own index files: what its loader delivers is what those
+  // files and the data say, so the data is the cause of what it holds.
+  const bool separate_reference = !ext && o.attribute && base.debug_bug != PlantedBug::none;
   if (separate_reference) {
     LoaderConfig clean = base;
     clean.debug_bug = PlantedBug::none;
     reference_owned = scan_stream(clean, 1, steps, work.path + "/reference.w1", ctx, pool, o.chunk_tokens);
   }
-  const std::vector<const FslDataset*> datasets{&probe_loader.dataset(), &configured};
-  bridge_boundaries(scanned, datasets, text, lv.seed_ngram, L);
+  if (ext) bridge_boundaries(scanned, {&configured}, text, lv.seed_ngram, ext->piece_tokens);
+  else bridge_boundaries(scanned, {&probe->dataset(), &configured}, text, lv.seed_ngram, L);
+  const std::vector<const FslDataset*> datasets{ext ? &configured : &probe->dataset(), &configured};
   if (separate_reference) bridge_boundaries(reference_owned, datasets, text, lv.seed_ngram, L);
   const StreamScan& reference = separate_reference ? reference_owned : scanned;
   const PartHits& hits = scanned.hits;
@@ -742,9 +824,12 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   for (size_t i = 0; i < partial_sorted.size() && i < 1000; ++i) partial.push_back(std::move(partial_sorted[i].second));
 
   CheckResult files("shared_files");
-  const nlohmann::json shared = shared_files(probe_loader.dataset(), *holdout_ds, files);
-  files.details["files"] = shared;
-  files.details["training_files"] = probe_loader.dataset().n_files();
+  if (ext) {
+    files.skip("another framework's token files (" + ext->source + "): not compared file by file");
+  } else {
+    files.details["files"] = shared_files(probe->dataset(), *holdout_ds, files);
+    files.details["training_files"] = probe->dataset().n_files();
+  }
   files.details["holdout_files"] = holdout_ds->n_files();
   checks["shared_files"] = files.to_json();
 
@@ -794,7 +879,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   expect.last_step = steps;
   std::vector<int> layouts_done;
   int64_t resume_points_done = 0;
-  if (o.audit_checks) {
+  if (o.audit_checks && !ext) {
     std::vector<std::string> paths;
     for (int r = 0; r < W; ++r)
       paths.push_back(work.path + "/stream.w" + std::to_string(W) + ".r" + std::to_string(r) + ".jsonl");
@@ -974,7 +1059,7 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   } else {
     for (const char* name : {"audit_partition", "audit_exactly_once", "audit_resume", "audit_layout"}) {
       CheckResult s(name);
-      s.skip("audit checks turned off");
+      s.skip(ext ? "another framework's run: olmoref's loader audit does not apply" : "audit checks turned off");
       checks[name] = s.to_json();
     }
   }
@@ -1010,8 +1095,8 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   j["format"] = "olmoref-leakcheck/2";
   j["status"] = verdict;
   j["config"] = o.config_path;
-  j["run"] = {{"train_mix", configured.mix().source},
-              {"dataset_fingerprint", probe_loader.dataset().fingerprint()},
+  j["run"] = {{"train_mix", ext ? ext->source : configured.mix().source},
+              {"dataset_fingerprint", ext ? nlohmann::json(nullptr) : nlohmann::json(probe->dataset().fingerprint())},
               {"holdout", base.holdout.describe()},
               {"seed", base.seed},
               {"sequence_length", L},
@@ -1031,8 +1116,19 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
                  {"scan_seconds", scanned.seconds},
                  {"tokens_per_second", scanned.seconds > 0 ? static_cast<double>(scanned.tokens) / scanned.seconds : 0.0},
                  {"threads", pool.size()}};
+  if (ext) {
+    j["run"]["framework"] = ext->framework;
+    j["run"]["global_batch_instances"] = ext->pieces_per_step;
+    j["run"]["microbatch_instances"] = ext->pieces_per_microbatch > 0 ? nlohmann::json(ext->pieces_per_microbatch) : nlohmann::json(nullptr);
+    j["run"]["sample_tokens"] = ext->piece_tokens;
+    j["run"]["batches_per_epoch"] = nullptr;
+    j["run"][ext->framework] = ext->info;
+    j["stream"]["epochs"] = nullptr;
+    j["stream"]["steps_available"] = ext->steps;
+  }
   j["attribution"] = {{"enabled", o.attribute},
                       {"reference", !o.attribute ? "none (--no-attribution)"
+                                    : ext ? "the framework's own index files: the stream its loader delivers"
                                     : separate_reference ? "a separate scan of the configured data through a correct loader"
                                                          : "the scanned stream (its loader is the correct one)"},
                       {"seconds", separate_reference ? reference.seconds : 0.0}};

@@ -36,6 +36,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <optional>
 #include <set>
 #include <string>
@@ -46,6 +48,24 @@
 #include "data/loader.h"
 
 namespace olmoref::data {
+
+// A training stream olmoref's loader does not produce: another framework's run, reconstructed from that framework's
+// own files (interop/megatron_data.h). Step s (1-based, the framework's numbering) trains on pieces
+// [(s - 1) * pieces_per_step, s * pieces_per_step), each piece_tokens long.
+struct ExternalStream {
+  std::string framework;          // "megatron"
+  std::string source;             // the token file positions name
+  int64_t piece_tokens = 0;
+  int64_t pieces_per_step = 0;
+  int64_t pieces_per_microbatch = 0;  // 0: not known
+  int64_t steps = 0;              // steps available (the checked steps are min(this, LeakCheckOptions::steps))
+  int64_t steps_per_epoch = 0;    // 0: the framework's epochs are not reported
+  std::function<void(int64_t piece, std::span<uint32_t> out)> read;  // called from several threads at once
+  // Optional: the token file and first token of a piece, when it is one contiguous range of a file of the
+  // loader configuration's dataset (OLMo-core's instances; Megatron's samples span documents, so they have none).
+  std::function<std::pair<std::string, int64_t>(int64_t piece)> locate;
+  nlohmann::json info;            // framework-specific fields for the report's "run"
+};
 
 // The levels over which a holdout document counts as contaminated (docs/formats/leakcheck.md "Levels" gives the
 // rationale and the measured precision and recall of the defaults).
@@ -83,6 +103,9 @@ struct LeakCheckOptions {
   std::string work_dir;          // where generated audit logs go (empty: a temporary directory, removed)
   int64_t chunk_tokens = int64_t{1} << 22;  // tokens handed to the scan threads at once
   std::string config_path;       // for the report only
+  // Check this stream instead of the loader's: the overlap levels only (no audit checks, no shared-file check);
+  // the loader configuration then only says how to read the holdout.
+  const ExternalStream* external = nullptr;
 };
 
 struct LeakReport {

@@ -1,7 +1,7 @@
 # golden/parity/venv.sh — sourced by the parity and HF-load scripts: where the Python environment lives and
 # whether it can run the checks. The venv sits outside the clone so builds and `git clean` never touch it.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers; from transformers import Olmo3ForCausalLM"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -17,14 +17,33 @@ olmoref_venv_python() {
 olmoref_ensure_venv() {
   py="$(olmoref_venv_python)"
   [ -n "$py" ] && return 0
-  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy)"
+  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy, megatron-core)"
   if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
     command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
     python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
   fi
   # --upgrade: an existing but old transformers lacks Olmo3ForCausalLM (added in 4.57).
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy ||
-    skip "pip could not install torch/transformers/safetensors/numpy into $OLMOREF_VENV (no network?)"
+  # megatron-core: the interop checks build Megatron's own dataset indices with it (CPU only; no extras).
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy megatron-core ||
+    skip "pip could not install torch/transformers/safetensors/numpy/megatron-core into $OLMOREF_VENV (no network?)"
   py="$(olmoref_venv_python)"
   [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
+}
+
+# OLMo-core's own environment: ai2-olmo-core 3.0.0 requires torch < 2.14, the parity venv has a newer torch, so it
+# gets a venv of its own rather than downgrading that one (tests/interop/run_olmo_core_check.sh).
+OLMOREF_OLMO_CORE_VENV="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}"
+OLMOREF_OLMO_CORE_REQUIRED="from olmo_core.data.data_loader import NumpyFSLDataLoader; from olmo_core.data.numpy_dataset import NumpyFSLDataset"
+
+# Creates or completes it; on failure calls the caller's `skip REASON`.
+olmoref_ensure_olmo_core_venv() {
+  local ocpy="$OLMOREF_OLMO_CORE_VENV/bin/python"
+  if [ -x "$ocpy" ] && "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1; then return 0; fi
+  echo "$1: setting up OLMo-core's environment at $OLMOREF_OLMO_CORE_VENV (ai2-olmo-core 3.0.0 and the torch it pins)"
+  if [ ! -x "$ocpy" ]; then
+    python3 -m venv "$OLMOREF_OLMO_CORE_VENV" || skip "could not create a venv at $OLMOREF_OLMO_CORE_VENV"
+  fi
+  "$ocpy" -m pip install "ai2-olmo-core==3.0.0" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
+  "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1 ||
+    skip "ai2-olmo-core installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_REQUIRED' still fails"
 }

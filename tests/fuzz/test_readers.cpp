@@ -24,6 +24,7 @@
 #include "data/mix.h"
 #include "golden/compare.h"
 #include "golden/trace.h"
+#include "interop/megatron_data.h"
 #include "train/config.h"
 
 using namespace olmoref;
@@ -144,7 +145,7 @@ TEST_CASE("fuzz: run configs, traces of every format, compare rules") {
   fs::remove_all(w);
 }
 
-TEST_CASE("fuzz: checkpoint manifests, loader states, mix files") {
+TEST_CASE("fuzz: checkpoint manifests, loader states, mix files, Megatron indices, accept files") {
   const std::string w = work_dir();
   // A real checkpoint of a 70-element state, whose manifest is then mutated.
   std::vector<float> p(70), m(70), v(70);
@@ -177,6 +178,28 @@ TEST_CASE("fuzz: checkpoint manifests, loader states, mix files") {
   spit(w + "/b.u16", std::string(64, '\x02'));
   expect_named(fuzz("mix-file", "# a mix\nweb,a.u16\ncode,b.u16\n" + w + "/a.u16\n", w + "/train.mix", "train.mix",
                     [](const std::string& path) { data::Mix::parse_file(path); }));
+  {
+    // A Megatron index (.idx, 2 sequences of uint16) and a .npy of int64, as megatron-core writes them.
+    std::string idx("MMIDIDX\0\0", 9);
+    auto put = [&](uint64_t v, int bytes) {
+      for (int i = 0; i < bytes; ++i) idx.push_back(static_cast<char>(v >> (8 * i)));
+    };
+    put(1, 8), put(8, 1), put(2, 8), put(3, 8), put(3, 4), put(2, 4), put(0, 8), put(6, 8), put(0, 8), put(1, 8), put(2, 8);
+    spit(w + "/m.bin", std::string(10, '\x01'));
+    expect_named(fuzz("megatron-idx", idx, w + "/m.idx", "m.", [&](const std::string&) {
+      const interop::MegatronIndexedDataset d(w + "/m");
+      std::vector<uint32_t> t(2);
+      d.read(1, 0, t);
+    }));
+    std::string npy("\x93NUMPY\x01\x00", 8);
+    std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (3, 2), }";
+    header.resize(118 - 1, ' ');
+    header += '\n';
+    npy.push_back(static_cast<char>(header.size())), npy.push_back(0);
+    npy += header + std::string(48, '\x02');
+    expect_named(fuzz("npy-integers", npy, w + "/idx.npy", "idx.npy",
+                      [](const std::string& path) { interop::read_npy_integers(path); }));
+  }
   expect_named(fuzz("leak-accept", "# known overlaps\n/data/holdout/part-0.npy 1049\nholdout b.u16\t77\n", w + "/accept.txt",
                     "accept.txt", [](const std::string& path) { data::read_leak_accept_file(path); }));
   fs::remove_all(w);

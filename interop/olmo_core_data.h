@@ -1,0 +1,50 @@
+// interop/olmo_core_data.h — what an OLMo-core run trained on, from the global instance order OLMo-core saved in its
+// data loader's work directory (docs/formats/frameworks.md, section OLMo-core):
+//
+//   WORK_DIR/global_indices_[chunkC_]dataset_sizeN_epochE_seedS_v1.npy
+//       NumpyFSLDataLoader's order of epoch E: N little-endian uint32 instance ids, written with np.memmap (no .npy
+//       header despite the name; fields in the name sorted by key, `chunk` only for chunked shuffling)
+//
+// The instances are the NumpyFSLDataset's: each token file, in the dataset's order, cut into whole sequence_length
+// chunks (olmoref's FslDataset, data/dataset.h, is the same dataset). Step s of the run (1-based, the trainer's
+// global step) is batch b = (s - 1) mod B of epoch e = (s - 1) div B + 1, B = N div I batches of I = global batch
+// tokens / sequence_length instances: ids order_e[b I, (b + 1) I). A work directory whose files are for another
+// dataset size than the token files give, hold another size than their name says, are not a permutation, or lack an
+// epoch the steps need is refused naming the file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace olmoref::interop {
+
+struct OlmoCoreIndicesFile {
+  std::string path;
+  int64_t epoch = 0, seed = -1, dataset_size = 0, chunk = 1;
+};
+
+class OlmoCoreOrder {
+ public:
+  // Reads every global_indices file of `work_dir` for a dataset of `dataset_size` instances (and `seed`, when >= 0).
+  OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, int64_t instances_per_batch, int64_t seed = -1);
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t epochs() const { return static_cast<int64_t>(orders_.size()); }  // consecutive from epoch 1
+  int64_t steps() const { return epochs() * batches_per_epoch_; }
+  int64_t seed() const { return seed_; }
+  const std::vector<OlmoCoreIndicesFile>& files() const { return files_; }
+  // The instance id at position k of step s's batch (s >= 1, 0 <= k < instances_per_batch).
+  int64_t instance(int64_t step, int64_t k) const;
+
+ private:
+  int64_t instances_per_batch_, batches_per_epoch_ = 0, seed_ = -1;
+  std::vector<OlmoCoreIndicesFile> files_;
+  std::vector<std::vector<uint32_t>> orders_;  // per epoch, from 1
+};
+
+// Parses a global_indices file name; false when `name` is not one.
+bool parse_olmo_core_indices_name(const std::string& name, OlmoCoreIndicesFile& out);
+
+}  // namespace olmoref::interop
