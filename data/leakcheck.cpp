@@ -259,14 +259,45 @@ class RankStream {
   GlobalBatch b_;
 };
 
-// Scans `steps` batches of the stream `base` delivers at world size W (each rank's loader in turn, a chunk read
-// ahead while the previous one is scanned); rank r's audit log goes to audit_prefix + ".r<r>.jsonl".
-// Instances of steps <= skip_through are delivered but not scanned.
 struct StreamScan {
   PartHits hits;
   int64_t tokens = 0, instances = 0;
   double seconds = 0.0;
 };
+
+// Scans the chunks `fill` produces (false: no more), reading the next chunk in a second thread while the current
+// one is scanned; `fill` is never called twice at once.
+void scan_chunks(const std::function<bool(Chunk&)>& fill, const ScanContext& ctx, ThreadPool& pool,
+                 std::vector<PartHits>& parts, StreamScan& out) {
+  Chunk cur, next;
+  bool have = fill(cur);
+  while (have) {
+    bool have_next = false;
+    std::exception_ptr err;
+    std::thread producer([&] {
+      try {
+        have_next = fill(next);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    });
+    try {
+      scan_chunk(ctx, cur, pool, parts);
+    } catch (...) {
+      producer.join();
+      throw;
+    }
+    producer.join();
+    if (err) std::rethrow_exception(err);
+    out.tokens += static_cast<int64_t>(cur.tokens.size());
+    out.instances += static_cast<int64_t>(cur.where.size());
+    std::swap(cur, next);
+    have = have_next;
+  }
+}
+
+// Scans `steps` batches of the stream `base` delivers at world size W (each rank's loader in turn); rank r's audit
+// log goes to audit_prefix + ".r<r>.jsonl".
 StreamScan scan_stream(const LoaderConfig& base, int W, int64_t steps, const std::string& audit_prefix,
                        const ScanContext& ctx, ThreadPool& pool, int64_t chunk_tokens) {
   StreamScan out;
@@ -274,38 +305,14 @@ StreamScan scan_stream(const LoaderConfig& base, int W, int64_t steps, const std
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < W; ++r) {
     RankStream stream(base, W, r, audit_prefix + ".r" + std::to_string(r) + ".jsonl", steps);
-    Chunk cur, next;
-    bool have = stream.fill(cur, chunk_tokens);
-    while (have) {
-      bool have_next = false;
-      std::exception_ptr err;
-      std::thread producer([&] {
-        try {
-          have_next = stream.fill(next, chunk_tokens);
-        } catch (...) {
-          err = std::current_exception();
-        }
-      });
-      try {
-        scan_chunk(ctx, cur, pool, parts);
-      } catch (...) {
-        producer.join();
-        throw;
-      }
-      producer.join();
-      if (err) std::rethrow_exception(err);
-      out.tokens += static_cast<int64_t>(cur.tokens.size());
-      out.instances += static_cast<int64_t>(cur.where.size());
-      std::swap(cur, next);
-      have = have_next;
-    }
+    scan_chunks([&](Chunk& c) { return stream.fill(c, chunk_tokens); }, ctx, pool, parts, out);
   }
   out.seconds = seconds_since(t0);
   for (PartHits& p : parts) out.hits.merge(p);
   return out;
 }
 
-// The same scan over another framework's stream: pieces read by ext.read, a chunk ahead in a second thread.
+// The same scan over another framework's stream: pieces read by ext.read.
 StreamScan scan_external(const ExternalStream& ext, int64_t steps, const ScanContext& ctx, ThreadPool& pool,
                          int64_t chunk_tokens) {
   StreamScan out;
@@ -313,12 +320,14 @@ StreamScan scan_external(const ExternalStream& ext, int64_t steps, const ScanCon
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t total = steps * ext.pieces_per_step, P = ext.piece_tokens;
   const int64_t per_chunk = std::max<int64_t>(1, chunk_tokens / P);
-  auto fill = [&](Chunk& c, int64_t first) {
+  int64_t at = 0;
+  auto fill = [&](Chunk& c) {
     c.clear();
-    const int64_t n = std::min(per_chunk, total - first);
+    const int64_t n = std::min(per_chunk, total - at);
+    if (n <= 0) return false;
     c.tokens.resize(static_cast<size_t>(n * P));
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t piece = first + i;
+      const int64_t piece = at + i;
       ext.read(piece, std::span<uint32_t>(c.tokens).subspan(static_cast<size_t>(i * P), static_cast<size_t>(P)));
       StreamPosition p;
       p.step = piece / ext.pieces_per_step + 1;
@@ -336,33 +345,10 @@ StreamScan scan_external(const ExternalStream& ext, int64_t steps, const ScanCon
       }
       c.where.push_back(std::move(p));
     }
-    return n;
+    at += n;
+    return true;
   };
-  Chunk cur, next;
-  int64_t at = fill(cur, 0);
-  while (!cur.where.empty()) {
-    std::exception_ptr err;
-    int64_t got = 0;
-    std::thread producer([&] {
-      try {
-        got = at < total ? fill(next, at) : (next.clear(), 0);
-      } catch (...) {
-        err = std::current_exception();
-      }
-    });
-    try {
-      scan_chunk(ctx, cur, pool, parts);
-    } catch (...) {
-      producer.join();
-      throw;
-    }
-    producer.join();
-    if (err) std::rethrow_exception(err);
-    at += got;
-    out.tokens += static_cast<int64_t>(cur.tokens.size());
-    out.instances += static_cast<int64_t>(cur.where.size());
-    std::swap(cur, next);
-  }
+  scan_chunks(fill, ctx, pool, parts, out);
   out.seconds = seconds_since(t0);
   for (PartHits& p : parts) out.hits.merge(p);
   return out;
