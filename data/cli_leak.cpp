@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -37,8 +38,8 @@ struct LeakArgs {
   std::string megatron_cache, megatron_data, megatron_split = "train", megatron_checkpoint;
   int64_t megatron_global_batch = 0, megatron_micro_batch = 0;
   bool megatron_no_extra_token = false;
-  std::string olmo_core_work_dir;
-  int64_t olmo_core_seed = -1;
+  std::string olmo_core_work_dir, olmo_core_checkpoint;
+  int64_t olmo_core_seed = -1, olmo_core_pad_id = -1, olmo_core_bos_id = -1;
   std::string debug_bug;
 };
 
@@ -114,8 +115,52 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
     throw std::invalid_argument("leakcheck: the config has no holdout (set data.holdout_mix or data.holdout_files)");
   const auto ds = lc.dataset;
   const int64_t G = lc.global_batch_instances;
-  const auto order = std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G,
-                                                              a.olmo_core_seed >= 0 ? a.olmo_core_seed : static_cast<int64_t>(cfg.data.seed));
+  int64_t seed = a.olmo_core_seed >= 0 ? a.olmo_core_seed : static_cast<int64_t>(cfg.data.seed);
+  // The checkpoint (when given) says how far the run went, which seed its loader used, and which data it read: its
+  // dataset fingerprint must be the one OLMo-core computes for the configured token files.
+  nlohmann::json checkpoint_info;
+  int64_t checkpoint_step = -1;
+  if (!a.olmo_core_checkpoint.empty()) {
+    if (a.steps >= 0) throw std::invalid_argument("give --steps or --olmo-core-checkpoint, not both");
+    if (a.olmo_core_pad_id < 0)
+      throw std::invalid_argument("--olmo-core-checkpoint needs --olmo-core-pad-id (the run's pad_token_id, part of "
+                                  "OLMo-core's dataset fingerprint)");
+    const interop::OlmoCoreCheckpoint c = interop::read_olmo_core_checkpoint(a.olmo_core_checkpoint);
+    const nlohmann::json& dl = c.data_loader;
+    if (dl["dataset_type"] != "fsl")
+      throw std::runtime_error(c.state_path + ": data_loader.dataset_type " + dl["dataset_type"].dump() +
+                               " (only fixed-sequence-length runs are read)");
+    if (dl["dataset_fingerprint_version"] != "v2.0")
+      throw std::runtime_error(c.state_path + ": dataset fingerprint version " + dl["dataset_fingerprint_version"].dump() +
+                               " is not one this reader knows (v2.0, ai2-olmo-core 3.0)");
+    if (dl.contains("sequence_length") && dl["sequence_length"] != ds->sequence_length())
+      throw std::runtime_error(c.state_path + ": the run's sequence_length is " + dl["sequence_length"].dump() +
+                               ", the config's train.seq_len " + std::to_string(ds->sequence_length()));
+    const int64_t ck_seed = dl["seed"].get<int64_t>();
+    if (a.olmo_core_seed >= 0 && a.olmo_core_seed != ck_seed)
+      throw std::invalid_argument("--olmo-core-seed " + std::to_string(a.olmo_core_seed) + " but the checkpoint's loader used seed " +
+                                  std::to_string(ck_seed));
+    seed = ck_seed;
+    interop::OlmoCoreFingerprintInput fi;
+    for (size_t f = 0; f < ds->n_files(); ++f)
+      fi.files.emplace_back(std::filesystem::path(ds->file(f).path()).filename().string(), ds->file(f).size_bytes());
+    fi.vocab_size = ds->vocab_size();
+    fi.eos_token_id = ds->eos_id() ? static_cast<int64_t>(*ds->eos_id()) : -1;
+    if (!ds->eos_id()) throw std::invalid_argument("--olmo-core-checkpoint needs data.eos_id (part of OLMo-core's fingerprint)");
+    fi.pad_token_id = a.olmo_core_pad_id;
+    fi.bos_token_id = a.olmo_core_bos_id;
+    fi.dtype = ds->dtype() == Dtype::u16 ? "uint16" : "uint32";
+    const std::string fp = interop::olmo_core_fsl_fingerprint(fi);
+    if (fp != dl["dataset_fingerprint"])
+      throw std::runtime_error(c.state_path + ": the run's dataset fingerprint is " + dl["dataset_fingerprint"].dump() +
+                               " but the configured token files give " + fp + " (base names, byte sizes, vocab " +
+                               std::to_string(fi.vocab_size) + ", pad " + std::to_string(fi.pad_token_id) + ", eos " +
+                               std::to_string(fi.eos_token_id) + ", " + fi.dtype +
+                               "): these are not the run's files, in its order, or they changed since");
+    checkpoint_step = c.global_step;
+    checkpoint_info = {{"state", c.state_path}, {"global_step", c.global_step}, {"data_loader", dl}, {"fingerprint", fp}};
+  }
+  const auto order = std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G, seed);
   ExternalStream ext;
   ext.framework = "olmo-core";
   ext.source = ds->mix().source;
@@ -140,6 +185,11 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
   o.config_path = a.config;
   o.external = &ext;
   o.steps = a.steps >= 0 ? a.steps : 0;  // default: every step the saved orders cover
+  if (checkpoint_step >= 0) {
+    if (checkpoint_step == 0) throw std::invalid_argument(a.olmo_core_checkpoint + ": the checkpoint is at step 0: nothing was trained");
+    o.steps = checkpoint_step;
+    ext.info["checkpoint"] = checkpoint_info;
+  }
   if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
   o.attribute = !a.no_attribution;
   o.eval_interval = cfg.eval.interval;
@@ -244,12 +294,20 @@ void register_leak_commands(CLI::App& app) {
   c->add_flag("--megatron-no-extra-token", a->megatron_no_extra_token,
               "The run set add_extra_token_to_sequence=False (samples of sequence_length tokens, not + 1)")
       ->group("Another framework's run");
-  c->add_option("--olmo-core-work-dir", a->olmo_core_work_dir,
+  c->add_option("--olmo-core-work-dir,--olmo-core-run", a->olmo_core_work_dir,
                 "Check an OLMo-core run instead: its data loader's work directory (global_indices_*_v1.npy); the config "
                 "names the run's token files in order, seq_len, global batch (instances) and seed")
       ->group("Another framework's run");
-  c->add_option("--olmo-core-seed", a->olmo_core_seed, "The OLMo-core run's data seed (default data.seed)")
+  c->add_option("--olmo-core-seed", a->olmo_core_seed, "The OLMo-core run's data seed (default data.seed, or the checkpoint's)")
       ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()))->group("Another framework's run");
+  c->add_option("--olmo-core-checkpoint", a->olmo_core_checkpoint,
+                "Check up to the step this OLMo-core checkpoint records (a stepN directory, or the save folder: its "
+                "latest), verifying its data loader's seed and dataset fingerprint against the configured files")
+      ->group("Another framework's run");
+  c->add_option("--olmo-core-pad-id", a->olmo_core_pad_id, "The run's pad_token_id (in OLMo-core's dataset fingerprint)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32))->group("Another framework's run");
+  c->add_option("--olmo-core-bos-id", a->olmo_core_bos_id, "The run's bos_token_id, if it set one")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32))->group("Another framework's run");
   c->add_flag("--strict", a->old_strict)->group("");
   c->add_flag("--no-static", a->old_no_static)->group("");
   c->add_flag("--no-content-check", a->no_content, "Do not re-read instances to compare the audit log's XXH3s");

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "interop/torch_state.h"
+
 namespace olmoref::interop {
 
 namespace fs = std::filesystem;
@@ -109,6 +111,57 @@ int64_t OlmoCoreOrder::instance(int64_t step, int64_t k) const {
     throw std::runtime_error("OLMo-core order: step " + std::to_string(step) + " needs epoch " + std::to_string(e + 1) +
                              ", but the work directory holds the orders of epochs 1.." + std::to_string(epochs()));
   return orders_[static_cast<size_t>(e)][static_cast<size_t>(b * instances_per_batch_ + k)];
+}
+
+std::string olmo_core_fsl_fingerprint(const OlmoCoreFingerprintInput& in) {
+  auto opt = [](int64_t v) { return v < 0 ? std::string("None") : std::to_string(v); };
+  Sha256 h;
+  h.update("class=NumpyFSLDataset");
+  h.update("vocab_size=" + std::to_string(in.vocab_size) + ",");
+  h.update("pad_token_id=" + opt(in.pad_token_id) + ",");
+  h.update("eos_token_id=" + std::to_string(in.eos_token_id) + ",");
+  h.update("dtype=<class 'numpy." + in.dtype + "'>,");
+  h.update("max_target_sequence_length=" + opt(in.max_target_sequence_length) + ",");
+  h.update("bos_token_id=" + opt(in.bos_token_id) + ",");
+  for (const auto& [name, size] : in.files) h.update("path=" + name + ",size=" + std::to_string(size) + ",");
+  return h.hex();
+}
+
+OlmoCoreCheckpoint read_olmo_core_checkpoint(const std::string& dir) {
+  OlmoCoreCheckpoint c;
+  if (fs::is_regular_file(fs::path(dir) / "train" / "rank0.pt")) {
+    c.state_path = (fs::path(dir) / "train" / "rank0.pt").string();
+  } else {
+    int64_t best = -1;
+    if (fs::is_directory(dir))
+      for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (name.size() < 5 || name.compare(0, 4, "step") != 0 ||
+            !std::all_of(name.begin() + 4, name.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
+          continue;
+        const int64_t step = std::stoll(name.substr(4));
+        if (step > best && fs::is_regular_file(e.path() / "train" / "rank0.pt")) {
+          best = step;
+          c.state_path = (e.path() / "train" / "rank0.pt").string();
+        }
+      }
+    if (c.state_path.empty())
+      throw std::runtime_error(dir + ": no OLMo-core checkpoint here (neither train/rank0.pt nor stepN/train/rank0.pt)");
+  }
+  const nlohmann::json s = read_torch_state(c.state_path);
+  auto need = [&](const nlohmann::json& o, const char* key, const char* where) -> const nlohmann::json& {
+    if (!o.is_object() || !o.contains(key))
+      throw std::runtime_error(c.state_path + ": no '" + std::string(where) + key + "' in the trainer state (not an OLMo-core checkpoint?)");
+    return o[key];
+  };
+  const nlohmann::json& step = need(s, "global_step", "");
+  if (!step.is_number_integer()) throw std::runtime_error(c.state_path + ": global_step is not an integer");
+  c.global_step = step.get<int64_t>();
+  c.data_loader = need(s, "data_loader", "");
+  for (const char* k : {"dataset_type", "dataset_fingerprint_version", "dataset_fingerprint", "batches_processed",
+                        "tokens_processed", "seed"})
+    need(c.data_loader, k, "data_loader.");
+  return c;
 }
 
 }  // namespace olmoref::interop

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace olmoref::interop {
 
 struct OlmoCoreIndicesFile {
@@ -46,5 +48,25 @@ class OlmoCoreOrder {
 
 // Parses a global_indices file name; false when `name` is not one.
 bool parse_olmo_core_indices_name(const std::string& name, OlmoCoreIndicesFile& out);
+
+// NumpyFSLDataset.fingerprint, version "v2.0" (ai2-olmo-core 3.0): the SHA-256 hex of "class=NumpyFSLDataset", then
+// "vocab_size=V,pad_token_id=P,eos_token_id=E,dtype=<class 'numpy.uint16'>,max_target_sequence_length=M,
+// bos_token_id=B," (None where unset), then "path=<base name>,size=<bytes>," per token file in order.
+struct OlmoCoreFingerprintInput {
+  std::vector<std::pair<std::string, int64_t>> files;  // base name, size in bytes
+  int64_t vocab_size = 0, eos_token_id = 0;
+  int64_t pad_token_id = -1, bos_token_id = -1, max_target_sequence_length = -1;  // -1: None
+  std::string dtype = "uint16";
+};
+std::string olmo_core_fsl_fingerprint(const OlmoCoreFingerprintInput& in);
+
+// The trainer state OLMo-core's checkpointer writes (torch.save of the trainer's state_dict at
+// <dir>/train/rank0.pt): `dir` is one step directory, or the save folder (its highest stepN holding one).
+struct OlmoCoreCheckpoint {
+  std::string state_path;
+  int64_t global_step = 0;
+  nlohmann::json data_loader;  // dataset_type, dataset_fingerprint(_version), batches/tokens_processed, seed, epoch, ...
+};
+OlmoCoreCheckpoint read_olmo_core_checkpoint(const std::string& dir);
 
 }  // namespace olmoref::interop

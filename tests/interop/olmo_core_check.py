@@ -26,6 +26,8 @@ warnings.filterwarnings("ignore")
 from olmo_core.data import DataCollator  # noqa: E402
 from olmo_core.data.data_loader import NumpyFSLDataLoader  # noqa: E402
 from olmo_core.data.numpy_dataset import NumpyFSLDataset  # noqa: E402
+from olmo_core.train.checkpoint import Checkpointer  # noqa: E402
+from olmo_core.train.utils import EnvRngStates  # noqa: E402
 
 EOS, PAD, VOCAB, SEQ, G, MB, SEED = 999, 998, 1000, 64, 8, 2, 34521
 
@@ -42,14 +44,34 @@ def write_tokens(path, docs):
     del m
 
 
-def olmo_core_batches(paths, work, epochs):
-    """Every batch OLMo-core's loader delivers over `epochs` epochs: [steps, G, SEQ]."""
+def olmo_core_loader(paths, work):
     ds = NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS, vocab_size=VOCAB,
                          dtype=np.uint16)
     ds.work_dir = work
     ds.prepare()
-    dl = NumpyFSLDataLoader(ds, collator=DataCollator(pad_token_id=PAD), global_batch_size=G * SEQ, work_dir=work,
-                            seed=SEED, shuffle=True, num_threads=0)
+    return ds, NumpyFSLDataLoader(ds, collator=DataCollator(pad_token_id=PAD), global_batch_size=G * SEQ,
+                                  work_dir=work, seed=SEED, shuffle=True, num_threads=0)
+
+
+def save_checkpoint(paths, work, save_folder, steps):
+    """The trainer state OLMo-core's checkpointer writes after `steps` steps of epoch 1 (Trainer.state_dict's
+    fields, saved by Checkpointer._save_train_state itself to save_folder/stepN/train/rank0.pt)."""
+    _, dl = olmo_core_loader(paths, work)
+    dl.reshuffle(epoch=1)
+    it = iter(dl)
+    for _ in range(steps):
+        next(it)
+    state = {"global_step": steps, "global_train_tokens_seen": steps * G * SEQ, "global_train_petaflops": 0.0,
+             "max_steps": 1000, "data_loader": dl.state_dict(), "epoch": 1, "world_size": 1,
+             "rng": EnvRngStates.current_state().as_dict(), "callbacks": {}}
+    step_dir = os.path.join(save_folder, f"step{steps}")
+    Checkpointer.__new__(Checkpointer)._save_train_state(step_dir, __import__("pathlib").Path(step_dir), state)
+    return dl.dataset.fingerprint
+
+
+def olmo_core_batches(paths, work, epochs):
+    """Every batch OLMo-core's loader delivers over `epochs` epochs: [steps, G, SEQ]."""
+    ds, dl = olmo_core_loader(paths, work)
     out = []
     for epoch in range(1, epochs + 1):
         dl.reshuffle(epoch=epoch)
@@ -152,6 +174,31 @@ def main():
         print(f"leakcheck up to step {last - 1}: found {sorted(got)}")
         if got != want:
             problems.append(f"--steps {last - 1}: found {sorted(got)}, want {sorted(want)}")
+
+        # A checkpoint OLMo-core's checkpointer wrote before the last planted document's first delivery: the check
+        # stops at its step and verifies its seed and dataset fingerprint; a token file changed by fewer tokens than
+        # an instance (same order, same instance count) is caught by the fingerprint alone.
+        save = os.path.join(work, "save")
+        fp = save_checkpoint(runs["leaky"][0], os.path.join(work, "leaky", "work"), save, last - 1)
+        r = leak("leaky", "--olmo-core-checkpoint", save, "--olmo-core-pad-id", str(PAD))
+        rep = json.load(open(os.path.join(work, "leaky.json"))) if r.returncode in (0, 1) else {}
+        ck = rep.get("run", {}).get("olmo-core", {}).get("checkpoint", {})
+        got = {int(np.searchsorted(starts, d["token_start"])) for d in rep.get("contaminated_documents", [])}
+        print(f"leakcheck to the checkpoint (step {ck.get('global_step')}): exit {r.returncode}, "
+              f"{rep.get('stream', {}).get('steps')} steps, found {sorted(got)}; fingerprint {ck.get('fingerprint', '')[:16]}... "
+              f"(OLMo-core: {fp[:16]}...)")
+        if r.returncode != 1 or rep["stream"]["steps"] != last - 1 or got != want or ck.get("fingerprint") != fp:
+            problems.append(f"checkpoint: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        with open(runs["leaky"][0][2], "ab") as f:
+            f.write(np.zeros(5, dtype=np.uint16).tobytes())  # 5 tokens: the instance count does not change
+        r = leak("leaky", "--olmo-core-checkpoint", save, "--olmo-core-pad-id", str(PAD))
+        print(f"leakcheck with a token file grown by 5 tokens since the checkpoint: exit {r.returncode}: "
+              f"{r.stderr.strip()[:120]}")
+        if r.returncode != 2 or "dataset fingerprint" not in r.stderr:
+            problems.append(f"fingerprint mismatch: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        r = leak("leaky", "--olmo-core-checkpoint", save)
+        if r.returncode != 2 or "--olmo-core-pad-id" not in r.stderr:
+            problems.append(f"checkpoint without the pad id: exit {r.returncode}\n{r.stderr}")
 
         # Token files that are not the ones the order was built for: refused, naming the work directory's files.
         with open(runs["clean"][0][0], "ab") as f:
