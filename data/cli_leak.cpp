@@ -206,6 +206,10 @@ void run(LeakArgs& a) {
   const TrainConfig cfg = load_config(a.config, a.overrides);
   if (!a.megatron_cache.empty() && !a.olmo_core_work_dir.empty())
     throw std::invalid_argument("give --megatron-cache or --olmo-core-work-dir, not both");
+  if ((!a.megatron_cache.empty() || !a.olmo_core_work_dir.empty()) &&
+      (a.epoch || a.opt.world_size != 1 || !a.opt.layouts.empty() || !a.opt.resume_at.empty()))
+    throw std::invalid_argument("--epoch, --world-size, --layouts and --resume-at describe olmoref's loader; another "
+                                "framework's run is checked over every step its files hold, or --steps / its checkpoint");
   if (!a.megatron_cache.empty()) {
     run_megatron(a, cfg);
     return;

@@ -185,6 +185,11 @@ def main():
         r = run(leak + ["--megatron-cache", os.path.join(work, "cache-clean"), "--megatron-data", os.path.join(work, "nope")])
         if r.returncode != 2 or "nope" not in r.stderr:
             problems.append(f"a prefix without indices: exit {r.returncode}\n{r.stderr}")
+        # Options of olmoref's own loader are refused, not silently ignored.
+        r = run(leak + ["--megatron-cache", os.path.join(work, "cache-leaky"), "--megatron-data", os.path.join(work, "leaky"),
+                        "--epoch"])
+        if r.returncode != 2 or "describe olmoref's loader" not in r.stderr:
+            problems.append(f"--epoch on a Megatron run: exit {r.returncode}\n{r.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if problems:
