@@ -4,7 +4,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -60,12 +59,21 @@ void write_and_print(const LeakArgs& a, const LeakReport& rep) {
   if (rep.exit_code() != 0) throw CLI::RuntimeError(rep.exit_code());
 }
 
+// The options every mode shares; the caller adds what its stream needs.
+LeakCheckOptions base_options(const LeakArgs& a, const TrainConfig& cfg) {
+  LeakCheckOptions o = a.opt;
+  o.config_path = a.config;
+  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
+  o.attribute = !a.no_attribution;
+  o.eval_interval = cfg.eval.interval;
+  return o;
+}
+
 // A Megatron run: its GPTDataset index cache and token files give the samples of every iteration; the config says
 // only how to read the holdout (data.holdout_*, dtype, eos_id, vocabulary, train.seq_len for its instances).
 void run_megatron(LeakArgs& a, const TrainConfig& cfg) {
   if (a.megatron_data.empty()) throw std::invalid_argument("--megatron-cache needs --megatron-data PREFIX (the .bin/.idx prefix)");
   if (a.megatron_global_batch <= 0) throw std::invalid_argument("--megatron-cache needs --megatron-global-batch (the run's --global-batch-size)");
-  if (!a.debug_bug.empty()) throw std::invalid_argument("--debug-plant-bug applies to olmoref's loader, not a Megatron run");
   LoaderConfig lc;
   lc.holdout = holdout_spec(cfg.data);
   if (lc.holdout.kind == HoldoutKind::none)
@@ -89,8 +97,7 @@ void run_megatron(LeakArgs& a, const TrainConfig& cfg) {
               {"data_prefix", a.megatron_data}, {"token_dtype", samples->dataset().dtype_name()},
               {"sequences", samples->dataset().sequences()}, {"samples", samples->samples()},
               {"sequence_length", samples->sequence_length()}, {"add_extra_token_to_sequence", !a.megatron_no_extra_token}};
-  LeakCheckOptions o = a.opt;
-  o.config_path = a.config;
+  LeakCheckOptions o = base_options(a, cfg);
   o.external = &ext;
   o.steps = a.steps >= 0 ? a.steps : 0;  // default: every whole iteration the indices hold
   if (!a.megatron_checkpoint.empty()) {
@@ -100,24 +107,17 @@ void run_megatron(LeakArgs& a, const TrainConfig& cfg) {
     ext.info["checkpoint_iteration"] = o.steps;
     if (o.steps == 0) throw std::invalid_argument(a.megatron_checkpoint + ": the checkpoint is at iteration 0: nothing was trained");
   }
-  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
-  o.attribute = !a.no_attribution;
-  o.eval_interval = cfg.eval.interval;
   write_and_print(a, run_leakcheck(lc, o));
 }
 
 // An OLMo-core run: the config names its token files (in its dataset's order), sequence length, global batch
 // (instances) and seed; the global instance order of each epoch is read from the data loader's work directory.
 void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
-  if (!a.debug_bug.empty()) throw std::invalid_argument("--debug-plant-bug applies to olmoref's loader, not an OLMo-core run");
-  LoaderConfig lc = loader_config(cfg);
-  if (lc.holdout.kind == HoldoutKind::none)
-    throw std::invalid_argument("leakcheck: the config has no holdout (set data.holdout_mix or data.holdout_files)");
+  LoaderConfig lc = loader_config(cfg);  // run_leakcheck refuses a config without a holdout
   const auto ds = lc.dataset;
   const int64_t G = lc.global_batch_instances;
   int64_t seed = a.olmo_core_seed >= 0 ? a.olmo_core_seed : static_cast<int64_t>(cfg.data.seed);
-  // The checkpoint (when given) says how far the run went, which seed its loader used, and which data it read: its
-  // dataset fingerprint must be the one OLMo-core computes for the configured token files.
+  // The checkpoint (when given) says how far the run went, which seed its loader used, and which data it read.
   nlohmann::json checkpoint_info;
   int64_t checkpoint_step = -1;
   if (!a.olmo_core_checkpoint.empty()) {
@@ -126,39 +126,14 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
       throw std::invalid_argument("--olmo-core-checkpoint needs --olmo-core-pad-id (the run's pad_token_id, part of "
                                   "OLMo-core's dataset fingerprint)");
     const interop::OlmoCoreCheckpoint c = interop::read_olmo_core_checkpoint(a.olmo_core_checkpoint);
-    const nlohmann::json& dl = c.data_loader;
-    if (dl["dataset_type"] != "fsl")
-      throw std::runtime_error(c.state_path + ": data_loader.dataset_type " + dl["dataset_type"].dump() +
-                               " (only fixed-sequence-length runs are read)");
-    if (dl["dataset_fingerprint_version"] != "v2.0")
-      throw std::runtime_error(c.state_path + ": dataset fingerprint version " + dl["dataset_fingerprint_version"].dump() +
-                               " is not one this reader knows (v2.0, ai2-olmo-core 3.0)");
-    if (dl.contains("sequence_length") && dl["sequence_length"] != ds->sequence_length())
-      throw std::runtime_error(c.state_path + ": the run's sequence_length is " + dl["sequence_length"].dump() +
-                               ", the config's train.seq_len " + std::to_string(ds->sequence_length()));
-    const int64_t ck_seed = dl["seed"].get<int64_t>();
+    const std::string fp = interop::check_olmo_core_checkpoint(c, *ds, a.olmo_core_pad_id, a.olmo_core_bos_id);
+    const int64_t ck_seed = c.data_loader["seed"].get<int64_t>();
     if (a.olmo_core_seed >= 0 && a.olmo_core_seed != ck_seed)
       throw std::invalid_argument("--olmo-core-seed " + std::to_string(a.olmo_core_seed) + " but the checkpoint's loader used seed " +
                                   std::to_string(ck_seed));
     seed = ck_seed;
-    interop::OlmoCoreFingerprintInput fi;
-    for (size_t f = 0; f < ds->n_files(); ++f)
-      fi.files.emplace_back(std::filesystem::path(ds->file(f).path()).filename().string(), ds->file(f).size_bytes());
-    fi.vocab_size = ds->vocab_size();
-    fi.eos_token_id = ds->eos_id() ? static_cast<int64_t>(*ds->eos_id()) : -1;
-    if (!ds->eos_id()) throw std::invalid_argument("--olmo-core-checkpoint needs data.eos_id (part of OLMo-core's fingerprint)");
-    fi.pad_token_id = a.olmo_core_pad_id;
-    fi.bos_token_id = a.olmo_core_bos_id;
-    fi.dtype = ds->dtype() == Dtype::u16 ? "uint16" : "uint32";
-    const std::string fp = interop::olmo_core_fsl_fingerprint(fi);
-    if (fp != dl["dataset_fingerprint"])
-      throw std::runtime_error(c.state_path + ": the run's dataset fingerprint is " + dl["dataset_fingerprint"].dump() +
-                               " but the configured token files give " + fp + " (base names, byte sizes, vocab " +
-                               std::to_string(fi.vocab_size) + ", pad " + std::to_string(fi.pad_token_id) + ", eos " +
-                               std::to_string(fi.eos_token_id) + ", " + fi.dtype +
-                               "): these are not the run's files, in its order, or they changed since");
     checkpoint_step = c.global_step;
-    checkpoint_info = {{"state", c.state_path}, {"global_step", c.global_step}, {"data_loader", dl}, {"fingerprint", fp}};
+    checkpoint_info = {{"state", c.state_path}, {"global_step", c.global_step}, {"data_loader", c.data_loader}, {"fingerprint", fp}};
   }
   const auto order = std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G, seed);
   ExternalStream ext;
@@ -181,8 +156,7 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
   ext.info = {{"work_dir", a.olmo_core_work_dir}, {"global_indices", files}, {"seed", order->seed()},
               {"dataset_size", ds->size()}, {"batches_per_epoch", order->batches_per_epoch()},
               {"global_batch_tokens", G * ds->sequence_length()}};
-  LeakCheckOptions o = a.opt;
-  o.config_path = a.config;
+  LeakCheckOptions o = base_options(a, cfg);
   o.external = &ext;
   o.steps = a.steps >= 0 ? a.steps : 0;  // default: every step the saved orders cover
   if (checkpoint_step >= 0) {
@@ -190,9 +164,6 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
     o.steps = checkpoint_step;
     ext.info["checkpoint"] = checkpoint_info;
   }
-  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
-  o.attribute = !a.no_attribution;
-  o.eval_interval = cfg.eval.interval;
   write_and_print(a, run_leakcheck(lc, o));
 }
 
@@ -206,10 +177,13 @@ void run(LeakArgs& a) {
   const TrainConfig cfg = load_config(a.config, a.overrides);
   if (!a.megatron_cache.empty() && !a.olmo_core_work_dir.empty())
     throw std::invalid_argument("give --megatron-cache or --olmo-core-work-dir, not both");
-  if ((!a.megatron_cache.empty() || !a.olmo_core_work_dir.empty()) &&
-      (a.epoch || a.opt.world_size != 1 || !a.opt.layouts.empty() || !a.opt.resume_at.empty()))
-    throw std::invalid_argument("--epoch, --world-size, --layouts and --resume-at describe olmoref's loader; another "
-                                "framework's run is checked over every step its files hold, or --steps / its checkpoint");
+  if (!a.megatron_cache.empty() || !a.olmo_core_work_dir.empty()) {
+    if (a.epoch || a.opt.world_size != 1 || !a.opt.layouts.empty() || !a.opt.resume_at.empty())
+      throw std::invalid_argument("--epoch, --world-size, --layouts and --resume-at describe olmoref's loader; another "
+                                  "framework's run is checked over every step its files hold, or --steps / its checkpoint");
+    if (!a.debug_bug.empty())
+      throw std::invalid_argument("--debug-plant-bug applies to olmoref's loader, not another framework's run");
+  }
   if (!a.megatron_cache.empty()) {
     run_megatron(a, cfg);
     return;
@@ -220,14 +194,10 @@ void run(LeakArgs& a) {
   }
   LoaderConfig lc = loader_config(cfg);
   if (!a.debug_bug.empty()) lc.debug_bug = parse_planted_bug(a.debug_bug);
-  LeakCheckOptions o = a.opt;
-  o.config_path = a.config;
+  LeakCheckOptions o = base_options(a, cfg);
   o.whole_epoch = a.epoch;
   o.steps = a.steps >= 0 ? a.steps : cfg.train.steps;
-  if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
   o.audit_checks = !a.no_audit;
-  o.attribute = !a.no_attribution;
-  o.eval_interval = cfg.eval.interval;
   o.content_check = !a.no_content;
   write_and_print(a, run_leakcheck(lc, o));
 }

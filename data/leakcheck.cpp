@@ -58,9 +58,7 @@ struct Holdout {
   bool docs_are_instances = false;  // no EOS known: each holdout instance (and file tail) is a document
   std::unordered_map<uint64_t, int64_t> instance_hash;  // XXH3 -> holdout instance
   std::unordered_map<uint64_t, int64_t> doc_hash;       // XXH3 -> document, documents >= min_doc_tokens
-  int64_t exact_docs = 0;                               // documents eligible for the exact check
   int64_t ngram_positions = 0;
-  int64_t ngram_docs = 0;  // documents with at least one n-gram
 
   const uint32_t* instance_tokens(int64_t id) const {
     const FslDataset::Location loc = ds->locate(id);
@@ -110,7 +108,6 @@ std::unique_ptr<Holdout> load_holdout(std::shared_ptr<const FslDataset> ds, std:
   for (size_t i = 0; i < h->docs.size(); ++i) {
     const HoldoutDoc& doc = h->docs[i];
     if (!eos || doc.len < min_doc_tokens) continue;
-    ++h->exact_docs;
     h->doc_hash.emplace(xxh3_u32(h->tokens.data() + doc.begin, doc.len), static_cast<int64_t>(i));
   }
   return h;
@@ -363,6 +360,9 @@ void bridge_boundaries(StreamScan& scan, const std::vector<const FslDataset*>& d
   std::sort(delivered.begin(), delivered.end());
   delivered.erase(std::unique(delivered.begin(), delivered.end()), delivered.end());
   MatchSink& sink = scan.hits.matches;
+  std::unordered_map<std::string, const TokenFile*> file_of;
+  for (const FslDataset* ds : datasets)
+    for (size_t f = 0; f < ds->n_files(); ++f) file_of.emplace(ds->file(f).path(), &ds->file(f));
   // Bits are collected and applied after every record, breaks first and then the verified joins, so the result does
   // not depend on the order the scan threads recorded the cuts in.
   std::vector<int64_t> breaks, joins;
@@ -371,10 +371,8 @@ void bridge_boundaries(StreamScan& scan, const std::vector<const FslDataset*>& d
     if (bm.neighbour_start < 0 ||
         !std::binary_search(delivered.begin(), delivered.end(), std::make_pair(std::hash<std::string>{}(bm.file), bm.neighbour_start)))
       continue;
-    const TokenFile* tf = nullptr;
-    for (const FslDataset* ds : datasets)
-      for (size_t f = 0; f < ds->n_files() && !tf; ++f)
-        if (ds->file(f).path() == bm.file) tf = &ds->file(f);
+    const auto it = file_of.find(bm.file);
+    const TokenFile* tf = it == file_of.end() ? nullptr : it->second;
     if (!tf || bm.neighbour_start + L > tf->n_tokens()) continue;
     // Forward: up to k - 1 tokens (k or more would have seeded a MEM of their own). Backward: up to k, to see whether
     // the tokens before the bridged ones continue the document too (then the previous instance holds a MEM of its
@@ -601,7 +599,6 @@ LeakReport run_leakcheck(const LoaderConfig& loader_config, const LeakCheckOptio
   for (const HoldoutDoc& d : hold->docs) {
     if (d.len >= lv.ngram) {
       hold->ngram_positions += d.len - lv.ngram + 1;
-      ++hold->ngram_docs;
     }
   }
   const SeedIndex index(text, lv.seed_ngram, o.bloom ? NgramSet::Kind::bloom : NgramSet::Kind::exact, o.bloom_bits_per_ngram);

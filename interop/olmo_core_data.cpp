@@ -164,4 +164,35 @@ OlmoCoreCheckpoint read_olmo_core_checkpoint(const std::string& dir) {
   return c;
 }
 
+std::string check_olmo_core_checkpoint(const OlmoCoreCheckpoint& c, const data::FslDataset& ds, int64_t pad_token_id,
+                                       int64_t bos_token_id) {
+  const nlohmann::json& dl = c.data_loader;
+  if (dl["dataset_type"] != "fsl")
+    throw std::runtime_error(c.state_path + ": data_loader.dataset_type " + dl["dataset_type"].dump() +
+                             " (only fixed-sequence-length runs are read)");
+  if (dl["dataset_fingerprint_version"] != "v2.0")
+    throw std::runtime_error(c.state_path + ": dataset fingerprint version " + dl["dataset_fingerprint_version"].dump() +
+                             " is not one this reader knows (v2.0, ai2-olmo-core 3.0)");
+  if (dl.contains("sequence_length") && dl["sequence_length"] != ds.sequence_length())
+    throw std::runtime_error(c.state_path + ": the run's sequence_length is " + dl["sequence_length"].dump() +
+                             ", the config's train.seq_len " + std::to_string(ds.sequence_length()));
+  if (!ds.eos_id()) throw std::invalid_argument("an OLMo-core checkpoint needs data.eos_id (part of OLMo-core's fingerprint)");
+  OlmoCoreFingerprintInput fi;
+  for (size_t f = 0; f < ds.n_files(); ++f)
+    fi.files.emplace_back(fs::path(ds.file(f).path()).filename().string(), ds.file(f).size_bytes());
+  fi.vocab_size = ds.vocab_size();
+  fi.eos_token_id = *ds.eos_id();
+  fi.pad_token_id = pad_token_id;
+  fi.bos_token_id = bos_token_id;
+  fi.dtype = ds.dtype() == data::Dtype::u16 ? "uint16" : "uint32";
+  const std::string fp = olmo_core_fsl_fingerprint(fi);
+  if (fp != dl["dataset_fingerprint"])
+    throw std::runtime_error(c.state_path + ": the run's dataset fingerprint is " + dl["dataset_fingerprint"].dump() +
+                             " but the configured token files give " + fp + " (base names, byte sizes, vocab " +
+                             std::to_string(fi.vocab_size) + ", pad " + std::to_string(fi.pad_token_id) + ", eos " +
+                             std::to_string(fi.eos_token_id) + ", " + fi.dtype +
+                             "): these are not the run's files, in its order, or they changed since");
+  return fp;
+}
+
 }  // namespace olmoref::interop

@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset.h"
+
 namespace olmoref::interop {
 
 struct OlmoCoreIndicesFile {
@@ -68,5 +70,11 @@ struct OlmoCoreCheckpoint {
   nlohmann::json data_loader;  // dataset_type, dataset_fingerprint(_version), batches/tokens_processed, seed, epoch, ...
 };
 OlmoCoreCheckpoint read_olmo_core_checkpoint(const std::string& dir);
+
+// Checks that the checkpoint's data loader read `ds` (the configured token files): an FSL dataset, fingerprint
+// version v2.0, the same sequence length, and the fingerprint OLMo-core computes for these files with the run's pad
+// (and bos, -1: none) ids. Returns that fingerprint; throws naming the state file.
+std::string check_olmo_core_checkpoint(const OlmoCoreCheckpoint& c, const data::FslDataset& ds, int64_t pad_token_id,
+                                       int64_t bos_token_id);
 
 }  // namespace olmoref::interop

@@ -15,19 +15,18 @@ namespace olmoref::interop {
 
 nlohmann::json read_torch_state(const std::string& path);
 
-// SHA-256 of `data`, as 64 lowercase hex digits (FIPS 180-4); OLMo-core fingerprints datasets with it.
+// SHA-256 (OpenSSL's), fed in pieces; hex() gives the 64 lowercase hex digits. OLMo-core fingerprints datasets with it.
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
   void update(const std::string& data);
   std::string hex();
 
  private:
-  void block(const unsigned char* p);
-  uint32_t h_[8];
-  unsigned char buf_[64];
-  size_t fill_ = 0;
-  uint64_t bytes_ = 0;
+  void* ctx_;  // EVP_MD_CTX
 };
 
 }  // namespace olmoref::interop

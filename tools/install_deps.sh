@@ -3,7 +3,7 @@
 # The CUDA toolkit (nvcc, cuBLAS, CUB, NCCL) is expected on PATH already; without it the CUDA target is skipped.
 set -euo pipefail
 packages=(meson ninja-build pkg-config g++ python3 python3-venv
-          libxxhash-dev libzstd-dev zstd doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
+          libxxhash-dev libzstd-dev zstd libssl-dev doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
           libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libopenblas-dev gnuplot-nox
           fortunes bible-kjv)
 missing=()

@@ -31,7 +31,7 @@ olmoref_ensure_venv() {
 }
 
 # OLMo-core's own environment: ai2-olmo-core 3.0.0 requires torch < 2.14, the parity venv has a newer torch, so it
-# gets a venv of its own rather than downgrading that one (tests/interop/run_olmo_core_check.sh).
+# gets a venv of its own rather than downgrading that one (tests/interop/run_check.sh).
 OLMOREF_OLMO_CORE_VENV="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}"
 OLMOREF_OLMO_CORE_REQUIRED="from olmo_core.data.data_loader import NumpyFSLDataLoader; from olmo_core.data.numpy_dataset import NumpyFSLDataset"
 
