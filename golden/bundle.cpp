@@ -16,7 +16,7 @@
 #include "data/dataset.h"
 #include "data/mix.h"
 #include "golden/digest.h"
-#include "golden/hf_export.h"
+#include "interop/hf_export.h"
 #include "golden/trace.h"
 #include "ref/init.h"
 #include "ref/optim.h"

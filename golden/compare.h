@@ -1,13 +1,5 @@
-// golden/compare.h — read traces of any framework and compare them under per-metric rules
+// golden/compare.h — compare traces of any framework (read by interop/trace_formats.h) under per-metric rules
 // (docs/formats/compare.md), in the spirit of Megatron's golden values.
-//
-// Readers (format detected from the content):
-//   olmoref   trace.jsonl (olmoref-trace/1): every field; exact values from the *_hex fields and the digests
-//   jsonl     any JSON Lines with a "step" per record (e.g. golden/replay/replay.py's output): its numeric fields
-//   megatron  Megatron-LM golden values: {"lm loss": {"start_step", "end_step", "step_interval", "values": {"1": ...}}}
-//   steploss  plain text, one "step loss" per line (TorchTitan's tests/assets/losses/*.txt); '#' comments
-// Metric names are normalised: Megatron's "lm loss" and TorchTitan's loss column are `loss`, "grad-norm" is
-// `grad_norm`, "learning-rate" is `lr`; others keep their names.
 //
 // Rules: per metric, `exact` (bit patterns where both sides carry them, else equal numbers or strings),
 // `close` (|b − a| <= atol + rtol·|a|, A being the reference) or `report` (never fails). Each rule allows a
@@ -21,23 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "interop/trace_formats.h"
+
 namespace olmoref {
-
-struct MetricValue {
-  double value = 0;   // the number (NaN for string metrics such as digests)
-  std::string exact;  // an exact representation when the source has one (IEEE hex bits, a digest), else ""
-};
-
-struct LoadedTrace {
-  std::string path;
-  std::string format;  // "olmoref", "jsonl", "megatron", "steploss"
-  std::map<std::string, std::map<int64_t, MetricValue>> metrics;  // metric -> step -> value
-  std::vector<int64_t> steps() const;  // every step that has any metric, ascending
-  std::string describe() const;        // "path (format, N steps a..b, metrics ...)"
-};
-
-// Reads a trace file (or a run directory: DIR/trace.jsonl). Throws std::runtime_error naming the file and line.
-LoadedTrace load_trace_any(const std::string& path);
 
 struct MetricRule {
   enum class Check { exact, close, report };
@@ -94,9 +72,5 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
 // every metric there, and a last line "PASS: ..." or "FAIL: ...".
 std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules,
                                   const CompareResult& result);
-
-// Writers, so an olmoref trace can be handed to tools that read the other formats.
-std::string to_megatron_json(const LoadedTrace& t, int64_t step_interval = 1);  // every metric with numbers
-std::string to_steploss_text(const LoadedTrace& t);                             // "step loss" lines, %.9g
 
 }  // namespace olmoref

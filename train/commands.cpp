@@ -15,7 +15,7 @@
 #include "ckpt/checkpoint.h"
 #include "golden/plot.h"
 #include <fstream>
-#include "golden/hf_export.h"
+#include "interop/hf_export.h"
 #include "ref/init.h"
 #include "ref/params.h"
 #include "train/trainer.h"

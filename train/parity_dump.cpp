@@ -5,8 +5,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "golden/hf_export.h"
-#include "golden/safetensors.h"
+#include "interop/hf_export.h"
+#include "interop/safetensors.h"
 #include "ref/rng.h"
 #include "train/trainer.h"
 

@@ -6,7 +6,7 @@
 #include <exception>
 #include <vector>
 
-#include "golden/hf_export.h"
+#include "interop/hf_export.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

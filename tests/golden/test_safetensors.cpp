@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "golden/hf_export.h"
-#include "golden/safetensors.h"
+#include "interop/hf_export.h"
+#include "interop/safetensors.h"
 #include "ref/model_config.h"
 #include "ref/params.h"
 

@@ -1,4 +1,4 @@
-// golden/hf_export.h — our flat parameter vector <-> a Hugging Face `Olmo3ForCausalLM` checkpoint directory.
+// interop/hf_export.h — our flat parameter vector <-> a Hugging Face `Olmo3ForCausalLM` checkpoint directory.
 //
 // Export writes DIR/model.safetensors (every parameter under its HF name, fp32, PyTorch [out, in] layout, which is
 // already our layout) and DIR/config.json, so that `Olmo3ForCausalLM.from_pretrained(DIR)` rebuilds the model.

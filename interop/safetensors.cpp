@@ -1,4 +1,4 @@
-#include "golden/safetensors.h"
+#include "interop/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// golden/safetensors.h — a small safetensors writer and reader (the Hugging Face weight format).
+// interop/safetensors.h — a small safetensors writer and reader (the Hugging Face weight format).
 //
 // File layout: u64 little-endian N, then N bytes of JSON header, then the data region.
 //   header: {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,

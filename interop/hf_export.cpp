@@ -1,4 +1,4 @@
-#include "golden/hf_export.h"
+#include "interop/hf_export.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include <system_error>
 #include <vector>
 
-#include "golden/safetensors.h"
+#include "interop/safetensors.h"
 
 namespace olmoref {
 
