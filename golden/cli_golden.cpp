@@ -1,7 +1,8 @@
 // golden/cli_golden.cpp — the golden-trace commands of the olmoref binary:
-//   olmoref trace compare A B [--rules FILE]      exit 0 only if every rule holds (1: a rule failed, 2: an error)
+//   olmoref trace compare A B [--rules FILE | --megatron [--approximate]] [--loss ce]
+//                                                 exit 0 only if every rule holds (1: a rule failed, 2: an error)
 //   olmoref trace plot A [B ...] --out FILE.svg   loss curves, and where two runs part
-//   olmoref trace convert A --to megatron|steploss --out FILE
+//   olmoref trace convert A --to megatron|steploss --out FILE [--loss ce] [--metrics ...] [--step-interval N]
 //   olmoref golden export --run DIR --out BUNDLE [--copy-data]
 //   olmoref golden logits (--config FILE | --checkpoint DIR) --seq-len T --out DIR [--precision bf16]
 // Uses header-only CLI11, like data/cli_data.cpp.
@@ -53,6 +54,44 @@ NamedTrace as_named_trace(const std::string& path) {
   return nt;
 }
 
+std::vector<std::string> split_metrics(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& g : given) {
+    size_t start = 0;
+    while (start <= g.size()) {
+      const size_t comma = g.find(',', start);
+      std::string m = g.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      while (!m.empty() && m.front() == ' ') m.erase(m.begin());
+      while (!m.empty() && m.back() == ' ') m.pop_back();
+      if (!m.empty()) out.push_back(m);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  if (out.empty()) throw std::invalid_argument("--metrics: no metric named");
+  return out;
+}
+
+// --loss ce: an olmoref trace's loss becomes its cross-entropy, the loss Megatron and TorchTitan log.
+void apply_loss_choice(LoadedTrace& t, const std::string& loss) {
+  if (loss == "ce" && t.format == "olmoref") use_ce_as_loss(t);
+}
+
+// The z-loss is part of olmoref's loss but of no other framework's: say so when it would silently differ.
+void warn_if_z_loss(const LoadedTrace& t, const std::string& loss, const char* target) {
+  if (loss == "ce" || t.format != "olmoref") return;
+  const auto z = t.metrics.find("z");
+  if (z == t.metrics.end()) return;
+  for (const auto& [step, v] : z->second)
+    if (v.value != 0) {
+      std::fprintf(stderr,
+                   "note: %s's loss includes the z-loss (%.3g at step %lld); %s's loss does not: pass --loss ce to "
+                   "use the cross-entropy alone\n",
+                   t.path.c_str(), v.value, static_cast<long long>(step), target);
+      return;
+    }
+}
+
 }  // namespace
 
 void register_golden_commands(CLI::App& app) {
@@ -68,20 +107,57 @@ void register_golden_commands(CLI::App& app) {
         "\"step loss\" text (TorchTitan)");
     auto a = std::make_shared<std::string>(), b = std::make_shared<std::string>(), rules = std::make_shared<std::string>();
     auto report = std::make_shared<std::string>();
+    auto loss = std::make_shared<std::string>("total");
+    auto megatron = std::make_shared<bool>(false), approximate = std::make_shared<bool>(false);
+    auto mg = std::make_shared<MegatronGoldenOptions>();
+    auto mg_metrics = std::make_shared<std::vector<std::string>>();
     cmp->add_option("A", *a, "Reference trace (the golden one)")->required();
     cmp->add_option("B", *b, "Trace to check")->required();
-    cmp->add_option("--rules", *rules,
-                    "Rules file (TOML or JSON, docs/formats/compare.md). Default: exact bits on loss, grad_norm, lr, "
-                    "data_digest, param_digest for two olmoref traces; loss rtol 1e-5 otherwise");
+    auto* rules_opt = cmp->add_option(
+        "--rules", *rules,
+        "Rules file (TOML or JSON, docs/formats/compare.md). Default: exact bits on loss, grad_norm, lr, num_zeros, "
+        "data_digest, param_digest for two olmoref traces; loss rtol 1e-5 otherwise (plus half the last printed "
+        "digit for a console log)");
     cmp->add_option("--report", *report, "Also write the report to this file");
+    cmp->add_option("--loss", *loss,
+                    "total (olmoref's loss: cross-entropy + z-loss) or ce (the cross-entropy alone, the loss Megatron "
+                    "and TorchTitan log): what an olmoref trace's `loss` means in this comparison")
+        ->check(CLI::IsMember({"total", "ce"}));
+    cmp->add_flag("--megatron", *megatron,
+                  "Megatron-LM's functional-test comparison: A and B as golden values (traces of other formats are "
+                  "first sampled and rounded as Megatron's extractor does), checks [exact, rtol 0.05] per metric")
+        ->excludes(rules_opt);
+    cmp->add_flag("--approximate", *approximate,
+                  "With --megatron: skip the exact checks, as Megatron does for --allow-nondeterministic-algo runs");
+    cmp->add_option("--metrics", *mg_metrics,
+                    "With --megatron: Megatron metric names, comma-separated (default \"lm loss,num-zeros\")");
+    cmp->add_option("--step-interval", mg->step_interval,
+                    "With --megatron, for traces that are not golden values yet: the sampling interval (default 5)");
     cmp->callback([=] {
-      const LoadedTrace ta = load_trace_any(*a), tb = load_trace_any(*b);
-      const CompareRules r = rules->empty() ? default_rules(ta, tb) : load_rules(*rules);
-      const CompareResult res = compare_traces(ta, tb, r);
-      const std::string text = format_compare_report(ta, tb, r, res);
+      LoadedTrace ta = load_trace_any(*a), tb = load_trace_any(*b);
+      apply_loss_choice(ta, *loss);
+      apply_loss_choice(tb, *loss);
+      std::string text;
+      bool pass = false;
+      if (*megatron) {
+        MegatronGoldenOptions o = *mg;
+        if (!mg_metrics->empty()) o.metrics = split_metrics(*mg_metrics);
+        const LoadedTrace ga = ta.format == "megatron" ? ta : megatron_golden_values(ta, o);
+        const LoadedTrace gb = tb.format == "megatron" ? tb : megatron_golden_values(tb, o);
+        const MegatronPipelineResult res = megatron_pipeline(ga, gb, megatron_default_checks(o.metrics), *approximate);
+        text = format_megatron_report(ga, gb, res);
+        pass = res.pass;
+      } else {
+        if (*approximate || !mg_metrics->empty())
+          throw std::invalid_argument("--approximate and --metrics belong to --megatron");
+        const CompareRules r = rules->empty() ? default_rules(ta, tb) : load_rules(*rules);
+        const CompareResult res = compare_traces(ta, tb, r);
+        text = format_compare_report(ta, tb, r, res);
+        pass = res.pass;
+      }
       std::fputs(text.c_str(), stdout);
       if (!report->empty()) write_file(*report, text);
-      set_command_exit_code(res.pass ? 0 : 1);
+      set_command_exit_code(pass ? 0 : 1);
     });
 
     auto* plot = cmd->add_subcommand("plot",
@@ -116,17 +192,35 @@ void register_golden_commands(CLI::App& app) {
 
     auto* conv = cmd->add_subcommand("convert", "Write a trace in another framework's format");
     auto in = std::make_shared<std::string>(), to = std::make_shared<std::string>(), cout = std::make_shared<std::string>();
-    auto interval = std::make_shared<int64_t>(1);
+    auto closs = std::make_shared<std::string>("total");
+    auto co = std::make_shared<MegatronGoldenOptions>();
+    auto cmetrics = std::make_shared<std::vector<std::string>>();
     conv->add_option("TRACE", *in, "Trace file or run directory")->required();
-    conv->add_option("--to", *to, "megatron (golden-values JSON) or steploss (\"step loss\" lines, exact decimals)")
+    conv->add_option("--to", *to,
+                     "megatron (golden values as Megatron-LM's functional tests extract them: lm loss and num-zeros, "
+                     "5 decimals, steps 1, 5, 10, ...) or steploss (\"step loss\" lines, exact decimals, as "
+                     "TorchTitan's tests/assets/losses)")
         ->required()
         ->check(CLI::IsMember({"megatron", "steploss"}));
     conv->add_option("--out", *cout, "Output file")->required();
-    conv->add_option("--step-interval", *interval, "megatron: keep the first step and every N-th after it");
+    conv->add_option("--loss", *closs,
+                     "total (cross-entropy + z-loss, olmoref's loss) or ce (the cross-entropy alone: the loss "
+                     "Megatron and TorchTitan compute, without z-loss)")
+        ->check(CLI::IsMember({"total", "ce"}));
+    conv->add_option("--metrics", *cmetrics,
+                     "megatron: metric names, comma-separated (default \"lm loss,num-zeros\"; also grad-norm, "
+                     "learning-rate)");
+    conv->add_option("--step-interval", co->step_interval, "megatron: Megatron's step_interval (default 5)");
+    conv->add_option("--start-step", co->start_step, "megatron: the first step kept (default 1)");
+    conv->add_option("--train-iters", co->train_iters, "megatron: the last step sampled (default: the trace's last)");
     conv->callback([=] {
-      const LoadedTrace t = load_trace_any(*in);
-      write_file(*cout, *to == "megatron" ? to_megatron_json(t, *interval) : to_steploss_text(t));
-      std::printf("wrote %s (%s)\n", cout->c_str(), to->c_str());
+      LoadedTrace t = load_trace_any(*in);
+      apply_loss_choice(t, *closs);
+      warn_if_z_loss(t, *closs, *to == "megatron" ? "Megatron" : "TorchTitan");
+      MegatronGoldenOptions o = *co;
+      if (!cmetrics->empty()) o.metrics = split_metrics(*cmetrics);
+      write_file(*cout, *to == "megatron" ? to_megatron_json(t, o) : to_steploss_text(t));
+      std::printf("wrote %s (%s%s)\n", cout->c_str(), to->c_str(), *closs == "ce" ? ", loss = cross-entropy" : "");
     });
   }
   // ---- golden ----

@@ -178,18 +178,32 @@ CompareRules load_rules(const std::string& path) {
 CompareRules default_rules(const LoadedTrace& a, const LoadedTrace& b) {
   CompareRules out;
   if (a.format == "olmoref" && b.format == "olmoref") {
-    out.description = "default for two olmoref traces: exact bits on loss, grad_norm, lr, data_digest, param_digest";
-    for (const char* m : {"loss", "grad_norm", "lr", "data_digest", "param_digest"}) {
+    out.description =
+        "default for two olmoref traces: exact bits on loss, grad_norm, lr, data_digest, param_digest; num_zeros "
+        "exact where both traces record it";
+    for (const char* m : {"loss", "grad_norm", "lr", "num_zeros", "data_digest", "param_digest"}) {
       MetricRule r;
       r.name = r.metric = m;
+      r.required = std::string(m) != "num_zeros";  // older traces do not carry it
       out.rules.push_back(r);
     }
   } else {
-    out.description = "default across formats: loss close, rtol 1e-5 (pass --rules FILE for others)";
     MetricRule r;
     r.name = r.metric = "loss";
     r.check = MetricRule::Check::close;
     r.rtol = 1e-5;
+    // A console log prints the loss rounded (TorchTitan: 4 decimals): allow half a unit of its last digit.
+    int decimals = -1;
+    for (const LoadedTrace* t : {&a, &b}) {
+      const auto d = t->decimals.find("loss");
+      if (d != t->decimals.end() && (decimals < 0 || d->second < decimals)) decimals = d->second;
+    }
+    if (decimals >= 0) r.atol = 0.5 * std::pow(10.0, -decimals) * (1 + 1e-9);
+    out.description = "default across formats: loss close, rtol 1e-5" +
+                      (decimals >= 0 ? " + atol " + fmt_short(r.atol) + " (a log printed it with " +
+                                           std::to_string(decimals) + " decimals)"
+                                     : std::string()) +
+                      " (pass --rules FILE for others)";
     out.rules.push_back(r);
   }
   return out;
@@ -262,8 +276,9 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
         if (m.first_failing_step < 0) m.first_failing_step = step;
       }
     }
-    // A metric B has at a step where A lacks it is as much a difference as the other way round.
-    for (const auto& [step, vb] : B) {
+    // A metric B has at a step where A lacks it is as much a difference as the other way round, except against
+    // Megatron golden values: they hold a sample of the steps, and Megatron compares at those alone.
+    for (const auto& [step, vb] : a.format == "megatron" ? decltype(B){} : B) {
       if (rule.first_step > 0 && step < rule.first_step) continue;
       if (rule.last_step > 0 && step > rule.last_step) continue;
       if (A.count(step)) continue;
@@ -345,7 +360,9 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
     }
   }
   if (r.steps_only_in_b > 0)
-    o << "(" << r.steps_only_in_b << " step(s) of B are not in A: every rule covering them counts them as failing)\n";
+    o << "(" << r.steps_only_in_b
+      << (a.format == "megatron" ? " step(s) of B are not among A's golden-value steps: not compared, as in Megatron)\n"
+                                 : " step(s) of B are not in A: every rule covering them counts them as failing)\n");
   if (r.pass) {
     o << "PASS: every rule holds";
   } else {
@@ -363,6 +380,122 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
     }
   }
   o << "\n";
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Megatron's pipeline
+// ---------------------------------------------------------------------------------------------
+
+std::vector<MegatronCheck> megatron_default_checks(const std::vector<std::string>& metrics) {
+  std::vector<MegatronCheck> out;
+  for (const std::string& m : metrics) {
+    out.push_back({m, true, 0, 0});
+    out.push_back({m, false, 0.05, 0});
+  }
+  return out;
+}
+
+namespace {
+
+// np.isclose(a, g, rtol, atol) with equal_nan=False: |a - g| <= atol + rtol·|g|; inf is close only to the same inf.
+bool np_isclose(double a, double g, double rtol, double atol) {
+  if (std::isnan(a) || std::isnan(g)) return false;
+  if (std::isinf(a) || std::isinf(g)) return a == g;
+  return std::abs(a - g) <= atol + rtol * std::abs(g);
+}
+
+// Megatron's reading of a golden value: a string ("nan") is inf, a number is itself (a NaN stays NaN).
+double megatron_number(const MetricValue& v) {
+  return v.exact.empty() ? v.value : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+MegatronPipelineResult megatron_pipeline(const LoadedTrace& golden, const LoadedTrace& actual,
+                                         const std::vector<MegatronCheck>& checks, bool compare_approximate_results) {
+  MegatronPipelineResult out;
+  for (const MegatronCheck& c : checks) {
+    MegatronCheckResult r;
+    r.check = c;
+    const std::string kind = c.deterministic ? "DETERMINISTIC" : "APPROXIMATE";
+    const std::string metric = canonical_metric(c.metric);
+    if (c.deterministic && compare_approximate_results) {
+      r.skipped = r.pass = true;
+      r.message = kind + " test for metric " + c.metric + ": SKIPPED (approximate results only)";
+      out.checks.push_back(r);
+      continue;
+    }
+    const auto g = golden.metrics.find(metric);
+    const auto a = actual.metrics.find(metric);
+    if (g == golden.metrics.end() || a == actual.metrics.end()) {
+      r.message = g == golden.metrics.end()
+                      ? "Metric " + c.metric + " is required but not provided in golden values"
+                      : "Metric " + c.metric + " not found in the actual values (Megatron: not in the Tensorboard logs)";
+      out.pass = false;
+      out.checks.push_back(r);
+      continue;
+    }
+    for (const auto& [step, gv] : g->second) {
+      ++r.steps;
+      const auto av = a->second.find(step);
+      bool close = false;
+      if (av == a->second.end()) ++r.missing;
+      else close = np_isclose(megatron_number(av->second), megatron_number(gv), c.rtol, c.atol);
+      if (!close) {
+        ++r.failing;
+        if (r.first_failing_step < 0) r.first_failing_step = step;
+      }
+    }
+    const auto range = golden.megatron_ranges.find(metric);
+    const MegatronRange mr = range != golden.megatron_ranges.end() ? range->second : MegatronRange{};
+    const double total = static_cast<double>(mr.end_step - mr.start_step) / static_cast<double>(mr.step_interval) + 1;
+    if (c.deterministic || total == 1.0 || r.steps == 0) {
+      r.allowed = 0;
+      r.pass = r.failing == 0 && r.steps > 0;
+    } else {
+      r.allowed = std::min(std::max(std::floor(total / 100), 1.0), 50.0);
+      const double close_fraction = static_cast<double>(r.steps - r.failing) / static_cast<double>(r.steps);
+      r.pass = close_fraction >= 1 - r.allowed / total;
+    }
+    if (r.pass) r.message = kind + " test for metric " + c.metric + ": PASSED";
+    else r.message = std::string(c.deterministic ? "Exact" : "Approximate") + " comparison of " + c.metric + ": FAILED";
+    out.pass = out.pass && r.pass;
+    out.checks.push_back(r);
+  }
+  return out;
+}
+
+std::string format_megatron_report(const LoadedTrace& golden, const LoadedTrace& actual,
+                                   const MegatronPipelineResult& r) {
+  std::ostringstream o;
+  o << "golden: " << golden.describe() << "\n";
+  o << "actual: " << actual.describe() << "\n";
+  o << "comparison: Megatron-LM's functional-test pipeline (np.isclose at the golden steps; \"nan\" = inf)\n\n";
+  for (const auto& c : r.checks) {
+    o << c.message;
+    if (!c.skipped && c.steps > 0) {
+      o << "  [" << (c.check.deterministic ? "rtol 0 atol 0" : "rtol " + fmt_short(c.check.rtol) + " atol " +
+                                                                  fmt_short(c.check.atol))
+        << "; " << c.failing << " of " << c.steps << " steps not close";
+      if (!c.check.deterministic) o << ", " << fmt_short(c.allowed) << " allowed";
+      if (c.missing) o << ", " << c.missing << " missing";
+      o << "]";
+      if (c.first_failing_step >= 0) {
+        const std::string metric = canonical_metric(c.check.metric);
+        auto show = [&](const LoadedTrace& t) -> std::string {
+          const auto& series = t.metrics.at(metric);
+          const auto it = series.find(c.first_failing_step);
+          if (it == series.end()) return "(missing)";
+          return it->second.exact.empty() ? fmt_num(it->second.value) : "\"" + it->second.exact + "\"";
+        };
+        o << "\n    first at step " << c.first_failing_step << ": golden " << show(golden) << ", actual "
+          << show(actual);
+      }
+    }
+    o << "\n";
+  }
+  o << (r.pass ? "PASS: every Megatron check holds" : "FAIL: a Megatron check failed") << "\n";
   return o.str();
 }
 

@@ -73,4 +73,42 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
 std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules,
                                   const CompareResult& result);
 
+// ---- Megatron-LM's own comparison ----
+// What Megatron's functional tests do with two golden-values files (tests/functional_tests/python_test_utils/
+// common.py `pipeline`, test_regular_pipeline.py CHECK_THRESHOLDS): per metric a list of checks, each evaluated at
+// the golden file's steps with np.isclose(actual, golden, rtol, atol) (a string value, "nan", counts as inf).
+// A deterministic check (rtol = atol = 0) must hold at every step; an approximate one may fail on
+// min(max(total // 100, 1), 50) steps of total = (end_step - start_step) / step_interval + 1 (Megatron's
+// arithmetic, in floating point: pass iff the fraction of close steps >= 1 - allowed / total); a metric whose
+// golden values hold one step must hold there. With compare_approximate_results (Megatron's
+// --allow-nondeterministic-algo runs) the deterministic checks are skipped.
+struct MegatronCheck {
+  std::string metric;  // Megatron's name ("lm loss")
+  bool deterministic = true;
+  double rtol = 0, atol = 0;
+};
+// Megatron's defaults for its default METRICS: lm loss and num-zeros, each [deterministic, approximate rtol 0.05].
+std::vector<MegatronCheck> megatron_default_checks(const std::vector<std::string>& metrics = {"lm loss", "num-zeros"});
+
+struct MegatronCheckResult {
+  MegatronCheck check;
+  bool skipped = false;     // a deterministic check under compare_approximate_results
+  bool pass = false;
+  int64_t steps = 0;        // golden steps compared
+  int64_t failing = 0;      // steps not close (a step missing from the actual values included)
+  int64_t missing = 0;      // golden steps the actual values lack
+  double allowed = 0;       // failing steps allowed (approximate checks)
+  int64_t first_failing_step = -1;
+  std::string message;      // Megatron's own wording: "... test for metric lm loss: PASSED" / "... : FAILED"
+};
+struct MegatronPipelineResult {
+  std::vector<MegatronCheckResult> checks;
+  bool pass = true;
+};
+// golden and actual must be golden values (format "megatron"; megatron_golden_values makes them from any trace).
+MegatronPipelineResult megatron_pipeline(const LoadedTrace& golden, const LoadedTrace& actual,
+                                         const std::vector<MegatronCheck>& checks, bool compare_approximate_results);
+std::string format_megatron_report(const LoadedTrace& golden, const LoadedTrace& actual,
+                                   const MegatronPipelineResult& r);
+
 }  // namespace olmoref

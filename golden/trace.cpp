@@ -61,6 +61,7 @@ std::string TraceRecord::to_json() const {
   s += ",\"clip\":" + fmt("%.9g", clip) + ",\"clip_hex\":\"" + hex32(fbits(clip)) + "\"";
   s += ",\"lr\":" + fmt("%.17g", lr) + ",\"lr_hex\":\"" + hex64(dbits(lr)) + "\"";
   s += ",\"tokens\":" + std::to_string(tokens);
+  if (num_zeros >= 0) s += ",\"num_zeros\":" + std::to_string(num_zeros);
   s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"}";
   return s;
 }
@@ -81,6 +82,7 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.clip = f32("clip_hex", "clip");
   r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : decimal<double>(j, "lr");
   r.tokens = j.at("tokens").get<int64_t>();
+  r.num_zeros = j.value("num_zeros", int64_t{-1});  // traces written before num_zeros was recorded lack it
   r.data_digest = j.at("data_digest").get<std::string>();
   r.param_digest = j.at("param_digest").get<std::string>();
   return r;

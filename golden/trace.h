@@ -24,6 +24,7 @@ struct TraceRecord {
   float clip = 1;            // clipping coefficient applied
   double lr = 0;             // learning rate of this step's update
   int64_t tokens = 0;        // cumulative tokens consumed, including this step
+  int64_t num_zeros = -1;    // zero elements of the clipped gradient (Megatron's num-zeros); -1: not recorded
   std::string data_digest;   // XXH3-64 of the batch token ids (hex)
   std::string param_digest;  // XXH3-128 Merkle root of the parameters after the update (hex)
 

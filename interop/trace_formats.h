@@ -5,7 +5,12 @@
 //   olmoref   trace.jsonl (olmoref-trace/1): every field; exact values from the *_hex fields and the digests
 //   jsonl     any JSON Lines with a "step" per record (e.g. golden/replay/replay.py's output): its numeric fields
 //   megatron  Megatron-LM golden values: {"lm loss": {"start_step", "end_step", "step_interval", "values": {"1": ...}}}
-//   steploss  plain text, one "step loss" per line (TorchTitan's tests/assets/losses/*.txt); '#' comments
+//   steploss  plain text, one "step loss" per line (TorchTitan's tests/assets/losses/*.txt); '#' comments; an
+//             optional first line of column names ("step loss"), but a first line holding numbers is data and must
+//             parse as data (a malformed first record is refused, not taken for a header)
+//   torchtitan-log  TorchTitan's console training log (`step: N  loss: X  grad_norm: Y  memory: ...`, with or
+//             without ANSI colour, any logging prefix); loss and grad_norm as printed (4 decimals), "validate
+//             step:" lines as validation_loss; other lines ignored
 // Metric names are normalised (canonical_metric): Megatron's "lm loss" and TorchTitan's loss column are `loss`,
 // "grad-norm" is `grad_norm`, "learning-rate" is `lr`; others keep their names.
 #pragma once
@@ -23,10 +28,17 @@ struct MetricValue {
   std::string exact;  // an exact representation when the source has one (IEEE hex bits, a digest), else ""
 };
 
+// A Megatron golden-values metric's header: values at start_step, then every step_interval up to end_step.
+struct MegatronRange {
+  int64_t start_step = 1, end_step = 1, step_interval = 1;
+};
+
 struct LoadedTrace {
   std::string path;
-  std::string format;  // "olmoref", "jsonl", "megatron", "steploss"
+  std::string format;  // "olmoref", "jsonl", "megatron", "steploss", "torchtitan-log"
   std::map<std::string, std::map<int64_t, MetricValue>> metrics;  // metric -> step -> value
+  std::map<std::string, MegatronRange> megatron_ranges;  // megatron files: each metric's header
+  std::map<std::string, int> decimals;  // metrics the source printed rounded to this many decimals (console logs)
   std::vector<int64_t> steps() const;  // every step that has any metric, ascending
   std::string describe() const;        // "path (format, N steps a..b, metrics ...)"
 };
@@ -37,8 +49,31 @@ LoadedTrace load_trace_any(const std::string& path);
 // A framework's metric name as olmoref calls it ("lm loss" -> "loss", "grad-norm" -> "grad_norm", ...).
 std::string canonical_metric(const std::string& name);
 
-// Writers, so an olmoref trace can be handed to tools that read the other formats.
-std::string to_megatron_json(const LoadedTrace& t, int64_t step_interval = 1);  // every metric with numbers
-std::string to_steploss_text(const LoadedTrace& t);                             // "step loss" lines, %.9g
+// An olmoref trace's `loss` is ce + z-loss. Megatron's "lm loss" and TorchTitan's loss are the cross-entropy
+// alone, so a trace compared with or handed to them should carry its `ce` as `loss`: this replaces the loss
+// series by the ce series (exact bits). Throws naming the file when the trace has no ce.
+void use_ce_as_loss(LoadedTrace& t);
+
+// What Megatron-LM's functional tests keep of a run (tests/functional_tests/python_test_utils/common.py,
+// read_tb_logs_as_list): each metric as TensorBoard stores it (fp32), rounded to 5 decimals by Python's round(),
+// at start_step and then at every step k > start_step with k % step_interval == 0, up to train_iters; a step the
+// run did not log is the string "nan" (which Megatron's comparison treats as inf).
+struct MegatronGoldenOptions {
+  int64_t start_step = 1;
+  int64_t step_interval = 5;
+  int64_t train_iters = 0;                                      // 0: the trace's last step
+  std::vector<std::string> metrics = {"lm loss", "num-zeros"};  // Megatron's names; its default METRICS
+};
+// The golden values as a LoadedTrace (format "megatron", ranges set): the input of Megatron's comparison.
+LoadedTrace megatron_golden_values(const LoadedTrace& t, const MegatronGoldenOptions& opts);
+// The same as golden-values JSON: metrics in the order asked, step keys in integer order, numbers as Python's
+// json writes them (repr), so a file written here equals the one Megatron's extractor writes from the run.
+std::string to_megatron_json(const LoadedTrace& t, const MegatronGoldenOptions& opts);
+// Python's round(x, 5) of a double (correctly rounded to 5 decimals, ties to even on the exact binary value).
+double python_round5(double x);
+// Megatron's name for one of our metrics and back ("loss" <-> "lm loss", "num_zeros" <-> "num-zeros", ...).
+std::string megatron_metric_name(const std::string& ours);
+
+std::string to_steploss_text(const LoadedTrace& t);  // "step loss" lines, %.17g (exact round trip)
 
 }  // namespace olmoref

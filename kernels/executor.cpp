@@ -171,6 +171,20 @@ void KernelExecutor::tree_add(float* dst, const float* src, int64_t n) { element
 void KernelExecutor::scale(float* x, float c, int64_t n) {
   if (c != 1.0f) elements(ScaleOp{x, c}, n);  // as ref/optim.h scale_inplace: clip 1 leaves the gradient alone
 }
+int64_t KernelExecutor::count_zeros(const float* x, int64_t n) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  if (chunks == 0) return 0;
+  ZeroCountArgs a;
+  a.x = x, a.n = n, a.chunk = kNormChunk;
+  a.out = workspace(zero_chunks_, chunks, "zero-count chunk totals");
+  if (on_device_) OLMOREF_DEVICE(zero_count_chunks_device(a));
+  else zero_count_chunks_host(a);
+  std::vector<double> per(static_cast<size_t>(chunks));
+  to_host(per.data(), a.out, per.size() * sizeof(double));
+  int64_t total = 0;
+  for (double z : per) total += static_cast<int64_t>(z);
+  return total;
+}
 void KernelExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                            int64_t n) {
   elements(AdamWOp{s, decay, grad, p, m, v}, n);

@@ -1,4 +1,4 @@
-// Cross-entropy + z-loss and gradient-norm chunks on the device: the bodies of kernels/loss_exact.h, one
+// Cross-entropy + z-loss, gradient-norm chunks and zero counts on the device: the bodies of kernels/loss_exact.h, one
 // 32-thread block per row, per instance and per chunk.
 #include <cuda_runtime.h>
 
@@ -30,6 +30,12 @@ __global__ void __launch_bounds__(32) grad_norm_chunk_kernel(NormChunkArgs a) {
   grad_norm_chunk(blk, sh, a, blockIdx.x);
 }
 
+__global__ void __launch_bounds__(32) zero_count_chunk_kernel(ZeroCountArgs a) {
+  __shared__ LossShared sh;
+  DeviceBlock<NoRegs, 32> blk;
+  zero_count_chunk(blk, sh, a, blockIdx.x);
+}
+
 }  // namespace
 
 void cross_entropy_device(const LossArgs& a) {
@@ -44,6 +50,12 @@ void grad_norm_chunks_device(const NormChunkArgs& a) {
   if (a.n == 0) return;
   grad_norm_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32>>>(a);
   check_launch("grad_norm_chunk_kernel");
+}
+
+void zero_count_chunks_device(const ZeroCountArgs& a) {
+  if (a.n == 0) return;
+  zero_count_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32>>>(a);
+  check_launch("zero_count_chunk_kernel");
 }
 
 }  // namespace olmoref::kernels

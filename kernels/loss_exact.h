@@ -132,9 +132,35 @@ OLMOREF_HD void grad_norm_chunk(Block& blk, LossShared& sh, const NormChunkArgs&
   });
 }
 
+// Zeros of chunk c of x [0, n) (Megatron's num-zeros of the clipped gradient): 32 lanes count, the lane tree adds.
+// Counts are integers below 2^53, exact in fp64, so neither the lanes nor the tree can change the total.
+struct ZeroCountArgs {
+  const float* x = nullptr;
+  int64_t n = 0, chunk = 65536;
+  double* out = nullptr;  // [chunks]
+};
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block>
+OLMOREF_HD void zero_count_chunk(Block& blk, LossShared& sh, const ZeroCountArgs& a, int64_t c) {
+  const int64_t lo = c * a.chunk, hi = lo + a.chunk < a.n ? lo + a.chunk : a.n;
+  blk.phase([&](int t, auto&) {
+    double zeros = 0.0;
+    for (int64_t i = lo + t; i < hi; i += 32) zeros += a.x[i] == 0.0f ? 1.0 : 0.0;
+    sh.lane64[t] = zeros;
+  });
+  lane_tree_phases(blk, sh.lane64);
+  blk.phase([&](int t, auto&) {
+    if (t == 0) a.out[c] = sh.lane64[0];
+  });
+}
+
 void cross_entropy_host(const LossArgs& a);  // rows, then per-instance totals
 void cross_entropy_device(const LossArgs& a);
 void grad_norm_chunks_host(const NormChunkArgs& a);
 void grad_norm_chunks_device(const NormChunkArgs& a);
+void zero_count_chunks_host(const ZeroCountArgs& a);
+void zero_count_chunks_device(const ZeroCountArgs& a);
 
 }  // namespace olmoref::kernels

@@ -15,4 +15,10 @@ void grad_norm_chunks_host(const NormChunkArgs& a) {
   for (int64_t c = 0; c < (a.n + a.chunk - 1) / a.chunk; ++c) grad_norm_chunk(blk, sh, a, c);
 }
 
+void zero_count_chunks_host(const ZeroCountArgs& a) {
+  LossShared sh;
+  HostBlock<NoRegs, 32> blk;
+  for (int64_t c = 0; c < (a.n + a.chunk - 1) / a.chunk; ++c) zero_count_chunk(blk, sh, a, c);
+}
+
 }  // namespace olmoref::kernels

@@ -78,6 +78,8 @@ struct RopeView {
   /* out (host) [ceil(n / kNormChunk)], by the canonical fp64 row reduction. */                                      \
   PRE void grad_norm_chunks(const float* grad, int64_t n, double* out) POST;                                         \
   PRE void scale(float* x, float c, int64_t n) POST;  /* x = x · c */                                                \
+  /* Elements of x [0, n) equal to zero (-0 included), as Megatron's num-zeros counts the clipped gradient. */       \
+  PRE int64_t count_zeros(const float* x, int64_t n) POST;                                                           \
   /* AdamW on one tensor's elements [0, n) (ref/elementwise.h adamw); decay is 1 for tensors without decay. */       \
   PRE void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,          \
                  int64_t n) POST;                                                                                   

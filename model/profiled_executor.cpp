@@ -137,6 +137,11 @@ void ProfiledExecutor::grad_norm_chunks(const float* grad, int64_t n, double* ou
 void ProfiledExecutor::scale(float* x, float c, int64_t n) {
   timed("scale (clip)", 0, [&](Executor& e) { e.scale(x, c, n); });
 }
+int64_t ProfiledExecutor::count_zeros(const float* x, int64_t n) {
+  int64_t zeros = 0;
+  timed("count_zeros", 0, [&](Executor& e) { zeros = e.count_zeros(x, n); });
+  return zeros;
+}
 void ProfiledExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                              int64_t n) {
   timed("adamw", 0, [&](Executor& e) { e.adamw(s, decay, grad, p, m, v, n); });

@@ -95,6 +95,7 @@ void CpuExecutor::grad_norm_chunks(const float* grad, int64_t n, double* out) {
   olmoref::grad_norm_chunks(grad, n, 0, (n + kNormChunk - 1) / kNormChunk, out, pool_);
 }
 void CpuExecutor::scale(float* x, float c, int64_t n) { scale_inplace(x, n, c, pool_); }
+int64_t CpuExecutor::count_zeros(const float* x, int64_t n) { return olmoref::count_zeros(x, n, pool_); }
 void CpuExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                         int64_t n) {
   adamw_elements(s, decay, grad, p, m, v, n, pool_);

@@ -85,6 +85,23 @@ double grad_norm(const float* grad, int64_t n, ThreadPool* pool) {
   return std::sqrt(total);
 }
 
+int64_t count_zeros(const float* x, int64_t n, ThreadPool* pool) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  std::vector<int64_t> part(static_cast<size_t>(chunks), 0);
+  auto body = [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kNormChunk, hi = std::min(n, lo + kNormChunk);
+      int64_t z = 0;
+      for (int64_t i = lo; i < hi; ++i) z += x[i] == 0.0f;
+      part[static_cast<size_t>(c)] = z;
+    }
+  };
+  if (pool) pool->parallel_for(chunks, 1, body); else body(0, chunks);
+  int64_t total = 0;
+  for (int64_t z : part) total += z;
+  return total;
+}
+
 float clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0f;
   return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));

@@ -58,6 +58,9 @@ void grad_norm_chunks(const float* grad, int64_t n, int64_t c0, int64_t c1, doub
 // clip = min(1, max_norm / (norm + 1e-6)) rounded to fp32; grads are scaled only when clip < 1.
 float clip_coefficient(double norm, double max_norm);
 void scale_inplace(float* x, int64_t n, float s, ThreadPool* pool);
+// Elements of x [0, n) that compare equal to 0 (-0 too; NaN is not zero): Megatron's num-zeros, counted on the
+// gradient after clipping. An integer sum, so no order is involved.
+int64_t count_zeros(const float* x, int64_t n, ThreadPool* pool);
 
 // Learning-rate schedules, evaluated in fp64 at the 1-based global step of the update (OLMo-core sets
 // the LR from trainer.global_step before each optimizer step).

@@ -428,6 +428,15 @@ StepResult Trainer::train_step() {
   const double norm = std::sqrt(total);
   const float clip = clip_coefficient(norm, cfg_.optim.max_grad_norm);
   if (clip != 1.0f) ex_->scale(grad_shard_.data(), clip, len);
+  // Megatron's num-zeros: zero elements of the clipped gradient, my shard's count summed over the shard group
+  // (replicas hold the same shard, so they are not counted twice). Integers: the layout cannot change the sum.
+  int64_t num_zeros = ex_->count_zeros(grad_shard_.data(), len);
+  if (layout_.dp_shard > 1) {
+    std::vector<int64_t> every(static_cast<size_t>(layout_.dp_shard));
+    shard_comm_->allgather(&num_zeros, sizeof num_zeros, every.data(), "all-gather zero counts");
+    num_zeros = 0;
+    for (int64_t z : every) num_zeros += z;
+  }
   const int64_t step = step_ + 1;
   const double lr = scheduled_lr(cfg_.schedule, cfg_.optim.lr, step, cfg_.train.steps);
   const elem::AdamWScalars adam = adamw_scalars(cfg_.optim, step, lr);
@@ -450,6 +459,7 @@ StepResult Trainer::train_step() {
   r.clip = clip;
   r.lr = lr;
   r.tokens = tokens_;
+  r.num_zeros = num_zeros;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
   r.param_digest = sharded_digest(params_);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

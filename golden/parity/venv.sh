@@ -1,7 +1,7 @@
 # golden/parity/venv.sh — sourced by the parity and HF-load scripts: where the Python environment lives and
 # whether it can run the checks. The venv sits outside the clone so builds and `git clean` never touch it.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -17,15 +17,21 @@ olmoref_venv_python() {
 olmoref_ensure_venv() {
   py="$(olmoref_venv_python)"
   [ -n "$py" ] && return 0
-  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy, megatron-core)"
+  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy, megatron-core, torchtitan)"
   if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
     command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
     python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
   fi
   # --upgrade: an existing but old transformers lacks Olmo3ForCausalLM (added in 4.57).
   # megatron-core: the interop checks build Megatron's own dataset indices with it (CPU only; no extras).
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy megatron-core ||
-    skip "pip could not install torch/transformers/safetensors/numpy/megatron-core into $OLMOREF_VENV (no network?)"
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic megatron-core ||
+    skip "pip could not install torch/transformers/safetensors/numpy/pydantic/megatron-core into $OLMOREF_VENV (no network?)"
+  # torchtitan: the interop check drives its own metrics logger and loss-compare helpers. Its wheel pins training
+  # extras (datasets, wandb, torchdata, torch_checkpointing) those modules never import, and installing them could
+  # move torch: take the package alone, then what its metrics module imports.
+  "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchtitan==0.3.0" &&
+    "$OLMOREF_VENV/bin/python" -m pip install tensorboard tyro "spmd_types==0.2.3" ||
+    skip "pip could not install torchtitan 0.3.0 (with tensorboard, tyro, spmd_types) into $OLMOREF_VENV (no network?)"
   py="$(olmoref_venv_python)"
   [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
 }

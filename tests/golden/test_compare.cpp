@@ -42,6 +42,7 @@ std::string olmoref_trace(const std::string& name, int n, int bump = -1) {
     r.grad_norm = 1.5f;
     r.lr = 1e-3 * s;
     r.tokens = 100 * s;
+    r.num_zeros = 1600 + s;
     r.data_digest = "00000000000000" + std::to_string(10 + s);
     r.param_digest = "0123456789abcdef0123456789abcd" + std::to_string(10 + s);
     text += r.to_json() + "\n";
@@ -77,10 +78,15 @@ TEST_CASE("readers: olmoref, generic JSON Lines, Megatron golden values, step-lo
           "num-zeros": {"start_step": 1, "end_step": 10, "step_interval": 5, "values": {"1": 1629.0, "5": "nan", "10": 1700.0}}})"));
   CHECK(m.format == "megatron");
   CHECK(m.metrics.at("loss").at(10).value == 10.80966);  // "lm loss" is `loss`
-  CHECK(std::isnan(m.metrics.at("num-zeros").at(5).value));
+  CHECK(std::isnan(m.metrics.at("num_zeros").at(5).value));  // "num-zeros" is `num_zeros`; "nan": a missing step
+  CHECK(m.metrics.at("num_zeros").at(5).exact == "nan");
+  CHECK(m.megatron_ranges.at("loss").step_interval == 5);
+  // Old list form: the extractor kept TensorBoard's scalars [0::5] (iterations 1, 6, 11) and wrote start_step 0.
   const LoadedTrace ml = load_trace_any(write(
       "old_megatron.json", R"({"lm loss": {"start_step": 0, "end_step": 10, "step_interval": 5, "values": [10.9, 10.8, 10.7]}})"));
-  CHECK(ml.metrics.at("loss").at(10).value == 10.7);
+  CHECK(ml.metrics.at("loss").at(1).value == 10.9);
+  CHECK(ml.metrics.at("loss").at(11).value == 10.7);
+  CHECK(ml.metrics.at("loss").count(10) == 0);
 
   const LoadedTrace t = load_trace_any(write("llama3_cuda.txt", "# TorchTitan\n1 8.048324584960938\n2 7.751155376434326\n\n3 7.0\n"));
   CHECK(t.format == "steploss");
@@ -99,7 +105,7 @@ TEST_CASE("default rules: two olmoref traces must agree bit for bit; the first d
   const LoadedTrace same = load_trace_any(olmoref_trace("d2.jsonl", 6));
   const LoadedTrace bumped = load_trace_any(olmoref_trace("d3.jsonl", 6, 4));
   const CompareRules rules = default_rules(a, same);
-  REQUIRE(rules.rules.size() == 5);
+  REQUIRE(rules.rules.size() == 6);  // loss, grad_norm, lr, num_zeros, data_digest, param_digest
   const CompareResult ok = compare_traces(a, same, rules);
   CHECK(ok.pass);
   CHECK(ok.first_differing_step == -1);
@@ -235,14 +241,28 @@ TEST_CASE("rules files: errors name the file, the rule and the key") {
   CHECK(r.rules[0].name == "zeta");  // file order, not key order
 }
 
-TEST_CASE("writers: Megatron JSON and step-loss text read back to the same values") {
+TEST_CASE("writers: Megatron golden values as its extractor writes them; step-loss text reads back exactly") {
   const LoadedTrace a = load_trace_any(olmoref_trace("w.jsonl", 12));
-  const LoadedTrace meg = load_trace_any(write("w.json", to_megatron_json(a, 5)));
+  MegatronGoldenOptions o;
+  o.metrics = {"lm loss", "num-zeros", "grad-norm"};
+  const std::string text = to_megatron_json(a, o);
+  // Steps 1, then multiples of 5; keys in integer order; numbers as Python's json writes them.
+  CHECK(text.find("\"1\": 7.9,") != std::string::npos);           // round(7.900000095367432, 5)
+  CHECK(text.find("\"10\": 1610.0\n") != std::string::npos);      // num_zeros 1600 + s, written as a float
+  CHECK(text.find("\"5\"") < text.find("\"10\""));
+  const LoadedTrace meg = load_trace_any(write("w.json", text));
   CHECK(meg.format == "megatron");
-  CHECK(meg.metrics.at("loss").size() == 3);  // steps 1, 6, 11
-  CHECK(meg.metrics.at("loss").at(6).value == a.metrics.at("loss").at(6).value);
-  CHECK(meg.metrics.at("grad_norm").at(11).value == 1.5);
-  CHECK(meg.metrics.count("param_digest") == 0);  // not a number
+  CHECK(meg.metrics.at("loss").size() == 3);  // steps 1, 5, 10
+  CHECK(meg.metrics.at("loss").at(5).value == python_round5(a.metrics.at("loss").at(5).value));
+  CHECK(meg.metrics.at("grad_norm").at(10).value == 1.5);
+  CHECK(meg.megatron_ranges.at("loss").end_step == 10);
+  // Past the run's last step the extractor writes "nan".
+  o.train_iters = 15;
+  const LoadedTrace longer = load_trace_any(write("w15.json", to_megatron_json(a, o)));
+  CHECK(longer.metrics.at("loss").at(15).exact == "nan");
+  // Digests are not numbers; a metric the trace lacks is refused naming what it has.
+  o.metrics = {"param_digest"};
+  CHECK_THROWS_WITH_AS(to_megatron_json(a, o), doctest::Contains("lm loss"), std::invalid_argument);
   const LoadedTrace txt = load_trace_any(write("w.txt", to_steploss_text(a)));
   for (const auto& [step, v] : a.metrics.at("loss")) CHECK(txt.metrics.at("loss").at(step).value == v.value);
 }
@@ -255,4 +275,146 @@ TEST_CASE("step-loss reader: every error names the file and the line") {
   }
   const std::string p = write("huge.txt", "1 2.5\n2 1e999\n");  // out-of-range decimals read as inf, not a crash
   CHECK(std::isinf(load_trace_any(p).metrics.at("loss").at(2).value));
+}
+
+TEST_CASE("Python's round(x, 5) and repr: ties to even on the exact binary value, shortest digits") {
+  CHECK(python_round5(0.015625) == 0.01562);     // an exact binary tie: to even
+  CHECK(python_round5(0.046875) == 0.04688);     // the other way
+  CHECK(python_round5(10.840924999) == 10.84092);
+  CHECK(python_round5(-2.5e-6) == -0.0);
+  CHECK(python_round5(123456.123456) == 123456.12346);
+  // repr forms through the writer: integers get ".0", small numbers an exponent as Python prints them.
+  TraceRecord r;
+  std::string text;
+  const double values[] = {1e-5, 1e-4, 1629.0, 3e16};
+  for (int s = 1; s <= 4; ++s) {
+    r.step = s;
+    r.lr = values[s - 1];
+    text += r.to_json() + "\n";
+  }
+  const LoadedTrace t = load_trace_any(write("repr.jsonl", text));
+  MegatronGoldenOptions o;
+  o.metrics = {"learning-rate"};
+  o.step_interval = 1;
+  const std::string j = to_megatron_json(t, o);
+  CHECK(j.find("\"1\": 1e-05,") != std::string::npos);
+  CHECK(j.find("\"2\": 0.0001,") != std::string::npos);
+  CHECK(j.find("\"3\": 1629.0,") != std::string::npos);
+  CHECK(j.find("\"4\": 3.000000081769267e+16\n") != std::string::npos);  // fp32 as TensorBoard keeps it
+}
+
+namespace {
+// Golden values of one metric at 1, 5, 10, ..., n·5 (or just step 1).
+LoadedTrace golden_of(const std::vector<double>& v, const char* name = "lm loss") {
+  std::string s = std::string("{\"") + name + "\": {\"start_step\": 1, \"end_step\": " +
+                  std::to_string(v.size() == 1 ? 1 : 5 * (v.size() - 1)) + ", \"step_interval\": 5, \"values\": {";
+  for (size_t i = 0; i < v.size(); ++i) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s\"%zu\": %.17g", i ? ", " : "", i == 0 ? size_t{1} : 5 * i, v[i]);
+    s += buf;
+  }
+  static int n = 0;
+  return load_trace_any(write("g" + std::to_string(n++) + ".json", s + "}}}"));
+}
+const MegatronCheckResult& check_of(const MegatronPipelineResult& r, bool deterministic) {
+  for (const auto& c : r.checks)
+    if (c.check.deterministic == deterministic) return c;
+  throw std::runtime_error("no such check");
+}
+}  // namespace
+
+TEST_CASE("Megatron's pipeline: exact checks, the approximate allowance in Megatron's arithmetic, skipped checks") {
+  const auto checks = megatron_default_checks({"lm loss"});
+  std::vector<double> base(21);
+  for (size_t i = 0; i < base.size(); ++i) base[i] = 10.0 - 0.1 * static_cast<double>(i);
+  const LoadedTrace g = golden_of(base);
+  {
+    const auto r = megatron_pipeline(g, golden_of(base), checks, false);
+    CHECK(r.pass);
+    CHECK(check_of(r, true).message == "DETERMINISTIC test for metric lm loss: PASSED");
+  }
+  {  // one value off by 1e-5: the exact check fails, the approximate one holds
+    auto v = base;
+    v[3] += 1e-5;
+    const auto r = megatron_pipeline(g, golden_of(v), checks, false);
+    CHECK_FALSE(r.pass);
+    CHECK(check_of(r, true).message == "Exact comparison of lm loss: FAILED");
+    CHECK(check_of(r, true).first_failing_step == 15);
+    CHECK(check_of(r, false).pass);
+    CHECK(megatron_pipeline(g, golden_of(v), checks, true).pass);  // approximate results only: exact skipped
+  }
+  {  // 21 steps: total = (100 - 1) / 5 + 1 = 20.8, one step may be 10% off, two may not
+    auto v = base;
+    v[4] *= 1.1;
+    CHECK(check_of(megatron_pipeline(g, golden_of(v), checks, true), false).pass);
+    v[9] *= 1.1;
+    CHECK_FALSE(check_of(megatron_pipeline(g, golden_of(v), checks, true), false).pass);
+  }
+  {  // 200 steps: total = 199.8, total // 100 = 1 step allowed (not 200 / 100 = 2)
+    std::vector<double> b2(200, 5.0), v2 = b2;
+    v2[10] = v2[20] = 9.0;
+    const auto r = megatron_pipeline(golden_of(b2), golden_of(v2), checks, true);
+    CHECK(check_of(r, false).allowed == 1.0);
+    CHECK_FALSE(r.pass);
+    v2[20] = 5.0;
+    CHECK(megatron_pipeline(golden_of(b2), golden_of(v2), checks, true).pass);
+  }
+  {  // a single golden step must hold, approximate or not
+    const auto r = megatron_pipeline(golden_of({10.0}), golden_of({10.6}), checks, true);
+    CHECK_FALSE(r.pass);
+  }
+  {  // a step the actual run did not log ("nan" = inf) fails against a number; missing metrics fail
+    const LoadedTrace nan_run = load_trace_any(write("nan.json", R"({"lm loss": {"start_step": 1, "end_step": 5, "step_interval": 5, "values": {"1": 10.0, "5": "nan"}}})"));
+    const auto r = megatron_pipeline(golden_of({10.0, 9.9}), nan_run, checks, false);
+    CHECK_FALSE(check_of(r, true).pass);
+    CHECK(check_of(r, true).first_failing_step == 5);
+    const auto r2 = megatron_pipeline(g, golden_of(base, "grad-norm"), checks, false);
+    CHECK_FALSE(r2.pass);
+    CHECK(r2.checks[0].message.find("not found") != std::string::npos);
+  }
+}
+
+TEST_CASE("TorchTitan console logs: colour and prefixes stripped, validation lines apart, restarts, rounding") {
+  const std::string log =
+      "[rank0]:[titan] 2026-11-30 10:00:00,000 - root - INFO - Training starts at step 1\n"
+      "[rank0]:[titan] 2026-11-30 10:00:01,000 - root - INFO - \x1b[31mstep:  1  \x1b[32mloss: 12.2511  "
+      "\x1b[33mgrad_norm:  4.0123  \x1b[34mmemory: 10.20GiB(12.34%)  tps: 1,234  tflops: 56.78  mfu: 9.87%\x1b[39m\n"
+      "[titan] 2026-11-30 10:00:02,000 - root - INFO - step:  2  loss: 11.0000  grad_norm:  3.5000  memory: 1GiB(1%)\n"
+      "[titan] 2026-11-30 10:00:03,000 - root - INFO - \x1b[33mvalidate step:  2  \x1b[32mloss:  9.5000  memory: 1GiB(1%)\n"
+      "[titan] restarted from the checkpoint at step 1\n"
+      "step:  2  loss: 11.0000  grad_norm:  3.5000\n"
+      "step: 10  loss:  8.1234  grad_norm:  1.0000\n";
+  const LoadedTrace t = load_trace_any(write("titan.log", log));
+  CHECK(t.format == "torchtitan-log");
+  CHECK(t.metrics.at("loss").size() == 3);
+  CHECK(t.metrics.at("loss").at(1).value == 12.2511);
+  CHECK(t.metrics.at("grad_norm").at(1).value == 4.0123);
+  CHECK(t.metrics.at("validation_loss").at(2).value == 9.5);
+  CHECK(t.decimals.at("loss") == 4);
+  // A restart that logs a step again with another value is two runs in one file.
+  CHECK_THROWS_WITH_AS(load_trace_any(write("titan2.log", "step: 1  loss: 2.0000\nstep: 1  loss: 2.5000\n")),
+                       doctest::Contains("titan2.log:2"), std::runtime_error);
+  // The default rule allows half the last printed digit: 8.12344 and 8.12336 both print 8.1234.
+  const LoadedTrace ours = load_trace_any(write("ours.txt", "1 12.25114\n2 11.00004\n10 8.12344\n"));
+  CHECK(compare_traces(ours, t, default_rules(ours, t)).pass);
+  const LoadedTrace off = load_trace_any(write("off.txt", "1 12.25114\n2 11.00004\n10 8.12360\n"));
+  CHECK_FALSE(compare_traces(off, t, default_rules(off, t)).pass);
+}
+
+TEST_CASE("step-loss text: a first line with numbers is data, never a silently dropped header") {
+  for (const char* text : {"1 2.5x\n2 3.0\n", "1.5 2.0\n2 3.0\n", "1\n2 3.0\n"}) {
+    CAPTURE(text);
+    const std::string p = write("firstline.txt", text);
+    CHECK_THROWS_WITH_AS(load_trace_any(p), doctest::Contains((p + ":1:").c_str()), std::runtime_error);
+  }
+  CHECK(load_trace_any(write("hdr.txt", "step,loss\n1,2.5\n")).metrics.at("loss").at(1).value == 2.5);
+}
+
+TEST_CASE("--loss ce: an olmoref trace's loss becomes its cross-entropy, exactly") {
+  LoadedTrace a = load_trace_any(olmoref_trace("ce.jsonl", 3));
+  const auto ce = a.metrics.at("ce");
+  use_ce_as_loss(a);
+  CHECK(a.metrics.at("loss").at(2).exact == ce.at(2).exact);
+  LoadedTrace s = load_trace_any(write("noce.txt", "1 2.0\n"));
+  CHECK_THROWS_WITH_AS(use_ce_as_loss(s), doctest::Contains("noce.txt"), std::runtime_error);
 }

@@ -4,6 +4,7 @@
 #include <doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "kernels/attention_exact.h"
@@ -138,6 +139,26 @@ TEST_CASE("gradient-norm chunks exact: 32 fp64 lanes per chunk equal ref/ bit fo
     a.grad = g.data(), a.n = n, a.chunk = kNormChunk, a.out = got.data();
     kernels::grad_norm_chunks_host(a);
     CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0);
+  }
+}
+
+TEST_CASE("zero counts: 32 lanes per chunk and the lane tree equal ref/'s count") {
+  for (const int64_t n : {int64_t{1}, int64_t{31}, int64_t{65536}, int64_t{65537}, int64_t{3 * 65536 + 1000}}) {
+    CAPTURE(n);
+    std::vector<float> g = testing::norm_vector(n, static_cast<uint32_t>(n) + 7);
+    // Zeros at lane and chunk edges, a negative zero, and a NaN and a denormal that are not zeros.
+    int64_t planted = 0;
+    for (int64_t i = 0; i < n; i += 3) g[static_cast<size_t>(i)] = (i % 2) ? -0.0f : 0.0f, ++planted;
+    if (n > 5) g[1] = std::numeric_limits<float>::quiet_NaN(), g[2] = std::numeric_limits<float>::denorm_min();
+    const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    std::vector<double> got(static_cast<size_t>(chunks));
+    kernels::ZeroCountArgs a;
+    a.x = g.data(), a.n = n, a.chunk = kNormChunk, a.out = got.data();
+    kernels::zero_count_chunks_host(a);
+    int64_t total = 0;
+    for (double z : got) total += static_cast<int64_t>(z);
+    CHECK(total == count_zeros(g.data(), n, nullptr));
+    CHECK(total == planted);
   }
 }
 
