@@ -395,6 +395,7 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
   m["precision"] = meta.precision;
   m["executor"] = meta.executor;
   m["extra"] = meta.extra;
+  if (!meta.optimizer_state.is_null()) m["optimizer_state"] = meta.optimizer_state;  // covered by manifest_xxh3
   m["libraries"] = {{"zstd", ZSTD_versionString()}, {"xxhash", std::to_string(XXH_versionNumber())}};
   m["compression"] = {{"codec", "zstd"}, {"level", opts.zstd_level}, {"threads", opts.zstd_threads}};
   m["raw_bytes"] = raw_bytes;
@@ -514,6 +515,7 @@ CheckpointMeta check_meta(const std::string& dir, const nlohmann::json& m, int64
   meta.precision = m.at("precision").get<std::string>();
   meta.executor = m.at("executor").get<std::string>();
   meta.extra = m.value("extra", nlohmann::json::object());
+  meta.optimizer_state = m.value("optimizer_state", nlohmann::json());
   if (!expect.model_hash.empty() && expect.model_hash != meta.model_hash)
     fail(mpath, "the checkpoint was written for a different model config ([model] differs); resume with the "
                 "config it records (olmoref ckpt inspect " + dir + ")");
@@ -584,6 +586,11 @@ std::string inspect(const std::string& dir, bool per_tensor) {
   out << "data         fingerprint " << m.at("dataset_fingerprint").get<std::string>() << ", loader "
       << m.at("loader_state").dump() << "\n";
   out << "layout       " << m.at("data_layout").dump() << "\n";
+  if (m.contains("optimizer_state") && m.at("optimizer_state").is_object()) {
+    const auto& o = m.at("optimizer_state");
+    out << "optimizer    " << o.value("kind", std::string("?")) << ": " << o.value("losses_hex", nlohmann::json::array()).size()
+        << " losses, " << o.value("grad_norms_hex", nlohmann::json::array()).size() << " grad norms in the windows\n";
+  }
   char ratio[64];
   std::snprintf(ratio, sizeof ratio, "%.3f", raw ? static_cast<double>(stored) / raw : 0.0);
   out << "size         " << stored << " bytes stored, " << raw << " raw (ratio " << ratio << "), "

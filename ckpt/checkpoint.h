@@ -61,6 +61,10 @@ struct CheckpointMeta {
   nlohmann::json data_layout;       // seq_len, micro-batch, global batch, world layout
   std::string precision, executor;
   nlohmann::json extra;             // anything else (build facts)
+  // Optimizer state besides the flat vectors (SkipStepAdamW's windows and step count, ref/skip_step.h); null when
+  // the optimizer has none. Written only when not null, so other manifests are as they were; older checkpoints
+  // read as null.
+  nlohmann::json optimizer_state;
   StateDigests digests;             // filled on load from the manifest
 };
 

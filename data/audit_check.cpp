@@ -122,7 +122,7 @@ class Reference {
       if (orders_.size() > 2) orders_.clear();  // bounded memory: a stream touches epochs in order
       it = orders_
                .emplace(epoch, std::make_unique<GlobalOrder>(e_.seed, epoch, e_.dataset->size(),
-                                                             e_.global_batch_instances))
+                                                             e_.global_batch_instances, e_.dataset->chunk_instances()))
                .first;
     }
     return it->second->batch(batch);

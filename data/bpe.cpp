@@ -1,5 +1,7 @@
 #include "data/bpe.h"
 
+#include "interop/hf_tokenizer.h"
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,36 +13,118 @@ namespace olmoref::data {
 static uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
 
 BpeTokenizer::BpeTokenizer(int64_t vocab_size, std::vector<std::pair<uint32_t, uint32_t>> merges)
-    : vocab_size_(vocab_size), merges_(std::move(merges)) {
-  if (vocab_size_ < static_cast<int64_t>(kFirstMerge + merges_.size())) {
-    throw std::runtime_error("BPE vocab_size " + std::to_string(vocab_size_) + " is smaller than 258 + " +
-                             std::to_string(merges_.size()) + " merges");
+    : BpeTokenizer([&] {
+        Spec s;
+        s.vocab_size = vocab_size;
+        for (uint32_t b = 0; b < 256; ++b) s.byte_ids[b] = b;
+        for (size_t i = 0; i < merges.size(); ++i) {
+          const auto [a, b] = merges[i];
+          const uint32_t id = kFirstMerge + static_cast<uint32_t>(i);
+          // olmoref-bpe-v1 builds merges in creation order; a forward reference means a damaged file.
+          if (a >= id || b >= id || a == kEos || a == kPad || b == kEos || b == kPad)
+            throw std::runtime_error("BPE merge " + std::to_string(i) + " = [" + std::to_string(a) + ", " +
+                                     std::to_string(b) + "] refers to a special token or a later merge");
+          s.merge_ids.push_back(id);
+        }
+        s.merges = std::move(merges);
+        s.eos = kEos;
+        s.pad = kPad;
+        s.specials = {{kEos, "<|endoftext|>"}, {kPad, "<|pad|>"}};
+        if (vocab_size < static_cast<int64_t>(kFirstMerge + s.merges.size()))
+          throw std::runtime_error("BPE vocab_size " + std::to_string(vocab_size) + " is smaller than 258 + " +
+                                   std::to_string(s.merges.size()) + " merges");
+        return s;
+      }()) {}
+
+BpeTokenizer::BpeTokenizer(const Spec& spec)
+    : vocab_size_(spec.vocab_size), merges_(spec.merges), merge_ids_(spec.merge_ids), byte_ids_(spec.byte_ids),
+      eos_(spec.eos), pad_(spec.pad) {
+  if (merge_ids_.size() != merges_.size())
+    throw std::runtime_error("BPE spec: " + std::to_string(merges_.size()) + " merges but " +
+                             std::to_string(merge_ids_.size()) + " merge ids");
+  auto in_vocab = [&](uint32_t id, const std::string& what) {
+    if (static_cast<int64_t>(id) >= vocab_size_)
+      throw std::runtime_error(what + " has id " + std::to_string(id) + ", outside vocab_size " +
+                               std::to_string(vocab_size_));
+  };
+  const size_t n = static_cast<size_t>(vocab_size_);
+  bytes_.assign(n, std::string());
+  defined_.assign(n, 0);
+  special_.assign(n, 0);
+  auto define = [&](uint32_t id, std::string bytes, const std::string& what) {
+    in_vocab(id, what);
+    if (defined_[id]) throw std::runtime_error(what + ": id " + std::to_string(id) + " is already taken");
+    defined_[id] = 1;
+    bytes_[id] = std::move(bytes);
+  };
+  for (uint32_t b = 0; b < 256; ++b) define(byte_ids_[b], std::string(1, static_cast<char>(b)), "byte " + std::to_string(b));
+  for (const auto& [id, text] : spec.specials) {
+    define(id, text, "special token '" + text + "'");
+    special_[id] = 1;
   }
-  bytes_.resize(kFirstMerge + merges_.size());
-  for (uint32_t b = 0; b < 256; ++b) bytes_[b] = std::string(1, static_cast<char>(b));
-  bytes_[kEos] = "<|endoftext|>";
-  bytes_[kPad] = "<|pad|>";
+  in_vocab(eos_, "EOS");
+  if (!special_[eos_]) throw std::runtime_error("EOS id " + std::to_string(eos_) + " is not a special token");
+  if (pad_) {
+    in_vocab(*pad_, "PAD");
+    if (!special_[*pad_]) throw std::runtime_error("PAD id " + std::to_string(*pad_) + " is not a special token");
+  }
   for (size_t i = 0; i < merges_.size(); ++i) {
     const auto [a, b] = merges_[i];
-    const uint32_t id = kFirstMerge + static_cast<uint32_t>(i);
-    if (a >= id || b >= id || a == kEos || a == kPad || b == kEos || b == kPad) {
-      throw std::runtime_error("BPE merge " + std::to_string(i) + " = [" + std::to_string(a) + ", " +
-                               std::to_string(b) + "] refers to a special token or a later merge");
-    }
-    bytes_[id] = bytes_[a] + bytes_[b];
-    rank_.emplace(pair_key(a, b), static_cast<uint32_t>(i));
+    const std::string what = "BPE merge " + std::to_string(i) + " = [" + std::to_string(a) + ", " + std::to_string(b) + "]";
+    in_vocab(a, what);
+    in_vocab(b, what);
+    // Encoding applies the lowest rank first; that equals the rank-ordered heap of Hugging Face's BPE only when
+    // every merge joins tokens that exist before it (as training makes them), so anything else is refused.
+    if (!defined_[a] || !defined_[b] || special_[a] || special_[b])
+      throw std::runtime_error(what + " refers to a special token or a later merge");
+    define(merge_ids_[i], bytes_[a] + bytes_[b], what);
+    if (!rank_.emplace(pair_key(a, b), static_cast<uint32_t>(i)).second)
+      throw std::runtime_error(what + " repeats an earlier merge");
   }
 }
 
+BpeTokenizer::Spec BpeTokenizer::spec() const {
+  Spec s;
+  s.vocab_size = vocab_size_;
+  s.byte_ids = byte_ids_;
+  s.merges = merges_;
+  s.merge_ids = merge_ids_;
+  s.eos = eos_;
+  s.pad = pad_;
+  for (size_t id = 0; id < special_.size(); ++id)
+    if (special_[id]) s.specials.emplace_back(static_cast<uint32_t>(id), bytes_[id]);
+  return s;
+}
+
+bool BpeTokenizer::has_olmoref_layout() const {
+  for (uint32_t b = 0; b < 256; ++b)
+    if (byte_ids_[b] != b) return false;
+  for (size_t i = 0; i < merge_ids_.size(); ++i)
+    if (merge_ids_[i] != kFirstMerge + i) return false;
+  if (eos_ != kEos || pad_ != std::optional<uint32_t>(kPad)) return false;
+  for (size_t id = 0; id < special_.size(); ++id)
+    if (special_[id] && id != kEos && id != kPad) return false;
+  return bytes_[kEos] == "<|endoftext|>" && bytes_[kPad] == "<|pad|>";
+}
+
+bool BpeTokenizer::is_special(uint32_t id) const { return id < special_.size() && special_[id]; }
+
 BpeTokenizer::BpeTokenizer(const BpeTokenizer& o)
-    : vocab_size_(o.vocab_size_), merges_(o.merges_), rank_(o.rank_), bytes_(o.bytes_) {}
+    : vocab_size_(o.vocab_size_), merges_(o.merges_), merge_ids_(o.merge_ids_), byte_ids_(o.byte_ids_),
+      eos_(o.eos_), pad_(o.pad_), rank_(o.rank_), bytes_(o.bytes_), defined_(o.defined_), special_(o.special_) {}
 
 BpeTokenizer& BpeTokenizer::operator=(const BpeTokenizer& o) {
   if (this != &o) {
     vocab_size_ = o.vocab_size_;
     merges_ = o.merges_;
+    merge_ids_ = o.merge_ids_;
+    byte_ids_ = o.byte_ids_;
+    eos_ = o.eos_;
+    pad_ = o.pad_;
     rank_ = o.rank_;
     bytes_ = o.bytes_;
+    defined_ = o.defined_;
+    special_ = o.special_;
     std::lock_guard<std::mutex> lock(cache_mutex_);
     cache_.clear();
   }
@@ -156,8 +240,9 @@ void BpeTokenizer::encode_chunk(std::string_view chunk, std::vector<uint32_t>& o
       return;
     }
   }
-  std::vector<uint32_t> syms(chunk.begin(), chunk.end());
-  for (auto& s : syms) s &= 0xffu;  // chars may be signed
+  std::vector<uint32_t> syms;
+  syms.reserve(chunk.size());
+  for (const char c : chunk) syms.push_back(byte_ids_[static_cast<unsigned char>(c)]);
   std::vector<uint32_t> next;
   while (syms.size() >= 2) {
     uint32_t best = UINT32_MAX;
@@ -170,7 +255,7 @@ void BpeTokenizer::encode_chunk(std::string_view chunk, std::vector<uint32_t>& o
     next.clear();
     for (size_t k = 0; k < syms.size();) {
       if (k + 1 < syms.size() && syms[k] == a && syms[k + 1] == b) {
-        next.push_back(kFirstMerge + best);
+        next.push_back(merge_ids_[best]);
         k += 2;
       } else {
         next.push_back(syms[k++]);
@@ -194,7 +279,7 @@ std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
 }
 
 const std::string& BpeTokenizer::token_bytes(uint32_t id) const {
-  if (id >= bytes_.size()) {
+  if (id >= bytes_.size() || !defined_[id]) {
     throw std::out_of_range("token id " + std::to_string(id) + " is not in this tokenizer (" +
                             std::to_string(bytes_.size()) + " ids defined, vocab_size " +
                             std::to_string(vocab_size_) + ")");
@@ -209,6 +294,10 @@ std::string BpeTokenizer::decode(std::span<const uint32_t> ids) const {
 }
 
 void BpeTokenizer::save(const std::string& path) const {
+  if (!has_olmoref_layout())
+    throw std::runtime_error("tokenizer '" + path + "': this tokenizer's ids (read from a Hugging Face tokenizer.json) "
+                             "do not follow the olmoref-bpe-v1 layout (bytes 0-255, EOS 256, PAD 257, merges from 258), "
+                             "so it cannot be saved in that format; keep using its tokenizer.json");
   nlohmann::json j;
   j["format"] = "olmoref-bpe-v1";
   j["vocab_size"] = vocab_size_;
@@ -246,7 +335,18 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
   } catch (const std::exception& e) {
     throw std::runtime_error("tokenizer '" + path + "': not valid JSON (" + e.what() + ")");
   }
-  if (j.value("format", "") != "olmoref-bpe-v1" || j.value("pretokenizer", "") != "olmoref-bytes-v1") {
+  // Told apart by content, not by name: the demo's olmoref tokenizer is called tokenizer.json too.
+  if (j.is_object() && !j.contains("format") && j.contains("model") && j["model"].is_object()) {
+    const BpeTokenizer::Spec spec = interop::hf_tokenizer_spec(j, path);
+    try {
+      return BpeTokenizer(spec);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("tokenizer '" + path + "': " + e.what() +
+                               " (olmoref applies merges by rank and needs the parts of every merge to exist before "
+                               "it, as BPE training makes them)");
+    }
+  }
+  if (!j.is_object() || j.value("format", "") != "olmoref-bpe-v1" || j.value("pretokenizer", "") != "olmoref-bytes-v1") {
     throw std::runtime_error("tokenizer '" + path + "': expected format olmoref-bpe-v1 with pretokenizer "
                              "olmoref-bytes-v1; it was written by something else");
   }

@@ -21,10 +21,16 @@
 //   {"format": "olmoref-bpe-v1", "vocab_size": 2048, "eos_id": 256, "pad_id": 257,
 //    "pretokenizer": "olmoref-bytes-v1", "merges": [[116, 104], [32, 116], ...]}
 // merges[i] = [left, right] creates id 258 + i.
+//
+// load() also reads a Hugging Face byte-level BPE tokenizer.json (told apart by content: it has a "model"
+// object) whose pre-tokenizer is olmoref-bytes-v1 as interop/hf_tokenizer.h writes it; its ids need not follow
+// the layout above (any id per byte, per merge and per special token), so a Spec carries them explicitly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,22 +55,42 @@ class BpeTokenizer {
     int64_t min_pair_count = 2;
   };
   static BpeTokenizer train(std::span<const std::string_view> documents, const TrainOptions& options);
-  static BpeTokenizer load(const std::string& path);  // throws naming the file on a bad file
+  // olmoref-bpe-v1 or a Hugging Face tokenizer.json (interop/hf_tokenizer.h); throws naming the file.
+  static BpeTokenizer load(const std::string& path);
+  // Writes olmoref-bpe-v1; throws when the ids do not follow its layout (see has_olmoref_layout()).
   void save(const std::string& path) const;
+
+  // Every id explicitly: what a tokenizer of another layout (a Hugging Face tokenizer.json) holds.
+  struct Spec {
+    int64_t vocab_size = 0;
+    std::array<uint32_t, 256> byte_ids{};                 // id of each single byte
+    std::vector<std::pair<uint32_t, uint32_t>> merges;    // in rank order: [left id, right id]
+    std::vector<uint32_t> merge_ids;                      // the id merges[i] creates
+    uint32_t eos = kEos;
+    std::optional<uint32_t> pad;
+    std::vector<std::pair<uint32_t, std::string>> specials;  // id -> text (never produced from text)
+  };
+  explicit BpeTokenizer(const Spec& spec);  // throws std::runtime_error on an inconsistent spec
+  Spec spec() const;
+  // Bytes are ids 0..255, EOS 256, PAD 257, merge i id 258 + i: what olmoref-bpe-v1 can hold.
+  bool has_olmoref_layout() const;
 
   BpeTokenizer(const BpeTokenizer& other);
   BpeTokenizer& operator=(const BpeTokenizer& other);
 
   int64_t vocab_size() const { return vocab_size_; }
   size_t n_merges() const { return merges_.size(); }
-  uint32_t eos_id() const { return kEos; }
-  uint32_t pad_id() const { return kPad; }
+  uint32_t eos_id() const { return eos_; }
+  std::optional<uint32_t> pad_id() const { return pad_; }
   const std::vector<std::pair<uint32_t, uint32_t>>& merges() const { return merges_; }
+  uint32_t merge_id(size_t i) const { return merge_ids_[i]; }
+  uint32_t byte_id(unsigned char b) const { return byte_ids_[b]; }
+  bool is_special(uint32_t id) const;
 
   // Encodes text without adding EOS (append it per document). Thread-safe.
   std::vector<uint32_t> encode(std::string_view text) const;
   void encode_append(std::string_view text, std::vector<uint32_t>& out) const;
-  // Bytes of the ids; EOS and PAD are rendered as <|endoftext|> and <|pad|>.
+  // Bytes of the ids; special tokens are rendered as their text (EOS <|endoftext|>, PAD <|pad|>).
   std::string decode(std::span<const uint32_t> ids) const;
   const std::string& token_bytes(uint32_t id) const;
 
@@ -74,8 +100,13 @@ class BpeTokenizer {
 
   int64_t vocab_size_ = 0;
   std::vector<std::pair<uint32_t, uint32_t>> merges_;
+  std::vector<uint32_t> merge_ids_;              // merge index -> the id it creates
+  std::array<uint32_t, 256> byte_ids_{};
+  uint32_t eos_ = kEos;
+  std::optional<uint32_t> pad_ = kPad;
   std::unordered_map<uint64_t, uint32_t> rank_;  // (left << 32 | right) -> merge index
   std::vector<std::string> bytes_;               // id -> bytes
+  std::vector<char> defined_, special_;          // id -> has bytes / is a special token
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // chunk -> ids
 };

@@ -24,6 +24,7 @@
 #include "data/mix.h"
 #include "data/shuffle.h"
 #include "data/token_file.h"
+#include "interop/olmo_core_data.h"
 
 namespace olmoref::data {
 
@@ -103,11 +104,23 @@ void split_documents_text(std::string_view text, const std::string& format, cons
   if (doc_start < text.size()) push(text.substr(doc_start));
 }
 
+// OLMo-core's mix files: paths relative to a base directory, with a {TOKENIZER} placeholder (data/mix.h).
+struct MixArgs {
+  MixResolve resolve;
+  void add(CLI::App* c) {
+    c->add_option("--mix-base-dir", resolve.base_dir,
+                  "an OLMo-core mix file's base directory (its paths are relative to it; data.mix_base_dir)");
+    c->add_option("--mix-tokenizer", resolve.tokenizer,
+                  "what replaces {TOKENIZER} in an OLMo-core mix file, e.g. allenai/dolma3-tokenizer "
+                  "(data.mix_tokenizer)");
+  }
+};
+
 // Mix from positional arguments: one *.mix / *.txt file, or token files in order.
-Mix mix_from_args(const std::vector<std::string>& paths) {
+Mix mix_from_args(const std::vector<std::string>& paths, const MixResolve& resolve = {}) {
   if (paths.size() == 1) {
     const std::string ext = fs::path(paths[0]).extension().string();
-    if (ext == ".mix" || ext == ".txt") return Mix::parse_file(paths[0]);
+    if (ext == ".mix" || ext == ".txt") return Mix::parse_file(paths[0], resolve);
   }
   return Mix::from_paths(paths);
 }
@@ -120,7 +133,9 @@ struct VocabArgs {
 
   void add(CLI::App* c) {
     c->add_option("--vocab-size", vocab_size, "vocabulary size (ids >= it are errors; sets the dtype)");
-    c->add_option("--tokenizer", tokenizer, "olmoref BPE tokenizer JSON (gives vocab size and EOS)");
+    c->add_option("--tokenizer", tokenizer,
+                  "olmoref BPE tokenizer JSON, or a Hugging Face tokenizer.json as export-hf writes it (gives vocab "
+                  "size and EOS)");
     c->add_option("--dtype", dtype, "uint16 or uint32 (default: from the vocabulary size)");
     c->add_option("--eos", eos, "EOS token id (default: the tokenizer's, 256)");
   }
@@ -272,13 +287,17 @@ void run_tokenize(const TokenizeArgs& a) {
 struct InspectArgs {
   std::vector<std::string> paths;
   VocabArgs vocab;
+  MixArgs mix;
+  int64_t max_target_sequence_length = 0;
+  int64_t pad = -1, bos = -1;
   int64_t seq_len = 0;
   int64_t show_instance = -1;
 };
 
 void run_inspect(InspectArgs& a) {
   const std::optional<BpeTokenizer> tok = a.vocab.resolve();
-  const Mix mix = mix_from_args(a.paths);
+  if (tok && a.pad < 0 && tok->pad_id()) a.pad = static_cast<int64_t>(*tok->pad_id());
+  const Mix mix = mix_from_args(a.paths, a.mix.resolve);
   const Dtype dtype = a.vocab.file_dtype();
   const uint32_t eos = a.vocab.eos >= 0 ? static_cast<uint32_t>(a.vocab.eos) : 0xffffffffu;
   std::printf("mix: %s (%zu files, dtype %s", mix.source.c_str(), mix.size(), dtype_name(dtype));
@@ -317,10 +336,17 @@ void run_inspect(InspectArgs& a) {
     o.vocab_size = a.vocab.vocab_size;
     o.dtype = dtype;
     o.allow_short_files = true;  // inspecting, not training: report rather than refuse
+    o.max_target_sequence_length = a.max_target_sequence_length;
+    if (a.vocab.eos >= 0) o.eos_id = static_cast<uint32_t>(a.vocab.eos);
     const FslDataset ds(mix, o);
     std::printf("instances of %lld tokens: %lld (%lld tokens dropped in file tails)\n", static_cast<long long>(a.seq_len),
                 static_cast<long long>(ds.size()), static_cast<long long>(tokens - ds.size() * a.seq_len));
     std::printf("fingerprint: %s\n", ds.fingerprint().c_str());
+    // OLMo-core's own (NumpyFSLDataset v2.0), which its checkpoints record: it also hashes the pad and bos ids.
+    if (a.vocab.eos >= 0 && a.pad >= 0)
+      std::printf("OLMo-core fingerprint (v2.0): %s\n", interop::olmo_core_fingerprint_of(ds, a.pad, a.bos).c_str());
+    else
+      std::printf("OLMo-core fingerprint (v2.0): give --eos and --pad (OLMo-core hashes them)\n");
     if (a.show_instance >= 0) {
       const std::vector<uint32_t> ids = ds.instance(a.show_instance);
       const auto loc = ds.locate(a.show_instance);
@@ -377,15 +403,41 @@ void run_order(const OrderArgs& a) {
 
 // ---- data batches ----------------------------------------------------------------------------------
 
+struct MixCmdArgs {
+  std::vector<std::string> paths;
+  MixArgs mix;
+  std::string out, label;
+  bool olmo_core = false;
+};
+
+void run_mix(MixCmdArgs& a) {
+  Mix mix = mix_from_args(a.paths, a.mix.resolve);
+  if (!a.label.empty())
+    for (auto& e : mix.entries)
+      if (e.label.empty()) e.label = a.label;
+  if (a.out.empty()) {
+    if (a.olmo_core) throw std::invalid_argument("--olmo-core writes a file: give --out FILE");
+    for (const auto& e : mix.entries) std::printf("%s,%s\n", e.label.c_str(), e.path.c_str());
+    return;
+  }
+  if (a.olmo_core) mix.write_olmo_core_file(a.out, a.mix.resolve);
+  else mix.write_file(a.out);
+  std::printf("wrote %s (%zu token files, %s format)\n", a.out.c_str(), mix.size(), a.olmo_core ? "OLMo-core's" : "olmoref's");
+}
+
 struct BatchesArgs {
   std::vector<std::string> paths;
   VocabArgs vocab;
+  MixArgs mix;
   int64_t seq_len = 0;
   int64_t global_batch = 0;
   int64_t microbatch = 0;
   uint64_t seed = kOlmoCoreDefaultSeed;
   int64_t steps = 1;
   int64_t skip = 0;
+  int64_t max_target_sequence_length = 0;
+  std::string olmo_core_state;
+  int64_t pad = -1, bos = -1;
   std::string tokens_out;
   std::string audit;
 };
@@ -397,7 +449,9 @@ void run_batches(BatchesArgs& a) {
   o.sequence_length = a.seq_len;
   o.vocab_size = a.vocab.vocab_size;
   o.dtype = a.vocab.file_dtype();
-  auto ds = std::make_shared<FslDataset>(mix_from_args(a.paths), o);
+  o.max_target_sequence_length = a.max_target_sequence_length;
+  if (a.vocab.eos >= 0) o.eos_id = static_cast<uint32_t>(a.vocab.eos);
+  auto ds = std::make_shared<FslDataset>(mix_from_args(a.paths, a.mix.resolve), o);
   LoaderConfig c;
   c.dataset = ds;
   c.seed = a.seed;
@@ -409,6 +463,15 @@ void run_batches(BatchesArgs& a) {
     LoaderState s = loader.state();
     s.epoch = 1 + a.skip / loader.batches_per_epoch();
     s.batches_processed = a.skip % loader.batches_per_epoch();
+    loader.restore(s);
+  }
+  if (!a.olmo_core_state.empty()) {
+    if (a.skip > 0) throw std::invalid_argument("--skip and --olmo-core-state both set the start: give one");
+    const LoaderState s = interop::olmo_core_loader_state(interop::read_olmo_core_checkpoint(a.olmo_core_state), *ds,
+                                                          a.global_batch, a.pad, a.bos);
+    std::fprintf(stderr, "continuing OLMo-core's order: epoch %lld, %lld batches of %lld instances done (%lld tokens)\n",
+                 static_cast<long long>(s.epoch), static_cast<long long>(s.batches_processed),
+                 static_cast<long long>(a.global_batch), static_cast<long long>(s.tokens_processed));
     loader.restore(s);
   }
   std::FILE* tf = nullptr;
@@ -472,7 +535,9 @@ void register_data_commands(CLI::App& app) {
                   "separated by blank lines; file: each input is one document")
         ->check(CLI::IsMember({"separator", "paragraph", "file"}));
     c->add_option("--separator", a->separator, "document separator line for --format separator");
-    c->add_option("--tokenizer", a->tokenizer, "tokenizer JSON: written when --vocab-size trains one, read otherwise")
+    c->add_option("--tokenizer", a->tokenizer,
+                  "tokenizer JSON: written when --vocab-size trains one, read otherwise (olmoref's format, or a "
+                  "Hugging Face tokenizer.json as export-hf writes it; other pre-tokenizers are refused)")
         ->required();
     c->add_option("--vocab-size", a->vocab_size, "train a byte-level BPE of this size (incl. 256 bytes, EOS, PAD)");
     c->add_option("--out-dir,-o", a->out_dir, "writes train/, train.mix and (with a holdout) holdout/, holdout.mix, "
@@ -496,7 +561,25 @@ void register_data_commands(CLI::App& app) {
     a->vocab.add(c);
     c->add_option("--seq-len", a->seq_len, "sequence length: count instances and compute the fingerprint");
     c->add_option("--show-instance", a->show_instance, "print (and decode, with --tokenizer) this instance");
+    c->add_option("--max-target-seq-len", a->max_target_sequence_length, "OLMo-core's max_target_sequence_length");
+    c->add_option("--pad", a->pad, "pad token id, for OLMo-core's fingerprint (default: the tokenizer's, 257)");
+    c->add_option("--bos", a->bos, "bos token id, for OLMo-core's fingerprint (default: none)");
+    a->mix.add(c);
     c->callback([a] { guarded([&] { run_inspect(*a); }); });
+  }
+  {
+    auto a = std::make_shared<MixCmdArgs>();
+    CLI::App* c = data->add_subcommand(
+        "mix", "Print a mix as its token files resolve (label,path per line), or write it as a mix file: olmoref's "
+               "format, or OLMo-core's (--olmo-core: label,path relative to --mix-base-dir with {TOKENIZER})");
+    c->add_option("paths", a->paths, "a mix file (*.mix, *.txt, olmoref's or OLMo-core's) or token files")->required();
+    a->mix.add(c);
+    c->add_option("--out", a->out, "write the mix here instead of printing it");
+    c->add_flag("--olmo-core", a->olmo_core,
+                "with --out: OLMo-core's format (every line label,path; paths relative to --mix-base-dir, the "
+                "--mix-tokenizer part written as {TOKENIZER})");
+    c->add_option("--label", a->label, "label for entries that have none (default: olmoref: none; OLMo-core: the file stem)");
+    c->callback([a] { guarded([&] { run_mix(*a); }); });
   }
   {
     auto a = std::make_shared<OrderArgs>();
@@ -521,6 +604,15 @@ void register_data_commands(CLI::App& app) {
     c->add_option("--seed", a->seed, "data loader seed (OLMo-core default 34521)");
     c->add_option("--steps", a->steps, "number of batches to print")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     c->add_option("--skip", a->skip, "start after this many batches (resumes through restore())");
+    a->mix.add(c);
+    c->add_option("--olmo-core-state", a->olmo_core_state,
+                  "start where an OLMo-core run's data loader stopped: its checkpoint (save folder or stepN); the "
+                  "position is tokens_processed // this global batch, as OLMo-core resumes (needs --eos, --pad)");
+    c->add_option("--pad", a->pad, "pad token id (OLMo-core's fingerprint hashes it)");
+    c->add_option("--bos", a->bos, "bos token id (default: none)");
+    c->add_option("--max-target-seq-len", a->max_target_sequence_length,
+                  "OLMo-core's max_target_sequence_length: files cut at multiples of it, instances shuffled in chunks "
+                  "of max_target / seq_len (data.max_target_sequence_length)");
     c->add_option("--tokens-out", a->tokens_out, "also write the batches' tokens as raw uint32");
     c->add_option("--audit", a->audit, "write the audit log (JSON lines) here");
     c->callback([a] { guarded([&] { run_batches(*a); }); });

@@ -135,7 +135,8 @@ void run_olmo_core(LeakArgs& a, const TrainConfig& cfg) {
     checkpoint_step = c.global_step;
     checkpoint_info = {{"state", c.state_path}, {"global_step", c.global_step}, {"data_loader", c.data_loader}, {"fingerprint", fp}};
   }
-  const auto order = std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G, seed);
+  const auto order =
+      std::make_shared<interop::OlmoCoreOrder>(a.olmo_core_work_dir, ds->size(), G, seed, ds->chunk_instances());
   ExternalStream ext;
   ext.framework = "olmo-core";
   ext.source = ds->mix().source;

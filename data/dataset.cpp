@@ -28,6 +28,16 @@ FslDataset::FslDataset(const Mix& mix, const DatasetOptions& options)
   }
   if (seq_len_ <= 0) throw std::runtime_error("sequence_length must be positive (got " + std::to_string(seq_len_) + ")");
   if (vocab_size_ <= 0) throw std::runtime_error("vocab_size must be positive (got " + std::to_string(vocab_size_) + ")");
+  if (options.max_target_sequence_length != 0 && options.max_target_sequence_length != seq_len_) {
+    const int64_t m = options.max_target_sequence_length;
+    if (m < seq_len_ || m % seq_len_ != 0)
+      throw std::runtime_error("data.max_target_sequence_length " + std::to_string(m) +
+                               " must be a multiple of the sequence length " + std::to_string(seq_len_) +
+                               " (OLMo-core requires the same); e.g. " + std::to_string(seq_len_ * 8));
+    max_target_ = m;
+  }
+  // The unit a file is cut into: M tokens (then M / L instances each) or L.
+  const int64_t unit = max_target_ > 0 ? max_target_ : seq_len_;
   dtype_ = options.dtype ? *options.dtype : dtype_for_vocab(vocab_size_);
   if (dtype_ == Dtype::u16 && vocab_size_ > 65536) {
     throw std::runtime_error("vocab_size " + std::to_string(vocab_size_) + " cannot be stored as uint16; use uint32");
@@ -38,13 +48,15 @@ FslDataset::FslDataset(const Mix& mix, const DatasetOptions& options)
   for (const auto& e : mix.entries) {
     files_.emplace_back(e.path, dtype_);
     const TokenFile& f = files_.back();
-    if (f.n_tokens() < seq_len_ && !options.allow_short_files) {
+    if (f.n_tokens() < unit && !options.allow_short_files) {
       throw std::runtime_error("token file '" + e.path + "' has " + std::to_string(f.n_tokens()) +
-                               " tokens, fewer than one instance of sequence_length " + std::to_string(seq_len_) +
+                               " tokens, fewer than one " +
+                               (max_target_ > 0 ? "chunk of max_target_sequence_length " + std::to_string(unit)
+                                                : "instance of sequence_length " + std::to_string(unit)) +
                                "; use a shorter sequence length, remove the file from the mix, or allow short "
                                "files (OLMo-core gives them zero instances)");
     }
-    offsets_.push_back(offsets_.back() + f.n_tokens() / seq_len_);
+    offsets_.push_back(offsets_.back() + f.n_tokens() / unit * (unit / seq_len_));
   }
   if (size() == 0) {
     throw std::runtime_error("mix '" + mix.source + "' yields no instance of sequence_length " +
@@ -57,6 +69,7 @@ std::string FslDataset::fingerprint_text() const {
   std::string s = "olmoref-fsl-dataset-v1\n";
   s += "sequence_length=" + std::to_string(seq_len_) + "\n";
   s += std::string("dtype=") + dtype_name(dtype_) + "\n";
+  if (max_target_ > 0) s += "max_target_sequence_length=" + std::to_string(max_target_) + "\n";
   for (const auto& f : files_) {
     s += "file=" + std::filesystem::path(f.path()).filename().string() + ",size=" + std::to_string(f.size_bytes()) +
          "\n";

@@ -4,6 +4,11 @@
 //   the tail of each file (n_f mod L tokens) is dropped; an instance never crosses a file;
 //   global instance ids concatenate files in mix order: file f owns ids [offset_f, offset_f + n_f/L).
 //
+// With max_target_sequence_length M (a multiple of L, as the official Olmo 3 scripts set it, e.g. L 8192 and M
+// 65536 for long-context reuse of the same token files) a file yields floor(n_f / M) * (M / L) instances: the tail
+// is cut at a multiple of M, so the instances come in chunks of M / L consecutive ones, which the order shuffles
+// as units (data/shuffle.h GlobalOrder). M unset or M == L is the plain dataset, fingerprint unchanged.
+//
 // One deliberate difference from OLMo-core: a file shorter than one instance is an error here
 // (OLMo-core silently gives it zero instances, which usually means a wrong seq len or dtype).
 // DatasetOptions::allow_short_files restores OLMo-core's behaviour.
@@ -25,7 +30,8 @@ struct DatasetOptions {
   int64_t vocab_size = 0;          // ids >= vocab_size are rejected when read
   std::optional<Dtype> dtype;      // default: dtype_for_vocab(vocab_size), as OLMo-core
   std::optional<uint32_t> eos_id;  // used to count documents; not needed to cut instances
-  bool allow_short_files = false;  // OLMo-core behaviour: a file shorter than L gives 0 instances
+  bool allow_short_files = false;  // OLMo-core behaviour: a file shorter than L (or M) gives 0 instances
+  int64_t max_target_sequence_length = 0;  // OLMo-core's; 0 = none. A multiple of sequence_length
 };
 
 class FslDataset {
@@ -36,6 +42,10 @@ class FslDataset {
 
   int64_t size() const { return offsets_.back(); }  // number of instances
   int64_t sequence_length() const { return seq_len_; }
+  // 0 when unset (or equal to sequence_length); else M.
+  int64_t max_target_sequence_length() const { return max_target_; }
+  // Consecutive instances the order keeps together: M / L, or 1 (OLMo-core's data loader chunk_size).
+  int64_t chunk_instances() const { return max_target_ > 0 ? max_target_ / seq_len_ : 1; }
   int64_t vocab_size() const { return vocab_size_; }
   Dtype dtype() const { return dtype_; }
   std::optional<uint32_t> eos_id() const { return eos_id_; }
@@ -71,6 +81,7 @@ class FslDataset {
  private:
   Mix mix_;
   int64_t seq_len_ = 0;
+  int64_t max_target_ = 0;
   int64_t vocab_size_ = 0;
   Dtype dtype_ = Dtype::u32;
   std::optional<uint32_t> eos_id_;

@@ -70,7 +70,8 @@ void Loader::ensure_order() {
   if (config_.debug_bug != PlantedBug::none) PlantedBugHooks::order_key(*this, seed, epoch, n);  // TEST-ONLY
   if (!order_ || order_->seed() != seed || order_->epoch() != epoch) {
     order_.reset();  // free the old permutation before building the next (it can be GBs)
-    order_ = std::make_unique<GlobalOrder>(seed, epoch, n, config_.global_batch_instances);
+    order_ = std::make_unique<GlobalOrder>(seed, epoch, n, config_.global_batch_instances,
+                                           config_.dataset->chunk_instances());
   }
 }
 

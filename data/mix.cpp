@@ -15,7 +15,7 @@ static std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
-Mix Mix::parse_file(const std::string& mix_path) {
+Mix Mix::parse_file(const std::string& mix_path, const MixResolve& resolve) {
   std::ifstream in(mix_path);
   if (!in) {
     throw std::runtime_error("mix file '" + mix_path + "': cannot open; check the path (a mix lists one token "
@@ -23,7 +23,7 @@ Mix Mix::parse_file(const std::string& mix_path) {
   }
   Mix mix;
   mix.source = mix_path;
-  const fs::path dir = fs::path(mix_path).parent_path();
+  const fs::path dir = resolve.base_dir.empty() ? fs::path(mix_path).parent_path() : fs::path(resolve.base_dir);
   std::string line;
   int64_t line_no = 0;
   while (std::getline(in, line)) {
@@ -39,6 +39,15 @@ Mix Mix::parse_file(const std::string& mix_path) {
         throw std::runtime_error("mix file '" + mix_path + "' line " + std::to_string(line_no) +
                                  ": label '" + e.label + "' has no path after the comma");
       }
+    }
+    if (const size_t at = path.find("{TOKENIZER}"); at != std::string::npos) {
+      if (resolve.tokenizer.empty())
+        throw std::runtime_error("mix file '" + mix_path + "' line " + std::to_string(line_no) +
+                                 ": the path holds OLMo-core's {TOKENIZER} placeholder; set data.mix_tokenizer (the "
+                                 "tokenizer's directory name in the corpus, e.g. \"allenai/dolma3-tokenizer\") and "
+                                 "data.mix_base_dir");
+      for (size_t p = at; p != std::string::npos; p = path.find("{TOKENIZER}", p + resolve.tokenizer.size()))
+        path.replace(p, std::string("{TOKENIZER}").size(), resolve.tokenizer);
     }
     const fs::path p(path);
     e.path = p.is_absolute() || dir.empty() ? p.string() : (dir / p).string();
@@ -74,6 +83,39 @@ void Mix::write_file(const std::string& mix_path) const {
       if (!e.label.empty()) written = e.label + "," + written;
       out << written << "\n";
     }
+    if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
+  }
+  fs::rename(tmp, mix_path);
+}
+
+void Mix::write_olmo_core_file(const std::string& mix_path, const MixResolve& resolve) const {
+  if (resolve.base_dir.empty() || resolve.tokenizer.empty())
+    throw std::invalid_argument("mix file '" + mix_path + "': OLMo-core's format needs a base directory and a tokenizer "
+                                "name (--base-dir, --tokenizer-dir)");
+  const fs::path base = fs::absolute(resolve.base_dir).lexically_normal();
+  std::string text;
+  for (const auto& e : entries) {
+    const fs::path rel = fs::absolute(e.path).lexically_normal().lexically_relative(base);
+    if (rel.empty() || *rel.begin() == "..")
+      throw std::invalid_argument("mix file '" + mix_path + "': token file '" + e.path + "' is not beneath the base " +
+                                  "directory '" + base.string() + "' (OLMo-core joins base_dir and each path)");
+    std::string path = rel.generic_string();
+    const size_t at = path.find(resolve.tokenizer);
+    if (at == std::string::npos)
+      throw std::invalid_argument("mix file '" + mix_path + "': token file '" + e.path + "' has no '" + resolve.tokenizer +
+                                  "' in its path, and OLMo-core requires the {TOKENIZER} placeholder in every line");
+    path.replace(at, resolve.tokenizer.size(), "{TOKENIZER}");
+    const std::string label = e.label.empty() ? fs::path(e.path).stem().string() : e.label;
+    if (path.find(',') != std::string::npos || label.find(',') != std::string::npos)
+      throw std::invalid_argument("mix file '" + mix_path + "': '" + label + "," + path + "' holds a second comma, which "
+                                  "OLMo-core's parser (one split on ',') cannot read");
+    text += label + "," + path + "\n";
+  }
+  const std::string tmp = mix_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw std::runtime_error("mix file '" + mix_path + "': cannot write '" + tmp + "'");
+    out << text;
     if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
   }
   fs::rename(tmp, mix_path);

@@ -10,6 +10,11 @@
 // Everything after the first comma is the path, so a path that contains a comma needs a label.
 // Relative paths are resolved against the directory of the mix file, so a corpus directory
 // with its mix files can be moved or copied as a whole.
+//
+// OLMo-core's own mix files (olmo_core/data/mixes/*.txt, DataMix.build) write every path relative to a base
+// directory (e.g. /weka/oe-training-default/ai2-llm) with a "{TOKENIZER}" placeholder for the tokenizer's
+// directory name (e.g. allenai/dolma3-tokenizer): MixResolve gives both, and such a file is read as OLMo-core reads
+// it, base_dir + "/" + path with the placeholder replaced. A placeholder without a tokenizer is an error.
 #pragma once
 
 #include <string>
@@ -22,18 +27,28 @@ struct MixEntry {
   std::string label;  // may be empty
 };
 
+struct MixResolve {
+  std::string base_dir;   // relative paths join it (OLMo-core's base_dir); empty: the mix file's directory
+  std::string tokenizer;  // replaces "{TOKENIZER}"; empty: a placeholder is refused
+};
+
 struct Mix {
   std::vector<MixEntry> entries;
   std::string source;  // the mix file it came from, or "<list>" for a list of paths
 
   // Parses a mix file; throws naming the file if it is missing or lists no token files.
-  static Mix parse_file(const std::string& mix_path);
+  static Mix parse_file(const std::string& mix_path, const MixResolve& resolve = {});
   // A mix from paths given directly (e.g. on the command line), in the given order.
   static Mix from_paths(const std::vector<std::string>& paths, const std::string& label = "");
 
   // Writes `label,path` / `path` lines, paths relative to the mix file's directory when the file
   // lies beneath it (so the corpus stays relocatable). Atomic: temp file + rename.
   void write_file(const std::string& mix_path) const;
+  // Writes OLMo-core's format, which its DataMix.build parses: "label,path" on every line (a missing label
+  // becomes the file's stem), path relative to base_dir with the tokenizer's name written back as "{TOKENIZER}".
+  // Throws naming the file when a path is not beneath base_dir, does not contain the tokenizer name, or holds a
+  // comma (OLMo-core splits each line on its one comma).
+  void write_olmo_core_file(const std::string& mix_path, const MixResolve& resolve) const;
 
   bool empty() const { return entries.empty(); }
   size_t size() const { return entries.size(); }

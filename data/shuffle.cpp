@@ -145,20 +145,32 @@ std::vector<uint32_t> numpy_permutation(uint64_t rng_seed, int64_t n) {
   return idx;
 }
 
-GlobalOrder::GlobalOrder(uint64_t seed, int64_t epoch, int64_t n_instances, int64_t global_batch_instances)
-    : seed_(seed), epoch_(epoch), gbi_(global_batch_instances) {
+GlobalOrder::GlobalOrder(uint64_t seed, int64_t epoch, int64_t n_instances, int64_t global_batch_instances,
+                         int64_t chunk)
+    : seed_(seed), epoch_(epoch), gbi_(global_batch_instances), chunk_(chunk) {
+  if (chunk_ < 1) throw std::invalid_argument("chunk must be >= 1 (got " + std::to_string(chunk_) + ")");
   if (epoch < 1) throw std::invalid_argument("epochs are 1-based (OLMo-core); got epoch " + std::to_string(epoch));
   if (gbi_ <= 0) throw std::invalid_argument("global batch must hold at least one instance");
   if (seed + static_cast<uint64_t>(epoch) < seed) {
     throw std::invalid_argument("seed + epoch overflows 64 bits; use a smaller seed");
   }
-  n_batches_ = n_instances / gbi_;
+  const int64_t ordered = n_instances / chunk_ * chunk_;
+  n_batches_ = ordered / gbi_;
   if (n_batches_ == 0) {
     throw std::runtime_error("the dataset has " + std::to_string(n_instances) +
                              " instances, fewer than one global batch of " + std::to_string(gbi_) +
                              "; add data, shorten the sequence length, or shrink the global batch");
   }
-  indices_ = numpy_permutation(seed + static_cast<uint64_t>(epoch), n_instances);
+  if (chunk_ == 1) {
+    indices_ = numpy_permutation(seed + static_cast<uint64_t>(epoch), n_instances);
+  } else {
+    const std::vector<uint32_t> chunks = numpy_permutation(seed + static_cast<uint64_t>(epoch), n_instances / chunk_);
+    indices_.resize(static_cast<size_t>(ordered));
+    for (size_t c = 0; c < chunks.size(); ++c)
+      for (int64_t k = 0; k < chunk_; ++k)
+        indices_[c * static_cast<size_t>(chunk_) + static_cast<size_t>(k)] =
+            static_cast<uint32_t>(static_cast<int64_t>(chunks[c]) * chunk_ + k);
+  }
   indices_.resize(static_cast<size_t>(n_batches_ * gbi_));  // crop the tail to whole global batches
   indices_.shrink_to_fit();
 }

@@ -55,12 +55,15 @@ std::vector<uint32_t> numpy_permutation(uint64_t rng_seed, int64_t n);
 class GlobalOrder {
  public:
   // Seeds PCG64 with seed + epoch, as OLMo-core. Throws if fewer than one global batch.
-  GlobalOrder(uint64_t seed, int64_t epoch, int64_t n_instances, int64_t global_batch_instances);
+  // chunk > 1 (OLMo-core's chunk_size, max_target_sequence_length / sequence_length): the permutation is of the
+  // n / chunk chunk ids, each expanded to its chunk consecutive instances (a tail short of a chunk is left out).
+  GlobalOrder(uint64_t seed, int64_t epoch, int64_t n_instances, int64_t global_batch_instances, int64_t chunk = 1);
 
   uint64_t seed() const { return seed_; }
   int64_t epoch() const { return epoch_; }
   int64_t n_batches() const { return n_batches_; }
   int64_t global_batch_instances() const { return gbi_; }
+  int64_t chunk() const { return chunk_; }
   std::span<const uint32_t> indices() const { return indices_; }  // cropped: n_batches * G entries
   std::span<const uint32_t> batch(int64_t b) const;                // row b
 
@@ -68,6 +71,7 @@ class GlobalOrder {
   uint64_t seed_;
   int64_t epoch_;
   int64_t gbi_;
+  int64_t chunk_;
   int64_t n_batches_;
   std::vector<uint32_t> indices_;
 };

@@ -20,6 +20,7 @@
 #include "golden/trace.h"
 #include "ref/init.h"
 #include "ref/optim.h"
+#include "train/batch_source.h"
 #include "ref/params.h"
 #include "train/batch_source.h"
 #include "train/config.h"
@@ -52,22 +53,6 @@ std::string hex_of_double(double x) {
   uint64_t u;
   std::memcpy(&u, &x, 8);
   return hex64(u);
-}
-
-data::Mix train_mix_of(const DataConfig& d) {
-  if (!d.train_mix.empty()) return data::Mix::parse_file(d.train_mix);
-  if (d.train_files.empty())
-    throw std::runtime_error("the run's config names no training data (data.train_files / data.train_mix)");
-  return data::Mix::from_paths(d.train_files);
-}
-
-data::DatasetOptions dataset_options_of(const TrainConfig& cfg) {
-  data::DatasetOptions o;
-  o.sequence_length = cfg.train.seq_len;
-  o.vocab_size = cfg.model.vocab_size;
-  if (cfg.data.dtype != "auto") o.dtype = data::parse_dtype(cfg.data.dtype);
-  if (cfg.data.eos_id >= 0) o.eos_id = static_cast<uint32_t>(cfg.data.eos_id);
-  return o;
 }
 
 json model_json(const ModelConfig& m) {
@@ -143,7 +128,7 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len;
 
   // ---- the batches, recomputed with the run's loader and checked against the trace ----
-  const data::FslDataset ds(train_mix_of(cfg.data), dataset_options_of(cfg));
+  const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
   auto source = make_batch_source(cfg);
   if (source->fingerprint() != ds.fingerprint())
     throw std::runtime_error("internal: loader and dataset fingerprints differ");
@@ -206,7 +191,11 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   json lrs = json::array(), lrs_hex = json::array();
   for (int64_t s = 1; s <= S; ++s) {
     const double lr = trace[static_cast<size_t>(s - 1)].lr;
-    if (scheduled_lr(cfg.schedule, cfg.optim.lr, s, cfg.train.steps) != lr)
+    // Tokens-unit schedules read the tokens seen including this step's batch (the trace's cumulative count).
+    const SchedulePosition pos =
+        schedule_position(cfg.schedule, s, cfg.train.steps, trace[static_cast<size_t>(s - 1)].tokens,
+                          cfg.train.global_batch_instances * cfg.train.seq_len);
+    if (schedule_get_lr(cfg.schedule, cfg.optim.lr, pos.current, pos.t_max) != lr)
       throw std::runtime_error("step " + std::to_string(s) + ": the trace's lr differs from the config's schedule");
     lrs.push_back(lr);
     lrs_hex.push_back(hex_of_double(lr));

@@ -17,6 +17,7 @@
 #include "model/olmo3.h"
 #include "ref/parallel.h"
 #include "train/config.h"
+#include "train/weights.h"
 
 namespace olmoref {
 
@@ -30,25 +31,11 @@ LogitsBundleSummary write_logits_bundle(const LogitsBundleOptions& opts) {
   LogitsBundleSummary summary;
 
   // ---- config and weights ----
-  TrainConfig cfg;
-  std::vector<float> params;
-  if (!opts.checkpoint.empty()) {
-    std::ifstream in(opts.checkpoint + "/manifest.json");
-    if (!in) throw std::runtime_error(opts.checkpoint + ": not a checkpoint directory (no manifest.json)");
-    const nlohmann::json man = nlohmann::json::parse(in);
-    cfg = parse_config_text(man.at("config_toml").get<std::string>(), opts.checkpoint + "/manifest.json", opts.overrides);
-    const ParamLayout layout(cfg.model);
-    params.assign(static_cast<size_t>(layout.total), 0.0f);
-    std::vector<float> m(params.size()), v(params.size());
-    const ckpt::CheckpointMeta meta =
-        ckpt::load(opts.checkpoint, {layout.total, params.data(), m.data(), v.data()}, ckpt::CheckpointMeta{}, {});
-    summary.step = meta.step;
-  } else {
-    cfg = load_config(opts.config_path, opts.overrides);
-    const ParamLayout layout(cfg.model);
-    params.assign(static_cast<size_t>(layout.total), 0.0f);
-    init_params(cfg.model, layout, params.data());
-  }
+  RunWeights w = !opts.checkpoint.empty() ? load_checkpoint_weights(opts.checkpoint, opts.overrides)
+                                          : initial_weights(load_config(opts.config_path, opts.overrides));
+  const TrainConfig& cfg = w.config;
+  const std::vector<float>& params = w.params;
+  summary.step = w.step;
   const Precision precision = parse_precision(opts.precision.empty() ? cfg.train.precision : opts.precision);
   const int64_t N = opts.instances, T = opts.seq_len, V = cfg.model.vocab_size;
 

@@ -62,6 +62,8 @@ std::string TraceRecord::to_json() const {
   s += ",\"lr\":" + fmt("%.17g", lr) + ",\"lr_hex\":\"" + hex64(dbits(lr)) + "\"";
   s += ",\"tokens\":" + std::to_string(tokens);
   if (num_zeros >= 0) s += ",\"num_zeros\":" + std::to_string(num_zeros);
+  // Only an optimizer that can skip writes it, so every other trace stays byte for byte what it was.
+  if (skipped >= 0) s += ",\"skipped\":" + std::to_string(skipped);
   s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"}";
   return s;
 }
@@ -83,6 +85,7 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : decimal<double>(j, "lr");
   r.tokens = j.at("tokens").get<int64_t>();
   r.num_zeros = j.value("num_zeros", int64_t{-1});  // traces written before num_zeros was recorded lack it
+  r.skipped = j.value("skipped", -1);  // only optimizers that can skip write it
   r.data_digest = j.at("data_digest").get<std::string>();
   r.param_digest = j.at("param_digest").get<std::string>();
   return r;

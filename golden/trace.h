@@ -25,6 +25,7 @@ struct TraceRecord {
   double lr = 0;             // learning rate of this step's update
   int64_t tokens = 0;        // cumulative tokens consumed, including this step
   int64_t num_zeros = -1;    // zero elements of the clipped gradient (Megatron's num-zeros); -1: not recorded
+  int skipped = -1;          // 1: SkipStepAdamW skipped this step's update, 0: it did not; -1: the optimizer never skips
   std::string data_digest;   // XXH3-64 of the batch token ids (hex)
   std::string param_digest;  // XXH3-128 Merkle root of the parameters after the update (hex)
 

@@ -16,7 +16,10 @@
 #include <system_error>
 #include <vector>
 
+#include "data/bpe.h"
+#include "interop/hf_tokenizer.h"
 #include "interop/safetensors.h"
+#include "interop/torch_state.h"
 
 namespace olmoref {
 
@@ -79,6 +82,32 @@ std::optional<int64_t> token_id(const std::optional<int64_t>& given, int64_t fal
 
 json id_or_null(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
 
+struct TokenIds {
+  std::optional<int64_t> eos, pad, bos;
+};
+
+TokenIds token_ids(const ModelConfig& cfg, const HfExportOptions& opts) {
+  TokenIds ids;
+  if (opts.tokenizer) {
+    const data::BpeTokenizer& tok = *opts.tokenizer;
+    // The model must have a row for every id the tokenizer can produce, or HF would index past the embedding.
+    int64_t top = tok.eos_id();
+    for (uint32_t b = 0; b < 256; ++b) top = std::max<int64_t>(top, tok.byte_id(static_cast<unsigned char>(b)));
+    for (size_t i = 0; i < tok.n_merges(); ++i) top = std::max<int64_t>(top, tok.merge_id(i));
+    if (tok.pad_id()) top = std::max<int64_t>(top, *tok.pad_id());
+    if (top >= cfg.vocab_size)
+      throw std::invalid_argument("the tokenizer uses id " + std::to_string(top) + " but model.vocab_size is " +
+                                  std::to_string(cfg.vocab_size) + "; export with the tokenizer the run was trained on");
+    ids.eos = token_id(opts.eos_token_id, tok.eos_id(), cfg.vocab_size, "eos_token_id");
+    ids.pad = token_id(opts.pad_token_id, tok.pad_id() ? int64_t{*tok.pad_id()} : -1, cfg.vocab_size, "pad_token_id");
+  } else {
+    ids.eos = token_id(opts.eos_token_id, kDolma2Eos, cfg.vocab_size, "eos_token_id");
+    ids.pad = token_id(opts.pad_token_id, kDolma2Pad, cfg.vocab_size, "pad_token_id");
+  }
+  ids.bos = token_id(opts.bos_token_id, -1, cfg.vocab_size, "bos_token_id");
+  return ids;
+}
+
 json read_json_file(const fs::path& p) {
   std::ifstream in(p);
   if (!in) throw std::runtime_error(p.string() + ": cannot open");
@@ -86,32 +115,6 @@ json read_json_file(const fs::path& p) {
     return json::parse(in);
   } catch (const json::exception& e) {
     throw std::runtime_error(p.string() + ": not valid JSON: " + e.what());
-  }
-}
-
-// Same tmp + fsync + rename discipline as the safetensors writer, so config.json is never half written.
-void write_text_atomic(const fs::path& p, const std::string& text) {
-  const std::string tmp = p.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(tmp + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw std::runtime_error(tmp + ": write failed: " + std::strerror(e));
-    }
-    done += static_cast<size_t>(w);
-  }
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || std::rename(tmp.c_str(), p.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(p.string() + ": cannot write " + tmp + " and rename it into place: " + std::strerror(e));
   }
 }
 
@@ -182,9 +185,37 @@ std::vector<std::string> config_mismatches(const json& hf, const ModelConfig& cf
 
 }  // namespace
 
+// Same tmp + fsync + rename discipline as the safetensors writer, so config.json is never half written.
+void write_text_file_atomic(const std::string& path, const std::string& text) {
+  const fs::path p(path);
+  const std::string tmp = p.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(tmp + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error(tmp + ": write failed: " + std::strerror(e));
+    }
+    done += static_cast<size_t>(w);
+  }
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), p.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(p.string() + ": cannot write " + tmp + " and rename it into place: " + std::strerror(e));
+  }
+}
+
 std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) {
   cfg.validate();
   const LayerTypes lt = layer_types_of(cfg);
+  const TokenIds ids = token_ids(cfg, opts);
   const int64_t max_pos = opts.max_position_embeddings > 0 ? opts.max_position_embeddings : kDefaultMaxPositions;
   // transformers 5.x keeps rope theta per layer type in rope_parameters (and, when only the top-level rope_theta
   // is given, applies it to full_attention alone); 4.x reads the top-level rope_theta. We write both, equal.
@@ -214,17 +245,29 @@ std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) 
       {"tie_word_embeddings", false},
       {"use_cache", true},
       {"dtype", "float32"},
-      {"bos_token_id", id_or_null(token_id(opts.bos_token_id, -1, cfg.vocab_size, "bos_token_id"))},
-      {"eos_token_id", id_or_null(token_id(opts.eos_token_id, kDolma2Eos, cfg.vocab_size, "eos_token_id"))},
-      {"pad_token_id", id_or_null(token_id(opts.pad_token_id, kDolma2Pad, cfg.vocab_size, "pad_token_id"))},
+      {"bos_token_id", id_or_null(ids.bos)},
+      {"eos_token_id", id_or_null(ids.eos)},
+      {"pad_token_id", id_or_null(ids.pad)},
   };
   return c.dump(2) + "\n";
+}
+
+std::string hf_generation_config_json(const ModelConfig& cfg, const HfExportOptions& opts) {
+  const TokenIds ids = token_ids(cfg, opts);
+  // Only the token ids: everything else keeps GenerationConfig's defaults (greedy), which is what a reference
+  // model should do unless the caller asks for more.
+  const json g = {{"bos_token_id", id_or_null(ids.bos)},
+                  {"eos_token_id", id_or_null(ids.eos)},
+                  {"pad_token_id", id_or_null(ids.pad)}};
+  return g.dump(2) + "\n";
 }
 
 void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
                           const float* params, const HfExportOptions& opts) {
   // Build the config first: if HF cannot represent the model we fail before touching the directory.
   const std::string config = hf_config_json(cfg, opts);
+  const std::string generation = hf_generation_config_json(cfg, opts);
+  if (opts.tokenizer) interop::hf_tokenizer_json(*opts.tokenizer);  // refuses an unexportable one up front
   if (layout.total != cfg.n_params())
     throw std::invalid_argument("export_hf_checkpoint: the parameter layout (" + std::to_string(layout.total) +
                                 " floats) does not belong to this ModelConfig (" + std::to_string(cfg.n_params()) +
@@ -241,7 +284,42 @@ void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
   meta["format"] = "pt";  // what transformers writes; some loaders check it
   meta["olmoref.model"] = cfg.name;
   write_safetensors((fs::path(dir) / "model.safetensors").string(), views, meta);
-  write_text_atomic(fs::path(dir) / "config.json", config);
+  write_text_file_atomic((fs::path(dir) / "config.json").string(), config);
+  write_text_file_atomic((fs::path(dir) / "generation_config.json").string(), generation);
+  if (opts.tokenizer)
+    interop::write_hf_tokenizer(dir, *opts.tokenizer,
+                                opts.max_position_embeddings > 0 ? opts.max_position_embeddings : kDefaultMaxPositions);
+}
+
+std::string hf_weights_sha256(const std::string& dir) {
+  auto file_sha = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) throw std::runtime_error(p.string() + ": cannot open to compute its SHA-256");
+    interop::Sha256 h;
+    std::string buf(size_t{1} << 20, '\0');
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      const std::streamsize got = in.gcount();
+      if (got > 0) h.update(buf.substr(0, static_cast<size_t>(got)));
+    }
+    if (in.bad()) throw std::runtime_error(p.string() + ": read failed while computing its SHA-256");
+    return h.hex();
+  };
+  const fs::path root(dir);
+  if (fs::exists(root / "model.safetensors")) return file_sha(root / "model.safetensors");
+  const fs::path index = root / "model.safetensors.index.json";
+  if (!fs::exists(index))
+    throw std::runtime_error(dir + ": no model.safetensors (or model.safetensors.index.json) found; point to a "
+                             "directory written by `olmoref export-hf` or save_pretrained(safe_serialization=True)");
+  const json idx = read_json_file(index);
+  if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+    throw std::runtime_error(index.string() + ": has no weight_map object");
+  std::set<std::string> files;
+  for (const auto& [name, file] : idx["weight_map"].items())
+    if (file.is_string()) files.insert(file.get<std::string>());
+  interop::Sha256 all;
+  for (const auto& f : files) all.update(file_sha(root / f) + "  " + f + "\n");
+  return all.hex();
 }
 
 void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params) {

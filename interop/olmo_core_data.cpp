@@ -40,7 +40,8 @@ bool parse_olmo_core_indices_name(const std::string& name, OlmoCoreIndicesFile& 
   return true;
 }
 
-OlmoCoreOrder::OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, int64_t instances_per_batch, int64_t seed)
+OlmoCoreOrder::OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, int64_t instances_per_batch, int64_t seed,
+                             int64_t chunk)
     : instances_per_batch_(instances_per_batch), seed_(seed) {
   if (!fs::is_directory(work_dir))
     throw std::runtime_error(work_dir + ": not a directory (--olmo-core-work-dir: the data loader's work directory)");
@@ -64,6 +65,13 @@ OlmoCoreOrder::OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, 
       continue;
     }
     if (seed_ >= 0 && f.seed >= 0 && f.seed != seed_) continue;
+    if (f.chunk != chunk) {
+      // The same dataset size with another chunking is another order: refuse rather than read it.
+      throw std::runtime_error(f.path + ": an order shuffled in chunks of " + std::to_string(f.chunk) +
+                               " instances, but the configured dataset has chunks of " + std::to_string(chunk) +
+                               " (data.max_target_sequence_length / train.seq_len): set the run's "
+                               "max_target_sequence_length");
+    }
     if (f.epoch < 1)
       throw std::runtime_error(f.path + ": an unshuffled order (no epoch in the name); only shuffled runs are read");
     if (by_epoch.count(f.epoch))
@@ -177,6 +185,19 @@ std::string check_olmo_core_checkpoint(const OlmoCoreCheckpoint& c, const data::
     throw std::runtime_error(c.state_path + ": the run's sequence_length is " + dl["sequence_length"].dump() +
                              ", the config's train.seq_len " + std::to_string(ds.sequence_length()));
   if (!ds.eos_id()) throw std::invalid_argument("an OLMo-core checkpoint needs data.eos_id (part of OLMo-core's fingerprint)");
+  const std::string fp = olmo_core_fingerprint_of(ds, pad_token_id, bos_token_id);
+  if (fp != dl["dataset_fingerprint"])
+    throw std::runtime_error(c.state_path + ": the run's dataset fingerprint is " + dl["dataset_fingerprint"].dump() +
+                             " but the configured token files give " + fp + " (base names, byte sizes, vocab " +
+                             std::to_string(ds.vocab_size()) + ", pad " + std::to_string(pad_token_id) + ", eos " +
+                             std::to_string(*ds.eos_id()) + ", " + data::dtype_name(ds.dtype()) +
+                             "): these are not the run's files, in its order, or they changed since");
+  return fp;
+}
+
+std::string olmo_core_fingerprint_of(const data::FslDataset& ds, int64_t pad_token_id, int64_t bos_token_id) {
+  if (!ds.eos_id()) throw std::invalid_argument("OLMo-core's dataset fingerprint needs the EOS id (data.eos_id)");
+  if (pad_token_id < 0) throw std::invalid_argument("OLMo-core's dataset fingerprint needs the pad id (data.pad_id)");
   OlmoCoreFingerprintInput fi;
   for (size_t f = 0; f < ds.n_files(); ++f)
     fi.files.emplace_back(fs::path(ds.file(f).path()).filename().string(), ds.file(f).size_bytes());
@@ -185,14 +206,33 @@ std::string check_olmo_core_checkpoint(const OlmoCoreCheckpoint& c, const data::
   fi.pad_token_id = pad_token_id;
   fi.bos_token_id = bos_token_id;
   fi.dtype = ds.dtype() == data::Dtype::u16 ? "uint16" : "uint32";
-  const std::string fp = olmo_core_fsl_fingerprint(fi);
-  if (fp != dl["dataset_fingerprint"])
-    throw std::runtime_error(c.state_path + ": the run's dataset fingerprint is " + dl["dataset_fingerprint"].dump() +
-                             " but the configured token files give " + fp + " (base names, byte sizes, vocab " +
-                             std::to_string(fi.vocab_size) + ", pad " + std::to_string(fi.pad_token_id) + ", eos " +
-                             std::to_string(fi.eos_token_id) + ", " + fi.dtype +
-                             "): these are not the run's files, in its order, or they changed since");
-  return fp;
+  if (ds.max_target_sequence_length() > 0) fi.max_target_sequence_length = ds.max_target_sequence_length();
+  return olmo_core_fsl_fingerprint(fi);
+}
+
+data::LoaderState olmo_core_loader_state(const OlmoCoreCheckpoint& c, const data::FslDataset& ds,
+                                         int64_t global_batch_instances, int64_t pad_token_id, int64_t bos_token_id) {
+  check_olmo_core_checkpoint(c, ds, pad_token_id, bos_token_id);
+  const nlohmann::json& dl = c.data_loader;
+  const nlohmann::json mt = dl.value("max_target_sequence_length", nlohmann::json());
+  const int64_t theirs = mt.is_number_integer() ? mt.get<int64_t>() : 0;
+  if (theirs != ds.max_target_sequence_length() && !(theirs == ds.sequence_length() && ds.max_target_sequence_length() == 0))
+    throw std::runtime_error(c.state_path + ": the run's max_target_sequence_length is " + mt.dump() + ", the config's " +
+                             std::to_string(ds.max_target_sequence_length()) +
+                             " (data.max_target_sequence_length): another instance order, which OLMo-core refuses too");
+  for (const char* k : {"tokens_processed", "epoch", "seed"})
+    if (!dl.contains(k) || !dl[k].is_number_integer())
+      throw std::runtime_error(c.state_path + ": data_loader." + k + " is missing or not an integer");
+  data::LoaderState s;
+  s.epoch = dl["epoch"].get<int64_t>();
+  s.seed = dl["seed"].get<uint64_t>();
+  s.tokens_processed = dl["tokens_processed"].get<int64_t>();
+  s.batches_processed = s.tokens_processed / (global_batch_instances * ds.sequence_length());
+  s.fingerprint = ds.fingerprint();
+  s.global_batch_instances = global_batch_instances;
+  s.sequence_length = ds.sequence_length();
+  if (s.epoch < 1) throw std::runtime_error(c.state_path + ": data_loader.epoch " + std::to_string(s.epoch) + " (1-based)");
+  return s;
 }
 
 }  // namespace olmoref::interop

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "data/loader.h"
 
 namespace olmoref::interop {
 
@@ -32,8 +33,10 @@ struct OlmoCoreIndicesFile {
 
 class OlmoCoreOrder {
  public:
-  // Reads every global_indices file of `work_dir` for a dataset of `dataset_size` instances (and `seed`, when >= 0).
-  OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, int64_t instances_per_batch, int64_t seed = -1);
+  // Reads every global_indices file of `work_dir` for a dataset of `dataset_size` instances (and `seed`, when >= 0),
+  // shuffled in chunks of `chunk` instances (max_target_sequence_length / sequence_length; 1 without it).
+  OlmoCoreOrder(const std::string& work_dir, int64_t dataset_size, int64_t instances_per_batch, int64_t seed = -1,
+                int64_t chunk = 1);
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t epochs() const { return static_cast<int64_t>(orders_.size()); }  // consecutive from epoch 1
   int64_t steps() const { return epochs() * batches_per_epoch_; }
@@ -61,6 +64,9 @@ struct OlmoCoreFingerprintInput {
   std::string dtype = "uint16";
 };
 std::string olmo_core_fsl_fingerprint(const OlmoCoreFingerprintInput& in);
+// The fingerprint OLMo-core computes for the configured dataset `ds` (needs its eos id) with these pad and bos
+// (-1: none) ids: what an OLMo-core run over the same token files records in its checkpoints.
+std::string olmo_core_fingerprint_of(const data::FslDataset& ds, int64_t pad_token_id, int64_t bos_token_id);
 
 // The trainer state OLMo-core's checkpointer writes (torch.save of the trainer's state_dict at
 // <dir>/train/rank0.pt): `dir` is one step directory, or the save folder (its highest stepN holding one).
@@ -76,5 +82,13 @@ OlmoCoreCheckpoint read_olmo_core_checkpoint(const std::string& dir);
 // (and bos, -1: none) ids. Returns that fingerprint; throws naming the state file.
 std::string check_olmo_core_checkpoint(const OlmoCoreCheckpoint& c, const data::FslDataset& ds, int64_t pad_token_id,
                                        int64_t bos_token_id);
+
+// Where an olmoref loader over `ds` continues OLMo-core's data order after checkpoint `c` (checked as above): its
+// seed and epoch, and batches_processed = tokens_processed // (G · L) in this run's global batches of G instances,
+// which is how OLMo-core's NumpyFSLDataLoader.load_state_dict resumes, also after a change of batch size (a
+// position between two of the new batches rounds down: those instances are seen again). Also refuses a
+// checkpoint whose max_target_sequence_length differs from the dataset's, as OLMo-core does.
+data::LoaderState olmo_core_loader_state(const OlmoCoreCheckpoint& c, const data::FslDataset& ds,
+                                         int64_t global_batch_instances, int64_t pad_token_id, int64_t bos_token_id);
 
 }  // namespace olmoref::interop

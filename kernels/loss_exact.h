@@ -106,54 +106,59 @@ OLMOREF_HD void loss_instance_totals(Block& blk, LossShared& sh, const LossArgs&
   }
 }
 
-// Σ g² of chunk c of the flat gradient [0, n) (chunk = 65,536 floats), 32 fp64 fma lanes and the lane tree.
+// One fp64 total per chunk c of a flat float vector [0, n) (chunk = 65,536 floats): 32 lanes, lane t folding
+// elements lo + t, lo + t + 32, ... with `fold`, then the lane tree. Shared by the gradient norm and the zero count.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Block, class Fold>
+OLMOREF_HD void chunk_lane_total(Block& blk, LossShared& sh, const float* x, int64_t n, int64_t chunk, double* out,
+                                 int64_t c, Fold fold) {
+  const int64_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+  blk.phase([&](int t, auto&) {
+    double acc = 0.0;
+    for (int64_t i = lo + t; i < hi; i += 32) acc = fold(acc, x[i]);
+    sh.lane64[t] = acc;
+  });
+  lane_tree_phases(blk, sh.lane64);
+  blk.phase([&](int t, auto&) {
+    if (t == 0) out[c] = sh.lane64[0];
+  });
+}
+
+// Σ g² of chunk c of the flat gradient: 32 fp64 fma lanes and the lane tree.
 struct NormChunkArgs {
   const float* grad = nullptr;
   int64_t n = 0, chunk = 65536;
   double* out = nullptr;  // [chunks]
+};
+struct SumOfSquares {
+  OLMOREF_HD double operator()(double acc, float g) const { return hd_fma(double(g), double(g), acc); }
 };
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class Block>
 OLMOREF_HD void grad_norm_chunk(Block& blk, LossShared& sh, const NormChunkArgs& a, int64_t c) {
-  const int64_t lo = c * a.chunk, hi = lo + a.chunk < a.n ? lo + a.chunk : a.n;
-  blk.phase([&](int t, auto&) {
-    double acc = 0.0;
-    for (int64_t i = lo + t; i < hi; i += 32) {
-      const double g = a.grad[i];
-      acc = hd_fma(g, g, acc);
-    }
-    sh.lane64[t] = acc;
-  });
-  lane_tree_phases(blk, sh.lane64);
-  blk.phase([&](int t, auto&) {
-    if (t == 0) a.out[c] = sh.lane64[0];
-  });
+  chunk_lane_total(blk, sh, a.grad, a.n, a.chunk, a.out, c, SumOfSquares{});
 }
 
-// Zeros of chunk c of x [0, n) (Megatron's num-zeros of the clipped gradient): 32 lanes count, the lane tree adds.
-// Counts are integers below 2^53, exact in fp64, so neither the lanes nor the tree can change the total.
+// Zeros of chunk c of x (Megatron's num-zeros of the clipped gradient; -0 counts, NaN does not). Counts are
+// integers below 2^53, exact in fp64, so neither the lanes nor the tree can change the total.
 struct ZeroCountArgs {
   const float* x = nullptr;
   int64_t n = 0, chunk = 65536;
   double* out = nullptr;  // [chunks]
+};
+struct CountZeros {
+  OLMOREF_HD double operator()(double acc, float x) const { return acc + (x == 0.0f ? 1.0 : 0.0); }
 };
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class Block>
 OLMOREF_HD void zero_count_chunk(Block& blk, LossShared& sh, const ZeroCountArgs& a, int64_t c) {
-  const int64_t lo = c * a.chunk, hi = lo + a.chunk < a.n ? lo + a.chunk : a.n;
-  blk.phase([&](int t, auto&) {
-    double zeros = 0.0;
-    for (int64_t i = lo + t; i < hi; i += 32) zeros += a.x[i] == 0.0f ? 1.0 : 0.0;
-    sh.lane64[t] = zeros;
-  });
-  lane_tree_phases(blk, sh.lane64);
-  blk.phase([&](int t, auto&) {
-    if (t == 0) a.out[c] = sh.lane64[0];
-  });
+  chunk_lane_total(blk, sh, a.x, a.n, a.chunk, a.out, c, CountZeros{});
 }
 
 void cross_entropy_host(const LossArgs& a);  // rows, then per-instance totals

@@ -69,4 +69,28 @@ OLMOREF_HD inline void adamw(const AdamWScalars& s, float decay, float g, float&
   v = vi;
 }
 
+// SkipStepAdamW's fp32 scalars of one step and group (OLMo-core's foreach_adamw_step; ref/skip_step.h forms them).
+// With step_factor 0 (a skipped step) decay = c1 = c2 = 1, w1 = w2 = 0 and neg_step_size = −0: the same arithmetic
+// then leaves p, m, v as they were (up to the sign of zeros and NaN propagation, exactly as OLMo-core's tensors).
+struct SkipStepScalars {
+  float decay, c1, w1, c2, w2, bc2_sqrt, eps, neg_step_size;
+};
+// Each line one of OLMo-core's foreach ops, each rounded to fp32 (no fma):
+//   p·decay;  m·c1 + g·w1;  v·c2 + (g·g)·w2;  (sqrt(v)/bc2_sqrt + eps);  p + (m/denom)·neg_step_size
+OLMOREF_HD inline void skip_step_adamw(const SkipStepScalars& s, float g, float& p, float& m, float& v) {
+  const float pd = p * s.decay;
+  const float mc = m * s.c1;
+  const float gw = g * s.w1;
+  const float mi = mc + gw;
+  const float g2 = g * g;
+  const float vc = v * s.c2;
+  const float gw2 = g2 * s.w2;
+  const float vi = vc + gw2;
+  const float denom = hd_sqrt(vi) / s.bc2_sqrt + s.eps;
+  const float update = (mi / denom) * s.neg_step_size;
+  p = pd + update;
+  m = mi;
+  v = vi;
+}
+
 }  // namespace olmoref::elem

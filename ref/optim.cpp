@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "ref/elementwise.h"
 #include "ref/mathfn.h"
@@ -39,6 +40,113 @@ elem::AdamWScalars adamw_scalars(const AdamWConfig& cfg, int64_t step, double lr
 
 float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr) {
   return p.weight_decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
+}
+
+float adamw_group_decay(double lr, double weight_decay) { return static_cast<float>(1.0 - lr * weight_decay); }
+
+namespace {
+// fnmatch.fnmatchcase's translation to a regex, matched directly: '*' any run (dots included), '?' one character,
+// '[seq]' / '[!seq]' a set with ranges (a ']' right after the opening is literal), an unclosed '[' literal.
+bool match_at(const std::string& p, size_t i, const std::string& s, size_t j) {
+  while (i < p.size()) {
+    const char c = p[i];
+    if (c == '*') {
+      while (i < p.size() && p[i] == '*') ++i;
+      if (i == p.size()) return true;
+      for (size_t k = j; k <= s.size(); ++k)
+        if (match_at(p, i, s, k)) return true;
+      return false;
+    }
+    if (c == '[') {
+      size_t e = i + 1;
+      if (e < p.size() && p[e] == '!') ++e;
+      if (e < p.size() && p[e] == ']') ++e;
+      while (e < p.size() && p[e] != ']') ++e;
+      if (e < p.size()) {  // a set [i+1, e)
+        if (j == s.size()) return false;
+        size_t a = i + 1;
+        const bool negate = p[a] == '!';
+        if (negate) ++a;
+        bool in = false;
+        for (size_t k = a; k < e; ++k) {
+          if (k + 2 < e && p[k + 1] == '-') {
+            in |= p[k] <= s[j] && s[j] <= p[k + 2];
+            k += 2;
+          } else {
+            in |= p[k] == s[j];
+          }
+        }
+        if (in == negate) return false;
+        i = e + 1;
+        ++j;
+        continue;
+      }
+      // no closing ']': a literal '['
+    }
+    if (j == s.size() || (c != '?' && c != s[j])) return false;
+    ++i;
+    ++j;
+  }
+  return j == s.size();
+}
+}  // namespace
+
+bool fnmatch_name(const std::string& pattern, const std::string& name) { return match_at(pattern, 0, name, 0); }
+
+std::vector<ParamGroup> param_groups(const AdamWConfig& cfg, const ParamLayout& layout) {
+  std::vector<ParamGroupOverride> overrides = cfg.group_overrides;
+  if (!cfg.group_overrides_set) overrides = {ParamGroupOverride{{"embeddings.weight"}, -1, 0.0}};
+  const int np = static_cast<int>(layout.params.size());
+  std::vector<int> owner(static_cast<size_t>(np), -1);
+  std::vector<ParamGroup> groups;
+  for (size_t g = 0; g < overrides.size(); ++g) {
+    const ParamGroupOverride& o = overrides[g];
+    ParamGroup grp{o.lr >= 0 ? o.lr : cfg.lr, o.weight_decay >= 0 ? o.weight_decay : cfg.weight_decay, {}};
+    // OLMo-core lists a group's parameters pattern by pattern, each pattern's matches in model order.
+    for (const std::string& pat : o.params) {
+      int matches = 0;
+      for (int i = 0; i < np; ++i) {
+        if (!fnmatch_name(pat, layout.params[static_cast<size_t>(i)].name)) continue;
+        ++matches;
+        if (owner[static_cast<size_t>(i)] == static_cast<int>(g)) continue;
+        if (owner[static_cast<size_t>(i)] >= 0)
+          throw std::invalid_argument("config key 'optim.group_overrides': parameter '" +
+                                      layout.params[static_cast<size_t>(i)].name + "' is matched by group " +
+                                      std::to_string(owner[static_cast<size_t>(i)]) + " and group " +
+                                      std::to_string(g) + " (PyTorch refuses a parameter in two groups)");
+        owner[static_cast<size_t>(i)] = static_cast<int>(g);
+        grp.params.push_back(i);
+      }
+      if (matches == 0)
+        throw std::invalid_argument("config key 'optim.group_overrides': group " + std::to_string(g) + " pattern '" +
+                                    pat + "' does not match any parameter (OLMo-core names such as embeddings.weight, "
+                                    "blocks.0.attention.w_q.weight, blocks.*.attention_norm.weight, lm_head.norm.weight; "
+                                    "ref/params.h lists them)");
+    }
+    groups.push_back(std::move(grp));
+  }
+  ParamGroup rest{cfg.lr, cfg.weight_decay, {}};
+  for (int i = 0; i < np; ++i)
+    if (owner[static_cast<size_t>(i)] < 0) rest.params.push_back(i);
+  groups.push_back(std::move(rest));
+  std::vector<ParamGroup> out;
+  for (ParamGroup& g : groups)
+    if (!g.params.empty()) out.push_back(std::move(g));
+  return out;
+}
+
+std::vector<GroupPiece> group_pieces(const ParamLayout& layout, const std::vector<ParamGroup>& groups, int64_t lo,
+                                     int64_t hi) {
+  std::vector<int> group_of(layout.params.size(), -1);
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int i : groups[g].params) group_of[static_cast<size_t>(i)] = static_cast<int>(g);
+  std::vector<GroupPiece> out;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamInfo& p = layout.params[i];
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    if (a < b) out.push_back({a - lo, b - a, group_of[i]});
+  }
+  return out;
 }
 
 std::vector<AdamWPiece> adamw_pieces(const AdamWConfig& cfg, const ParamLayout& layout, int64_t lo, int64_t hi,
@@ -113,18 +221,6 @@ void scale_inplace(float* x, int64_t n, float s, ThreadPool* pool) {
     for (int64_t i = b; i < e; ++i) x[i] = x[i] * s;
   };
   if (pool) pool->parallel_for(n, 1 << 14, body); else body(0, n);
-}
-
-double scheduled_lr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps) {
-  if (step < s.warmup) return peak_lr * static_cast<double>(step) / static_cast<double>(s.warmup);
-  if (s.kind == "constant") return peak_lr;
-  // OLMo-core CosWithWarmup: after warmup, cosine from peak to peak·alpha_f over t_max − warmup steps.
-  const double t_max = static_cast<double>(s.t_max > 0 ? s.t_max : total_steps);
-  const double lr_min = peak_lr * s.alpha_f;
-  const double w = static_cast<double>(s.warmup);
-  const double cur = static_cast<double>(step) - w, span = t_max - w;
-  if (span <= 0.0 || cur >= span) return lr_min;
-  return lr_min + (peak_lr - lr_min) * (1.0 + det::cos(3.141592653589793 * cur / span)) / 2.0;
 }
 
 }  // namespace olmoref

@@ -1,4 +1,5 @@
-// ref/optim.h — AdamW as OLMo-core / PyTorch apply it, global-norm clipping, LR schedules.
+// ref/optim.h — AdamW as OLMo-core / PyTorch apply it, OLMo-core's parameter groups, global-norm clipping
+// (SkipStepAdamW: ref/skip_step.h; LR schedules: ref/schedule.h; docs/canonical/optimizers.md).
 #pragma once
 
 #include <cstdint>
@@ -7,18 +8,60 @@
 
 #include "ref/elementwise.h"
 #include "ref/params.h"
+#include "ref/schedule.h"
 
 namespace olmoref {
 
 class ThreadPool;
 
+// One of OLMo-core's OptimGroupOverride: the parameters whose names match any of `params` (fnmatch wildcards, as
+// OLMo-core's _expand_param_globs) form a group with these options; unset options are the optimizer's.
+struct ParamGroupOverride {
+  std::vector<std::string> params;
+  double lr = -1;            // < 0: not set (optim.lr)
+  double weight_decay = -1;  // < 0: not set (optim.weight_decay)
+};
+
 struct AdamWConfig {
+  // "adamw" (torch.optim.AdamW, foreach) or "skip_step_adamw" (OLMo-core's SkipStepAdamW, foreach=True: ref/skip_step.h)
+  std::string kind = "adamw";
   double lr = 3e-4;
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
+  // OLMo-core's group_overrides. Not set: the Olmo 3 scripts' one override, embeddings.weight without weight decay
+  // (what olmoref always did). Set (also to an empty list): exactly these, in this order, then the default group.
+  bool group_overrides_set = false;
+  std::vector<ParamGroupOverride> group_overrides;
+  // SkipStepAdamW (OLMo-core's names and defaults).
+  int64_t rolling_interval_length = 128;
+  double sigma_factor = 6;
+  bool step_increment_bugfix = true;
+
+  bool skip_step() const { return kind == "skip_step_adamw"; }
 };
+
+// OLMo-core's param groups (OptimConfig.build_groups): one per override, in order, then the default group of every
+// parameter no override matched; groups without parameters are dropped. Each group's lr is its initial_lr, which
+// the schedule scales.
+struct ParamGroup {
+  double lr = 0, weight_decay = 0;
+  std::vector<int> params;  // indices into ParamLayout::params, in layout order
+};
+// Throws std::invalid_argument naming 'optim.group_overrides' when a pattern matches no parameter (OLMo-core's
+// strict build) or a parameter would sit in two groups.
+std::vector<ParamGroup> param_groups(const AdamWConfig& cfg, const ParamLayout& layout);
+// Python fnmatch.fnmatchcase on a parameter name: * ? [seq] [!seq], no escapes.
+bool fnmatch_name(const std::string& pattern, const std::string& name);
+
+// The parameter tensors' parts of the flat range [lo, hi), in order, with the group each belongs to.
+struct GroupPiece {
+  int64_t begin = 0, n = 0;  // begin relative to lo
+  int group = 0;
+};
+std::vector<GroupPiece> group_pieces(const ParamLayout& layout, const std::vector<ParamGroup>& groups, int64_t lo,
+                                     int64_t hi);
 
 // One AdamW update of the whole flat vector, for optimizer step `step` (1-based, the bias-correction
 // exponent), at learning rate `lr`. Per element, in fp32 (PyTorch's AdamW with foreach=True):
@@ -34,6 +77,8 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
 // each tensor's decay factor.
 elem::AdamWScalars adamw_scalars(const AdamWConfig& cfg, int64_t step, double lr);
 float adamw_decay(const AdamWConfig& cfg, const ParamInfo& p, double lr);
+// A group's decay factor float(1 − lr·wd) (1 exactly for wd = 0): what adamw_decay gives a tensor of that group.
+float adamw_group_decay(double lr, double weight_decay);
 
 void adamw_step_range(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr, int64_t lo,
                       int64_t hi, float* params, const float* grad, float* m, float* v, ThreadPool* pool);
@@ -61,15 +106,5 @@ void scale_inplace(float* x, int64_t n, float s, ThreadPool* pool);
 // Elements of x [0, n) that compare equal to 0 (-0 too; NaN is not zero): Megatron's num-zeros, counted on the
 // gradient after clipping. An integer sum, so no order is involved.
 int64_t count_zeros(const float* x, int64_t n, ThreadPool* pool);
-
-// Learning-rate schedules, evaluated in fp64 at the 1-based global step of the update (OLMo-core sets
-// the LR from trainer.global_step before each optimizer step).
-struct ScheduleConfig {
-  std::string kind = "cosine";  // "cosine" (CosWithWarmup) or "constant"
-  int64_t warmup = 0;           // linear warmup from 0 over this many steps
-  double alpha_f = 0.1;         // cosine floor: lr_min = lr · alpha_f
-  int64_t t_max = 0;            // cosine length in steps (0 = the run's total steps)
-};
-double scheduled_lr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps);
 
 }  // namespace olmoref

@@ -10,15 +10,17 @@
 
 namespace olmoref {
 
+data::MixResolve mix_resolve(const DataConfig& d) { return {d.mix_base_dir, d.mix_tokenizer}; }
+
 data::Mix train_mix(const DataConfig& d) {
-  if (!d.train_mix.empty()) return data::Mix::parse_file(d.train_mix);
+  if (!d.train_mix.empty()) return data::Mix::parse_file(d.train_mix, mix_resolve(d));
   if (d.train_files.empty())
     throw std::invalid_argument("config key 'data.train_files': no training data given (set data.train_files or data.train_mix)");
   return data::Mix::from_paths(d.train_files);
 }
 
 data::HoldoutSpec holdout_spec(const DataConfig& d) {
-  if (!d.holdout_mix.empty()) return data::HoldoutSpec::separate(data::Mix::parse_file(d.holdout_mix));
+  if (!d.holdout_mix.empty()) return data::HoldoutSpec::separate(data::Mix::parse_file(d.holdout_mix, mix_resolve(d)));
   if (!d.holdout_files.empty()) return data::HoldoutSpec::separate(data::Mix::from_paths(d.holdout_files));
   return {};
 }
@@ -29,6 +31,7 @@ data::DatasetOptions dataset_options(const TrainConfig& cfg) {
   o.vocab_size = cfg.model.vocab_size;
   if (cfg.data.dtype != "auto") o.dtype = data::parse_dtype(cfg.data.dtype);
   if (cfg.data.eos_id >= 0) o.eos_id = static_cast<uint32_t>(cfg.data.eos_id);
+  o.max_target_sequence_length = cfg.data.max_target_sequence_length;
   return o;
 }
 

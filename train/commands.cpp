@@ -15,16 +15,30 @@
 #include "ckpt/checkpoint.h"
 #include "golden/plot.h"
 #include <fstream>
+#include "data/bpe.h"
 #include "interop/hf_export.h"
+#include <nlohmann/json.hpp>
+#include <optional>
 #include "ref/init.h"
 #include "ref/params.h"
 #include "train/trainer.h"
+#include "train/weights.h"
 
 namespace olmoref {
 
 namespace {
 
 int g_exit_code = 0;
+
+// A TOML basic string holding `s` (for a path handed to load_config as an override).
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
 
 struct ConfigArgs {
   std::string path;
@@ -94,6 +108,10 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--debug-skip-restore", *skip,
                     "TEST ONLY: leave part of the state unrestored on resume (moments, loader, step); resume-check must fail")
         ->check(CLI::IsMember({"moments", "loader", "step"}));
+    auto init_hf = std::make_shared<std::string>();
+    cmd->add_option("--init-from-hf", *init_hf,
+                    "Start from the weights of this Hugging Face Olmo 3 checkpoint directory instead of the init "
+                    "(sets init.hf_dir; the weights' SHA-256 becomes init.hf_sha256, part of resume_hash)");
     cmd->add_flag("--quiet", o->quiet, "No progress output");
     cmd->add_option("--dp-shard", o->parallel.dp_shard,
                     "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun");
@@ -117,7 +135,16 @@ void register_commands(CLI::App& app) {
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
       if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
-      const TrainConfig c = load_config(cfg->path, ov);
+      if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
+      TrainConfig c = load_config(cfg->path, ov);
+      resolve_hf_init(c);
+      if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
+        // A run that started from Hugging Face weights keeps recording them when resumed without naming them again
+        // (its weights come from the checkpoint either way).
+        std::string dir = o->resume_from;
+        if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");
+        if (!dir.empty()) c.init.hf_sha256 = load_checkpoint_config(dir).init.hf_sha256;
+      }
       RunOptions run = *o;
       run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;
       for (const auto& what : *skip) {
@@ -213,21 +240,77 @@ void register_commands(CLI::App& app) {
   }
   // ---- export-hf ----
   {
-    auto* cmd = app.add_subcommand("export-hf", "Write step-0 weights as a Hugging Face Olmo3 checkpoint");
-    auto cfg = std::make_shared<ConfigArgs>();
-    cfg->add(cmd);
-    auto out = std::make_shared<std::string>();
-    cmd->add_option("--out", *out, "Directory for model.safetensors + config.json")->required();
+    auto* cmd = app.add_subcommand(
+        "export-hf", "Write a checkpoint's weights (or step-0 weights) as a Hugging Face Olmo3 checkpoint directory");
+    auto config = std::make_shared<std::string>(), checkpoint = std::make_shared<std::string>();
+    auto overrides = std::make_shared<std::vector<std::string>>();
+    auto out = std::make_shared<std::string>(), tokenizer = std::make_shared<std::string>();
+    auto max_pos = std::make_shared<int64_t>(0);
+    cmd->add_option("--config", *config, "Run configuration (TOML): export its step-0 weights");
+    cmd->add_option("--checkpoint", *checkpoint,
+                    "Checkpoint directory written by olmoref train (stepNNNNNNNN, or a checkpoints/ folder: its newest "
+                    "complete one): export its weights, with the config it records");
+    cmd->add_option("--set", *overrides, "Override a config key: --set section.key=value (repeatable)");
+    cmd->add_option("--out", *out,
+                    "Directory for model.safetensors, config.json, generation_config.json (+ the tokenizer files)")
+        ->required();
+    cmd->add_option("--tokenizer", *tokenizer,
+                    "The run's tokenizer (olmoref BPE JSON, or a tokenizer.json): also write tokenizer.json, "
+                    "tokenizer_config.json and special_tokens_map.json, and take eos/pad/bos ids from it");
+    cmd->add_option("--max-position-embeddings", *max_pos,
+                    "config.json's max_position_embeddings (default: the run's train.seq_len)")
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
     cmd->callback([=] {
-      const TrainConfig c = cfg->load();
+      if (config->empty() == checkpoint->empty())
+        throw std::invalid_argument("export-hf: give exactly one of --config FILE (step-0 weights) and --checkpoint DIR");
+      std::string ckpt_dir = *checkpoint;
+      if (!ckpt_dir.empty() && !std::filesystem::exists(ckpt_dir + "/manifest.json")) {
+        auto newest = ckpt::newest_complete(ckpt_dir);
+        if (!newest) newest = ckpt::newest_complete(ckpt_dir + "/checkpoints");  // a run directory
+        if (!newest)
+          throw std::runtime_error(ckpt_dir + ": neither a checkpoint (no manifest.json) nor a folder holding "
+                                   "complete checkpoints; pass a stepNNNNNNNN directory of `olmoref train`");
+        ckpt_dir = *newest;
+      }
+      const RunWeights w = !ckpt_dir.empty() ? load_checkpoint_weights(ckpt_dir, *overrides)
+                                             : initial_weights(load_config(*config, *overrides));
+      const TrainConfig& c = w.config;
       const ParamLayout layout(c.model);
-      std::vector<float> params(static_cast<size_t>(layout.total));
-      init_params(c.model, layout, params.data());
+      std::optional<data::BpeTokenizer> tok;
+      if (!tokenizer->empty()) tok = data::BpeTokenizer::load(*tokenizer);
       HfExportOptions opts;
-      opts.max_position_embeddings = c.train.seq_len;
-      export_hf_checkpoint(*out, c.model, layout, params.data(), opts);
-      std::printf("wrote %s/model.safetensors and config.json (%lld parameters)\n", out->c_str(),
-                  static_cast<long long>(layout.total));
+      opts.max_position_embeddings = *max_pos > 0 ? *max_pos : c.train.seq_len;
+      std::string ids_from;
+      if (tok) {
+        // The token files of the run end every document in data.eos_id: a tokenizer with another EOS is not the one
+        // the run was trained on.
+        if (c.data.eos_id >= 0 && c.data.eos_id != tok->eos_id())
+          throw std::invalid_argument("--tokenizer " + *tokenizer + " has EOS " + std::to_string(tok->eos_id()) +
+                                      " but the run's data.eos_id is " + std::to_string(c.data.eos_id) +
+                                      "; pass the tokenizer the run's token files were made with");
+        opts.tokenizer = &*tok;
+        ids_from = "the tokenizer";
+      } else if (c.data.eos_id == data::BpeTokenizer::kEos && c.model.vocab_size > data::BpeTokenizer::kPad) {
+        // EOS 256 is olmoref's BPE (data/bpe.h), whose PAD is 257 and which has no BOS.
+        opts.eos_token_id = data::BpeTokenizer::kEos;
+        opts.pad_token_id = data::BpeTokenizer::kPad;
+        ids_from = "olmoref's BPE (data.eos_id 256)";
+      } else if (c.data.eos_id >= 0) {
+        opts.eos_token_id = c.data.eos_id;
+        ids_from = "data.eos_id";
+      } else {
+        ids_from = "the dolma2 defaults";
+      }
+      opts.metadata["olmoref.step"] = std::to_string(w.step);
+      opts.metadata["olmoref.weights"] = ckpt_dir.empty() ? "step-0 of " + *config : ckpt_dir;
+      export_hf_checkpoint(*out, c.model, layout, w.params.data(), opts);
+      const auto cfg_json = nlohmann::json::parse(hf_config_json(c.model, opts));
+      std::printf("wrote %s: model.safetensors (%lld parameters, step %lld), config.json (max_position_embeddings %lld; "
+                  "eos %s, pad %s, bos %s from %s), generation_config.json%s\n",
+                  out->c_str(), static_cast<long long>(layout.total), static_cast<long long>(w.step),
+                  static_cast<long long>(opts.max_position_embeddings), cfg_json["eos_token_id"].dump().c_str(),
+                  cfg_json["pad_token_id"].dump().c_str(), cfg_json["bos_token_id"].dump().c_str(), ids_from.c_str(),
+                  tok ? ", tokenizer.json, tokenizer_config.json, special_tokens_map.json" : "");
     });
   }
   // ---- config ----

@@ -83,6 +83,12 @@ class Reader {
     }
   }
 
+  // The node itself, for values with a structure of their own (marked as read; nullptr when absent).
+  const toml::node* raw(const std::string& section, const std::string& key) {
+    seen_.insert(section + "." + key);
+    return root_.at_path(section + "." + key).node();
+  }
+
   bool has(const std::string& section, const std::string& key) const {
     return root_.at_path(section + "." + key).node() != nullptr;
   }
@@ -92,7 +98,7 @@ class Reader {
     for (const auto& [sec, node] : root_) {
       const toml::table* t = node.as_table();
       const std::string s(sec.str());
-      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data], [checkpoint], [eval])");
+      if (!t) fail(origin_, "unknown top-level key '" + s + "' (expected sections [model], [train], [optim], [schedule], [data], [checkpoint], [eval], [init])");
       for (const auto& [k, v] : *t) {
         (void)v;
         const std::string full = s + "." + std::string(k.str());
@@ -110,6 +116,53 @@ class Reader {
   std::string origin_;
   std::set<std::string> seen_;
 };
+
+// [[optim.group_overrides]] tables as OLMo-core's OptimGroupOverride: params (names or fnmatch wildcards) and opts.
+void read_group_overrides(const toml::node& n, const std::string& origin, AdamWConfig& o) {
+  const std::string key = "config key 'optim.group_overrides'";
+  const std::string shape = " must be an array of tables {params = [\"embeddings.weight\", ...], opts = {weight_decay = 0.0, lr = ...}}";
+  const toml::array* a = n.as_array();
+  if (!a) fail(origin, key + shape);
+  o.group_overrides_set = true;
+  o.group_overrides.clear();
+  for (size_t g = 0; g < a->size(); ++g) {
+    const std::string at = key + " group " + std::to_string(g);
+    const toml::table* t = (*a)[g].as_table();
+    if (!t) fail(origin, key + shape);
+    ParamGroupOverride go;
+    for (const auto& [k, v] : *t) {
+      const std::string name(k.str());
+      if (name == "params") {
+        if (v.is_string()) {
+          go.params.push_back(v.value<std::string>().value());
+        } else if (const toml::array* ps = v.as_array()) {
+          for (const auto& e : *ps) {
+            if (!e.is_string()) fail(origin, at + ": 'params' must be strings (parameter names or wildcards)");
+            go.params.push_back(e.value<std::string>().value());
+          }
+        } else {
+          fail(origin, at + ": 'params' must be a string or an array of strings");
+        }
+      } else if (name == "opts") {
+        const toml::table* opts = v.as_table();
+        if (!opts) fail(origin, at + ": 'opts' must be a table such as {weight_decay = 0.0}");
+        for (const auto& [ok, ov] : *opts) {
+          const std::string opt(ok.str());
+          if (opt != "lr" && opt != "weight_decay")
+            fail(origin, at + ": option '" + opt + "' is not supported (olmoref takes lr and weight_decay per group)");
+          if (!ov.is_number()) fail(origin, at + ": option '" + opt + "' must be a number");
+          const double x = ov.value<double>().value();
+          if (!(x >= 0 && std::isfinite(x))) fail(origin, at + ": option '" + opt + "' must be finite and >= 0");
+          (opt == "lr" ? go.lr : go.weight_decay) = x;
+        }
+      } else {
+        fail(origin, at + ": unknown key '" + name + "' (expected params and opts)");
+      }
+    }
+    if (go.params.empty()) fail(origin, at + ": 'params' is missing or empty");
+    o.group_overrides.push_back(std::move(go));
+  }
+}
 
 }  // namespace
 
@@ -184,12 +237,34 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("optim", "eps", o.eps);
   r.get("optim", "weight_decay", o.weight_decay);
   r.get("optim", "max_grad_norm", o.max_grad_norm);
+  r.get("optim", "kind", o.kind);
+  r.get("optim", "rolling_interval_length", o.rolling_interval_length);
+  r.get("optim", "sigma_factor", o.sigma_factor);
+  r.get("optim", "step_increment_bugfix", o.step_increment_bugfix);
+  if (const toml::node* n = r.raw("optim", "group_overrides")) read_group_overrides(*n, origin, o);
 
   ScheduleConfig& s = c.schedule;
   r.get("schedule", "kind", s.kind);
+  r.get("schedule", "units", s.units);
   r.get("schedule", "warmup", s.warmup);
+  r.get("schedule", "warmup_fraction", s.warmup_fraction);
+  r.get("schedule", "warmup_min_lr", s.warmup_min_lr);
   r.get("schedule", "alpha_f", s.alpha_f);
   r.get("schedule", "t_max", s.t_max);
+  r.get("schedule", "decay", s.decay);
+  r.get("schedule", "decay_fraction", s.decay_fraction);
+  r.get("schedule", "decay_min_lr", s.decay_min_lr);
+  // OLMo-core takes exactly one of each pair; a written negative would read as "not set", so it is refused here.
+  if (r.has("schedule", "warmup_fraction")) {
+    if (!(s.warmup_fraction >= 0 && s.warmup_fraction <= 1)) r.bad("schedule", "warmup_fraction", "a number in [0, 1]");
+    if (r.has("schedule", "warmup") && s.warmup != 0)
+      fail(origin, "config keys 'schedule.warmup' and 'schedule.warmup_fraction': give one of them, not both (as OLMo-core requires)");
+  }
+  if (r.has("schedule", "decay")) {
+    if (s.decay < 0) r.bad("schedule", "decay", "an integer >= 0 (or leave it out: schedule.decay_fraction decides)");
+    if (r.has("schedule", "decay_fraction"))
+      fail(origin, "config keys 'schedule.decay' and 'schedule.decay_fraction': give one of them, not both (as OLMo-core requires)");
+  }
 
   DataConfig& d = c.data;
   r.get("data", "train_files", d.train_files);
@@ -202,6 +277,12 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   d.seed = static_cast<uint64_t>(seed);
   r.get("data", "audit", d.audit);
   r.get("data", "eos_id", d.eos_id);
+  r.get("data", "max_target_sequence_length", d.max_target_sequence_length);
+  r.get("data", "mix_base_dir", d.mix_base_dir);
+  r.get("data", "mix_tokenizer", d.mix_tokenizer);
+  r.get("data", "pad_id", d.pad_id);
+  r.get("data", "bos_id", d.bos_id);
+  r.get("data", "olmo_core_state", d.olmo_core_state);
 
   CheckpointConfig& k = c.checkpoint;
   r.get("checkpoint", "interval", k.interval);
@@ -219,6 +300,9 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   int64_t eval_seed = static_cast<int64_t>(ev.seed);
   r.get("eval", "seed", eval_seed);
   ev.seed = static_cast<uint64_t>(eval_seed);
+
+  r.get("init", "hf_dir", c.init.hf_dir);
+  r.get("init", "hf_sha256", c.init.hf_sha256);
 
   r.reject_unknown();
   try {
@@ -261,13 +345,29 @@ void TrainConfig::validate() const {
   require(optim.weight_decay >= 0 && std::isfinite(optim.weight_decay), "optim.weight_decay", "must be finite and >= 0");
   require(optim.max_grad_norm > 0, "optim.max_grad_norm",
           "must be > 0 (the clipping threshold; write inf to train without clipping)");
-  require(schedule.kind == "cosine" || schedule.kind == "constant", "schedule.kind", "must be \"cosine\" or \"constant\"");
-  require(schedule.warmup >= 0, "schedule.warmup", "must be >= 0");
-  require(schedule.alpha_f >= 0 && schedule.alpha_f <= 1, "schedule.alpha_f", "must be in [0, 1]");
-  require(schedule.t_max >= 0, "schedule.t_max", "must be >= 0 (0 = the run's steps)");
+  require(optim.kind == "adamw" || optim.kind == "skip_step_adamw", "optim.kind",
+          "must be \"adamw\" or \"skip_step_adamw\" (OLMo-core's SkipStepAdamW, the Olmo 3 scripts' optimizer)");
+  if (!optim.skip_step()) {
+    require(optim.rolling_interval_length == 128, "optim.rolling_interval_length", "applies to optim.kind = \"skip_step_adamw\" only");
+    require(optim.sigma_factor == 6, "optim.sigma_factor", "applies to optim.kind = \"skip_step_adamw\" only");
+    require(optim.step_increment_bugfix, "optim.step_increment_bugfix", "applies to optim.kind = \"skip_step_adamw\" only");
+  }
+  require(optim.rolling_interval_length >= 1, "optim.rolling_interval_length", "must be >= 1 (OLMo-core's default: 128)");
+  require(std::isfinite(optim.sigma_factor), "optim.sigma_factor", "must be finite (OLMo-core's default: 6)");
+  // Every group's peak must admit the schedule's floors; the patterns must match (OLMo-core's strict build).
+  const std::vector<ParamGroup> groups = param_groups(optim, ParamLayout(model));
+  for (const ParamGroup& g : groups) validate_schedule(schedule, g.lr);
   require(data.dtype == "auto" || data.dtype == "u16" || data.dtype == "u32", "data.dtype", "must be \"u16\", \"u32\" or \"auto\"");
   require(data.eos_id == -1 || (data.eos_id >= 0 && data.eos_id < model.vocab_size), "data.eos_id",
           "must be a token id below model.vocab_size (" + std::to_string(model.vocab_size) + "), or -1 for none");
+  require(data.max_target_sequence_length == 0 ||
+              (data.max_target_sequence_length >= train.seq_len && data.max_target_sequence_length % train.seq_len == 0),
+          "data.max_target_sequence_length",
+          "must be 0 (none) or a multiple of train.seq_len (" + std::to_string(train.seq_len) + "), as OLMo-core requires");
+  require(data.pad_id >= -1 && data.pad_id < model.vocab_size, "data.pad_id",
+          "must be a token id below model.vocab_size, or -1 (unknown)");
+  require(data.bos_id >= -1 && data.bos_id < model.vocab_size, "data.bos_id",
+          "must be a token id below model.vocab_size, or -1 (none)");
   require(data.train_files.empty() || data.train_mix.empty(), "data.train_mix", "give either data.train_files or data.train_mix, not both");
   require(checkpoint.interval >= 0, "checkpoint.interval", "must be >= 0 (0 = only at the end)");
   require(checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be >= 1");
@@ -279,6 +379,10 @@ void TrainConfig::validate() const {
   require(eval.bootstrap >= 10, "eval.bootstrap", "must be >= 10 resamples");
   require(eval.alpha > 0 && eval.alpha < 1, "eval.alpha", "must be in (0, 1)");
   require(eval.fresh_files.empty() || eval.fresh_mix.empty(), "eval.fresh_mix", "give either eval.fresh_files or eval.fresh_mix, not both");
+  require(init.hf_sha256.empty() ||
+              (init.hf_sha256.size() == 64 &&
+               init.hf_sha256.find_first_not_of("0123456789abcdef") == std::string::npos),
+          "init.hf_sha256", "must be 64 lowercase hex digits (a SHA-256, as sha256sum prints it)");
   if (eval.interval > 0) {
     require(!data.holdout_files.empty() || !data.holdout_mix.empty(), "eval.interval",
             "the holdout-vs-fresh backstop needs a holdout: set data.holdout_mix or data.holdout_files");
@@ -321,6 +425,40 @@ std::string TrainConfig::to_toml() const {
                            {"bootstrap", eval.bootstrap}, {"alpha", eval.alpha},
                            {"seed", static_cast<int64_t>(eval.seed)}}},
   };
+  // Optimizer and schedule keys added with OLMo-core's optimizers and schedulers: written only when they differ
+  // from the default, so existing configs, traces and resume hashes are what they were.
+  toml::table& ot = *root["optim"].as_table();
+  if (optim.kind != "adamw") ot.insert("kind", optim.kind);
+  if (optim.rolling_interval_length != 128) ot.insert("rolling_interval_length", optim.rolling_interval_length);
+  if (optim.sigma_factor != 6) ot.insert("sigma_factor", optim.sigma_factor);
+  if (!optim.step_increment_bugfix) ot.insert("step_increment_bugfix", false);
+  if (optim.group_overrides_set) {
+    toml::array groups;
+    for (const ParamGroupOverride& go : optim.group_overrides) {
+      toml::table opts;
+      if (go.lr >= 0) opts.insert("lr", go.lr);
+      if (go.weight_decay >= 0) opts.insert("weight_decay", go.weight_decay);
+      groups.push_back(toml::table{{"params", strings(go.params)}, {"opts", opts}});
+    }
+    ot.insert("group_overrides", groups);
+  }
+  toml::table& st = *root["schedule"].as_table();
+  if (schedule.units != "steps") st.insert("units", schedule.units);
+  if (schedule.warmup_fraction >= 0) st.insert("warmup_fraction", schedule.warmup_fraction);
+  if (schedule.warmup_min_lr != 0) st.insert("warmup_min_lr", schedule.warmup_min_lr);
+  if (schedule.decay != -1) st.insert("decay", schedule.decay);
+  if (schedule.decay_fraction != 0.1) st.insert("decay_fraction", schedule.decay_fraction);
+  if (schedule.decay_min_lr != 0) st.insert("decay_min_lr", schedule.decay_min_lr);
+  // Written only when set, so the configs (and resume hashes) of runs without it stay as they were.
+  if (data.max_target_sequence_length != 0)
+    root["data"].as_table()->insert("max_target_sequence_length", data.max_target_sequence_length);
+  if (!data.mix_base_dir.empty()) root["data"].as_table()->insert("mix_base_dir", data.mix_base_dir);
+  if (!data.mix_tokenizer.empty()) root["data"].as_table()->insert("mix_tokenizer", data.mix_tokenizer);
+  if (data.pad_id >= 0) root["data"].as_table()->insert("pad_id", data.pad_id);
+  if (data.bos_id >= 0) root["data"].as_table()->insert("bos_id", data.bos_id);
+  if (!data.olmo_core_state.empty()) root["data"].as_table()->insert("olmo_core_state", data.olmo_core_state);
+  if (!init.hf_dir.empty() || !init.hf_sha256.empty())
+    root.insert("init", toml::table{{"hf_dir", init.hf_dir}, {"hf_sha256", init.hf_sha256}});
   std::ostringstream out;
   out << toml::toml_formatter(root);
   return out.str();
@@ -349,8 +487,14 @@ std::string TrainConfig::resume_hash() const {
   c.data.train_mix.clear();
   c.data.holdout_files.clear();
   c.data.holdout_mix.clear();
+  c.data.mix_base_dir.clear();  // where the files are, like the paths: the dataset fingerprint says what they hold
+  c.data.mix_tokenizer.clear();
+  c.data.pad_id = c.data.bos_id = -1;  // they only name OLMo-core's fingerprint; training never reads them
+  c.data.olmo_core_state.clear();       // where the first run started; a resume continues from its checkpoint
   c.data.audit = false;
   c.model.name.clear();
+  // Where the starting weights were read from does not matter, only which weights they were (their SHA-256).
+  c.init.hf_dir.clear();
   // The micro-batch size only decides how many instances one forward/backward holds; the instance tree makes
   // it irrelevant to every bit (tier T6), so a resume may change it.
   c.train.micro_batch_instances = 1;

@@ -31,6 +31,19 @@ struct DataConfig {
   uint64_t seed = 34521;                 // OLMo-core's data seed; the shuffle uses seed + epoch
   int64_t eos_id = -1;                   // counts documents in reports; -1: unknown
   bool audit = false;                    // write OUT/audit.jsonl (one record per instance per step)
+  // OLMo-core's max_target_sequence_length (0: none): files cut at multiples of it, its seq_len-instances kept
+  // together by the shuffle (data/dataset.h). The official Olmo 3 scripts set it.
+  int64_t max_target_sequence_length = 0;
+  // OLMo-core's mix files name paths relative to a base directory, with a {TOKENIZER} placeholder
+  // (data/mix.h MixResolve): the base directory and the tokenizer's directory name in the corpus.
+  std::string mix_base_dir;
+  std::string mix_tokenizer;
+  // Only for OLMo-core's dataset fingerprint, which hashes them (reported in the manifest, checked against an
+  // OLMo-core checkpoint): the pad and bos ids its run configured; -1: unknown / none.
+  int64_t pad_id = -1;
+  int64_t bos_id = -1;
+  // Start the data order where an OLMo-core run's loader stopped: its checkpoint (save folder or stepN).
+  std::string olmo_core_state;
 };
 
 struct CheckpointConfig {
@@ -54,6 +67,13 @@ struct EvalConfig {
   uint64_t seed = 0;                     // bootstrap RNG seed (counter-based, RngPurpose::bootstrap)
 };
 
+// Where the step-0 weights come from (train/weights.h). Empty: the init (model.init_std, model.init_seed). Written by
+// to_toml only when set, so the configs and hashes of runs that start from the init are what they always were.
+struct InitConfig {
+  std::string hf_dir;     // a Hugging Face Olmo 3 checkpoint (`train --init-from-hf DIR`); a path, not hashed
+  std::string hf_sha256;  // its weights' SHA-256 (filled at the start of the run; part of resume_hash)
+};
+
 struct TrainConfig {
   ModelConfig model;
   TrainLoopConfig train;
@@ -62,6 +82,7 @@ struct TrainConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   EvalConfig eval;
+  InitConfig init;
   std::string source_path;   // the TOML file it came from (empty when built in code)
   std::vector<std::string> overrides;
 

@@ -1,5 +1,9 @@
 #include "train/manifest.h"
 
+#include "data/dataset.h"
+#include "interop/olmo_core_data.h"
+#include "train/batch_source.h"
+
 #include <sys/utsname.h>
 
 #include <fstream>
@@ -52,6 +56,19 @@ void write_run_manifest(const std::string& path, const TrainConfig& cfg, int thr
   j["dp_replicate"] = dp_replicate;
   j["n_params"] = cfg.model.n_params();
   j["flops_per_token"] = cfg.model.flops_per_token(cfg.train.seq_len);
+  // The dataset both ways: olmoref's fingerprint (checkpoints check it) and OLMo-core's (what an OLMo-core run over
+  // the same files records; it hashes the pad and bos ids too), so the two runs can be matched by their manifests.
+  try {
+    const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
+    nlohmann::json d = {{"fingerprint", ds.fingerprint()}, {"instances", ds.size()}};
+    if (ds.eos_id() && cfg.data.pad_id >= 0)
+      d["olmo_core_fingerprint"] = interop::olmo_core_fingerprint_of(ds, cfg.data.pad_id, cfg.data.bos_id);
+    else
+      d["olmo_core_fingerprint"] = nullptr, d["olmo_core_fingerprint_needs"] = "data.eos_id and data.pad_id";
+    j["data"] = d;
+  } catch (const std::exception& e) {
+    j["data"] = {{"error", e.what()}};
+  }
   j["build"] = build_facts();
   j["machine"] = machine_facts();
   std::ofstream out(path);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -24,7 +25,9 @@
 #include "ckpt/checkpoint.h"
 #include "train/eval.h"
 #include "train/manifest.h"
+#include "interop/olmo_core_data.h"
 #include "train/run_lock.h"
+#include "train/weights.h"
 
 namespace olmoref {
 
@@ -163,6 +166,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), init.data());
     params_.upload(init.data(), n);
   }
+  groups_ = param_groups(cfg_.optim, model_.layout());
+  pieces_ = group_pieces(model_.layout(), groups_, layout_.lo(), layout_.hi());
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<UnitGather>(*this);
     full_view_ = unit_gather_->base();
@@ -351,6 +356,28 @@ std::string Trainer::sharded_digest(const Buffer<float>& state) {
   return merkle_root(ordered).hex();
 }
 
+namespace {
+template <typename T>
+std::string bits_hex(T x) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  uint64_t u = 0;
+  std::memcpy(&u, &x, sizeof(T));
+  char b[17];
+  std::snprintf(b, sizeof b, sizeof(T) == 4 ? "%08llx" : "%016llx", static_cast<unsigned long long>(u));
+  return b;
+}
+}  // namespace
+
+// TEST ONLY: appends the whole (single-process) vector to DIR/name as raw little-endian fp32.
+void Trainer::dump_optim_state(const std::string& dir, const std::string& name, const Buffer<float>& b) const {
+  if (layout_.world() != 1) throw std::runtime_error("OLMOREF_TEST_OPTIM_DUMP is for single-process runs");
+  std::vector<float> h = host_copy(b);
+  std::filesystem::create_directories(dir);
+  std::ofstream out(dir + "/" + name, std::ios::binary | std::ios::app);
+  out.write(reinterpret_cast<const char*>(h.data()), static_cast<std::streamsize>(h.size() * sizeof(float)));
+  if (!out) throw std::runtime_error(dir + "/" + name + ": cannot write the optimizer dump");
+}
+
 StepResult Trainer::train_step() {
   if (!source_) throw std::logic_error("Trainer has no batch source");
   const auto t0 = std::chrono::steady_clock::now();
@@ -438,18 +465,68 @@ StepResult Trainer::train_step() {
     for (int64_t z : every) num_zeros += z;
   }
   const int64_t step = step_ + 1;
-  const double lr = scheduled_lr(cfg_.schedule, cfg_.optim.lr, step, cfg_.train.steps);
-  const elem::AdamWScalars adam = adamw_scalars(cfg_.optim, step, lr);
-  for (const AdamWPiece& q : adamw_pieces(cfg_.optim, model_.layout(), layout_.lo(), layout_.hi(), lr))
-    ex_->adamw(adam, q.decay, grad_shard_.data() + q.begin, params_.data() + q.begin, m_.data() + q.begin,
-               v_.data() + q.begin, q.n);
+  const double n_targets = static_cast<double>(cfg_.targets_per_step());
+  const float ce_loss = static_cast<float>(sums.ce / n_targets);
+  // OLMo-core's Scheduler.set_lr on every group before the update: steps, or tokens including this batch's.
+  const int64_t batch_tokens = static_cast<int64_t>(batch.tokens.size());
+  const SchedulePosition pos = schedule_position(cfg_.schedule, step, cfg_.train.steps, tokens_ + batch_tokens, batch_tokens);
+  const double lr = schedule_get_lr(cfg_.schedule, cfg_.optim.lr, pos.current, pos.t_max);
+  std::vector<double> group_lr(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g)
+    group_lr[g] = schedule_get_lr(cfg_.schedule, groups_[g].lr, pos.current, pos.t_max);
+  // TEST ONLY (tests/optim): OLMOREF_TEST_OPTIM_DUMP=DIR records what the optimizer is fed, for OLMo-core's own
+  // optimizer to be driven with it. Nothing else reads it.
+  const char* dump_dir = std::getenv("OLMOREF_TEST_OPTIM_DUMP");
+  if (dump_dir && step == 1) dump_optim_state(dump_dir, "params0.f32", params_);
+  int skipped = -1;
+  if (!cfg_.optim.skip_step()) {
+    std::vector<elem::AdamWScalars> adam;
+    std::vector<float> decay;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      adam.push_back(adamw_scalars(cfg_.optim, step, group_lr[g]));
+      decay.push_back(adamw_group_decay(group_lr[g], groups_[g].weight_decay));
+    }
+    for (const GroupPiece& q : pieces_)
+      ex_->adamw(adam[q.group], decay[q.group], grad_shard_.data() + q.begin, params_.data() + q.begin,
+                 m_.data() + q.begin, v_.data() + q.begin, q.n);
+  } else {
+    // SkipStepAdamW: the decision from the global CE and the pre-clip norm (the same on every rank), then OLMo-core's
+    // foreach update with the step factor in its scalars. The arithmetic runs on the host (ref/skip_step.h); a device
+    // executor's state makes the round trip until the executor has the op.
+    const float sf = skip_step_observe(cfg_.optim, skip_, ce_loss, static_cast<float>(norm));
+    std::vector<elem::SkipStepScalars> sc;
+    for (size_t g = 0; g < groups_.size(); ++g)
+      sc.push_back(skip_step_scalars(cfg_.optim, group_lr[g], groups_[g].weight_decay, skip_.step, sf));
+    std::vector<float> hg, hp, hm, hv;
+    float* g_host = const_cast<float*>(host_view(grad_shard_, hg));
+    float* p_host = const_cast<float*>(host_view(params_, hp));
+    float* m_host = const_cast<float*>(host_view(m_, hm));
+    float* v_host = const_cast<float*>(host_view(v_, hv));
+    for (const GroupPiece& q : pieces_)
+      skip_step_elements(sc[q.group], g_host + q.begin, p_host + q.begin, m_host + q.begin, v_host + q.begin, q.n, &pool_);
+    if (!ex_->host_memory()) {
+      params_.upload(p_host, len);
+      m_.upload(m_host, len);
+      v_.upload(v_host, len);
+    }
+    skip_.step = skip_step_next_count(cfg_.optim, skip_.step, sf);
+    skipped = sf == 0.0f ? 1 : 0;
+  }
+  if (dump_dir) {
+    dump_optim_state(dump_dir, "grads.f32", grad_shard_);
+    dump_optim_state(dump_dir, "params.f32", params_);
+    nlohmann::json rec = {{"step", step}, {"ce_hex", bits_hex(ce_loss)}, {"grad_norm_hex", bits_hex(static_cast<float>(norm))},
+                          {"clip_hex", bits_hex(clip)}, {"skipped", skipped}, {"current", pos.current}, {"t_max", pos.t_max},
+                          {"skip_step_count_hex", bits_hex(skip_.step)}};
+    for (double x : group_lr) rec["group_lr_hex"].push_back(bits_hex(x));
+    std::ofstream(std::string(dump_dir) + "/steps.jsonl", std::ios::app) << rec.dump() << "\n";
+  }
   step_ = step;
-  tokens_ += static_cast<int64_t>(batch.tokens.size());
+  tokens_ += batch_tokens;
   release_transients();
 
   StepResult out;
   TraceRecord& r = out.record;
-  const double n_targets = static_cast<double>(cfg_.targets_per_step());
   r.step = step;
   r.epoch = batch.epoch;
   r.loss = static_cast<float>((sums.ce + sums.z) / n_targets);
@@ -460,6 +537,7 @@ StepResult Trainer::train_step() {
   r.lr = lr;
   r.tokens = tokens_;
   r.num_zeros = num_zeros;
+  r.skipped = skipped;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
   r.param_digest = sharded_digest(params_);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -483,6 +561,7 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   meta.precision = cfg_.train.precision;
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
+  if (cfg_.optim.skip_step()) meta.optimizer_state = skip_.to_json();
   std::vector<ckpt::Segment> segments;
   for (const ParamInfo& p : model_.layout().params) segments.push_back({p.name, p.offset, p.numel});
   ckpt::SaveOptions opts;
@@ -508,6 +587,17 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   if (rank0) dir = ckpt::finish_save(root, tmp, meta, layout_.total, digests, opts);
   comm_->barrier("checkpoint: manifest written");
   return dir;
+}
+
+void Trainer::start_data_at(const nlohmann::json& loader_state) {
+  if (step_ != 0) throw std::logic_error("Trainer::start_data_at after step " + std::to_string(step_));
+  if (!source_) throw std::logic_error("Trainer::start_data_at without a batch source");
+  source_->restore(loader_state, false);
+}
+
+void Trainer::set_initial_params(const float* full) {
+  if (step_ != 0) throw std::logic_error("Trainer::set_initial_params after step " + std::to_string(step_));
+  params_.upload(full + layout_.lo(), layout_.hi() - layout_.lo());
 }
 
 void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
@@ -536,6 +626,25 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
     v_.upload(v_fresh.data(), n);
   }
   if (!opts.skip_step) step_ = meta.step;
+  if (cfg_.optim.skip_step()) {
+    // A checkpoint of a plain AdamW run (a resume with --allow-config-change) took every step and has no windows.
+    if (meta.optimizer_state.is_object()) {
+      try {
+        skip_ = SkipStepState::from_json(meta.optimizer_state);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(dir + "/manifest.json: " + e.what());
+      }
+    } else {
+      skip_ = SkipStepState{};
+      skip_.step = static_cast<float>(meta.step);
+    }
+    // TEST ONLY negative control (tests/optim): OLMOREF_TEST_DROP_SKIP_WINDOWS=1 forgets the windows, as OLMo-core's
+    // own resume does; resume-check must then report the steps that follow as different.
+    if (const char* drop = std::getenv("OLMOREF_TEST_DROP_SKIP_WINDOWS"); drop && std::string(drop) == "1") {
+      skip_.losses.clear();
+      skip_.grad_norms.clear();
+    }
+  }
   tokens_ = meta.tokens;
   if (source_ && !opts.skip_loader) source_->restore(meta.loader_state, opts.ignore_fingerprint_mismatch);
 }
@@ -646,6 +755,23 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   Parallelism par = opts.parallel;
   par.comm = &comm;
   Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
+  // [init] hf_dir: the run starts from those weights (their SHA-256 is in the config, so in every manifest and in
+  // resume_hash); a resume takes the checkpoint's weights instead.
+  if (resume_dir.empty() && !cfg.init.hf_dir.empty()) trainer.set_initial_params(initial_weights(cfg).params.data());
+  // data.olmo_core_state: the data order continues where that OLMo-core run's loader stopped (seed, epoch and
+  // tokens_processed from its checkpoint, checked against OLMo-core's fingerprint of the configured files). The trace
+  // still counts this run's steps from 1. A resume takes the checkpoint's loader state instead.
+  if (resume_dir.empty() && !cfg.data.olmo_core_state.empty()) {
+    const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
+    const data::LoaderState s = interop::olmo_core_loader_state(interop::read_olmo_core_checkpoint(cfg.data.olmo_core_state),
+                                                                ds, cfg.train.global_batch_instances, cfg.data.pad_id,
+                                                                cfg.data.bos_id);
+    trainer.start_data_at(nlohmann::json(s));
+    if (!quiet)
+      std::fprintf(stderr, "data: continuing OLMo-core's order from %s: epoch %lld after %lld batches (%lld tokens)\n",
+                   cfg.data.olmo_core_state.c_str(), static_cast<long long>(s.epoch),
+                   static_cast<long long>(s.batches_processed), static_cast<long long>(s.tokens_processed));
+  }
   if (!resume_dir.empty()) {
     trainer.resume(resume_dir, opts.resume_opts);
     if (!quiet)

@@ -15,6 +15,7 @@
 #include "model/olmo3.h"
 #include "ref/parallel.h"
 #include "train/batch_source.h"
+#include "ref/skip_step.h"
 #include "train/config.h"
 
 namespace olmoref {
@@ -56,6 +57,8 @@ class Trainer {
   const float* host_params();
   std::vector<float> adam_m() const { return host_copy(m_); }
   std::vector<float> adam_v() const { return host_copy(v_); }
+  // optim.kind = "skip_step_adamw": the loss and gradient-norm windows and the step count (checkpointed).
+  const SkipStepState& skip_state() const { return skip_; }
   const dist::Layout& layout() const { return layout_; }
   dist::Comm& comm() { return *comm_; }
   // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
@@ -78,6 +81,12 @@ class Trainer {
     bool skip_moments = false, skip_loader = false, skip_step = false;
   };
   void resume(const std::string& dir, const ResumeOptions& opts);
+  // Replaces the step-0 parameters with `full` (the whole flat vector; each rank keeps its range): a run that
+  // starts from other weights than the init ([init] hf_dir). Before the first step only.
+  void set_initial_params(const float* full);
+  // Before the first step: the batch source continues from this loader state (data.olmo_core_state: where an
+  // OLMo-core run's data loader stopped) instead of the start of epoch 1.
+  void start_data_at(const nlohmann::json& loader_state);
   int64_t tokens() const { return tokens_; }
   const BatchSource& source() const { return *source_; }
   BatchSource& source_mut() { return *source_; }
@@ -88,6 +97,7 @@ class Trainer {
 
  private:
   static std::vector<float> host_copy(const Buffer<float>& b);
+  void dump_optim_state(const std::string& dir, const std::string& name, const Buffer<float>& b) const;  // TEST ONLY
   // b on the host: b itself for host-memory executors, else its copy in `staging`.
   const float* host_view(const Buffer<float>& b, std::vector<float>& staging) const;
   // Who computes which instances of a step (ref/instance_tree.h: BatchSplit).
@@ -121,6 +131,9 @@ class Trainer {
   class UnitGather;
   std::unique_ptr<UnitGather> unit_gather_;
   float* full_view_ = nullptr;
+  std::vector<ParamGroup> groups_;  // OLMo-core's param groups (ref/optim.h)
+  std::vector<GroupPiece> pieces_;  // my range [lo, hi) cut into tensors, with their groups
+  SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
   GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
   std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
   int64_t step_ = 0;

@@ -237,3 +237,60 @@ TEST_CASE("scan counts documents by EOS and flags a missing final EOS") {
   CHECK(s.first_bad_offset == 6);
   CHECK(s.first_bad_id == 9);
 }
+
+TEST_CASE("max_target_sequence_length: files cut at multiples of it, its instances counted; the fingerprint says so") {
+  TempDir tmp;
+  // L = 8, M = 32: files of 70 and 40 tokens give 2·4 and 1·4 instances (plain: 8 and 5).
+  std::vector<std::string> paths;
+  for (const int64_t n : {int64_t{70}, int64_t{40}}) {
+    paths.push_back(tmp.file(n == 70 ? "m0.npy" : "m1.npy"));
+    write_tokens(paths.back(), pattern_tokens(n, 1, 60000), Dtype::u16);
+  }
+  DatasetOptions o = opts(8, 60000, Dtype::u16);
+  const FslDataset plain(Mix::from_paths(paths), o);
+  o.max_target_sequence_length = 32;
+  const FslDataset chunked(Mix::from_paths(paths), o);
+  CHECK(plain.size() == 13);
+  CHECK(chunked.size() == 12);
+  CHECK(chunked.chunk_instances() == 4);
+  CHECK(chunked.file_first_instance(1) == 8);
+  CHECK(chunked.locate(9).token_start == 8);
+  CHECK(chunked.fingerprint() != plain.fingerprint());
+  o.max_target_sequence_length = 8;  // equal to L: the plain dataset, fingerprint included
+  CHECK(FslDataset(Mix::from_paths(paths), o).fingerprint() == plain.fingerprint());
+  o.max_target_sequence_length = 20;
+  CHECK_THROWS_WITH_AS(FslDataset(Mix::from_paths(paths), o), doctest::Contains("multiple of the sequence length"),
+                       std::runtime_error);
+  o.max_target_sequence_length = 64;  // the 40-token file holds no chunk
+  CHECK_THROWS_WITH_AS(FslDataset(Mix::from_paths(paths), o), doctest::Contains("max_target_sequence_length 64"),
+                       std::runtime_error);
+}
+
+TEST_CASE("OLMo-core mix files: {TOKENIZER} and a base directory, read and written in its format") {
+  TempDir tmp;
+  write_bytes(tmp.file("oc.txt"), "# an OLMo-core mix\nweb,preprocessed/{TOKENIZER}/web/000.npy\n"
+                                  "code,preprocessed/{TOKENIZER}/code/000.npy\n");
+  const Mix m = Mix::parse_file(tmp.file("oc.txt"), {"/data/ai2-llm", "allenai/dolma3-tokenizer"});
+  REQUIRE(m.size() == 2);
+  CHECK(m.entries[1].path == "/data/ai2-llm/preprocessed/allenai/dolma3-tokenizer/code/000.npy");
+  CHECK(m.entries[1].label == "code");
+  CHECK_THROWS_WITH_AS(Mix::parse_file(tmp.file("oc.txt")), doctest::Contains("line 2: the path holds"),
+                       std::runtime_error);
+  // Written back in OLMo-core's form, it reads the same.
+  m.write_olmo_core_file(tmp.file("back.txt"), {"/data/ai2-llm", "allenai/dolma3-tokenizer"});
+  std::ifstream in(tmp.file("back.txt"));
+  std::string first;
+  std::getline(in, first);
+  CHECK(first == "web,preprocessed/{TOKENIZER}/web/000.npy");
+  const Mix again = Mix::parse_file(tmp.file("back.txt"), {"/data/ai2-llm", "allenai/dolma3-tokenizer"});
+  CHECK(again.entries[0].path == m.entries[0].path);
+  // What OLMo-core's parser could not read is refused: outside the base, no tokenizer in the path, a second comma.
+  CHECK_THROWS_WITH_AS(m.write_olmo_core_file(tmp.file("x.txt"), {"/elsewhere", "allenai/dolma3-tokenizer"}),
+                       doctest::Contains("not beneath the base"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.write_olmo_core_file(tmp.file("x.txt"), {"/data/ai2-llm", "gpt2"}),
+                       doctest::Contains("{TOKENIZER}"), std::invalid_argument);
+  Mix comma = m;
+  comma.entries[0].label = "a,b";
+  CHECK_THROWS_WITH_AS(comma.write_olmo_core_file(tmp.file("x.txt"), {"/data/ai2-llm", "allenai/dolma3-tokenizer"}),
+                       doctest::Contains("second comma"), std::invalid_argument);
+}

@@ -77,3 +77,14 @@ TEST_CASE("GlobalOrder rejects datasets smaller than one batch and 0-based epoch
   CHECK_THROWS_WITH_AS(GlobalOrder(1, 1, 5, 8), doctest::Contains("fewer than one global batch"), std::runtime_error);
   CHECK_THROWS_AS(GlobalOrder(1, 0, 100, 8), std::invalid_argument);
 }
+
+TEST_CASE("GlobalOrder with chunks: numpy's permutation of the chunk ids, each expanded in place (OLMo-core chunk_size)") {
+  // 42 instances in chunks of 4: 10 chunks (2 instances left out), batches of 8.
+  const std::vector<uint32_t> chunks = numpy_permutation(34521 + 2, 10);
+  const GlobalOrder order(34521, 2, 42, 8, 4);
+  CHECK(order.chunk() == 4);
+  CHECK(order.n_batches() == 5);
+  REQUIRE(order.indices().size() == 40);
+  for (size_t i = 0; i < 40; ++i) CHECK(order.indices()[i] == chunks[i / 4] * 4 + i % 4);
+  CHECK_THROWS_AS(GlobalOrder(1, 1, 40, 8, 0), std::invalid_argument);
+}

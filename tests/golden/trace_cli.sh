@@ -37,9 +37,13 @@ expect_rc 0 "PASS" -- "$BIN" trace compare "$work/a" "$work/c" --rules "$work/lo
 grep -q "first differing step: 1" "$work/report.txt"
 
 # convert: Megatron JSON and TorchTitan text read back through compare.
-"$BIN" trace convert "$work/a" --to megatron --out "$work/a.megatron.json" > /dev/null
+"$BIN" trace convert "$work/a" --to megatron --out "$work/a.megatron5.json" > /dev/null
+"$BIN" trace convert "$work/a" --to megatron --step-interval 1 --out "$work/a.megatron.json" > /dev/null
 "$BIN" trace convert "$work/a" --to steploss --out "$work/a.txt" > /dev/null
 grep -q '"lm loss"' "$work/a.megatron.json"
+grep -q '"num-zeros"' "$work/a.megatron.json"
+expect_rc 0 "(megatron, 2 steps 1..5)" -- "$BIN" trace compare "$work/a.megatron5.json" "$work/b"  # Megatron's 1, 5, ...
+expect_rc 0 "PASS: every Megatron check holds" -- "$BIN" trace compare "$work/a.megatron5.json" "$work/b" --megatron
 [ "$(wc -l < "$work/a.txt")" -eq 6 ]
 expect_rc 0 "(steploss, 6 steps 1..6)" -- "$BIN" trace compare "$work/a" "$work/a.txt"
 expect_rc 0 "(megatron, 6 steps 1..6)" -- "$BIN" trace compare "$work/a.megatron.json" "$work/b"

@@ -132,6 +132,116 @@ def main():
             if len(diff):
                 problems.append(f"{name}: step {diff[0] + 1} differs from OLMo-core's batch")
 
+        # 3. olmoref's own loader, the order an olmoref run trains in, against OLMo-core's over two epochs: plain, and
+        #    with max_target_sequence_length (files cut at multiples of it, instances shuffled in chunks of
+        #    max_target / seq_len, as the official Olmo 3 scripts set it). Then leakcheck reads the chunked run.
+        paths = runs["clean"][0]
+        for mtsl in (None, 4 * SEQ):
+            wd = tempfile.mkdtemp(dir=work)
+            ds = NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS, vocab_size=VOCAB,
+                                 dtype=np.uint16, max_target_sequence_length=mtsl)
+            ds.work_dir = wd
+            ds.prepare()
+            dl = NumpyFSLDataLoader.wrap_numpy_dataset(ds, global_batch_size=G * SEQ, seed=SEED, work_dir=wd,
+                                                       collator=DataCollator(pad_token_id=PAD), num_threads=0)
+            want = []
+            for epoch in (1, 2):
+                dl.reshuffle(epoch=epoch)
+                want += [b["input_ids"].numpy().astype(np.uint32) for b in dl]
+                dl.reset()
+            want = np.stack(want)
+            out = os.path.join(wd, "ours.u32")
+            r = run([olmoref, "data", "batches", *paths, "--vocab-size", str(VOCAB), "--dtype", "uint16", "--seq-len",
+                     str(SEQ), "--global-batch", str(G), "--seed", str(SEED), "--steps", str(want.shape[0]),
+                     "--tokens-out", out] + (["--max-target-seq-len", str(mtsl)] if mtsl else []))
+            label = f"max_target_sequence_length {mtsl}" if mtsl else "no max_target_sequence_length"
+            if r.returncode != 0:
+                problems.append(f"olmoref data batches ({label}): exit {r.returncode}: {r.stderr}")
+                continue
+            got = np.fromfile(out, dtype="<u4")
+            same = got.size == want.size and bool((got.reshape(want.shape) == want).all())
+            print(f"olmoref's loader, {label}: {want.shape[0]} steps over 2 epochs ({len(ds)} instances) vs OLMo-core's "
+                  f"NumpyFSLDataLoader (chunk_size {dl.chunk_size}): {'identical' if same else 'DIFFERENT'}")
+            if not same:
+                problems.append(f"olmoref's own order differs from OLMo-core's ({label})")
+            if mtsl:
+                # A plain dataset has another instance count here, so this case cannot pass by accident.
+                plain = NumpyFSLDataset(*paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS,
+                                        vocab_size=VOCAB, dtype=np.uint16)
+                if len(plain) == len(ds):
+                    problems.append("the max_target_sequence_length case has the plain instance count: it tests nothing")
+                cfg = os.path.join(wd, "run.toml")
+                with open(os.path.join(work, "clean", "run.toml")) as f:
+                    text = f.read()
+                with open(cfg, "w") as f:
+                    f.write(text.replace("[data]\n", f"[data]\nmax_target_sequence_length = {mtsl}\n"))
+                r = run([olmoref, "leakcheck", "--config", cfg, "--olmo-core-work-dir", wd, "--threads", "2",
+                         "--report", os.path.join(wd, "leak.json")])
+                rep = json.load(open(os.path.join(wd, "leak.json"))) if r.returncode in (0, 1) else {}
+                print(f"leakcheck of the chunked OLMo-core run: exit {r.returncode}, status {rep.get('status')}, "
+                      f"{rep.get('stream', {}).get('steps')} steps")
+                if r.returncode != 0 or rep.get("stream", {}).get("steps") != want.shape[0] // 2 * 2:
+                    problems.append(f"leakcheck of the chunked run: exit {r.returncode}\n{r.stdout}{r.stderr}")
+                r = run([olmoref, "leakcheck", "--config", os.path.join(work, "clean", "run.toml"),
+                         "--olmo-core-work-dir", wd, "--threads", "2", "--report", os.path.join(wd, "leak2.json")])
+                if r.returncode != 2:
+                    problems.append(f"the chunked run's order read without max_target_sequence_length: exit "
+                                    f"{r.returncode} (must be refused)\n{r.stderr}")
+
+        # 4. Mix files. olmoref reads OLMo-core's own shipped mixes as DataMix.build resolves them; OLMo-core's parser
+        #    reads the mix olmoref writes (--olmo-core), and olmoref's loader over it gives the same batches.
+        import contextlib
+        import pathlib
+        import olmo_core.data.mixes as oc_mixes
+        from olmo_core.data.mixes import DataMix
+        n_lines = n_mixes = 0
+        for member in DataMix:
+            mix_file = pathlib.Path(oc_mixes.__file__).parent / f"{member.value}.txt"
+            if not mix_file.is_file():
+                continue
+            want_paths, want_labels = member.build("/data/ai2-llm", "TOKID")
+            r = run([olmoref, "data", "mix", str(mix_file), "--mix-base-dir", "/data/ai2-llm", "--mix-tokenizer", "TOKID"])
+            got = [line.split(",", 1) for line in r.stdout.splitlines()]
+            n_mixes += 1
+            n_lines += len(want_paths)
+            if r.returncode != 0 or [p for _, p in got] != want_paths or [lab for lab, _ in got] != want_labels:
+                problems.append(f"{member.value}: olmoref resolves {len(got)} entries, DataMix.build {len(want_paths)}"
+                                f" (first difference: {next((g, w) for g, w in zip(got, zip(want_labels, want_paths)) if tuple(g) != w) if got else r.stderr})")
+        print(f"OLMo-core's shipped mixes: {n_mixes} files, {n_lines} entries, olmoref resolves every one as "
+              f"DataMix.build does" if not any("DataMix.build" in p for p in problems) else "mixes differ")
+        if n_lines < 1000:
+            problems.append(f"only {n_lines} mix entries found in OLMo-core's package: the check is too small")
+        ours_mix = os.path.join(work, "ours-olmo-core.txt")
+        r = run([olmoref, "data", "mix", *paths, "--out", ours_mix, "--olmo-core", "--mix-base-dir", work,
+                 "--mix-tokenizer", "clean", "--label", "synthetic"])
+        if r.returncode != 0:
+            problems.append(f"data mix --olmo-core: {r.stderr}")
+        else:
+            @contextlib.contextmanager
+            def ours(name):
+                yield pathlib.Path(ours_mix)
+            real = oc_mixes._get_data_mix_path
+            oc_mixes._get_data_mix_path = ours
+            try:
+                oc_paths, oc_labels = DataMix.OLMo_mix_0925.build(work, "clean")
+            finally:
+                oc_mixes._get_data_mix_path = real
+            print(f"OLMo-core's DataMix.build on the mix olmoref wrote: {len(oc_paths)} files, labels {set(oc_labels)}")
+            if [os.path.normpath(p) for p in oc_paths] != paths or set(oc_labels) != {"synthetic"}:
+                problems.append(f"OLMo-core read olmoref's mix as {oc_paths} {oc_labels}, want {paths}")
+            a = os.path.join(work, "via-mix.u32")
+            b = os.path.join(work, "via-files.u32")
+            common = ["--vocab-size", str(VOCAB), "--dtype", "uint16", "--seq-len", str(SEQ), "--global-batch", str(G),
+                      "--steps", "5"]
+            r1 = run([olmoref, "data", "batches", ours_mix, "--mix-base-dir", work, "--mix-tokenizer", "clean",
+                      "--tokens-out", a, *common])
+            r2 = run([olmoref, "data", "batches", *paths, "--tokens-out", b, *common])
+            if r1.returncode or r2.returncode or open(a, "rb").read() != open(b, "rb").read():
+                problems.append(f"batches through the OLMo-core mix differ: {r1.stderr}{r2.stderr}")
+            r = run([olmoref, "data", "mix", ours_mix, "--mix-base-dir", work])
+            if r.returncode == 0 or "data.mix_tokenizer" not in r.stderr:
+                problems.append(f"a {{TOKENIZER}} mix without a tokenizer was not refused: {r.returncode} {r.stderr}")
+
         # Where OLMo-core delivers each planted document: the first step whose batch holds 8 consecutive tokens of it.
         _, batches, _ = runs["leaky"]
         step_grams = [set(map(bytes, np.lib.stride_tricks.sliding_window_view(b, 8, axis=1).reshape(-1, 8).astype("<u4")))
@@ -180,6 +290,51 @@ def main():
         # an instance (same order, same instance count) is caught by the fingerprint alone.
         save = os.path.join(work, "save")
         fp = save_checkpoint(runs["leaky"][0], os.path.join(work, "leaky", "work"), save, last - 1)
+        # 5. olmoref continues OLMo-core's data order from that checkpoint: at its batch size, and at half of it
+        #    (OLMo-core resumes at tokens_processed // the new global batch), against OLMo-core's own loader.
+        #    And OLMo-core's fingerprint, as olmoref reports it, is the one OLMo-core recorded.
+        leaky_paths = runs["leaky"][0]
+        r = run([olmoref, "data", "inspect", *leaky_paths, "--vocab-size", str(VOCAB), "--dtype", "uint16", "--eos",
+                 str(EOS), "--pad", str(PAD), "--seq-len", str(SEQ)])
+        if f"OLMo-core fingerprint (v2.0): {fp}" not in r.stdout:
+            problems.append(f"data inspect does not report OLMo-core's fingerprint {fp}:\n{r.stdout}{r.stderr}")
+        for g in (G, G // 2):
+            ds2 = NumpyFSLDataset(*leaky_paths, sequence_length=SEQ, pad_token_id=PAD, eos_token_id=EOS,
+                                  vocab_size=VOCAB, dtype=np.uint16)
+            wd = tempfile.mkdtemp(dir=work)
+            ds2.work_dir = wd
+            ds2.prepare()
+            dl2 = NumpyFSLDataLoader(ds2, collator=DataCollator(pad_token_id=PAD), global_batch_size=g * SEQ,
+                                     work_dir=wd, seed=SEED, shuffle=True, num_threads=0)
+            state = __import__("torch").load(os.path.join(save, f"step{last - 1}", "train", "rank0.pt"),
+                                             weights_only=False)["data_loader"]
+            dl2.load_state_dict(state)
+            dl2.reshuffle(epoch=state["epoch"])
+            it = iter(dl2)
+            want_c = np.stack([next(it)["input_ids"].numpy().astype(np.uint32) for _ in range(6)])
+            out = os.path.join(wd, "cont.u32")
+            r = run([olmoref, "data", "batches", *leaky_paths, "--vocab-size", str(VOCAB), "--dtype", "uint16",
+                     "--eos", str(EOS), "--pad", str(PAD), "--seq-len", str(SEQ), "--global-batch", str(g),
+                     "--seed", "1", "--olmo-core-state", save, "--steps", "6", "--tokens-out", out])
+            got_c = np.fromfile(out, dtype="<u4") if r.returncode == 0 else np.zeros(0)
+            same = got_c.size == want_c.size and bool((got_c.reshape(want_c.shape) == want_c).all())
+            print(f"olmoref continuing OLMo-core's order after step {last - 1} at a global batch of {g}: "
+                  f"{'identical' if same else 'DIFFERENT'} to OLMo-core's next 6 batches")
+            if not same:
+                problems.append(f"continuation at global batch {g}: exit {r.returncode} {r.stderr}")
+        # `olmoref train` with data.olmo_core_state trains its step 1 on OLMo-core's step `last`.
+        tout = os.path.join(work, "train-continued")
+        r = run([olmoref, "train", "--config", os.path.join(work, "leaky", "run.toml"), "--steps", "1", "--quiet",
+                 "--no-checkpoint", "--out", tout, "--set", f'data.olmo_core_state="{save}"', "--set",
+                 f"data.pad_id={PAD}", "--set", "data.audit=true", "--threads", "2"])
+        ids = [json.loads(l)["instance"] for l in open(os.path.join(tout, "audit.jsonl"))] if r.returncode == 0 else []
+        oc_ds, oc_dl = olmo_core_loader(leaky_paths, os.path.join(work, "leaky", "work"))
+        oc_dl.reshuffle(epoch=1)
+        want_ids = list(oc_dl.get_global_indices()[(last - 1) * G:last * G])
+        print(f"olmoref train from OLMo-core's data state: step 1 = OLMo-core's step {last}: "
+              f"{'identical instances' if ids == want_ids else f'DIFFERENT {ids} vs {want_ids}'}")
+        if ids != want_ids:
+            problems.append(f"train with data.olmo_core_state: exit {r.returncode} {r.stderr[-400:]}")
         r = leak("leaky", "--olmo-core-checkpoint", save, "--olmo-core-pad-id", str(PAD))
         rep = json.load(open(os.path.join(work, "leaky.json"))) if r.returncode in (0, 1) else {}
         ck = rep.get("run", {}).get("olmo-core", {}).get("checkpoint", {})

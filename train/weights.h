@@ -1,0 +1,33 @@
+// train/weights.h — a model's fp32 weights from wherever they live: a checkpoint written by `olmoref train` (with
+// the run's own resolved config), the step-0 init of a config, or a Hugging Face Olmo 3 checkpoint the run starts
+// from (`train --init-from-hf`, the [init] section of the config).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace olmoref {
+
+struct RunWeights {
+  TrainConfig config;         // the run's resolved configuration (overrides applied)
+  std::vector<float> params;  // the flat canonical parameter vector (ref/params.h)
+  int64_t step = 0;           // optimizer steps completed (0: step-0 weights)
+};
+
+// The resolved config a checkpoint directory records (its manifest), without reading the weights.
+TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std::string>& overrides = {});
+
+// The weights of a checkpoint directory (stepNNNNNNNN, every byte verified) and the config it records.
+RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides = {});
+
+// The step-0 weights of `cfg`: the Hugging Face checkpoint of cfg.init when it names one, else the init.
+RunWeights initial_weights(const TrainConfig& cfg);
+
+// Fills cfg.init.hf_sha256 from the files in cfg.init.hf_dir (interop/hf_export.h: hf_weights_sha256), or checks
+// them against it when the config pins one. No-op without init.hf_dir. Throws naming the directory and both digests.
+void resolve_hf_init(TrainConfig& cfg);
+
+}  // namespace olmoref
