@@ -133,6 +133,20 @@ LoaderState Loader::state() const {
   return s;
 }
 
+LoaderState rebatched_state(const LoaderState& s, int64_t global_batch_instances) {
+  if (global_batch_instances < 1 || s.sequence_length < 1)
+    throw std::invalid_argument("rebatched_state: a global batch of " + std::to_string(global_batch_instances) +
+                                " instances of " + std::to_string(s.sequence_length) + " tokens");
+  // olmoref's own states know their batch, so the tokens seen are exact; a state without one has only the count.
+  const int64_t seen = s.global_batch_instances > 0 ? s.batches_processed * s.global_batch_instances * s.sequence_length
+                                                    : s.tokens_processed;
+  LoaderState out = s;
+  out.global_batch_instances = global_batch_instances;
+  out.batches_processed = seen / (global_batch_instances * s.sequence_length);
+  out.tokens_processed = out.batches_processed * global_batch_instances * s.sequence_length;
+  return out;
+}
+
 void Loader::restore(const LoaderState& s, bool ignore_fingerprint_mismatch) {
   const FslDataset& ds = *config_.dataset;
   if (s.fingerprint != ds.fingerprint() && !ignore_fingerprint_mismatch) {

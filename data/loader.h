@@ -74,6 +74,12 @@ struct LoaderState {
 void to_json(nlohmann::json& j, const LoaderState& s);
 void from_json(const nlohmann::json& j, LoaderState& s);  // throws on missing fields / wrong format
 
+// The state that continues `s` in global batches of `global_batch_instances`, by OLMo-core's rule for a changed
+// batch size (NumpyFSLDataLoader.load_state_dict): batches_processed = tokens_processed // (G' · L) within the
+// epoch, over the same order of instances (only its cut into batches changes). When the new batches do not divide
+// the tokens already seen, the position rounds down and those instances are trained again; never skipped.
+LoaderState rebatched_state(const LoaderState& s, int64_t global_batch_instances);
+
 struct GlobalBatch {
   int64_t step = 0;            // 1-based, across epochs: (epoch-1) * batches_per_epoch + batch + 1
   int64_t epoch = 0;           // 1-based

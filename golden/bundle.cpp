@@ -112,6 +112,9 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   if (!manifest.contains("config_toml")) throw std::runtime_error(run + "/manifest.json: no config_toml");
   const TrainConfig cfg =
       parse_config_text(manifest.at("config_toml").get<std::string>(), run + "/manifest.json (config_toml)", opts.overrides);
+  // The bundle describes the optimizer as plain AdamW with the default groups, which is what the replays run.
+  if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
+    throw std::runtime_error(run + "/manifest.json: golden export: " + why);
   const std::vector<TraceRecord> trace = read_trace(run + "/trace.jsonl");
   int64_t S = static_cast<int64_t>(trace.size());
   if (opts.steps >= 0) {
@@ -255,7 +258,7 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   b["seq_len"] = T;
   b["global_batch_instances"] = G;
   b["micro_batch_instances"] = cfg.train.micro_batch_instances;
-  b["loss"] = {{"z_loss", 1e-5},
+  b["loss"] = {{"z_loss", cfg.train.z_loss},
                {"targets_per_step", cfg.targets_per_step()},
                {"definition",
                 "(sum over targets of cross-entropy + z_loss * logsumexp^2) / targets_per_step; targets are the "

@@ -98,6 +98,10 @@ struct TrainConfig {
   // data order settings). Checkpoint, logging and data paths are excluded (data is fingerprinted).
   std::string model_hash() const;
   std::string resume_hash() const;
+  // The PyTorch replays (golden/replay/replay.py, golden/parity/hf_parity.py) re-implement plain AdamW with the
+  // Olmo 3 default groups (embeddings without weight decay). Empty when this config's optimizer is that one; else
+  // what they cannot replay, naming the key, so a bundle for them is refused instead of compared wrongly.
+  std::string pytorch_replay_unsupported() const;
 };
 
 // Reads and validates FILE, applying overrides of the form "section.key=value" (value in TOML syntax;

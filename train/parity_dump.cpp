@@ -62,6 +62,8 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                                 "\": parity-dump replays training steps against Hugging Face in fp32; set "
                                 "train.precision=\"fp32\" (the bf16 recipe is compared through its logits: "
                                 "golden/parity/run_parity_bf16.sh)");
+  if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
+    throw std::invalid_argument("parity-dump: " + why);
   fs::create_directories(out_dir + "/hf");
   const std::vector<StepBatch> batches = parity_batches(cfg, steps);
   Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches));

@@ -600,6 +600,17 @@ void Trainer::set_initial_params(const float* full) {
   params_.upload(full + layout_.lo(), layout_.hi() - layout_.lo());
 }
 
+namespace {
+// A resume with --allow-config-change may change the global batch size, as OLMo-core allows: the loader continues
+// at tokens_processed // the new batch (data/loader.h rebatched_state). Other sources' states pass unchanged.
+nlohmann::json loader_state_for_resume(const nlohmann::json& saved, const TrainConfig& cfg, bool allow_config_change) {
+  if (!allow_config_change || !saved.is_object() || !saved.contains("global_batch_instances")) return saved;
+  const data::LoaderState s = saved.get<data::LoaderState>();
+  if (s.global_batch_instances == cfg.train.global_batch_instances) return saved;
+  return nlohmann::json(data::rebatched_state(s, cfg.train.global_batch_instances));
+}
+}  // namespace
+
 void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   ckpt::CheckpointMeta expect;
   expect.model_hash = cfg_.model_hash();
@@ -646,7 +657,9 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
     }
   }
   tokens_ = meta.tokens;
-  if (source_ && !opts.skip_loader) source_->restore(meta.loader_state, opts.ignore_fingerprint_mismatch);
+  if (source_ && !opts.skip_loader)
+    source_->restore(loader_state_for_resume(meta.loader_state, cfg_, opts.allow_config_change),
+                     opts.ignore_fingerprint_mismatch);
 }
 
 
@@ -730,7 +743,15 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
     if (!opts.resume_opts.skip_loader) {
       try {
-        probe->restore(meta.loader_state, opts.resume_opts.ignore_fingerprint_mismatch);
+        const nlohmann::json st = loader_state_for_resume(meta.loader_state, cfg, opts.resume_opts.allow_config_change);
+        probe->restore(st, opts.resume_opts.ignore_fingerprint_mismatch);
+        if (lead && !quiet && st != meta.loader_state)
+          std::fprintf(stderr, "resume: global batch %lld -> %lld instances: the data order continues at batch %lld of "
+                               "epoch %lld (tokens seen // the new batch, as OLMo-core resumes)\n",
+                       static_cast<long long>(meta.loader_state.value("global_batch_instances", int64_t{0})),
+                       static_cast<long long>(cfg.train.global_batch_instances),
+                       static_cast<long long>(st.value("batches_processed", int64_t{0})),
+                       static_cast<long long>(st.value("epoch", int64_t{0})));
       } catch (const std::exception& e) {
         throw std::runtime_error(resume_dir + "/manifest.json: loader_state: " + e.what());
       }

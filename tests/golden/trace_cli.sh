@@ -98,3 +98,8 @@ open(p, "wb").write(bytes(d))
 PY
 expect_rc 2 "data digest" -- "$BIN" golden export --run "$work/a" --out "$work/bundle3"
 echo "trace_cli: ok"
+
+# The PyTorch replays run plain AdamW with the default groups: bundles for other optimizers are refused, not mislabelled.
+expect_rc 2 "optim.kind" -- "$BIN" parity-dump --config "$SRC/configs/tiny.toml" --set 'optim.kind="skip_step_adamw"' --out "$work/pd"
+[ ! -e "$work/pd" ] || { echo "parity-dump left a partial bundle"; exit 1; }
+echo "trace_cli: replay refusals ok"
