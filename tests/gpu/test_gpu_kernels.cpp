@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -236,8 +237,25 @@ int check_loss() {
     const bool same = std::memcmp(got.data(), want.data(), want.size() * 8) == 0;
     std::printf("grad-norm chunks n=%lld: %s\n", (long long)n, same ? "bitwise equal" : "DIFFERENT");
     failed += !same;
-    cudaFree(dg);
     cudaFree(dout);
+    // The zero count (Megatron's num-zeros) of the same vector with zeros, -0 and a NaN planted.
+    std::vector<float> z = g;
+    for (int64_t i = 0; i < n; i += 5) z[static_cast<size_t>(i)] = (i % 2) ? -0.0f : 0.0f;
+    z[1] = std::numeric_limits<float>::quiet_NaN();
+    const int64_t want_zeros = count_zeros(z.data(), n, nullptr);
+    float* dz = to_device(z);
+    double* dcount = to_device(std::vector<double>(static_cast<size_t>(chunks)));
+    kernels::ZeroCountArgs za;
+    za.x = dz, za.n = n, za.chunk = kNormChunk, za.out = dcount;
+    kernels::zero_count_chunks_device(za);
+    cudaDeviceSynchronize();
+    int64_t got_zeros = 0;
+    for (double c : from_device(dcount, static_cast<size_t>(chunks))) got_zeros += static_cast<int64_t>(c);
+    std::printf("zero count n=%lld: %lld (host %lld)\n", (long long)n, (long long)got_zeros, (long long)want_zeros);
+    failed += got_zeros != want_zeros;
+    cudaFree(dg);
+    cudaFree(dz);
+    cudaFree(dcount);
   }
   return failed;
 }
