@@ -7,7 +7,8 @@
 # project's Debian packages: build here, run `bash tools/gpu_carry.sh`, and carry what it lists), and configures
 # and builds otherwise. Then, each bounded in time:
 #   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM, RMSNorm, attention forward/
-#     backward, cross-entropy, grad-norm chunks, embedding, RoPE, SwiGLU, AdamW, bf16 rounding, tree add, scale)
+#     backward, cross-entropy, grad-norm chunks, zero counts, embedding, RoPE, SwiGLU, AdamW, bf16 rounding, tree
+#     add, scale)
 #     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor
 #     (tests/kernels/model_cases.h), and the math functions over a dense fp32 sample, bit for bit against the CPU;
 #   - gpu-training (tests/gpu/training.sh): the golden traces through --executor cuda (tiny and small, fp32 and
