@@ -15,6 +15,18 @@ static std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
+// Temp file + rename, so a reader never sees half a mix.
+static void write_mix_atomically(const std::string& mix_path, const std::string& text) {
+  const std::string tmp = mix_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw std::runtime_error("mix file '" + mix_path + "': cannot write '" + tmp + "'");
+    out << text;
+    if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
+  }
+  fs::rename(tmp, mix_path);
+}
+
 Mix Mix::parse_file(const std::string& mix_path, const MixResolve& resolve) {
   std::ifstream in(mix_path);
   if (!in) {
@@ -70,22 +82,17 @@ Mix Mix::from_paths(const std::vector<std::string>& paths, const std::string& la
 
 void Mix::write_file(const std::string& mix_path) const {
   const fs::path dir = fs::absolute(fs::path(mix_path)).parent_path();
-  const std::string tmp = mix_path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw std::runtime_error("mix file '" + mix_path + "': cannot write '" + tmp + "'");
-    for (const auto& e : entries) {
-      fs::path p = fs::absolute(e.path).lexically_normal();
-      const fs::path rel = p.lexically_relative(dir);
-      // Relative only when the file lies beneath the mix's directory; "../" paths would break
-      // the moment the mix is copied without its neighbours.
-      std::string written = (!rel.empty() && *rel.begin() != "..") ? rel.string() : p.string();
-      if (!e.label.empty()) written = e.label + "," + written;
-      out << written << "\n";
-    }
-    if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
+  std::string text;
+  for (const auto& e : entries) {
+    fs::path p = fs::absolute(e.path).lexically_normal();
+    const fs::path rel = p.lexically_relative(dir);
+    // Relative only when the file lies beneath the mix's directory; "../" paths would break
+    // the moment the mix is copied without its neighbours.
+    std::string written = (!rel.empty() && *rel.begin() != "..") ? rel.string() : p.string();
+    if (!e.label.empty()) written = e.label + "," + written;
+    text += written + "\n";
   }
-  fs::rename(tmp, mix_path);
+  write_mix_atomically(mix_path, text);
 }
 
 void Mix::write_olmo_core_file(const std::string& mix_path, const MixResolve& resolve) const {
@@ -111,14 +118,7 @@ void Mix::write_olmo_core_file(const std::string& mix_path, const MixResolve& re
                                   "OLMo-core's parser (one split on ',') cannot read");
     text += label + "," + path + "\n";
   }
-  const std::string tmp = mix_path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw std::runtime_error("mix file '" + mix_path + "': cannot write '" + tmp + "'");
-    out << text;
-    if (!out.flush()) throw std::runtime_error("mix file '" + mix_path + "': write failed");
-  }
-  fs::rename(tmp, mix_path);
+  write_mix_atomically(mix_path, text);
 }
 
 }  // namespace olmoref::data

@@ -223,16 +223,16 @@ data::LoaderState olmo_core_loader_state(const OlmoCoreCheckpoint& c, const data
   for (const char* k : {"tokens_processed", "epoch", "seed"})
     if (!dl.contains(k) || !dl[k].is_number_integer())
       throw std::runtime_error(c.state_path + ": data_loader." + k + " is missing or not an integer");
+  // OLMo-core's state knows the tokens seen, not our batch: rebatched_state cuts them into this run's batches.
   data::LoaderState s;
   s.epoch = dl["epoch"].get<int64_t>();
   s.seed = dl["seed"].get<uint64_t>();
   s.tokens_processed = dl["tokens_processed"].get<int64_t>();
-  s.batches_processed = s.tokens_processed / (global_batch_instances * ds.sequence_length());
   s.fingerprint = ds.fingerprint();
-  s.global_batch_instances = global_batch_instances;
+  s.global_batch_instances = 0;
   s.sequence_length = ds.sequence_length();
   if (s.epoch < 1) throw std::runtime_error(c.state_path + ": data_loader.epoch " + std::to_string(s.epoch) + " (1-based)");
-  return s;
+  return data::rebatched_state(s, global_batch_instances);
 }
 
 }  // namespace olmoref::interop

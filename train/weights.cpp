@@ -37,6 +37,18 @@ RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std
   return w;
 }
 
+namespace {
+// The weights' SHA-256, refused when the config pins another one.
+std::string pinned_hf_sha256(const TrainConfig& cfg) {
+  const std::string got = hf_weights_sha256(cfg.init.hf_dir);
+  if (!cfg.init.hf_sha256.empty() && got != cfg.init.hf_sha256)
+    throw std::runtime_error(cfg.init.hf_dir + ": the weights have SHA-256 " + got + " but init.hf_sha256 is " +
+                             cfg.init.hf_sha256 + "; point init.hf_dir at the checkpoint the config pins, or drop "
+                             "init.hf_sha256 to take these weights");
+  return got;
+}
+}  // namespace
+
 RunWeights initial_weights(const TrainConfig& cfg) {
   RunWeights w;
   w.config = cfg;
@@ -47,25 +59,14 @@ RunWeights initial_weights(const TrainConfig& cfg) {
     return w;
   }
   // Verified before use: the digest is what the run's resume_hash and manifest say it started from.
-  if (!cfg.init.hf_sha256.empty()) {
-    const std::string got = hf_weights_sha256(cfg.init.hf_dir);
-    if (got != cfg.init.hf_sha256)
-      throw std::runtime_error(cfg.init.hf_dir + ": the weights have SHA-256 " + got + " but init.hf_sha256 is " +
-                               cfg.init.hf_sha256 + "; point init.hf_dir at the checkpoint the config pins, or drop "
-                               "init.hf_sha256 to take these weights");
-  }
+  if (!cfg.init.hf_sha256.empty()) pinned_hf_sha256(cfg);
   import_hf_checkpoint(cfg.init.hf_dir, cfg.model, layout, w.params.data());
   return w;
 }
 
 void resolve_hf_init(TrainConfig& cfg) {
   if (cfg.init.hf_dir.empty()) return;
-  const std::string got = hf_weights_sha256(cfg.init.hf_dir);
-  if (!cfg.init.hf_sha256.empty() && got != cfg.init.hf_sha256)
-    throw std::runtime_error(cfg.init.hf_dir + ": the weights have SHA-256 " + got + " but init.hf_sha256 is " +
-                             cfg.init.hf_sha256 + "; point init.hf_dir at the checkpoint the config pins, or drop "
-                             "init.hf_sha256 to take these weights");
-  cfg.init.hf_sha256 = got;
+  cfg.init.hf_sha256 = pinned_hf_sha256(cfg);
 }
 
 }  // namespace olmoref
