@@ -9,13 +9,15 @@
 
 namespace olmoref::elem {
 
-// a = silu(g) · u
-OLMOREF_HD inline float swiglu_forward(float g, float u) { return det::impl::siluf(g) * u; }
+// a = silu(g) · u. V is float or a SIMD register (ref/lanes.h): the same formula per lane.
+template <class V>
+OLMOREF_HD inline V swiglu_forward(V g, V u) { return det::impl::siluf(g) * u; }
 // silu'(g) = σ(g)·(1 + g·(1 − σ(g))); du = da·silu(g), dg = (da·u)·silu'(g)
-OLMOREF_HD inline void swiglu_backward(float g, float u, float da, float& dg, float& du) {
-  const float sg = det::impl::sigmoidf(g);
-  const float silu = det::impl::siluf(g);
-  const float dsilu = sg * (1.0f + g * (1.0f - sg));
+template <class V>
+OLMOREF_HD inline void swiglu_backward(V g, V u, V da, V& dg, V& du) {
+  const V sg = det::impl::sigmoidf(g);
+  const V silu = det::impl::siluf(g);
+  const V dsilu = sg * (1.0f + g * (1.0f - sg));
   du = da * silu;
   dg = (da * u) * dsilu;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ref/hd.h"
+#include "ref/lanes.h"
 
 namespace olmoref::det::impl {
 
@@ -17,36 +18,91 @@ OLMOREF_HD inline double pow2(int64_t k) {
   return hd_double(static_cast<uint64_t>(k + 1023) << 52);
 }
 
-OLMOREF_HD inline float expf(float x) {
-  // exp(x) = 2^k * exp(r), k = round(x / ln2), r = x - k*ln2 in [-ln2/2, ln2/2] (Cody–Waite, the
-  // high part of ln2 has trailing zero bits so k*ln2_hi is exact for |k| < 256).
-  if (x != x) return x;
-  if (x > 88.72283935546875f) return hd_float(0x7f800000u);
-  if (x < -87.5f) return 0.0f;
-  const float kf = hd_rint(x * 1.44269502162933349609375f);
-  float r = hd_fma(kf, -0.693145751953125f, x);
-  r = hd_fma(kf, -1.428606765330187045e-06f, r);
+// The domain limits of expf: above kExpfMax the result is +inf, below kExpfMin it is 0 (denormal results are
+// flushed by definition).
+constexpr float kExpfMax = 88.72283935546875f;
+constexpr float kExpfMin = -87.5f;
+
+// expf's arithmetic on the normal path, one source for a float and for SIMD lanes (ref/lanes.h):
+// kf = round(x / ln2), and p = exp(r) for r = x - kf*ln2 in [-ln2/2, ln2/2] (Cody–Waite: the high part of ln2
+// has trailing zero bits so kf*ln2_hi is exact for |k| < 256), so that exp(x) = p * 2^kf.
+template <class V>
+OLMOREF_HD inline V expf_exponent(V x) {
+  return lanes_rint(x * 1.44269502162933349609375f);
+}
+template <class V>
+OLMOREF_HD inline V expf_mantissa(V x, V kf) {
+  V r = lanes_fma(kf, lanes_splat<V>(-0.693145751953125f), x);
+  r = lanes_fma(kf, lanes_splat<V>(-1.428606765330187045e-06f), r);
   // Taylor polynomial to degree 7 (truncation < 6e-9 relative on |r| <= 0.347), Horner with fma.
-  float p = 1.98412698412698412698e-4f;            // 1/5040
-  p = hd_fma(p, r, 1.38888888888888888889e-3f);  // 1/720
-  p = hd_fma(p, r, 8.33333333333333333333e-3f);  // 1/120
-  p = hd_fma(p, r, 4.16666666666666666667e-2f);  // 1/24
-  p = hd_fma(p, r, 1.66666666666666666667e-1f);  // 1/6
-  p = hd_fma(p, r, 0.5f);
-  p = hd_fma(p, r, 1.0f);
-  p = hd_fma(p, r, 1.0f);
+  V p = lanes_splat<V>(1.98412698412698412698e-4f);          // 1/5040
+  p = lanes_fma(p, r, lanes_splat<V>(1.38888888888888888889e-3f));  // 1/720
+  p = lanes_fma(p, r, lanes_splat<V>(8.33333333333333333333e-3f));  // 1/120
+  p = lanes_fma(p, r, lanes_splat<V>(4.16666666666666666667e-2f));  // 1/24
+  p = lanes_fma(p, r, lanes_splat<V>(1.66666666666666666667e-1f));  // 1/6
+  p = lanes_fma(p, r, lanes_splat<V>(0.5f));
+  p = lanes_fma(p, r, lanes_splat<V>(1.0f));
+  p = lanes_fma(p, r, lanes_splat<V>(1.0f));
+  return p;
+}
+
+OLMOREF_HD inline float expf(float x) {
+  if (x != x) return x;
+  if (x > kExpfMax) return hd_float(0x7f800000u);
+  if (x < kExpfMin) return 0.0f;
+  const float kf = expf_exponent(x);
+  const float p = expf_mantissa(x, kf);
   const int k = static_cast<int>(kf);
-  // k in [-127, 128]: split the scale so each factor is a normal power of two.
+  // k in [-126, 128] on this domain: split the scale so each factor is a normal power of two.
   if (k > 127) return p * pow2f(127) * 2.0f;
   if (k < -126) return p * pow2f(-126) * pow2f(k + 126);
   return p * pow2f(k);
 }
 
+#if !defined(__CUDACC__) && defined(__AVX512F__)
+// 16 lanes of expf, each bit-identical to expf(float) above (tests/ref/test_simd.cpp checks every special value
+// and a dense sample of the fp32 range). k < -126 cannot occur on [kExpfMin, kExpfMax], so only k = 128 needs the
+// split scale: p * 2^127 * 2, and p * 2^k * 1 (exact) otherwise.
+inline __m512 expf(__m512 x) {
+  const __m512 kf = expf_exponent(x);
+  const __m512 p = expf_mantissa(x, kf);
+  const __m512i k = _mm512_cvtps_epi32(kf);
+  const __m512i k1 = _mm512_min_epi32(k, _mm512_set1_epi32(127));
+  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, _mm512_set1_epi32(127)), 23));
+  const __mmask16 big = _mm512_cmpgt_epi32_mask(k, _mm512_set1_epi32(127));
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, scale), _mm512_mask_blend_ps(big, _mm512_set1_ps(1.0f), _mm512_set1_ps(2.0f)));
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpfMin), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpfMax), _CMP_GT_OQ), y,
+                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+#endif
+
+#if !defined(__CUDACC__) && defined(__AVX2__) && defined(__FMA__)
+// 8 lanes of expf, as the 16-lane version.
+inline __m256 expf(__m256 x) {
+  const __m256 kf = expf_exponent(x);
+  const __m256 p = expf_mantissa(x, kf);
+  const __m256i k = _mm256_cvtps_epi32(kf);
+  const __m256i k1 = _mm256_min_epi32(k, _mm256_set1_epi32(127));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+  const __m256 big = _mm256_castsi256_ps(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(127)));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, scale), _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(2.0f), big));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(kExpfMin), _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)),
+                       _mm256_cmp_ps(x, _mm256_set1_ps(kExpfMax), _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+#endif
+
 OLMOREF_HD inline float logf(float x) { return static_cast<float>(log(static_cast<double>(x))); }
 
-OLMOREF_HD inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+// Templates over the lane type (float, or a SIMD register where ref/lanes.h provides one): the same formula per lane.
+template <class V>
+OLMOREF_HD inline V sigmoidf(V x) { return 1.0f / (1.0f + expf(-x)); }
 
-OLMOREF_HD inline float siluf(float x) { return x / (1.0f + expf(-x)); }
+template <class V>
+OLMOREF_HD inline V siluf(V x) { return x / (1.0f + expf(-x)); }
 
 OLMOREF_HD inline double exp(double x) {
   if (x != x) return x;

@@ -9,6 +9,7 @@
 #include "ref/mathfn.h"
 #include "ref/parallel.h"
 #include "ref/reduce.h"
+#include "ref/simd_ops.h"
 
 namespace olmoref {
 
@@ -18,6 +19,9 @@ void run(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(in
   if (pool) pool->parallel_for(n, grain, fn); else fn(0, n);
 }
 
+// The SIMD path of an op, where one runs (ref/simd_ops.h); the scalar code below is the definition it matches.
+const simd::SimdOps* simd_path() { return simd::active_simd_ops(); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -26,6 +30,10 @@ void run(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(in
 
 void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
                      ThreadPool* pool) {
+  if (const simd::SimdOps* fast = simd_path()) {
+    run(pool, R, 16, [&](int64_t b, int64_t e) { fast->rmsnorm_forward_rows(x, w, y, inv_rms, b, e, n, eps); });
+    return;
+  }
   const float inv_n = 1.0f / static_cast<float>(n);
   run(pool, R, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
@@ -41,6 +49,11 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, i
 
 void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
                       int64_t R, int64_t n, ThreadPool* pool) {
+  if (const simd::SimdOps* fast = simd_path()) {
+    run(pool, R, 16, [&](int64_t b, int64_t e) { fast->rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n); });
+    run(pool, n, 64, [&](int64_t cb, int64_t ce) { fast->rmsnorm_dw_cols(x, inv_rms, dy, dw, R, n, cb, ce); });
+    return;
+  }
   const float inv_n = 1.0f / static_cast<float>(n);
   // dx: per row, with x̂ = x·r and g = dy ⊙ w:  dx = r · (g − x̂ · mean(g ⊙ x̂)).
   run(pool, R, 16, [&](int64_t b, int64_t e) {
@@ -138,6 +151,10 @@ void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& t,
 // ---------------------------------------------------------------------------------------------
 
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool) {
+  if (const simd::SimdOps* fast = simd_path()) {
+    run(pool, n, 4096, [&](int64_t b, int64_t e) { fast->swiglu_forward(g + b, u + b, a + b, e - b); });
+    return;
+  }
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) a[i] = elem::swiglu_forward(g[i], u[i]);
   });
@@ -146,6 +163,10 @@ void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadP
 // silu'(g) = σ(g)·(1 + g·(1 − σ(g))).
 void swiglu_backward(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                      ThreadPool* pool) {
+  if (const simd::SimdOps* fast = simd_path()) {
+    run(pool, n, 4096, [&](int64_t b, int64_t e) { fast->swiglu_backward(g + b, u + b, da + b, dg + b, du + b, e - b); });
+    return;
+  }
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) elem::swiglu_backward(g[i], u[i], da[i], dg[i], du[i]);
   });
@@ -207,10 +228,25 @@ void transpose_head(const float* x, int64_t b, int64_t T, int64_t width, int64_t
   }
 }
 
+// The SIMD path for this shape, if any: fp32 (bf16's rounding points stay on the scalar definition) and a head dim
+// of whole registers.
+const simd::SimdOps* attention_simd_path(const AttentionShape& s) {
+  const simd::SimdOps* fast = simd_path();
+  if (!fast || s.precision != Precision::fp32 || s.hd % fast->lanes != 0 || s.hd / fast->lanes > 16) return nullptr;
+  return fast;
+}
+
 }  // namespace
 
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
                        float* row_max, float* row_sum, ThreadPool* pool) {
+  if (const simd::SimdOps* fast = attention_simd_path(s)) {
+    run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
+      std::vector<float> scratch(fast->attention_forward_scratch(s));
+      fast->attention_forward(s, q, k, v, out, row_max, row_sum, tb, te, scratch.data());
+    });
+    return;
+  }
   const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV;
   run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> kt(static_cast<size_t>(hd * T)), sc(static_cast<size_t>(T)), acc(static_cast<size_t>(hd));
@@ -258,6 +294,13 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
   // Per-query-head dk/dv before the group sum: [B, H, T, hd].
   std::vector<float> dk_head(static_cast<size_t>(s.B * s.H * T * hd));
   std::vector<float> dv_head(static_cast<size_t>(s.B * s.H * T * hd));
+  if (const simd::SimdOps* fast = attention_simd_path(s)) {
+    run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
+      std::vector<float> scratch(fast->attention_backward_scratch(s));
+      fast->attention_backward(s, q, k, v, out, row_max, row_sum, dout, dq, dk_head.data(), dv_head.data(), tb, te,
+                               scratch.data());
+    });
+  } else
   run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> kt(static_cast<size_t>(hd * T)), vt(static_cast<size_t>(hd * T));
     std::vector<float> P(static_cast<size_t>(T * T)), dS(static_cast<size_t>(T * T));
@@ -404,6 +447,7 @@ LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, i
   const int64_t R = B * T;
   std::vector<double> ce_terms(static_cast<size_t>(R), 0.0), z_terms(static_cast<size_t>(R), 0.0);
   const float inv_n = 1.0f / static_cast<float>(global_n_targets);
+  const simd::SimdOps* fast = simd_path();
   run(pool, R, 4, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       float* x = logits + r * V;
@@ -413,17 +457,24 @@ LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, i
         continue;
       }
       const int64_t y = tokens[r + 1];
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+      float m, S;
       const float xy = x[y];
-      for (int64_t v = 0; v < V; ++v) x[v] = det::expf(x[v] - m);
-      const float S = canonical_sum(x, V);
+      if (fast) {
+        S = fast->exp_shift_sum(x, V, &m);
+      } else {
+        m = -std::numeric_limits<float>::infinity();
+        for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+        for (int64_t v = 0; v < V; ++v) x[v] = det::expf(x[v] - m);
+        S = canonical_sum(x, V);
+      }
       const float lse = m + det::logf(S);
       ce_terms[r] = static_cast<double>(lse - xy);
       z_terms[r] = static_cast<double>(z_coef) * static_cast<double>(lse) * static_cast<double>(lse);
       const float coef = 1.0f + 2.0f * z_coef * lse;
       const float ey = x[y];
-      for (int64_t v = 0; v < V; ++v) x[v] = ((x[v] / S) * coef) * inv_n;
+      if (fast) fast->scale_probs(x, V, S, coef, inv_n);
+      else
+        for (int64_t v = 0; v < V; ++v) x[v] = ((x[v] / S) * coef) * inv_n;
       x[y] = ((ey / S) * coef - 1.0f) * inv_n;
     }
   });

@@ -1,7 +1,12 @@
 #include "ref/parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace olmoref {
 
@@ -15,7 +20,7 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -27,29 +32,52 @@ static inline void part_range(int64_t n, int parts, int index, int64_t* begin, i
   *end = *begin + base + (index < extra ? 1 : 0);
 }
 
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Spins until done() or about kSpin has passed; true if done() held.
+template <class F>
+bool spin_until(F&& done) {
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() - start > kSpin) return done();
+  }
+}
+
+}  // namespace
+
 void ThreadPool::worker_loop(int index) {
   int64_t seen_generation = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n;
-    int parts;
-    {
+    auto ready = [&] {
+      return stopping_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen_generation;
+    };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
-      if (stopping_) return;
-      seen_generation = generation_;
-      job = job_;
-      n = job_n_;
-      parts = job_parts_;
+      start_cv_.wait(lock, ready);
     }
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen_generation = generation_.load(std::memory_order_acquire);
+    const std::function<void(int64_t, int64_t)>* job = job_;
+    const int64_t n = job_n_;
+    const int parts = job_parts_;
     if (index < parts) {
       int64_t b, e;
       part_range(n, parts, index, &b, &e);
       if (b < e) (*job)(b, e);
     }
-    {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -68,15 +96,18 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     job_ = &fn;
     job_n_ = n;
     job_parts_ = parts;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   int64_t b, e;
   part_range(n, parts, 0, &b, &e);
   fn(b, e);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(finished)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, finished);
+  }
   job_ = nullptr;
 }
 

@@ -5,6 +5,7 @@
 // of any result. Nothing here reduces floating-point values across threads.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,12 +38,16 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
+  // A hand-off is a generation bump; workers (and the caller, for completion) spin on the atomics for a few tens
+  // of microseconds before sleeping on the condition variables, since a training step hands off ~1,000 small ops
+  // and a futex wake-up costs about as much as one of them. The job fields are written before the release
+  // increment of generation_ and read after its acquire load.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_parts_ = 0;
-  int64_t generation_ = 0;
-  int pending_ = 0;
-  bool stopping_ = false;
+  std::atomic<int64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 // A process-wide default pool, sized by set_default_threads() (the CLI's --threads).

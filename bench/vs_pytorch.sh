@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# bench/vs_pytorch.sh — olmoref's CPU trainer against the PyTorch peer (Hugging Face Olmo3ForCausalLM with sdpa
+# attention + torch.optim.AdamW, fp32 eager, bench/pytorch_peer.py) on the same shapes, threads and step-0
+# weights, alternating olmoref, peer, olmoref, peer, ... so that machine noise hits both alike.
+#
+#   bash bench/vs_pytorch.sh [--threads "1 2"] [--repeats 2] [--configs "small 29m"] [--build build]
+#
+# Configs: `small` is configs/small.toml (1.6M parameters, seq 256, window 128, micro-batch 4, global 16);
+# `29m` is d_model 512, 8 layers, 8 heads, FFN 1536, seq 512, window 256, micro-batch 2, global 8.
+# Prints per config and thread count: tokens/s of each (median over the steps after the first, then the median
+# over the repeats), the ratio olmoref / PyTorch, olmoref's achieved GFLOP/s (the FLOPs its profiler counts in
+# GEMMs and attention, over the whole step time) and that as a share of the canonical GEMM's peak measured here
+# (bench_gemm's 1024^3 forward product at the same thread count); then olmoref's per-op breakdown of one
+# profiled run (--profile-ops) per config at the largest thread count.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads_list="1 2"; repeats=2; configs="small 29m"; build=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) threads_list="$2"; shift 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --configs) configs="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    *) echo "bench/vs_pytorch.sh: unknown argument '$1' (see the header for usage)" >&2; exit 2 ;;
+  esac
+done
+bin="$build/olmoref"
+[ -x "$bin" ] || { echo "bench/vs_pytorch.sh: missing $bin: run bash tools/build.sh first" >&2; exit 1; }
+py="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}/bin/python"
+[ -x "$py" ] || { echo "bench/vs_pytorch.sh: missing $py: run bash tools/setup_python.sh first" >&2; exit 1; }
+[ -f runs/demo-data/train.mix ] || bash data/demo/make_demo_corpus.sh runs/demo-data "$bin" > /dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+base=(--config configs/small.toml --set data.audit=false --set checkpoint.interval=0 --set eval.interval=0
+      --set train.log_every=1)
+declare -A shape steps seq micro global
+shape[small]=""
+seq[small]=256; micro[small]=4; global[small]=16; steps[small]=6
+shape[29m]="--set model.d_model=512 --set model.n_layers=8 --set model.n_heads=8 --set model.n_kv_heads=8 \
+--set model.ffn_hidden=1536 --set train.seq_len=512 --set model.swa_pattern=[256,256,256,-1] \
+--set train.micro_batch_instances=2 --set train.global_batch_instances=8"
+seq[29m]=512; micro[29m]=2; global[29m]=8; steps[29m]=4
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
+# olmoref's tokens/s per step, steps after the first
+olmoref_rate() { grep -E "^step" "$1" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}' | median; }
+
+# The canonical GEMM's peak here: bench_gemm's 1024^3 forward product, best of 3 repetitions.
+gemm_peak() {
+  local t=$1 exe="$build/bench/bench_gemm"
+  [ -x "$exe" ] || { echo nan; return; }
+  "$exe" --benchmark_filter="^gemm/fwd/olmoref/M:1024/N:1024/K:1024/threads:$t(/|\$)" --benchmark_repetitions=3 \
+    --benchmark_min_time=0.2 --benchmark_format=json 2>/dev/null |
+    "$py" -c 'import json,sys; d=json.load(sys.stdin); print(max(b["GFLOPS"] for b in d["benchmarks"] if b.get("run_type")=="iteration"))'
+}
+
+max_threads=$(echo $threads_list | tr ' ' '\n' | sort -n | tail -1)
+printf "%-6s %-7s %-14s %-14s %-8s %-10s %-10s\n" config threads "olmoref tok/s" "PyTorch tok/s" ratio "GFLOP/s" "of peak"
+for name in $configs; do
+  hf="$work/hf-$name"
+  # shellcheck disable=SC2086
+  "$bin" export-hf --config configs/small.toml ${shape[$name]} --out "$hf" > /dev/null
+  # FLOPs per step from one profiled run (the profiler counts GEMM and attention arithmetic; the rest is
+  # elementwise and not counted), and the per-op table printed at the end.
+  # shellcheck disable=SC2086
+  "$bin" train "${base[@]}" ${shape[$name]} --steps 2 --threads "$max_threads" --profile-ops \
+    --out "$work/$name-prof" > "$work/$name-prof.log" 2>&1
+  flops_per_step=$(awk '/^op \(/{on=1; next} on && NF>=5 && $NF ~ /^[0-9.]+$/ {s += $(NF-2) * $NF * 1e9} END {print s / 2}' \
+    "$work/$name-prof.log")
+  tokens_per_step=$(( ${seq[$name]} * ${global[$name]} ))
+  for t in $threads_list; do
+    : > "$work/o"; : > "$work/p"
+    for rep in $(seq 1 "$repeats"); do
+      # shellcheck disable=SC2086
+      "$bin" train "${base[@]}" ${shape[$name]} --steps "${steps[$name]}" --threads "$t" \
+        --out "$work/$name-$t-$rep" > "$work/run.log" 2>&1
+      olmoref_rate "$work/run.log" >> "$work/o"
+      rm -rf "$work/$name-$t-$rep"
+      "$py" bench/pytorch_peer.py "$hf" --seq-len "${seq[$name]}" --micro-batch "${micro[$name]}" \
+        --global-batch "${global[$name]}" --steps "${steps[$name]}" --threads "$t" > "$work/peer.log" 2>&1 ||
+        { cat "$work/peer.log" >&2; exit 1; }
+      tail -1 "$work/peer.log" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])' >> "$work/p"
+    done
+    o=$(median < "$work/o"); p=$(median < "$work/p")
+    peak=$(gemm_peak "$t")
+    gflops=$(awk -v f="$flops_per_step" -v r="$o" -v n="$tokens_per_step" 'BEGIN {printf "%.1f", f * r / n / 1e9}')
+    share=$(awk -v g="$gflops" -v p="$peak" 'BEGIN {if (p == "nan" || p == 0) print "n/a"; else printf "%.0f%% of %.0f", 100 * g / p, p}')
+    printf "%-6s %-7s %-14.0f %-14.0f %-8.2f %-10s %-10s\n" "$name" "$t" "$o" "$p" "$(awk -v a="$o" -v b="$p" 'BEGIN {print a / b}')" \
+      "$gflops" "$share"
+  done
+done
+echo "(median of $repeats alternating runs each; $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
+  "torch $("$py" -c 'import torch; print(torch.__version__)'), olmoref $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+for name in $configs; do
+  echo
+  echo "olmoref per-op time, $name, $max_threads thread(s), 2 steps:"
+  sed -n '/^per-op time/,$p' "$work/$name-prof.log" | tail -n +2
+done

@@ -1,0 +1,48 @@
+// ref/simd_avx2.cpp — the AVX2 path of ref/simd_ops.h (built with -mavx2 -mfma, picked at run time only where the
+// CPU has them). The register traits; the kernels are ref/simd_ops_impl.h's templates.
+#include <immintrin.h>
+
+#include "ref/simd_ops_impl.h"
+
+namespace olmoref::simd {
+namespace {
+
+struct Avx2 {
+  using V = __m256;
+  static constexpr int W = 8;
+  static constexpr int kScoreRows = 4, kScoreVecs = 2;  // 8 accumulators + 2 key registers + 1 broadcast
+  static constexpr int kChainRegs = 8;
+
+  static __m256i first(int64_t cnt) {
+    const int c = cnt >= 8 ? 8 : static_cast<int>(cnt);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V load_first(const float* p, int64_t cnt) { return _mm256_maskload_ps(p, first(cnt)); }
+  static void store_first(float* p, V v, int64_t cnt) { _mm256_maskstore_ps(p, first(cnt), v); }
+  static V add_first(V acc, V x, int64_t cnt) {
+    return _mm256_blendv_ps(acc, _mm256_add_ps(acc, x), _mm256_castsi256_ps(first(cnt)));
+  }
+  static V blend_first(V old, V now, int64_t cnt) { return _mm256_blendv_ps(old, now, _mm256_castsi256_ps(first(cnt))); }
+  static V max_keep(V x, V m) { return _mm256_max_ps(x, m); }
+  // ref/reduce.h's lane tree over lanes 0..31 held in acc[0..3].
+  static float tree32(const V* acc) {
+    alignas(32) float lane[32];
+    for (int r = 0; r < 4; ++r) _mm256_store_ps(lane + 8 * r, acc[r]);
+    for (int w = 16; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) lane[j] = lane[j] + lane[j + w];
+    return lane[0];
+  }
+};
+
+}  // namespace
+
+const SimdOps& simd_ops_avx2() {
+  static const SimdOps ops = make_simd_ops<Avx2>("avx2");
+  return ops;
+}
+
+}  // namespace olmoref::simd

@@ -1,0 +1,303 @@
+// The SIMD paths of the CPU reference (ref/simd_ops.h) against the scalar definition, bit for bit (a NaN matches
+// any NaN: which NaN an operation passes on when two meet depends on the instruction form the compiler picks, in
+// the scalar code as much as in the SIMD code, so NaN sign and payload were never part of the contract): expf, sigmoid
+// and SiLU over every special value and a dense sample of all 2^32 fp32 patterns; the canonical reductions and the
+// sequential max (signed zeros, NaN, inf, every tail length); attention forward and backward over shapes that hit
+// every edge of the banded chains (window 1, windows longer than T, full causal, GQA, T not a multiple of any
+// block, head dims of 1..8 registers, values outside a window that are NaN or inf); RMSNorm, SwiGLU and the
+// cross-entropy row. Each path the CPU has runs; the test fails if the machine has AVX2 but no path ran.
+#include <doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ref/gemm.h"
+#include "ref/mathfn.h"
+#include "ref/ops.h"
+#include "ref/parallel.h"
+#include "ref/reduce.h"
+#include "ref/simd_ops.h"
+
+using namespace olmoref;
+
+namespace {
+
+std::vector<GemmIsa> simd_isas() {
+  std::vector<GemmIsa> v;
+  for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512})
+    if (gemm_isa_supported(isa)) v.push_back(isa);
+  return v;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { set_gemm_isa(GemmIsa::best); }
+};
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// Index of the first element whose bits differ, or -1. With nan_class, two NaNs count as equal whatever their
+// sign and payload: where a NaN meets another NaN (or 0·inf makes the default one), which one an fma passes on
+// depends on its operand order, which the compiler picks per instruction form.
+int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b, bool nan_class = false) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (nan_class && std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (bits_of(a[i]) != bits_of(b[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Special values and the edges of expf's domain and of its k = 128 split, with their neighbours.
+std::vector<float> special_inputs() {
+  std::vector<float> v = {0.0f, -0.0f, INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::quiet_NaN(), from_bits(0x7f800001u), from_bits(0xffc12345u),
+                          std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(), 1.0f, -1.0f, 0.5f};
+  for (float edge : {88.72283935546875f, -87.5f, 88.0f, 88.3762626647949f, -87.3365447505531f, 44.0f, -44.0f,
+                     0.34657359f, -0.34657359f, 87.0f, -87.0f}) {
+    float x = edge;
+    for (int i = 0; i < 64; ++i) x = std::nextafter(x, -INFINITY);
+    for (int i = 0; i < 128; ++i) {
+      v.push_back(x);
+      x = std::nextafter(x, INFINITY);
+    }
+  }
+  return v;
+}
+
+template <class F>
+void check_map(const char* name, void (*simd_fn)(const float*, float*, int64_t), F scalar) {
+  // Specials, then every 61st bit pattern of all 2^32 (70 million inputs, both signs, every exponent).
+  std::vector<float> x = special_inputs();
+  const size_t n_special = x.size();
+  constexpr int64_t kChunk = 1 << 20;
+  x.resize(kChunk);
+  std::vector<float> got(kChunk);
+  int64_t checked = 0, bad = 0;
+  uint32_t first_bad = 0;
+  auto run_chunk = [&](size_t n) {
+    simd_fn(x.data(), got.data(), static_cast<int64_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      const float want = scalar(x[i]);
+      if (std::isnan(want) && std::isnan(got[i])) continue;  // NaN's sign and payload are not part of the contract
+      if (bits_of(got[i]) != bits_of(want)) {
+        if (bad++ == 0) first_bad = bits_of(x[i]);
+      }
+    }
+    checked += static_cast<int64_t>(n);
+  };
+  run_chunk(n_special);
+  uint64_t pattern = 0;
+  while (pattern < (1ull << 32)) {
+    size_t n = 0;
+    for (; n < static_cast<size_t>(kChunk) && pattern < (1ull << 32); ++n, pattern += 61)
+      x[n] = from_bits(static_cast<uint32_t>(pattern));
+    // Odd lengths so the masked tail runs too.
+    run_chunk(n > 7 ? n - 7 : n);
+  }
+  INFO(std::string(name) << ": " << bad << " of " << checked << " differ; first input bits 0x" << std::hex << first_bad);
+  CHECK(bad == 0);
+  CHECK(checked > 70000000);
+}
+
+std::vector<float> normals(int64_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("SIMD paths exist where the CPU has them, and follow the GEMM's ISA switch") {
+  IsaGuard guard;
+  set_gemm_isa(GemmIsa::scalar);
+  CHECK(simd::active_simd_ops() == nullptr);
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) CHECK(!simd_isas().empty());
+#endif
+  for (GemmIsa isa : simd_isas()) {
+    set_gemm_isa(isa);
+    REQUIRE(simd::active_simd_ops() != nullptr);
+    CHECK(std::string(simd::active_simd_ops()->name) == gemm_isa_name(isa));
+  }
+  MESSAGE("SIMD paths tested here: " << simd_isas().size());
+}
+
+TEST_CASE("SIMD expf, sigmoid and SiLU are bit-identical to the scalar definitions") {
+  for (GemmIsa isa : simd_isas()) {
+    const simd::SimdOps* ops = simd::simd_ops_for(isa);
+    REQUIRE(ops);
+    CAPTURE(gemm_isa_name(isa));
+    check_map("expf", ops->expf, [](float x) { return det::expf(x); });
+    check_map("sigmoidf", ops->sigmoidf, [](float x) { return det::sigmoidf(x); });
+    check_map("siluf", ops->siluf, [](float x) { return det::siluf(x); });
+  }
+}
+
+TEST_CASE("SIMD canonical sum, dot and sequential max: every tail, signed zeros, NaN and inf") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (GemmIsa isa : simd_isas()) {
+    const simd::SimdOps* ops = simd::simd_ops_for(isa);
+    CAPTURE(gemm_isa_name(isa));
+    for (int64_t n = 0; n <= 200; ++n) {
+      CAPTURE(n);
+      for (int variant = 0; variant < 6; ++variant) {
+        std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          a[i] = nd(rng);
+          b[i] = nd(rng);
+        }
+        if (variant == 1) for (auto& x : a) x = -0.0f;                      // sums of -0 stay -0 per lane
+        if (variant == 2) for (int64_t i = 0; i < n; ++i) a[i] = i % 3 ? -0.0f : 0.0f;  // max of mixed zeros
+        if (variant == 3 && n > 0) a[rng() % n] = std::numeric_limits<float>::quiet_NaN();
+        if (variant == 4 && n > 0) a[rng() % n] = INFINITY;
+        if (variant == 5) for (auto& x : a) x = -std::fabs(x);              // all negative: max below zero
+        CHECK(bits_of(ops->canonical_sum(a.data(), n)) == bits_of(canonical_sum(a.data(), n)));
+        CHECK(bits_of(ops->canonical_dot(a.data(), b.data(), n)) == bits_of(canonical_dot(a.data(), b.data(), n)));
+        float m = -INFINITY;
+        for (float x : a) m = std::max(m, x);
+        CHECK(bits_of(ops->row_max(a.data(), n)) == bits_of(m));
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD attention forward and backward are bit-identical to the scalar definition") {
+  IsaGuard guard;
+  struct Case {
+    int64_t B, T, H, KV, hd, window;
+  };
+  std::vector<Case> cases = {
+      {1, 1, 1, 1, 16, 0},    {2, 37, 4, 2, 16, 1},   {1, 37, 4, 2, 16, 50},  {2, 70, 4, 4, 32, 16},
+      {1, 130, 6, 2, 64, 0},  {1, 65, 2, 1, 48, 7},   {1, 200, 2, 2, 16, 128}, {1, 64, 2, 2, 128, 64},
+      {1, 129, 2, 1, 16, 64}, {1, 90, 3, 3, 80, 33},  {1, 17, 2, 2, 8, 4},    {1, 50, 2, 1, 24, 0},
+  };
+  ThreadPool pool(2);
+  for (GemmIsa isa : simd_isas()) {
+    for (const Case& c : cases) {
+      for (int poison = 0; poison < 2; ++poison) {
+        CAPTURE(gemm_isa_name(isa));
+        CAPTURE(c.T);
+        CAPTURE(c.hd);
+        CAPTURE(c.window);
+        CAPTURE(c.H);
+        CAPTURE(c.KV);
+        CAPTURE(poison);
+        AttentionShape s{c.B, c.T, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
+        const int64_t nq = c.B * c.T * c.H * c.hd, nk = c.B * c.T * c.KV * c.hd;
+        std::vector<float> q = normals(nq, 1 + static_cast<uint32_t>(c.T)), k = normals(nk, 2), v = normals(nk, 3);
+        std::vector<float> dout = normals(nq, 4);
+        if (poison && c.window > 0 && c.T > c.window + 2) {
+          // Key 0 is outside the windows of queries >= window: NaN / inf there may only reach the queries that see it.
+          v[0] = std::numeric_limits<float>::quiet_NaN();
+          k[1] = INFINITY;
+        }
+        struct Result {
+          std::vector<float> out, rmax, rsum, dq, dk, dv;
+        };
+        auto run = [&](GemmIsa path) {
+          set_gemm_isa(path);
+          Result r;
+          r.out.resize(nq);
+          r.rmax.resize(c.B * c.H * c.T);
+          r.rsum.resize(c.B * c.H * c.T);
+          r.dq.resize(nq);
+          r.dk.resize(nk);
+          r.dv.resize(nk);
+          attention_forward(s, q.data(), k.data(), v.data(), r.out.data(), r.rmax.data(), r.rsum.data(), &pool);
+          attention_backward(s, q.data(), k.data(), v.data(), r.out.data(), r.rmax.data(), r.rsum.data(),
+                             dout.data(), r.dq.data(), r.dk.data(), r.dv.data(), &pool);
+          return r;
+        };
+        const Result want = run(GemmIsa::scalar), got = run(isa);
+        CHECK(first_diff(got.out, want.out, poison) == -1);
+        CHECK(first_diff(got.rmax, want.rmax, poison) == -1);
+        CHECK(first_diff(got.rsum, want.rsum, poison) == -1);
+        CHECK(first_diff(got.dq, want.dq, poison) == -1);
+        CHECK(first_diff(got.dk, want.dk, poison) == -1);
+        CHECK(first_diff(got.dv, want.dv, poison) == -1);
+        if (poison && c.window > 0 && c.T > c.window + 2) {
+          // The poison really was outside some windows: the last query's output is finite.
+          CHECK(std::isfinite(want.out[(c.T - 1) * c.H * c.hd]));
+          CHECK(std::isnan(want.out[0]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD RMSNorm, SwiGLU and the cross-entropy row are bit-identical to the scalar definition") {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  for (GemmIsa isa : simd_isas()) {
+    CAPTURE(gemm_isa_name(isa));
+    for (int64_t n : {1, 7, 16, 31, 32, 33, 100, 128, 257, 512}) {
+      CAPTURE(n);
+      const int64_t R = 37;
+      const std::vector<float> x = normals(R * n, 11), w = normals(n, 12), dy = normals(R * n, 13);
+      auto norm = [&](GemmIsa path) {
+        set_gemm_isa(path);
+        std::vector<float> y(R * n), ir(R), dx(R * n), dw(n);
+        rmsnorm_forward(x.data(), w.data(), y.data(), ir.data(), R, n, 1e-6f, &pool);
+        rmsnorm_backward(x.data(), w.data(), ir.data(), dy.data(), dx.data(), dw.data(), R, n, &pool);
+        y.insert(y.end(), ir.begin(), ir.end());
+        y.insert(y.end(), dx.begin(), dx.end());
+        y.insert(y.end(), dw.begin(), dw.end());
+        return y;
+      };
+      CHECK(first_diff(norm(isa), norm(GemmIsa::scalar)) == -1);
+    }
+    for (int64_t n : {1, 15, 4096, 10007}) {
+      CAPTURE(n);
+      std::vector<float> g = normals(n, 21, 4.0f), u = normals(n, 22), da = normals(n, 23);
+      g[0] = -100.0f;  // expf underflow
+      if (n > 1) g[1] = std::numeric_limits<float>::quiet_NaN();
+      auto glu = [&](GemmIsa path) {
+        set_gemm_isa(path);
+        std::vector<float> a(n), dg(n), du(n);
+        swiglu_forward(g.data(), u.data(), a.data(), n, &pool);
+        swiglu_backward(g.data(), u.data(), da.data(), dg.data(), du.data(), n, &pool);
+        a.insert(a.end(), dg.begin(), dg.end());
+        a.insert(a.end(), du.begin(), du.end());
+        return a;
+      };
+      CHECK(first_diff(glu(isa), glu(GemmIsa::scalar), true) == -1);
+    }
+    for (int64_t V : {1, 33, 2048, 5003}) {
+      CAPTURE(V);
+      const int64_t B = 2, T = 9;
+      std::vector<float> logits = normals(B * T * V, 31, 3.0f);
+      std::vector<uint32_t> tokens(B * T);
+      for (int64_t i = 0; i < B * T; ++i) tokens[i] = static_cast<uint32_t>((i * 7919) % V);
+      if (V > 2) logits[V + 1] = -INFINITY;
+      auto ce = [&](GemmIsa path) {
+        set_gemm_isa(path);
+        std::vector<float> x = logits;
+        const LossSums sums = cross_entropy_forward_backward(x.data(), tokens.data(), B, T, V, 1e-4f, B * (T - 1), &pool);
+        x.push_back(static_cast<float>(sums.ce));
+        x.push_back(static_cast<float>(sums.z));
+        return std::make_pair(x, std::make_pair(sums.ce, sums.z));
+      };
+      const auto a = ce(isa), b = ce(GemmIsa::scalar);
+      CHECK(first_diff(a.first, b.first) == -1);
+      CHECK(std::memcmp(&a.second, &b.second, sizeof(a.second)) == 0);
+    }
+  }
+}
