@@ -228,11 +228,10 @@ void transpose_head(const float* x, int64_t b, int64_t T, int64_t width, int64_t
   }
 }
 
-// The SIMD path for this shape, if any: fp32 (bf16's rounding points stay on the scalar definition) and a head dim
-// of whole registers.
+// The SIMD path for this shape, if any: a head dim of whole registers (at most 16 of them).
 const simd::SimdOps* attention_simd_path(const AttentionShape& s) {
   const simd::SimdOps* fast = simd_path();
-  if (!fast || s.precision != Precision::fp32 || s.hd % fast->lanes != 0 || s.hd / fast->lanes > 16) return nullptr;
+  if (!fast || s.hd % fast->lanes != 0 || s.hd / fast->lanes > 16) return nullptr;
   return fast;
 }
 

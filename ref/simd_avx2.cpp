@@ -27,6 +27,14 @@ struct Avx2 {
     return _mm256_blendv_ps(acc, _mm256_add_ps(acc, x), _mm256_castsi256_ps(first(cnt)));
   }
   static V blend_first(V old, V now, int64_t cnt) { return _mm256_blendv_ps(old, now, _mm256_castsi256_ps(first(cnt))); }
+  static V round_bf16(V x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)),
+                                       _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                            _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
   static V max_keep(V x, V m) { return _mm256_max_ps(x, m); }
   // ref/reduce.h's lane tree over lanes 0..31 held in acc[0..3].
   static float tree32(const V* acc) {

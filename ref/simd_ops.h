@@ -10,8 +10,8 @@
 // with their own -m flags and picked at run time, so a baseline build still has them. They do no threading and
 // no allocation: ref/ops.cpp splits the work (over non-reduction dimensions only) and hands them scratch.
 //
-// Not on these paths (the scalar definition runs): bf16 attention and SwiGLU (their rounding points), and
-// head dims that are not a multiple of the lane count.
+// Not on these paths (the scalar definition runs): bf16 SwiGLU, and attention head dims that are not a multiple of
+// the lane count (or above 16 registers). bf16 attention is on them, with its rounding points (docs/canonical/bf16.md).
 #pragma once
 
 #include <cstddef>

@@ -106,6 +106,13 @@ struct Kernels {
     if (j < n) S::store_first(x + j, ((S::load_first(x + j, n - j) / sv) * cv) * nv, n - j);
   }
 
+  // x = round_bf16(x) over n lanes (ref/bf16.h's rounding: nearest-even on the 16 dropped bits, NaN -> 0x7FC0).
+  static void round_bf16_row(float* x, int64_t n) {
+    int64_t j = 0;
+    for (; j + W <= n; j += W) S::store(x + j, S::round_bf16(S::load(x + j)));
+    if (j < n) S::store_first(x + j, S::round_bf16(S::load_first(x + j, n - j)), n - j);
+  }
+
   // x = x / l over n lanes (softmax probabilities from numerators).
   static void divide(float* x, int64_t n, float l) {
     const V lv = S::set1(l);
@@ -383,6 +390,7 @@ struct Kernels {
                                 float* row_max_out, float* row_sum_out, int64_t tb, int64_t te, float* scratch) {
     const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV, Tp = padded_T(T);
     const int64_t hv = hd / W;
+    const bool bf16 = s.precision == Precision::bf16;
     float* kt = scratch;
     float* sc = kt + hd * Tp;  // [kForwardRows, Tp], absolute key columns
     int64_t bnd[2][kForwardRows];
@@ -399,6 +407,7 @@ struct Kernels {
           float m;
           const float l = exp_shift_sum(row, n, &m);
           divide(row, n, l);
+          if (bf16) round_bf16_row(row, n);  // P enters the P·V product as a bf16 operand
           row_max_out[(b * s.H + h) * T + i] = m;
           row_sum_out[(b * s.H + h) * T + i] = l;
           bnd[0][r] = lo;
@@ -420,6 +429,7 @@ struct Kernels {
                                  float* dq, float* dk_head, float* dv_head, int64_t tb, int64_t te, float* scratch) {
     const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV, Tp = padded_T(T);
     const int64_t hv = hd / W;
+    const bool bf16 = s.precision == Precision::bf16;
     float* kt = scratch;
     float* vt = kt + hd * Tp;
     float* P = vt + hd * Tp;              // [kBackwardRows, Tp]: row i − i0, absolute key columns
@@ -452,16 +462,19 @@ struct Kernels {
           for (int64_t d = 0; d < hd; ++d) D = __builtin_fmaf(doh[i * qw + d], oh[i * qw + d], D);
           const V Dv = S::set1(D), sv = S::set1(s.scale);
           int64_t j = 0;
+          // bf16: dS and P enter the dq/dk/dv products as bf16 operands (P after its fp32 use in dS).
           for (; j + W <= n; j += W) {
             const V p = det::impl::expf(S::load(pr + j) - mv) / lv;
-            S::store(pr + j, p);
-            S::store(dr + j, (p * (S::load(dr + j) - Dv)) * sv);
+            const V ds = (p * (S::load(dr + j) - Dv)) * sv;
+            S::store(pr + j, bf16 ? S::round_bf16(p) : p);
+            S::store(dr + j, bf16 ? S::round_bf16(ds) : ds);
           }
           if (j < n) {
             const int64_t c = n - j;
             const V p = det::impl::expf(S::load_first(pr + j, c) - mv) / lv;
-            S::store_first(pr + j, p, c);
-            S::store_first(dr + j, (p * (S::load_first(dr + j, c) - Dv)) * sv, c);
+            const V ds = (p * (S::load_first(dr + j, c) - Dv)) * sv;
+            S::store_first(pr + j, bf16 ? S::round_bf16(p) : p, c);
+            S::store_first(dr + j, bf16 ? S::round_bf16(ds) : ds, c);
           }
           qb[r] = lo;
           qe[r] = i;
@@ -469,6 +482,8 @@ struct Kernels {
         // dq_i = chain over j = lo..i of dsc_ij · k_j
         chains_dispatch_hv<1>(nr, qb, qe, dS, Tp, 1, 0, k + b * T * kw + g * hd, kw, dq + (b * T + i0) * qw + h * hd,
                               qw, false, hv);
+        if (bf16)
+          for (int64_t r = 0; r < nr; ++r) round_bf16_row(dq + (b * T + i0 + r) * qw + h * hd, hd);
         // dk_j, dv_j continue their chains over this block's queries i in [max(j, i0), min(hi(j), i1)], for the
         // keys j in [jlo, i1] this block sees, kKeyChunk keys at a time.
         for (int64_t j0 = jlo; j0 <= i1; j0 += kKeyChunk) {
@@ -481,6 +496,10 @@ struct Kernels {
           chains_dispatch_hv<1>(nk, kb, ke, dS + j0, 1, Tp, i0, qh, qw, dkh + j0 * hd, hd, true, hv);
           chains_dispatch_hv<1>(nk, kb, ke, P + j0, 1, Tp, i0, doh, qw, dvh + j0 * hd, hd, true, hv);
         }
+      }
+      if (bf16) {  // per query head, as flash-attn's bf16 dk/dv_expanded before the GQA sum
+        round_bf16_row(dkh, T * hd);
+        round_bf16_row(dvh, T * hd);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ref/gemm.h"
 #include "ref/parallel.h"
 #include "train/config.h"
 #include "train/parity_dump.h"
@@ -25,6 +26,20 @@
 #include "train/weights.h"
 
 namespace olmoref {
+
+namespace {
+// --cpu-isa: one switch for the GEMM and the other ops' SIMD paths (ref/gemm.h, ref/simd_ops.h).
+void select_cpu_isa(const std::string& name) {
+  const GemmIsa isa = name == "scalar" ? GemmIsa::scalar
+                      : name == "avx2" ? GemmIsa::avx2
+                      : name == "avx512" ? GemmIsa::avx512
+                                         : GemmIsa::best;
+  if (!gemm_isa_supported(isa))
+    throw std::runtime_error("--cpu-isa " + name + ": this CPU (or this build) has no " + name +
+                             " path; use --cpu-isa best, or one of the paths it has (scalar always exists)");
+  set_gemm_isa(isa);
+}
+}  // namespace
 
 namespace {
 
@@ -96,6 +111,11 @@ void register_commands(CLI::App& app) {
                     "train.executor. Every executor gives the same bits, and checkpoints move between them")
         ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
     cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    auto cpu_isa = std::make_shared<std::string>("best");
+    cmd->add_option("--cpu-isa", *cpu_isa,
+                    "The CPU executor's instruction-set path: best (the widest this CPU has), scalar, avx2 or avx512; "
+                    "results do not depend on it (tier T4), only speed")
+        ->check(CLI::IsMember({"best", "scalar", "avx2", "avx512"}));
     cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     cmd->add_flag("--resume", o->resume, "Continue from the newest complete checkpoint in OUT/checkpoints");
@@ -132,6 +152,7 @@ void register_commands(CLI::App& app) {
                     "(the old order, single process); must break micro-batch invariance (T6)")
         ->check(CLI::IsMember({"balanced", "microbatch-chain"}));
     cmd->callback([=] {
+      select_cpu_isa(*cpu_isa);
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
       if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");

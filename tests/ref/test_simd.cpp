@@ -183,11 +183,13 @@ TEST_CASE("SIMD attention forward and backward are bit-identical to the scalar d
   IsaGuard guard;
   struct Case {
     int64_t B, T, H, KV, hd, window;
+    bool bf16 = false;
   };
   std::vector<Case> cases = {
       {1, 1, 1, 1, 16, 0},    {2, 37, 4, 2, 16, 1},   {1, 37, 4, 2, 16, 50},  {2, 70, 4, 4, 32, 16},
       {1, 130, 6, 2, 64, 0},  {1, 65, 2, 1, 48, 7},   {1, 200, 2, 2, 16, 128}, {1, 64, 2, 2, 128, 64},
       {1, 129, 2, 1, 16, 64}, {1, 90, 3, 3, 80, 33},  {1, 17, 2, 2, 8, 4},    {1, 50, 2, 1, 24, 0},
+      {1, 100, 4, 2, 16, 32, true}, {1, 70, 2, 1, 64, 0, true}, {2, 33, 2, 2, 8, 5, true},
   };
   ThreadPool pool(2);
   for (GemmIsa isa : simd_isas()) {
@@ -200,10 +202,15 @@ TEST_CASE("SIMD attention forward and backward are bit-identical to the scalar d
         CAPTURE(c.H);
         CAPTURE(c.KV);
         CAPTURE(poison);
+        CAPTURE(c.bf16);
         AttentionShape s{c.B, c.T, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
+        s.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
         const int64_t nq = c.B * c.T * c.H * c.hd, nk = c.B * c.T * c.KV * c.hd;
         std::vector<float> q = normals(nq, 1 + static_cast<uint32_t>(c.T)), k = normals(nk, 2), v = normals(nk, 3);
         std::vector<float> dout = normals(nq, 4);
+        if (c.bf16)  // the recipe's operands are bf16-valued
+          for (auto* x : {&q, &k, &v, &dout})
+            for (float& e : *x) e = round_bf16(e);
         if (poison && c.window > 0 && c.T > c.window + 2) {
           // Key 0 is outside the windows of queries >= window: NaN / inf there may only reach the queries that see it.
           v[0] = std::numeric_limits<float>::quiet_NaN();
