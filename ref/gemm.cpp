@@ -39,6 +39,8 @@ struct ScalarKernel {
   static constexpr int64_t MC = 64, KC = 256, NC = 1024;
   static constexpr int64_t B_DIRECT_MAX_ROWS = 32;
   static constexpr bool PACK_A_4K_COLS = true;
+  static constexpr bool PACK_A_COLS = false;
+  static constexpr bool PACK_A_ROWS = false;
 
   static void tile(int mm, int nn, int64_t kc, AMode amode, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float* c, int64_t ldc, bool load_c, const float* /*c_next*/) {

@@ -13,7 +13,8 @@
 // Per product (M tokens, W[N,K]):
 //   forward  Y = X·Wᵀ    A = X read in place (row-major),     B = Wᵀ packed (a transpose, reused by all rows)
 //   bwd-in   dX = dY·W   A = dY read in place (row-major),    B = W packed (a copy)
-//   bwd-w    dW = dYᵀ·X  A = dYᵀ read in place (column-major; AVX2 packs it when N is a multiple of 1024),
+//   bwd-w    dW = dYᵀ·X  A = dYᵀ (column-major) packed into MR panels (AVX-512 always, AVX2 when N is a
+//                        multiple of 1024; otherwise read in place),
 //                        B = X rows read in place (few row tiles) or packed
 // A generic strided A is packed into MR-tall panels. The K blocks of one C tile are visited in increasing
 // pc, and between blocks the accumulator is stored to C and reloaded (load_c), which keeps the fp32 bits: so
@@ -114,7 +115,8 @@ static inline void copy_a_block(const MatView& A, int64_t i0, int64_t mc, int64_
 // Broadcasts do not care about layout, so neither needs a transpose.
 enum AMode { kARow = 0, kACol = 1 };
 
-// Kern provides MR, NR, MC, KC, NC, B_DIRECT_MAX_ROWS, PACK_A_4K_COLS and
+// Kern provides MR, NR, MC, KC, NC, B_DIRECT_MAX_ROWS, PACK_A_4K_COLS, PACK_A_COLS (pack column-major A at any
+// stride), PACK_A_ROWS (pack row-major A too) and
 //   tile(mm, nn, kc, amode, a, lda, b, ldb, c, ldc, load_c, c_next)
 // computing C[0:mm, 0:nn] (ldc) = (load_c ? C : 0) + fmaf chain over p = 0..kc-1 of A(r,p)·b[p*ldb + j],
 // with B either an NR-wide packed panel (ldb = NR, zero beyond nn) or B's own rows (ldb = row stride; the
@@ -128,11 +130,13 @@ static void gemm_drive(const GemmTask& t) {
   // are always packed.
   const AMode amode = t.A.col_stride == 1 ? kARow : kACol;
   const bool pack_a =
-      t.A.col_stride != 1 && (t.A.row_stride != 1 || (Kern::PACK_A_4K_COLS && t.A.col_stride % 1024 == 0));
+      (t.A.col_stride == 1 && Kern::PACK_A_ROWS) ||
+      (t.A.col_stride != 1 && (t.A.row_stride != 1 || Kern::PACK_A_COLS || (Kern::PACK_A_4K_COLS && t.A.col_stride % 1024 == 0)));
   const int64_t lda = pack_a ? MR : amode == kARow ? t.A.row_stride : t.A.col_stride;
+  const AMode tile_mode = pack_a ? kACol : amode;  // a packed panel is p-major: A(r,p) = panel[p*MR + r]
   // Row-major A whose row stride is a multiple of 4 KiB (e.g. X[M, 1024]) would put all MR rows of a tile in
   // one L1 set: copy the MC x KC block to rows of stride kc + 16 floats instead (a straight copy, no transpose).
-  const bool copy_a_rows = amode == kARow && t.A.row_stride % 1024 == 0;
+  const bool copy_a_rows = !pack_a && amode == kARow && t.A.row_stride % 1024 == 0;
   // B rows are read in place when they are contiguous and this thread has few row tiles to share a packed copy
   // across (backward-weight: C is N x K, B = X with M = 4096+ rows): there packing would be a full extra pass
   // over X for little reuse. Otherwise pack: a panel in L1 with no cache-set conflicts pays off over many
@@ -163,7 +167,7 @@ static void gemm_drive(const GemmTask& t) {
                              : amode == kARow ? t.A.data + (ic + ir) * t.A.row_stride + pc
                                               : t.A.data + pc * t.A.col_stride + ic + ir;
             const float* c_next = ir + MR < mc ? c + MR * t.ldc : nullptr;
-            Kern::tile(mm, nn, kc, amode, a, copy_a_rows ? kc + 16 : lda, bp, ldb, c, t.ldc, load_c, c_next);
+            Kern::tile(mm, nn, kc, tile_mode, a, copy_a_rows ? kc + 16 : lda, bp, ldb, c, t.ldc, load_c, c_next);
           }
         }
       }
