@@ -255,25 +255,34 @@ struct Kernels {
   static void score_rows(const float* a, int64_t a_stride, int n_rows, const float* bt, int64_t Tp, int64_t hd,
                          int64_t j_begin, int64_t j_end, float scale, float* out, int64_t out_stride) {
     const V sv = S::set1(scale);
-    for (int r0 = 0; r0 < n_rows; r0 += kScoreRows) {
-      const float* ar[kScoreRows];
-      for (int r = 0; r < kScoreRows; ++r) ar[r] = a + (r0 + r < n_rows ? r0 + r : n_rows - 1) * a_stride;
-      for (int64_t j0 = j_begin; j0 <= j_end; j0 += kKeyPad) {
+    // Key tiles outer, row tiles inner: one tile of bt (hd x 64 keys, 16 KiB at hd = 64) stays in L1 for every
+    // row tile of the block instead of streaming from L2 once per row tile.
+    for (int64_t j0 = j_begin; j0 <= j_end; j0 += kKeyPad) {
+      for (int r0 = 0; r0 < n_rows; r0 += kScoreRows) {
+        const float* ar[kScoreRows];
+        for (int r = 0; r < kScoreRows; ++r) ar[r] = a + (r0 + r < n_rows ? r0 + r : n_rows - 1) * a_stride;
         V acc[kScoreRows][kScoreVecs];
+#pragma GCC unroll 8
         for (int r = 0; r < kScoreRows; ++r)
+#pragma GCC unroll 8
           for (int v = 0; v < kScoreVecs; ++v) acc[r][v] = S::zero();
         const float* bcol = bt + j0;
         for (int64_t d = 0; d < hd; ++d) {
           V bv[kScoreVecs];
+#pragma GCC unroll 8
           for (int v = 0; v < kScoreVecs; ++v) bv[v] = S::load(bcol + d * Tp + v * W);
+#pragma GCC unroll 8
           for (int r = 0; r < kScoreRows; ++r) {
             const V av = S::set1(ar[r][d]);
+#pragma GCC unroll 8
             for (int v = 0; v < kScoreVecs; ++v) acc[r][v] = lanes_fma(av, bv[v], acc[r][v]);
           }
         }
+#pragma GCC unroll 8
         for (int r = 0; r < kScoreRows; ++r) {
           if (r0 + r >= n_rows) break;
           float* o = out + (r0 + r) * out_stride + j0;
+#pragma GCC unroll 8
           for (int v = 0; v < kScoreVecs; ++v) S::store(o + v * W, acc[r][v] * sv);
         }
       }
@@ -289,46 +298,51 @@ struct Kernels {
                             int64_t coef_is, int64_t idx0, const float* src, int64_t src_stride, float* out,
                             int64_t out_stride, bool load_out) {
     V acc[R][HV];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
       for (int v = 0; v < HV; ++v)
         acc[r][v] = load_out && r < n_rows ? S::load(out + r * out_stride + v * W) : S::zero();
-    int64_t first = b[0], last = e[0], mid_lo = b[0], mid_hi = e[0];
-    for (int r = 1; r < n_rows; ++r) {
-      first = min64(first, b[r]);
-      last = max64(last, e[r]);
+    // Rows may be empty here (b > e: a chunk outside their band); they keep their accumulators untouched.
+    int64_t first = INT64_MAX, last = INT64_MIN, mid_lo = b[0], mid_hi = e[0];
+    for (int r = 0; r < n_rows; ++r) {
+      if (b[r] <= e[r]) {
+        first = min64(first, b[r]);
+        last = max64(last, e[r]);
+      }
       mid_lo = max64(mid_lo, b[r]);
       mid_hi = min64(mid_hi, e[r]);
     }
-    const bool full = n_rows == R && mid_lo <= mid_hi;
-    auto checked = [&](int64_t from, int64_t to) {
-      for (int64_t idx = from; idx <= to; ++idx) {
-        V sv[HV];
-        for (int v = 0; v < HV; ++v) sv[v] = S::load(src + idx * src_stride + v * W);
-        const float* c = coef + (idx - idx0) * coef_is;
+    // One loop with a per-index test (well predicted) rather than separate prologue/epilogue loops or a helper:
+    // the accumulators must never have their address taken, or GCC keeps them in memory.
+    const bool full = n_rows == R;
+    for (int64_t idx = first; idx <= last; ++idx) {
+      V sv[HV];
+#pragma GCC unroll 16
+      for (int v = 0; v < HV; ++v) sv[v] = S::load(src + idx * src_stride + v * W);
+      const float* c = coef + (idx - idx0) * coef_is;
+      if (full && idx >= mid_lo && idx <= mid_hi) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const V cv = S::set1(c[r * coef_rs]);
+#pragma GCC unroll 16
+          for (int v = 0; v < HV; ++v) acc[r][v] = lanes_fma(cv, sv[v], acc[r][v]);
+        }
+      } else {
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           if (r >= n_rows || idx < b[r] || idx > e[r]) continue;
           const V cv = S::set1(c[r * coef_rs]);
+#pragma GCC unroll 16
           for (int v = 0; v < HV; ++v) acc[r][v] = lanes_fma(cv, sv[v], acc[r][v]);
         }
       }
-    };
-    if (!full) {
-      checked(first, last);
-    } else {
-      checked(first, mid_lo - 1);
-      for (int64_t idx = mid_lo; idx <= mid_hi; ++idx) {
-        V sv[HV];
-        for (int v = 0; v < HV; ++v) sv[v] = S::load(src + idx * src_stride + v * W);
-        const float* c = coef + (idx - idx0) * coef_is;
-        for (int r = 0; r < R; ++r) {
-          const V cv = S::set1(c[r * coef_rs]);
-          for (int v = 0; v < HV; ++v) acc[r][v] = lanes_fma(cv, sv[v], acc[r][v]);
-        }
-      }
-      checked(mid_hi + 1, last);
     }
-    for (int r = 0; r < n_rows; ++r)
-      for (int v = 0; v < HV; ++v) S::store(out + r * out_stride + v * W, acc[r][v]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      if (r < n_rows)
+#pragma GCC unroll 16
+        for (int v = 0; v < HV; ++v) S::store(out + r * out_stride + v * W, acc[r][v]);
   }
 
   // Rows per banded-chain group: up to 16 accumulator registers (AVX-512; 12 for AVX2), at most 8 rows.
@@ -338,16 +352,33 @@ struct Kernels {
     return r < 1 ? 1 : (r > 8 ? 8 : r);
   }
 
-  // Chains for rows [0, n) in groups of chain_rows; the b/e arrays, coef and out are indexed by row.
+  // Chains for rows [0, n) (n <= kMaxChainRows) in groups of chain_rows; the b/e arrays, coef and out are indexed
+  // by row. The index range goes in chunks of about 16 KiB of src rows, every group through one chunk before the
+  // next, so the chunk is read from L1 by all groups; between chunks each row's accumulators are stored and
+  // reloaded (the chain continues with its bits; a row whose band starts later stores its initial zeros).
   template <int HV>
   static void chains_for_rows(int64_t n, const int64_t* b, const int64_t* e, const float* coef, int64_t coef_rs,
                               int64_t coef_is, int64_t idx0, const float* src, int64_t src_stride, float* out,
                               int64_t out_stride, bool load_out) {
     constexpr int R = chain_rows<HV>();
-    for (int64_t r0 = 0; r0 < n; r0 += R) {
-      const int nr = static_cast<int>(min64(R, n - r0));
-      banded_chains<R, HV>(nr, b + r0, e + r0, coef + r0 * coef_rs, coef_rs, coef_is, idx0, src, src_stride,
-                           out + r0 * out_stride, out_stride, load_out);
+    constexpr int64_t kChunk = 4096 / (HV * W) < 16 ? 16 : 4096 / (HV * W);
+    int64_t first = b[0], last = e[0];
+    for (int64_t r = 1; r < n; ++r) {
+      first = min64(first, b[r]);
+      last = max64(last, e[r]);
+    }
+    int64_t cb[kMaxChainRows], ce[kMaxChainRows];
+    for (int64_t c0 = first; c0 <= last; c0 += kChunk) {
+      const int64_t c1 = min64(last, c0 + kChunk - 1);
+      for (int64_t r = 0; r < n; ++r) {
+        cb[r] = max64(b[r], c0);
+        ce[r] = min64(e[r], c1);
+      }
+      for (int64_t r0 = 0; r0 < n; r0 += R) {
+        const int nr = static_cast<int>(min64(R, n - r0));
+        banded_chains<R, HV>(nr, cb + r0, ce + r0, coef + r0 * coef_rs, coef_rs, coef_is, idx0, src, src_stride,
+                             out + r0 * out_stride, out_stride, load_out || c0 > first);
+      }
     }
   }
 
@@ -366,7 +397,8 @@ struct Kernels {
   }
 
   static constexpr int64_t kMaxHeadRegs = 16;  // hd <= 16 registers (256 with AVX-512, 128 with AVX2)
-  static constexpr int64_t kForwardRows = 8;
+  static constexpr int64_t kForwardRows = 32;
+  static constexpr int64_t kMaxChainRows = 64;  // rows per chains_for_rows call (kBackwardRows, kKeyChunk)
   static constexpr int64_t kBackwardRows = 64;
   static constexpr int64_t kKeyChunk = 64;
 
@@ -378,9 +410,14 @@ struct Kernels {
   // Transposes one head of x [B*T, width] (instance b, columns head*hd ..) into xt [hd, Tp], padding zeroed.
   static void transpose_head(const float* x, int64_t b, int64_t T, int64_t Tp, int64_t width, int64_t head,
                              int64_t hd, float* xt) {
-    for (int64_t t = 0; t < T; ++t) {
-      const float* src = x + (b * T + t) * width + head * hd;
-      for (int64_t d = 0; d < hd; ++d) xt[d * Tp + t] = src[d];
+    // 16 rows at a time: their hd floats stay in L1 while each xt row gets 16 contiguous floats.
+    const float* base = x + b * T * width + head * hd;
+    for (int64_t t0 = 0; t0 < T; t0 += 16) {
+      const int64_t t1 = min64(T, t0 + 16);
+      for (int64_t d = 0; d < hd; ++d) {
+        float* dst = xt + d * Tp;
+        for (int64_t t = t0; t < t1; ++t) dst[t] = base[t * width + d];
+      }
     }
     for (int64_t d = 0; d < hd; ++d)
       for (int64_t t = T; t < Tp; ++t) xt[d * Tp + t] = 0.0f;

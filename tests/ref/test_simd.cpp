@@ -190,6 +190,8 @@ TEST_CASE("SIMD attention forward and backward are bit-identical to the scalar d
       {1, 130, 6, 2, 64, 0},  {1, 65, 2, 1, 48, 7},   {1, 200, 2, 2, 16, 128}, {1, 64, 2, 2, 128, 64},
       {1, 129, 2, 1, 16, 64}, {1, 90, 3, 3, 80, 33},  {1, 17, 2, 2, 8, 4},    {1, 50, 2, 1, 24, 0},
       {1, 100, 4, 2, 16, 32, true}, {1, 70, 2, 1, 64, 0, true}, {2, 33, 2, 2, 8, 5, true},
+      // Bands longer than one chunk of the chained index (256 keys at hd 16, 128 at hd 32, 64 at hd 64).
+      {1, 600, 2, 1, 16, 0},  {1, 300, 2, 2, 32, 170}, {1, 200, 1, 1, 64, 150, true},
   };
   ThreadPool pool(2);
   for (GemmIsa isa : simd_isas()) {
