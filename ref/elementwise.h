@@ -13,10 +13,13 @@ namespace olmoref::elem {
 template <class V>
 OLMOREF_HD inline V swiglu_forward(V g, V u) { return det::impl::siluf(g) * u; }
 // silu'(g) = σ(g)·(1 + g·(1 − σ(g))); du = da·silu(g), dg = (da·u)·silu'(g)
+// σ(g) = 1 / (1 + expf(−g)) and silu(g) = g / (1 + expf(−g)) share expf(−g) and the denominator (the same
+// operations as det::impl::sigmoidf and siluf, evaluated once).
 template <class V>
 OLMOREF_HD inline void swiglu_backward(V g, V u, V da, V& dg, V& du) {
-  const V sg = det::impl::sigmoidf(g);
-  const V silu = det::impl::siluf(g);
+  const V den = 1.0f + det::impl::expf(-g);
+  const V sg = 1.0f / den;
+  const V silu = g / den;
   const V dsilu = sg * (1.0f + g * (1.0f - sg));
   du = da * silu;
   dg = (da * u) * dsilu;
