@@ -17,13 +17,19 @@
 
 namespace olmoref {
 
-// ---- one float ----
+// ---- one float, one double ----
 OLMOREF_HD inline float lanes_fma(float a, float b, float c) { return hd_fma(a, b, c); }
+OLMOREF_HD inline double lanes_fma(double a, double b, double c) { return hd_fma(a, b, c); }
 OLMOREF_HD inline float lanes_rint(float x) { return hd_rint(x); }
+// A constant in every lane (float constants for float lanes, double constants for double lanes).
 template <class V>
 OLMOREF_HD inline V lanes_splat(float c);
+template <class V>
+OLMOREF_HD inline V lanes_splat(double c);
 template <>
 OLMOREF_HD inline float lanes_splat<float>(float c) { return c; }
+template <>
+OLMOREF_HD inline double lanes_splat<double>(double c) { return c; }
 
 #if !defined(__CUDACC__) && defined(__AVX512F__)
 // ---- 16 floats ----
@@ -31,6 +37,9 @@ inline __m512 lanes_fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a
 inline __m512 lanes_rint(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 template <>
 inline __m512 lanes_splat<__m512>(float c) { return _mm512_set1_ps(c); }
+inline __m512d lanes_fma(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
+template <>
+inline __m512d lanes_splat<__m512d>(double c) { return _mm512_set1_pd(c); }
 #endif
 
 #if !defined(__CUDACC__) && defined(__AVX2__) && defined(__FMA__)
@@ -39,6 +48,9 @@ inline __m256 lanes_fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a
 inline __m256 lanes_rint(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 template <>
 inline __m256 lanes_splat<__m256>(float c) { return _mm256_set1_ps(c); }
+inline __m256d lanes_fma(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+template <>
+inline __m256d lanes_splat<__m256d>(double c) { return _mm256_set1_pd(c); }
 #endif
 
 }  // namespace olmoref

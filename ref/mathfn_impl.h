@@ -122,6 +122,20 @@ OLMOREF_HD inline double exp(double x) {
   return p * pow2(static_cast<int64_t>(kd));
 }
 
+// log's arithmetic once the argument is split as x = m · 2^e with m in [sqrt(1/2), sqrt(2)) (ed = e as a double):
+// log(m) = 2 atanh(s), s = (m-1)/(m+1), odd series to s^25 (truncation < 1e-19), plus e·ln2 as two fmas. One
+// source for a double and for SIMD lanes of doubles (the vector logf below).
+template <class V>
+OLMOREF_HD inline V log_reduced(V m, V ed) {
+  const V s = (m - 1.0) / (m + 1.0);
+  const V s2 = s * s;
+  V q = lanes_splat<V>(1.0 / 25.0);
+  for (int k = 23; k >= 1; k -= 2) q = lanes_fma(q, s2, lanes_splat<V>(1.0 / k));
+  const V log_m = 2.0 * s * q;
+  return lanes_fma(ed, lanes_splat<V>(6.93147180369123816490e-01),
+                   lanes_fma(ed, lanes_splat<V>(1.90821492927058770002e-10), log_m));
+}
+
 OLMOREF_HD inline double log(double x) {
   if (x != x || x < 0.0) return hd_double(0x7ff8000000000000ull);
   if (x == 0.0) return -hd_double(0x7ff0000000000000ull);
@@ -140,15 +154,65 @@ OLMOREF_HD inline double log(double x) {
     m *= 0.5;
     e += 1;
   }
-  // log(m) = 2 atanh(s), s = (m-1)/(m+1): odd series to s^25 (truncation < 1e-19).
-  const double s = (m - 1.0) / (m + 1.0);
-  const double s2 = s * s;
-  double q = 1.0 / 25.0;
-  for (int k = 23; k >= 1; k -= 2) q = hd_fma(q, s2, 1.0 / k);
-  const double log_m = 2.0 * s * q;
-  const double ed = static_cast<double>(e);
-  return hd_fma(ed, 6.93147180369123816490e-01, hd_fma(ed, 1.90821492927058770002e-10, log_m));
+  return log_reduced(m, static_cast<double>(e));
 }
+
+#if !defined(__CUDACC__) && defined(__AVX512F__) && defined(__AVX512DQ__)
+// 8 lanes of log(double) for arguments that are floats widened to double (so never subnormal as doubles): the
+// exponent split as above, the sqrt(2) adjustment as a blend (m·0.5 and e + 1 are exact either way).
+inline __m512d log_of_float_lanes(__m512d x) {
+  const __m512i u = _mm512_castpd_si512(x);
+  const __m512d ed0 = _mm512_cvtepi64_pd(
+      _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(u, 52), _mm512_set1_epi64(0x7ff)), _mm512_set1_epi64(1023)));
+  const __m512d m0 = _mm512_castsi512_pd(_mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi64(0x000fffffffffffffLL)),
+                                                         _mm512_set1_epi64(0x3ff0000000000000LL)));
+  const __mmask8 big = _mm512_cmp_pd_mask(m0, _mm512_set1_pd(1.4142135623730951), _CMP_GT_OQ);
+  const __m512d m = _mm512_mask_blend_pd(big, m0, _mm512_mul_pd(m0, _mm512_set1_pd(0.5)));
+  const __m512d ed = _mm512_mask_blend_pd(big, ed0, _mm512_add_pd(ed0, _mm512_set1_pd(1.0)));
+  __m512d y = log_reduced(m, ed);
+  y = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_set1_pd(0.0), _CMP_EQ_OQ), y,
+                           _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(0xfff0000000000000ull))));
+  y = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff0000000000000LL)), _CMP_EQ_OQ),
+                           y, x);
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q) | _mm512_cmp_pd_mask(x, _mm512_set1_pd(0.0), _CMP_LT_OQ);
+  return _mm512_mask_blend_pd(nan, y, _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff8000000000000LL)));
+}
+// 16 lanes of logf = float(log(double(x))).
+inline __m512 logf(__m512 x) {
+  const __m512d lo = log_of_float_lanes(_mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+  const __m512d hi = log_of_float_lanes(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+#endif
+
+#if !defined(__CUDACC__) && defined(__AVX2__) && defined(__FMA__)
+// 4 lanes of log(double) for floats widened to double, as the AVX-512 version (AVX2 has no int64 -> double
+// conversion: the biased exponent b < 2^11 becomes a double exactly as bits(2^52 + b) − 2^52).
+inline __m256d log_of_float_lanes(__m256d x) {
+  const __m256i u = _mm256_castpd_si256(x);
+  const __m256i b = _mm256_and_si256(_mm256_srli_epi64(u, 52), _mm256_set1_epi64x(0x7ff));
+  const __m256d two52 = _mm256_set1_pd(4503599627370496.0);
+  const __m256d bd = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(b, _mm256_castpd_si256(two52))), two52);
+  const __m256d ed0 = _mm256_sub_pd(bd, _mm256_set1_pd(1023.0));
+  const __m256d m0 = _mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi64x(0x000fffffffffffffLL)),
+                                                         _mm256_set1_epi64x(0x3ff0000000000000LL)));
+  const __m256d big = _mm256_cmp_pd(m0, _mm256_set1_pd(1.4142135623730951), _CMP_GT_OQ);
+  const __m256d m = _mm256_blendv_pd(m0, _mm256_mul_pd(m0, _mm256_set1_pd(0.5)), big);
+  const __m256d ed = _mm256_blendv_pd(ed0, _mm256_add_pd(ed0, _mm256_set1_pd(1.0)), big);
+  __m256d y = log_reduced(m, ed);
+  y = _mm256_blendv_pd(y, _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(0xfff0000000000000ull))),
+                       _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_EQ_OQ));
+  y = _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7ff0000000000000LL)), _CMP_EQ_OQ));
+  const __m256d nan = _mm256_or_pd(_mm256_cmp_pd(x, x, _CMP_UNORD_Q), _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_LT_OQ));
+  return _mm256_blendv_pd(y, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7ff8000000000000LL)), nan);
+}
+// 8 lanes of logf = float(log(double(x))).
+inline __m256 logf(__m256 x) {
+  const __m256d lo = log_of_float_lanes(_mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+  const __m256d hi = log_of_float_lanes(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+}
+#endif
 
 // sin and cos on |r| <= pi/4 by Taylor series (truncation < 1e-19).
 OLMOREF_HD inline double sin_kernel(double r) {

@@ -1,5 +1,5 @@
 // ref/simd_ops.h — the AVX-512 and AVX2 paths of the CPU reference's non-GEMM ops (attention, softmax over the
-// vocabulary, RMSNorm, SwiGLU, expf/sigmoid/SiLU). The scalar code in ref/ops.cpp and ref/mathfn_impl.h is the
+// vocabulary, RMSNorm, SwiGLU, expf/logf/sigmoid/SiLU). The scalar code in ref/ops.cpp and ref/mathfn_impl.h is the
 // definition; these paths perform the same IEEE operations in the same order per output element, only many
 // outputs at once (one per SIMD lane: 16 keys, queries or columns in a zmm register), so every result is
 // bit-identical to the scalar one (tests/ref/test_simd.cpp: each path against the scalar code; golden-traces and
@@ -41,6 +41,7 @@ struct SimdOps {
   void (*swiglu_forward)(const float* g, const float* u, float* a, int64_t n);
   void (*swiglu_backward)(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n);
   void (*expf)(const float* x, float* y, int64_t n);
+  void (*logf)(const float* x, float* y, int64_t n);
   void (*sigmoidf)(const float* x, float* y, int64_t n);
   void (*siluf)(const float* x, float* y, int64_t n);
 

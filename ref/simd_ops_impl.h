@@ -149,6 +149,7 @@ struct Kernels {
     if (i < n) S::store_first(y + i, F(S::load_first(x + i, n - i)), n - i);
   }
   static V expf_v(V x) { return det::impl::expf(x); }
+  static V logf_v(V x) { return det::impl::logf(x); }
   static V sigmoid_v(V x) { return det::impl::sigmoidf(x); }
   static V silu_v(V x) { return det::impl::siluf(x); }
 
@@ -557,6 +558,7 @@ SimdOps make_simd_ops(const char* name) {
   o.swiglu_forward = &K::swiglu_forward;
   o.swiglu_backward = &K::swiglu_backward;
   o.expf = &K::template map<&K::expf_v>;
+  o.logf = &K::template map<&K::logf_v>;
   o.sigmoidf = &K::template map<&K::sigmoid_v>;
   o.siluf = &K::template map<&K::silu_v>;
   o.canonical_sum = &K::canonical_sum;

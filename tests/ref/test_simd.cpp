@@ -1,6 +1,6 @@
 // The SIMD paths of the CPU reference (ref/simd_ops.h) against the scalar definition, bit for bit (a NaN matches
 // any NaN: which NaN an operation passes on when two meet depends on the instruction form the compiler picks, in
-// the scalar code as much as in the SIMD code, so NaN sign and payload were never part of the contract): expf, sigmoid
+// the scalar code as much as in the SIMD code, so NaN sign and payload were never part of the contract): expf, logf, sigmoid
 // and SiLU over every special value and a dense sample of all 2^32 fp32 patterns; the canonical reductions and the
 // sequential max (signed zeros, NaN, inf, every tail length); attention forward and backward over shapes that hit
 // every edge of the banded chains (window 1, windows longer than T, full causal, GQA, T not a multiple of any
@@ -9,6 +9,7 @@
 #include <doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -109,7 +110,9 @@ void check_map(const char* name, void (*simd_fn)(const float*, float*, int64_t),
     // Odd lengths so the masked tail runs too.
     run_chunk(n > 7 ? n - 7 : n);
   }
-  INFO(std::string(name) << ": " << bad << " of " << checked << " differ; first input bits 0x" << std::hex << first_bad);
+  char first[16];
+  std::snprintf(first, sizeof first, "%08x", first_bad);
+  INFO(std::string(name) << ": " << bad << " of " << checked << " differ; first input bits 0x" << first);
   CHECK(bad == 0);
   CHECK(checked > 70000000);
 }
@@ -139,12 +142,13 @@ TEST_CASE("SIMD paths exist where the CPU has them, and follow the GEMM's ISA sw
   MESSAGE("SIMD paths tested here: " << simd_isas().size());
 }
 
-TEST_CASE("SIMD expf, sigmoid and SiLU are bit-identical to the scalar definitions") {
+TEST_CASE("SIMD expf, logf, sigmoid and SiLU are bit-identical to the scalar definitions") {
   for (GemmIsa isa : simd_isas()) {
     const simd::SimdOps* ops = simd::simd_ops_for(isa);
     REQUIRE(ops);
     CAPTURE(gemm_isa_name(isa));
     check_map("expf", ops->expf, [](float x) { return det::expf(x); });
+    check_map("logf", ops->logf, [](float x) { return det::logf(x); });
     check_map("sigmoidf", ops->sigmoidf, [](float x) { return det::sigmoidf(x); });
     check_map("siluf", ops->siluf, [](float x) { return det::siluf(x); });
   }
