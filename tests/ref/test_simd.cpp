@@ -38,16 +38,8 @@ struct IsaGuard {
   ~IsaGuard() { set_gemm_isa(GemmIsa::best); }
 };
 
-uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+uint32_t bits_of(float x) { return det::bits(x); }
+float from_bits(uint32_t u) { return det::from_bits(u); }
 
 // Index of the first element whose bits differ, or -1. With nan_class, two NaNs count as equal whatever their
 // sign and payload: where a NaN meets another NaN (or 0·inf makes the default one), which one an fma passes on
