@@ -60,6 +60,8 @@ gemm_peak() {
 }
 
 max_threads=$(echo $threads_list | tr ' ' '\n' | sort -n | tail -1)
+declare -A peak_of
+for t in $threads_list; do peak_of[$t]=$(gemm_peak "$t"); done  # once per thread count, not per config
 printf "%-6s %-7s %-22s %-22s %-6s %-8s %-12s\n" config threads "olmoref tok/s (median)" "PyTorch tok/s (median)" ratio "GFLOP/s" "of GEMM peak"
 for name in $configs; do
   hf="$work/hf-$name"
@@ -87,7 +89,7 @@ for name in $configs; do
       peer_rates "$work/peer.log" >> "$work/p"
     done
     o=$(best < "$work/o"); p=$(best < "$work/p"); om=$(median < "$work/o"); pm=$(median < "$work/p")
-    peak=$(gemm_peak "$t")
+    peak=${peak_of[$t]}
     gflops=$(awk -v f="$flops_per_step" -v r="$o" -v n="$tokens_per_step" 'BEGIN {printf "%.1f", f * r / n / 1e9}')
     share=$(awk -v g="$gflops" -v p="$peak" 'BEGIN {if (p == "nan" || p == 0) print "n/a"; else printf "%.0f%% of %.0f", 100 * g / p, p}')
     printf "%-6s %-7s %-22s %-22s %-6.2f %-8s %-12s\n" "$name" "$t" "$(printf '%.0f (%.0f)' "$o" "$om")" \

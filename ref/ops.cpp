@@ -299,7 +299,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       fast->attention_backward(s, q, k, v, out, row_max, row_sum, dout, dq, dk_head.data(), dv_head.data(), tb, te,
                                scratch.data());
     });
-  } else
+  } else {  // the scalar definition
   run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> kt(static_cast<size_t>(hd * T)), vt(static_cast<size_t>(hd * T));
     std::vector<float> P(static_cast<size_t>(T * T)), dS(static_cast<size_t>(T * T));
@@ -373,6 +373,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       }
     }
   });
+  }
   // Group sum over query heads, ascending.
   run(pool, s.B * T, 16, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {

@@ -36,14 +36,6 @@ struct Avx2 {
                             _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   }
   static V max_keep(V x, V m) { return _mm256_max_ps(x, m); }
-  // ref/reduce.h's lane tree over lanes 0..31 held in acc[0..3].
-  static float tree32(const V* acc) {
-    alignas(32) float lane[32];
-    for (int r = 0; r < 4; ++r) _mm256_store_ps(lane + 8 * r, acc[r]);
-    for (int w = 16; w >= 1; w /= 2)
-      for (int j = 0; j < w; ++j) lane[j] = lane[j] + lane[j + w];
-    return lane[0];
-  }
 };
 
 }  // namespace

@@ -38,16 +38,6 @@ struct Avx512 {
                                 _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
   }
   static V max_keep(V x, V m) { return _mm512_max_ps(x, m); }
-  // ref/reduce.h's lane tree over lanes 0..15 (acc[0]) and 16..31 (acc[1]): lane[j] = lane[j] + lane[j + w] for
-  // w = 16, 8, 4, 2, 1.
-  static float tree32(const V* acc) {
-    alignas(64) float lane[32];
-    _mm512_store_ps(lane, acc[0]);
-    _mm512_store_ps(lane + 16, acc[1]);
-    for (int w = 16; w >= 1; w /= 2)
-      for (int j = 0; j < w; ++j) lane[j] = lane[j] + lane[j + w];
-    return lane[0];
-  }
 };
 
 }  // namespace

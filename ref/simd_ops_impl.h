@@ -42,6 +42,16 @@ struct Kernels {
   static constexpr int kLaneRegs = 32 / W;  // registers holding reduce.h's 32 lanes
 
   // ---- canonical reductions ----
+  // ref/reduce.h's lane tree over the 32 lanes held in acc[0 .. kLaneRegs): lane[j] = lane[j] + lane[j + w] for
+  // w = 16, 8, 4, 2, 1 (restated here: reduce.h's lane_tree<float> instantiated in this ISA's file could be picked
+  // by the linker for a baseline caller).
+  static float tree32(const V* acc) {
+    alignas(64) float lane[32];
+    for (int r = 0; r < kLaneRegs; ++r) S::store(lane + r * W, acc[r]);
+    for (int w = 16; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) lane[j] = lane[j] + lane[j + w];
+    return lane[0];
+  }
   static float canonical_sum(const float* x, int64_t n) {
     V acc[kLaneRegs];
     for (int r = 0; r < kLaneRegs; ++r) acc[r] = S::zero();
@@ -52,7 +62,7 @@ struct Kernels {
       const int64_t cnt = n - i - r * W;
       if (cnt > 0) acc[r] = S::add_first(acc[r], S::load_first(x + i + r * W, cnt), cnt);
     }
-    return S::tree32(acc);
+    return tree32(acc);
   }
 
   static float canonical_dot(const float* a, const float* b, int64_t n) {
@@ -67,7 +77,7 @@ struct Kernels {
       if (cnt > 0)
         acc[r] = S::blend_first(acc[r], lanes_fma(S::load_first(a + i + r * W, cnt), S::load_first(b + i + r * W, cnt), acc[r]), cnt);
     }
-    return S::tree32(acc);
+    return tree32(acc);
   }
 
   // The sequential max m = (m < x) ? x : m from -inf. Per lane the same rule (max(x, m) keeps m on NaN and on
@@ -197,7 +207,7 @@ struct Kernels {
           acc[q] = S::blend_first(acc[q], lanes_fma(gv, xh, acc[q]), cnt);
         }
       }
-      const V mean = S::set1(S::tree32(acc) * inv_n);
+      const V mean = S::set1(tree32(acc) * inv_n);
       c = 0;
       for (; c + W <= n; c += W) {
         const V gv = S::load(dyr + c) * S::load(w + c);
