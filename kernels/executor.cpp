@@ -119,6 +119,23 @@ void KernelExecutor::matmul_backward_weight(const float* dY, const float* X, flo
   gemm(gemm_view(N, K, M, dY, 1, N, X, K, 1, dW, accumulate));
 }
 
+// u = X·W3ᵀ and a = SwiGLU(g, u) in the product's store.
+void KernelExecutor::matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a,
+                                           int64_t M, int64_t N, int64_t K, bool bf16) {
+  GemmArgs args = gemm_view(M, N, K, X, K, 1, W3, 1, K, u, false);
+  args.epilogue = GemmEpilogueKind::swiglu_forward;
+  args.epi_g = g, args.epi_out = a, args.epi_bf16 = bf16;
+  gemm(args);
+}
+// da = dY·W2 [M, K], then dg (in C) and du in the product's store.
+void KernelExecutor::matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u,
+                                                  float* dg, float* du, int64_t M, int64_t N, int64_t K, bool bf16) {
+  GemmArgs args = gemm_view(M, K, N, dY, N, 1, W2, K, 1, dg, false);
+  args.epilogue = GemmEpilogueKind::swiglu_backward;
+  args.epi_g = g, args.epi_u = u, args.epi_out = du, args.epi_bf16 = bf16;
+  gemm(args);
+}
+
 // ---- RMSNorm ----
 void KernelExecutor::rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
                                      float eps) {

@@ -13,9 +13,18 @@
 #include <cstdint>
 
 #include "kernels/block.h"
+#include "ref/elementwise.h"
 #include "ref/hd.h"
 
 namespace olmoref::kernels {
+
+// An elementwise step fused into the store of each finished output (ref/ops.h matmul_forward_swiglu,
+// matmul_backward_input_swiglu): the accumulator never makes a round trip through memory before it.
+enum class GemmEpilogueKind : int {
+  none = 0,
+  swiglu_forward,   // C = u (bf16: rounded); epi_out = a = SwiGLU(epi_g, u)
+  swiglu_backward,  // da = acc (bf16: rounded); C = dg, epi_out = du of SwiGLU backward(epi_g, epi_u, da)
+};
 
 struct GemmArgs {
   int64_t M = 0, N = 0, K = 0;
@@ -29,7 +38,34 @@ struct GemmArgs {
   // TEST ONLY negative control: each K-slab starts a fresh chain that is then added to the accumulator
   // (a split-K order). The host-execution test shows it breaks the bits.
   bool debug_split_k = false;
+  // Epilogue operands, all [M, ldc] at C's positions.
+  GemmEpilogueKind epilogue = GemmEpilogueKind::none;
+  const float* epi_g = nullptr;
+  const float* epi_u = nullptr;
+  float* epi_out = nullptr;
+  bool epi_bf16 = false;
 };
+
+// Stores the finished chain `acc` of output position `at` (row * ldc + col), through the epilogue.
+OLMOREF_HD inline void gemm_store(const GemmArgs& g, int64_t at, float acc) {
+  switch (g.epilogue) {
+    case GemmEpilogueKind::none: g.C[at] = acc; break;
+    case GemmEpilogueKind::swiglu_forward: {
+      const float u = g.epi_bf16 ? round_bf16(acc) : acc;
+      g.C[at] = u;
+      g.epi_out[at] = g.epi_bf16 ? elem::swiglu_forward_bf16(g.epi_g[at], u) : elem::swiglu_forward(g.epi_g[at], u);
+      break;
+    }
+    case GemmEpilogueKind::swiglu_backward: {
+      float dg, du;
+      if (g.epi_bf16) elem::swiglu_backward_bf16(g.epi_g[at], g.epi_u[at], round_bf16(acc), dg, du);
+      else elem::swiglu_backward(g.epi_g[at], g.epi_u[at], acc, dg, du);
+      g.C[at] = dg;
+      g.epi_out[at] = du;
+      break;
+    }
+  }
+}
 
 inline constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmTM = 4, kGemmTN = 4;
 inline constexpr int kGemmThreads = (kGemmBM / kGemmTM) * (kGemmBN / kGemmTN);  // 256
@@ -89,7 +125,7 @@ OLMOREF_HD void gemm_exact_block(Block& blk, GemmShared& sh, const GemmArgs& g, 
     for (int i = 0; i < kGemmTM; ++i)
       for (int j = 0; j < kGemmTN; ++j) {
         const int64_t row = row0 + (t / tcols) * kGemmTM + i, col = col0 + (t % tcols) * kGemmTN + j;
-        if (row < g.M && col < g.N) g.C[row * g.ldc + col] = r.acc[i][j];
+        if (row < g.M && col < g.N) gemm_store(g, row * g.ldc + col, r.acc[i][j]);
       }
   });
 }

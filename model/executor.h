@@ -44,6 +44,13 @@ struct RopeView {
                                  bool accumulate) POST;                                                              \
   PRE void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,       \
                                   bool accumulate) POST;                                                             \
+  /* SwiGLU fused into its products as GEMM epilogues (ref/ops.h): exactly the unfused sequence. */                  \
+  /* u [M,N] = X [M,K]·W3 [N,K]ᵀ (bf16: rounded); a [M,N] = SwiGLU(g, u). */                                         \
+  PRE void matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a, int64_t M,     \
+                                 int64_t N, int64_t K, bool bf16) POST;                                              \
+  /* da [M,K] = dY [M,N]·W2 [N,K] (bf16: rounded), held in dg; dg, du [M,K] = SwiGLU backward of (g, u, da). */      \
+  PRE void matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u, float* dg, \
+                                        float* du, int64_t M, int64_t N, int64_t K, bool bf16) POST;                 \
   /* ---- RMSNorm / QK-norm, RoPE, SwiGLU, attention, embedding (ref/ops.h) ---- */                                  \
   PRE void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,           \
                            float eps) POST;                                                                          \

@@ -101,7 +101,7 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
   // Per layer: x, ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
   const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 3 * F + 5) + 2 * stats;
   int64_t floats = cfg.n_layers * per_layer + R * (3 * d + 1) + R * V + T * cfg.head_dim;  // + tmp, x_final, hn, logits
-  floats += R * (2 * d + 2 * qd + 3 * kd + 3 * F);  // backward temporaries
+  floats += R * (2 * d + 2 * qd + 3 * kd + 2 * F);  // backward temporaries
   if (precision == Precision::bf16) floats += ParamLayout(cfg).total;
   if (kernel_scratch) floats += 2 * stats * T + 2 * stats * cfg.head_dim;  // attention P, dS, per-head dk/dv
   return floats * static_cast<int64_t>(sizeof(float)) + R * 24;  // + tokens and the loss's fp64 row terms
@@ -162,9 +162,8 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
     // Feed-forward sublayer.
     e.matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d);
     round_act(A.g.data(), R * F);
-    e.matmul_forward(A.h.data(), params + o.w3, A.u.data(), R, F, d);
-    round_act(A.u.data(), R * F);
-    e.swiglu_forward(A.g.data(), A.u.data(), A.a.data(), R * F, bf16);
+    // u = h·W3ᵀ (bf16: rounded) and a = SwiGLU(g, u), the SwiGLU in the product's epilogue.
+    e.matmul_forward_swiglu(A.h.data(), params + o.w3, A.g.data(), A.u.data(), A.a.data(), R, F, d, bf16);
     e.matmul_forward(A.a.data(), params + o.w2, A.f.data(), R, d, F);
     round_act(A.f.data(), R * d);
     e.rmsnorm_forward(A.f.data(), params + o.ffn_norm, tmp, A.f_rms.data(), R, d, eps);
@@ -261,13 +260,12 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     bw_.dkd.reset(e, Rm * kd, "gradient dk (before RoPE)");
     bw_.dk.reset(e, Rm * kd, "gradient dk");
     bw_.dv.reset(e, Rm * kd, "gradient dv");
-    bw_.dF1.reset(e, Rm * F, "gradient of the SwiGLU output");
     bw_.dg.reset(e, Rm * F, "gradient dg (gate)");
     bw_.du.reset(e, Rm * F, "gradient du (up)");
   }
   float *dx = bw_.dx.data(), *dtmp = bw_.dtmp.data(), *dqd = bw_.dqd.data(), *dq = bw_.dq.data();
   float *dkd = bw_.dkd.data(), *dk = bw_.dk.data(), *dv = bw_.dv.data();
-  float *dF1 = bw_.dF1.data(), *dg = bw_.dg.data(), *du = bw_.du.data();
+  float *dg = bw_.dg.data(), *du = bw_.du.data();
   const bool bf16 = precision_ == Precision::bf16;
 
   // Parameter gradients: every token-axis reduction runs over one instance's T rows (docs/canonical/step.md).
@@ -308,9 +306,8 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     norm_backward(o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), dx, dtmp, d);
     round_act(dtmp, R * d);
     weight_grad(o.w2, dtmp, A.a.data(), d, F);
-    e.matmul_backward_input(dtmp, params + o.w2, dF1, R, d, F, false);
-    round_act(dF1, R * F);
-    e.swiglu_backward(A.g.data(), A.u.data(), dF1, dg, du, R * F, bf16);
+    // ∂a = dtmp·W2 (bf16: rounded), then SwiGLU's backward in the product's epilogue: ∂a lives only in dg.
+    e.matmul_backward_input_swiglu(dtmp, params + o.w2, A.g.data(), A.u.data(), dg, du, R, d, F, bf16);
     weight_grad(o.w1, dg, A.h.data(), F, d);
     weight_grad(o.w3, du, A.h.data(), F, d);
     // ∂h = dx + dg·W1 + du·W3: the chains continue from the residual gradient (accumulate=true).

@@ -42,7 +42,7 @@ struct BackwardBuffers {
   Buffer<float> dx, dtmp;     // [R, d]
   Buffer<float> dqd, dq;      // [R, qd]
   Buffer<float> dkd, dk, dv;  // [R, kd]
-  Buffer<float> dF1, dg, du;  // [R, F]
+  Buffer<float> dg, du;       // [R, F] (dg first holds ∂a, the SwiGLU output's gradient)
 };
 
 // FSDP-style parameter gathering. A model with a gate asks for each unit's parameters just before it

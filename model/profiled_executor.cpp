@@ -75,6 +75,16 @@ void ProfiledExecutor::matmul_backward_weight(const float* dY, const float* X, f
   timed("matmul_backward_weight", 2.0 * M * N * K,
         [&](Executor& e) { e.matmul_backward_weight(dY, X, dW, M, N, K, accumulate); });
 }
+void ProfiledExecutor::matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a,
+                                             int64_t M, int64_t N, int64_t K, bool bf16) {
+  timed("matmul_forward+swiglu", 2.0 * M * N * K,
+        [&](Executor& e) { e.matmul_forward_swiglu(X, W3, g, u, a, M, N, K, bf16); });
+}
+void ProfiledExecutor::matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u,
+                                                    float* dg, float* du, int64_t M, int64_t N, int64_t K, bool bf16) {
+  timed("matmul_bwd_input+swiglu", 2.0 * M * N * K,
+        [&](Executor& e) { e.matmul_backward_input_swiglu(dY, W2, g, u, dg, du, M, N, K, bf16); });
+}
 void ProfiledExecutor::rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
                                        float eps) {
   timed("rmsnorm_forward", 0, [&](Executor& e) { e.rmsnorm_forward(x, w, y, inv_rms, R, n, eps); });

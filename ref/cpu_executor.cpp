@@ -36,6 +36,14 @@ void CpuExecutor::matmul_backward_weight(const float* dY, const float* X, float*
                                          bool accumulate) {
   olmoref::matmul_backward_weight(dY, X, dW, M, N, K, accumulate, pool_);
 }
+void CpuExecutor::matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a, int64_t M,
+                                        int64_t N, int64_t K, bool bf16) {
+  olmoref::matmul_forward_swiglu(X, W3, g, u, a, M, N, K, bf16, pool_);
+}
+void CpuExecutor::matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u,
+                                               float* dg, float* du, int64_t M, int64_t N, int64_t K, bool bf16) {
+  olmoref::matmul_backward_input_swiglu(dY, W2, g, u, dg, du, M, N, K, bf16, pool_);
+}
 void CpuExecutor::rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,
                                   float eps) {
   olmoref::rmsnorm_forward(x, w, y, inv_rms, R, n, eps, pool_);

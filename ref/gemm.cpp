@@ -190,12 +190,14 @@ Split choose_split(int64_t M, int64_t N, int64_t K, const GemmKernelInfo& k, int
 }  // namespace
 
 void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64_t ldc, bool accumulate,
-          ThreadPool* pool) {
+          ThreadPool* pool, const GemmEpilogue* epilogue) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    // The empty chain: C = 0, or C unchanged when accumulating.
-    if (!accumulate)
-      for (int64_t i = 0; i < M; ++i) std::memset(C + i * ldc, 0, static_cast<size_t>(N) * sizeof(float));
+    // The empty chain: C = 0, or C unchanged when accumulating; the epilogue still sees every element.
+    for (int64_t i = 0; i < M; ++i) {
+      if (!accumulate) std::memset(C + i * ldc, 0, static_cast<size_t>(N) * sizeof(float));
+      if (epilogue) epilogue->apply(epilogue->ctx, C + i * ldc, i, 0, N);
+    }
     return;
   }
   const GemmKernelInfo& k = active_kernel();
@@ -216,6 +218,7 @@ void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64
     t.C = C;
     t.ldc = ldc;
     t.accumulate = accumulate;
+    t.epilogue = epilogue;
     // Sized for this call's kc so small-K products do not touch a full KC-deep buffer.
     t.pack_a = buf_a.get(static_cast<size_t>((k.mc + k.mr) * (kc + 16)));
     t.pack_b = buf_b.get(static_cast<size_t>((k.nc + k.nr) * kc));
@@ -235,10 +238,18 @@ void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64
 void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
   gemm(M, N, K, {X, K, 1}, {W, 1, K}, Y, N, false, pool);
 }
+void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K, ThreadPool* pool,
+                    const GemmEpilogue* epilogue) {
+  gemm(M, N, K, {X, K, 1}, {W, 1, K}, Y, N, false, pool, epilogue);
+}
 // dX[M,K] (+)= dY[M,N]·W[N,K]: A = dY (row-major), B = W (row-major); the chain runs over n = 0..N-1.
 void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
                            bool accumulate, ThreadPool* pool) {
   gemm(M, K, N, {dY, N, 1}, {W, K, 1}, dX, K, accumulate, pool);
+}
+void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
+                           bool accumulate, ThreadPool* pool, const GemmEpilogue* epilogue) {
+  gemm(M, K, N, {dY, N, 1}, {W, K, 1}, dX, K, accumulate, pool, epilogue);
 }
 // dW[N,K] (+)= dY[M,N]ᵀ·X[M,K]: A(i,p) = dY[p,i], B = X (row-major); the chain runs over tokens m = 0..M-1.
 void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,

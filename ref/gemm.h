@@ -23,9 +23,19 @@ struct MatView {
   int64_t col_stride;
 };
 
-// C[M,N] (row-major, leading dimension ldc) = or += A[M,K] · B[K,N].
+// An elementwise step fused after the product (docs/canonical/matmul.md, "Epilogues"): called once for every
+// output element, after the last fma of its chain, on row segments C[i, j0 .. j0+n) while the tile that was just
+// finished is still in cache. It may rewrite the segment in place and write other tensors at the same
+// positions; it must be elementwise (its result for an element depends only on that element's position and
+// value), which is what lets the threads and tiles of the product call it in any order without changing a bit.
+struct GemmEpilogue {
+  void (*apply)(const void* ctx, float* c_row, int64_t i, int64_t j0, int64_t n);
+  const void* ctx;
+};
+
+// C[M,N] (row-major, leading dimension ldc) = or += A[M,K] · B[K,N], then the epilogue, if any, on every element.
 void gemm(int64_t M, int64_t N, int64_t K, MatView A, MatView B, float* C, int64_t ldc, bool accumulate,
-          ThreadPool* pool);
+          ThreadPool* pool, const GemmEpilogue* epilogue = nullptr);
 
 // The three products of a linear layer y = x·Wᵀ with PyTorch's weight layout W[out, in].
 // Y[M,N] = X[M,K] · W[N,K]ᵀ                     (forward)
@@ -36,6 +46,11 @@ void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M
 // dW[N,K] (+)= dY[M,N]ᵀ · X[M,K]                  (weight gradient; reduction over the M tokens)
 void matmul_backward_weight(const float* dY, const float* X, float* dW, int64_t M, int64_t N, int64_t K,
                             bool accumulate, ThreadPool* pool);
+// The forward and input-gradient products with an epilogue (ref/ops.h fuses SwiGLU into them this way).
+void matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K, ThreadPool* pool,
+                    const GemmEpilogue* epilogue);
+void matmul_backward_input(const float* dY, const float* W, float* dX, int64_t M, int64_t N, int64_t K,
+                           bool accumulate, ThreadPool* pool, const GemmEpilogue* epilogue);
 
 // The normative definition: a plain triple loop, single-threaded. Tests compare every fast path
 // against it bit for bit.

@@ -36,6 +36,7 @@ struct GemmTask {
   bool accumulate;
   float* pack_a;  // >= (mc + mr) * (kc + 16) floats, 64-byte aligned, private to the thread
   float* pack_b;  // >= (nc + nr) * kc floats, 64-byte aligned, private to the thread
+  const GemmEpilogue* epilogue;  // null: none
 };
 
 // What the dispatcher needs to know about an ISA path: tile and block sizes (for the thread split and the
@@ -150,6 +151,7 @@ static void gemm_drive(const GemmTask& t) {
     for (int64_t pc = 0; pc < t.K; pc += kb) {
       const int64_t kc = gd_min(kb, t.K - pc);
       const bool load_c = t.accumulate || pc > 0;  // later K blocks continue the chain stored in C
+      const bool last_k = pc + kc == t.K;
       if (pack_b) pack_b_panels<NR>(t.B, pc, kc, jc, nc, t.pack_b);
       for (int64_t ic = t.m0; ic < t.m1; ic += Kern::MC) {
         const int64_t mc = gd_min(Kern::MC, t.m1 - ic);
@@ -168,6 +170,9 @@ static void gemm_drive(const GemmTask& t) {
                                               : t.A.data + pc * t.A.col_stride + ic + ir;
             const float* c_next = ir + MR < mc ? c + MR * t.ldc : nullptr;
             Kern::tile(mm, nn, kc, tile_mode, a, copy_a_rows ? kc + 16 : lda, bp, ldb, c, t.ldc, load_c, c_next);
+            // The tile's chains are complete after the last K block: the epilogue reads them from L1.
+            if (last_k && t.epilogue)
+              for (int r = 0; r < mm; ++r) t.epilogue->apply(t.epilogue->ctx, c + r * t.ldc, ic + ir + r, jc + jr, nn);
           }
         }
       }

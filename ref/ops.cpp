@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "ref/elementwise.h"
+#include "ref/gemm.h"
 #include "ref/mathfn.h"
 #include "ref/parallel.h"
 #include "ref/reduce.h"
@@ -185,6 +186,67 @@ void swiglu_backward_bf16(const float* g, const float* u, const float* da, float
   run(pool, n, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) elem::swiglu_backward_bf16(g[i], u[i], da[i], dg[i], du[i]);
   });
+}
+
+namespace {
+
+// The SwiGLU epilogues' operands: the other tensors at the product's output positions, row stride ld.
+struct SwigluEpilogue {
+  const float* g;
+  const float* u;  // backward only (forward: u is the product itself)
+  float* out;      // forward: a; backward: du
+  int64_t ld;
+  bool bf16;
+  const simd::SimdOps* fast;
+};
+
+// u_row: the finished product u[i, j0 .. j0+n).
+void swiglu_forward_epilogue(const void* ctx, float* u_row, int64_t i, int64_t j0, int64_t n) {
+  const auto& e = *static_cast<const SwigluEpilogue*>(ctx);
+  const float* g = e.g + i * e.ld + j0;
+  float* a = e.out + i * e.ld + j0;
+  if (e.bf16) {
+    for (int64_t j = 0; j < n; ++j) {
+      u_row[j] = round_bf16(u_row[j]);
+      a[j] = elem::swiglu_forward_bf16(g[j], u_row[j]);
+    }
+  } else if (e.fast) {
+    e.fast->swiglu_forward(g, u_row, a, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) a[j] = elem::swiglu_forward(g[j], u_row[j]);
+  }
+}
+
+// da_row: the finished product da[i, j0 .. j0+n), held in dg's storage and replaced by dg.
+void swiglu_backward_epilogue(const void* ctx, float* da_row, int64_t i, int64_t j0, int64_t n) {
+  const auto& e = *static_cast<const SwigluEpilogue*>(ctx);
+  const float* g = e.g + i * e.ld + j0;
+  const float* u = e.u + i * e.ld + j0;
+  float* du = e.out + i * e.ld + j0;
+  if (e.bf16) {
+    for (int64_t j = 0; j < n; ++j) elem::swiglu_backward_bf16(g[j], u[j], round_bf16(da_row[j]), da_row[j], du[j]);
+  } else if (e.fast) {
+    // In place is safe: each vector of da is loaded before the dg of the same lanes is stored.
+    e.fast->swiglu_backward(g, u, da_row, da_row, du, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) elem::swiglu_backward(g[j], u[j], da_row[j], da_row[j], du[j]);
+  }
+}
+
+}  // namespace
+
+void matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a, int64_t M, int64_t N,
+                           int64_t K, bool bf16, ThreadPool* pool) {
+  const SwigluEpilogue ctx{g, nullptr, a, N, bf16, simd_path()};
+  const GemmEpilogue epi{&swiglu_forward_epilogue, &ctx};
+  matmul_forward(X, W3, u, M, N, K, pool, &epi);
+}
+
+void matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u, float* dg, float* du,
+                                  int64_t M, int64_t N, int64_t K, bool bf16, ThreadPool* pool) {
+  const SwigluEpilogue ctx{g, u, du, K, bf16, simd_path()};
+  const GemmEpilogue epi{&swiglu_backward_epilogue, &ctx};
+  matmul_backward_input(dY, W2, dg, M, N, K, false, pool, &epi);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -49,6 +49,17 @@ void swiglu_backward(const float* g, const float* u, const float* da, float* dg,
 void swiglu_forward_bf16(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
 void swiglu_backward_bf16(const float* g, const float* u, const float* da, float* dg, float* du, int64_t n,
                           ThreadPool* pool);
+// SwiGLU fused into the products around it, as GEMM epilogues (ref/gemm.h GemmEpilogue): each computes exactly
+// the unfused sequence, element by element, right after the element's chain ends.
+// u [M, N] = X [M, K] · W3 [N, K]ᵀ (bf16: rounded), then a [M, N] = SwiGLU(g, u) with the gate g [M, N] given:
+// matmul_forward; round (bf16); swiglu_forward(_bf16).
+void matmul_forward_swiglu(const float* X, const float* W3, const float* g, float* u, float* a, int64_t M, int64_t N,
+                           int64_t K, bool bf16, ThreadPool* pool);
+// da [M, K] = dY [M, N] · W2 [N, K] (bf16: rounded), then dg, du [M, K] = SwiGLU backward of (g, u, da):
+// matmul_backward_input; round (bf16); swiglu_backward(_bf16). da is never a tensor of its own: its chains run
+// in dg, which the epilogue overwrites in place.
+void matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u, float* dg, float* du,
+                                  int64_t M, int64_t N, int64_t K, bool bf16, ThreadPool* pool);
 
 // ---- Causal (sliding-window) attention with GQA ----
 // q: [B*T, H*hd], k, v: [B*T, KV*hd] (after QK-norm and RoPE), out: [B*T, H*hd].
