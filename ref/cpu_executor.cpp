@@ -22,8 +22,31 @@ void* CpuExecutor::allocate(size_t bytes, const std::string& what) {
 void CpuExecutor::deallocate(void* p) { std::free(p); }
 void CpuExecutor::to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuExecutor::to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuExecutor::copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
-void CpuExecutor::zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
+// Large copies and fills (gradient slots, parameter copies: tens of MiB) are split over the pool: one core does not
+// reach the memory bandwidth. Overlapping copies stay one memmove (its direction matters).
+namespace {
+constexpr size_t kSplitBytes = size_t{1} << 20, kSplitGrain = size_t{256} << 10;
+}  // namespace
+void CpuExecutor::copy(void* dst, const void* src, size_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const bool overlap = d < s + bytes && s < d + bytes;
+  if (!pool_ || pool_->size() < 2 || bytes < kSplitBytes || overlap) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  pool_->parallel_for(static_cast<int64_t>(bytes), static_cast<int64_t>(kSplitGrain),
+                      [&](int64_t b, int64_t e) { std::memcpy(d + b, s + b, static_cast<size_t>(e - b)); });
+}
+void CpuExecutor::zero(void* dst, size_t bytes) {
+  char* d = static_cast<char*>(dst);
+  if (!pool_ || pool_->size() < 2 || bytes < kSplitBytes) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  pool_->parallel_for(static_cast<int64_t>(bytes), static_cast<int64_t>(kSplitGrain),
+                      [&](int64_t b, int64_t e) { std::memset(d + b, 0, static_cast<size_t>(e - b)); });
+}
 
 void CpuExecutor::matmul_forward(const float* X, const float* W, float* Y, int64_t M, int64_t N, int64_t K) {
   olmoref::matmul_forward(X, W, Y, M, N, K, pool_);
