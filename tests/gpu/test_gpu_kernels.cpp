@@ -109,6 +109,39 @@ int check_rmsnorm() {
   return failed;
 }
 
+// The fused forms (residual; QK-norm + RoPE, forward and backward) on the device against the CPU's unfused
+// sequences, fp32 and bf16: the cases tests/kernels/test_decomposition.cpp runs through the host execution in CI.
+int check_fused_norm() {
+  int failed = 0, n_cases = 0;
+  CpuExecutor cpu;
+  kernels::KernelExecutor gpu(true);
+  for (bool bf16 : {false, true}) {
+    for (const testing::NormCase& c : testing::norm_cases()) {
+      ++n_cases;
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+      if (!testing::same_bits(testing::run_residual_norm(gpu, true, bf16, c.R, c.n, o),
+                              testing::run_residual_norm(cpu, false, bf16, c.R, c.n, o))) {
+        std::printf("FAILED rmsnorm_residual_forward R=%lld n=%lld bf16 %d\n", (long long)c.R, (long long)c.n, bf16);
+        ++failed;
+      }
+    }
+    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
+      ++n_cases;
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
+      if (!testing::same_bits(testing::run_rope_norm(gpu, true, bf16, c, o),
+                              testing::run_rope_norm(cpu, false, bf16, c, o)) ||
+          !testing::same_bits(testing::run_rope_norm_backward(gpu, true, bf16, c, o),
+                              testing::run_rope_norm_backward(cpu, false, bf16, c, o))) {
+        std::printf("FAILED rmsnorm_rope_forward / rope_rmsnorm_backward R=%lld heads=%lld hd=%lld bf16 %d\n",
+                    (long long)c.R, (long long)c.n_heads, (long long)c.hd, bf16);
+        ++failed;
+      }
+    }
+  }
+  std::printf("rmsnorm exact, fused forms: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
+  return failed;
+}
+
 // SwiGLU (fp32 and bf16), AdamW over a real parameter layout, bf16 rounding, the tree add and clipping scale,
 // against the CPU loops that call the same element functions.
 int check_elementwise() {
@@ -419,7 +452,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
+                     check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }
