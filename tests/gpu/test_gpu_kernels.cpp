@@ -1,4 +1,4 @@
-// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm on the awkward shapes of
+// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm (plain and fused) on the shapes of
 // tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
 // functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
