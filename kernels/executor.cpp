@@ -144,11 +144,37 @@ void KernelExecutor::rmsnorm_forward(const float* x, const float* w, float* y, f
   if (on_device_) OLMOREF_DEVICE(rmsnorm_forward_device(a));
   else rmsnorm_forward_host(a);
 }
+void KernelExecutor::rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out,
+                                              float* inv_rms, int64_t R, int64_t n, float eps, bool bf16) {
+  RmsNormArgs a;
+  a.R = R, a.n = n, a.x = x, a.w = w, a.y = out, a.inv_rms = inv_rms, a.eps = eps, a.res = res, a.bf16 = bf16;
+  if (on_device_) OLMOREF_DEVICE(rmsnorm_forward_device(a));
+  else rmsnorm_forward_host(a);
+}
+void KernelExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, float* y, float* inv_rms, int64_t R,
+                                          int64_t n_heads, const RopeView& r, float eps, bool bf16) {
+  RmsNormArgs a;
+  a.R = R, a.n = n_heads * r.head_dim, a.x = x_raw, a.w = w, a.y = y, a.inv_rms = inv_rms, a.eps = eps;
+  a.rope_cos = r.cos, a.rope_sin = r.sin, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len, a.bf16 = bf16;
+  if (on_device_) OLMOREF_DEVICE(rmsnorm_forward_device(a));
+  else rmsnorm_forward_host(a);
+}
 void KernelExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
                                       float* dw, int64_t R, int64_t n) {
   RmsNormArgs a;
   // One argument struct serves forward and backward; backward only reads inv_rms.
   a.R = R, a.n = n, a.x = x, a.w = w, a.inv_rms = const_cast<float*>(inv_rms), a.dy = dy, a.dx = dx, a.dw = dw;
+  if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
+  else rmsnorm_backward_host(a);
+}
+
+void KernelExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy,
+                                           float* dx, float* dw, int64_t R, int64_t n_heads, const RopeView& r,
+                                           bool bf16) {
+  RmsNormArgs a;
+  a.R = R, a.n = n_heads * r.head_dim, a.x = x_raw, a.w = w, a.inv_rms = const_cast<float*>(inv_rms);
+  a.dy = dy, a.dy_rope = dy, a.dx = dx, a.dw = dw, a.bf16 = bf16;
+  a.rope_cos = r.cos, a.rope_sin = r.sin, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len;
   if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
   else rmsnorm_backward_host(a);
 }

@@ -14,6 +14,7 @@ namespace olmoref::kernels {
 namespace {
 
 
+// Also the fused forms: the epilogue is chosen by the arguments, the same for every block (no divergence).
 __global__ void __launch_bounds__(kRowThreads) rmsnorm_forward_kernel(RmsNormArgs a) {
   __shared__ RowShared sh;
   DeviceBlock<NoRegs, kRowThreads> blk;

@@ -5,11 +5,18 @@
 // accumulating elements j, j+32, ... in order, then the 32-lane tree in shared memory. Elementwise parts are
 // split over the same 32 threads by column. The weight gradient is a column kernel: one thread per column, a
 // chain over the rows in order (the model calls it per instance: the leaf of the instance tree).
+//
+// The fused ops (model/executor.h) are these kernels with an epilogue or prologue, chosen by the arguments:
+// rmsnorm_residual_forward and rmsnorm_rope_forward end the forward row kernel's final phase with the residual
+// add, or with RoPE by a thread per rotate-half pair (both of a pair's normed values are that thread's own, so
+// there is no barrier and no intermediate tensor); rope_rmsnorm_backward puts a RoPE-backward phase on dy, in
+// place, in front of the backward row kernel. Each keeps the unfused sequence's bf16 rounding points.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/block.h"
+#include "ref/elementwise.h"
 #include "ref/hd.h"
 
 namespace olmoref::kernels {
@@ -31,6 +38,16 @@ struct RmsNormArgs {
   const float* dy = nullptr;  // backward input [R, n]
   float* dx = nullptr;        // backward output [R, n]
   float* dw = nullptr;        // [n], overwritten by the column kernel
+  // Forward epilogues (none when res and rope_cos are null): y = res + RMSNorm(x), res [R, n]; or
+  // y = RoPE(RMSNorm(x)) over n = n_heads·hd with row r at position r % T, rope_cos/rope_sin [T, hd/2].
+  // Backward prologue (rope_cos and dy_rope set, dy == dy_rope): dy rotated back by RoPE in place first.
+  // bf16: round where the unfused sequence rounds (elem::fused_norm_output, elem::as_stored).
+  const float* res = nullptr;
+  float* dy_rope = nullptr;
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int64_t n_heads = 0, hd = 0, T = 0;
+  bool bf16 = false;
 };
 
 // y = w ⊙ (x · r), r = 1/sqrt(rowsum32(fma(x, x)) · (1/n) + eps), for row `row`.
@@ -51,7 +68,26 @@ OLMOREF_HD void rmsnorm_forward_row(Block& blk, RowShared& sh, const RmsNormArgs
     const float ir = 1.0f / hd_sqrt(sh.lane[0] * inv_n + a.eps);
     if (t == 0) a.inv_rms[row] = ir;
     float* yr = a.y + row * a.n;
-    for (int64_t c = t; c < a.n; c += kRowThreads) yr[c] = a.w[c] * (xr[c] * ir);
+    const float* resr = a.res ? a.res + row * a.n : nullptr;
+    const auto normed = [&](int64_t c) {
+      return elem::fused_norm_output(a.w[c] * (xr[c] * ir), resr ? resr[c] : 0.0f, resr != nullptr, a.bf16,
+                                     elem::RoundBf16{});
+    };
+    if (!a.rope_cos) {
+      for (int64_t c = t; c < a.n; c += kRowThreads) yr[c] = normed(c);
+      return;
+    }
+    // Pair p = (head p / (hd/2), element j = p % (hd/2)): lo = head·hd + j, hi = lo + hd/2.
+    const int64_t half = a.hd / 2;
+    const float* cr = a.rope_cos + (row % a.T) * half;
+    const float* sr = a.rope_sin + (row % a.T) * half;
+    for (int64_t p = t; p < a.n_heads * half; p += kRowThreads) {
+      const int64_t j = p % half, lo = (p / half) * a.hd + j;
+      float vlo = normed(lo), vhi = normed(lo + half);
+      elem::rope_pair_forward(vlo, vhi, cr[j], sr[j]);
+      yr[lo] = elem::as_stored(vlo, a.bf16, elem::RoundBf16{});
+      yr[lo + half] = elem::as_stored(vhi, a.bf16, elem::RoundBf16{});
+    }
   });
 }
 
@@ -64,6 +100,22 @@ OLMOREF_HD void rmsnorm_backward_row(Block& blk, RowShared& sh, const RmsNormArg
   const float* xr = a.x + row * a.n;
   const float* dyr = a.dy + row * a.n;
   const float ir = a.inv_rms[row];
+  if (a.dy_rope) {
+    // The fused RoPE backward: a thread per rotate-half pair, as the forward epilogue; the barrier after this
+    // phase publishes the rotated row to the threads of the reduction.
+    blk.phase([&](int t, auto&) {
+      const int64_t half = a.hd / 2;
+      const float* cr = a.rope_cos + (row % a.T) * half;
+      const float* sr = a.rope_sin + (row % a.T) * half;
+      float* gr = a.dy_rope + row * a.n;
+      for (int64_t p = t; p < a.n_heads * half; p += kRowThreads) {
+        const int64_t j = p % half, lo = (p / half) * a.hd + j;
+        elem::rope_pair_backward(gr[lo], gr[lo + half], cr[j], sr[j]);
+        gr[lo] = elem::as_stored(gr[lo], a.bf16, elem::RoundBf16{});
+        gr[lo + half] = elem::as_stored(gr[lo + half], a.bf16, elem::RoundBf16{});
+      }
+    });
+  }
   blk.phase([&](int t, auto&) {
     float acc = 0.0f;
     for (int64_t c = t; c < a.n; c += kRowThreads) acc = hd_fma(dyr[c] * a.w[c], xr[c] * ir, acc);
@@ -96,9 +148,10 @@ OLMOREF_HD void rmsnorm_weight_grad_block(Block& blk, const RmsNormArgs& a, int6
   });
 }
 
-// Host executions of the kernels (kernels/rmsnorm_exact_host.cpp) and the device launches (.cu).
+// Host executions of the kernels (kernels/rmsnorm_exact_host.cpp) and the device launches (.cu). Forward runs
+// the epilogue the arguments ask for.
 void rmsnorm_forward_host(const RmsNormArgs& a);
-void rmsnorm_backward_host(const RmsNormArgs& a);  // dx and dw
+void rmsnorm_backward_host(const RmsNormArgs& a);  // dx and dw (after the RoPE prologue, when asked)
 void rmsnorm_forward_device(const RmsNormArgs& a);
 void rmsnorm_backward_device(const RmsNormArgs& a);
 

@@ -56,6 +56,19 @@ struct RopeView {
                            float eps) POST;                                                                          \
   PRE void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,        \
                             float* dw, int64_t R, int64_t n) POST;                                                   \
+  /* Fused forms: bit for bit the unfused sequences they replace, each round a round_bf16 in bf16 only */            \
+  /* (docs/canonical/norm-rope-swiglu.md). out [R, n] = res [R, n] + RMSNorm(x [R, n]): */                           \
+  /* rmsnorm_forward; round; add(res, ·); round. out may be res. */                                                  \
+  PRE void rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms,    \
+                                    int64_t R, int64_t n, float eps, bool bf16) POST;                                \
+  /* y [R, n_heads·hd] = RoPE(RMSNorm(x_raw)), the norm over the full width (QK-norm): */                            \
+  /* rmsnorm_forward; round; rope_forward; round. inv_rms [R] saved as rmsnorm_forward saves it. */                  \
+  PRE void rmsnorm_rope_forward(const float* x_raw, const float* w, float* y, float* inv_rms, int64_t R,             \
+                                int64_t n_heads, const RopeView& rope, float eps, bool bf16) POST;                   \
+  /* Its backward: dy [R, n_heads·hd] rotated back in place (rope_backward; round), then dx [R, n] and dw [n] */     \
+  /* as rmsnorm_backward on that dy (which the weight gradient reads too, so it stays in dy). */                     \
+  PRE void rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy, float* dx,     \
+                                 float* dw, int64_t R, int64_t n_heads, const RopeView& rope, bool bf16) POST;       \
   PRE void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                         \
   PRE void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                       \
   PRE void swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) POST;                      \

@@ -88,7 +88,6 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
     a.f.reset(e, R * d, "activation f" + at);
     a.f_rms.reset(e, R, "activation f_rms" + at);
   }
-  tmp_.reset(e, R * d, "sublayer output");
   x_final_.reset(e, R * d, "final block output");
   final_rms_.reset(e, R, "final norm statistics");
   hn_.reset(e, R * d, "final norm output");
@@ -100,7 +99,7 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
   const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T;
   // Per layer: x, ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
   const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 3 * F + 5) + 2 * stats;
-  int64_t floats = cfg.n_layers * per_layer + R * (3 * d + 1) + R * V + T * cfg.head_dim;  // + tmp, x_final, hn, logits
+  int64_t floats = cfg.n_layers * per_layer + R * (2 * d + 1) + R * V + T * cfg.head_dim;  // + x_final, hn, logits
   floats += R * (2 * d + 2 * qd + 3 * kd + 2 * F);  // backward temporaries
   if (precision == Precision::bf16) floats += ParamLayout(cfg).total;
   if (kernel_scratch) floats += 2 * stats * T + 2 * stats * cfg.head_dim;  // attention P, dS, per-head dk/dv
@@ -124,7 +123,6 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
   const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden, V = cfg_.vocab_size;
   const float eps = cfg_.norm_eps;
   const bool bf16 = precision_ == Precision::bf16;
-  float* tmp = tmp_.data();
   use_unit(master_, 0);
   e.embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R, d);
   drop_unit(0);
@@ -140,14 +138,11 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
     round_act(A.k_raw.data(), R * kd);
     e.matmul_forward(A.x.data(), params + o.w_v, A.v.data(), R, kd, d);
     round_act(A.v.data(), R * kd);
-    e.rmsnorm_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R, qd, eps);
-    round_act(A.q.data(), R * qd);
-    e.rmsnorm_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, kd, eps);
-    round_act(A.k.data(), R * kd);
-    e.rope_forward(A.q.data(), R, cfg_.n_heads, rope_);
-    round_act(A.q.data(), R * qd);
-    e.rope_forward(A.k.data(), R, cfg_.n_kv_heads, rope_);
-    round_act(A.k.data(), R * kd);
+    // QK-norm then RoPE, each result rounded in bf16 (the fused op keeps both rounding points).
+    e.rmsnorm_rope_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R, cfg_.n_heads, rope_, eps,
+                           bf16);
+    e.rmsnorm_rope_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, cfg_.n_kv_heads, rope_,
+                           eps, bf16);
     AttentionShape as{n_inst, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(l),
                       1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
     as.precision = precision_;
@@ -155,10 +150,9 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
     round_act(A.att.data(), R * qd);
     e.matmul_forward(A.att.data(), params + o.w_out, A.ao.data(), R, d, qd);
     round_act(A.ao.data(), R * d);
-    e.rmsnorm_forward(A.ao.data(), params + o.attn_norm, tmp, A.ao_rms.data(), R, d, eps);
-    round_act(tmp, R * d);
-    e.add(A.x.data(), tmp, A.h.data(), R * d);
-    round_act(A.h.data(), R * d);
+    // h = x + RMSNorm(ao), the normed value and the sum each rounded in bf16.
+    e.rmsnorm_residual_forward(A.x.data(), A.ao.data(), params + o.attn_norm, A.h.data(), A.ao_rms.data(), R, d, eps,
+                               bf16);
     // Feed-forward sublayer.
     e.matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d);
     round_act(A.g.data(), R * F);
@@ -166,11 +160,8 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
     e.matmul_forward_swiglu(A.h.data(), params + o.w3, A.g.data(), A.u.data(), A.a.data(), R, F, d, bf16);
     e.matmul_forward(A.a.data(), params + o.w2, A.f.data(), R, d, F);
     round_act(A.f.data(), R * d);
-    e.rmsnorm_forward(A.f.data(), params + o.ffn_norm, tmp, A.f_rms.data(), R, d, eps);
-    round_act(tmp, R * d);
     float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
-    e.add(A.h.data(), tmp, next, R * d);
-    round_act(next, R * d);
+    e.rmsnorm_residual_forward(A.h.data(), A.f.data(), params + o.ffn_norm, next, A.f_rms.data(), R, d, eps, bf16);
     drop_unit(static_cast<int>(l) + 1);
   }
   use_unit(master_, n_units() - 1);
@@ -288,6 +279,18 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
       grads.commit(b, offset, n);
     }
   };
+  // The same for QK-norm + RoPE over n_heads heads: dy [R, n_heads·hd] rotated back in place first.
+  auto rope_norm_backward = [&](int64_t offset, const float* x, const float* w, const float* inv_rms, float* dy,
+                                float* dxo, int64_t n_heads) {
+    const int64_t n = n_heads * cfg_.head_dim;
+    for (int64_t b = 0; b < n_inst; ++b) {
+      float* leaf = grads.leaf(b, offset, n);
+      e.rope_rmsnorm_backward(x + b * T * n, w, inv_rms + b * T, dy + b * T * n, dxo + b * T * n, leaf, T, n_heads,
+                              rope_, bf16);
+      round_act(leaf, n);
+      grads.commit(b, offset, n);
+    }
+  };
 
   // LM head and final norm.
   use_unit(master_, n_units() - 1);
@@ -325,13 +328,10 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     as.precision = precision_;  // bf16: dq, dk, dv come back rounded
     e.attention_backward(as, A.q.data(), A.k.data(), A.v.data(), A.att.data(), A.att_max.data(), A.att_sum.data(), dqd,
                          dq, dkd, dv);
-    e.rope_backward(dq, R, cfg_.n_heads, rope_);
-    round_act(dq, R * qd);
-    e.rope_backward(dkd, R, cfg_.n_kv_heads, rope_);
-    round_act(dkd, R * kd);
-    norm_backward(o.q_norm, A.q_raw.data(), params + o.q_norm, A.q_rms.data(), dq, dqd, qd);
+    // RoPE backward (dq, dkd in place, rounded) and the QK-norm backward, fused.
+    rope_norm_backward(o.q_norm, A.q_raw.data(), params + o.q_norm, A.q_rms.data(), dq, dqd, cfg_.n_heads);
     round_act(dqd, R * qd);
-    norm_backward(o.k_norm, A.k_raw.data(), params + o.k_norm, A.k_rms.data(), dkd, dk, kd);
+    rope_norm_backward(o.k_norm, A.k_raw.data(), params + o.k_norm, A.k_rms.data(), dkd, dk, cfg_.n_kv_heads);
     round_act(dk, R * kd);
     weight_grad(o.w_q, dqd, A.x.data(), qd, d);
     weight_grad(o.w_k, dk, A.x.data(), kd, d);

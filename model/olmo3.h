@@ -129,7 +129,6 @@ class Olmo3 {
   RopeView rope_;
   Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
-  Buffer<float> tmp_;                  // [R, d]  the normed sublayer output before its residual add
   Buffer<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
   BackwardBuffers bw_;
   std::vector<LossSums> per_scratch_;

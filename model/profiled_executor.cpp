@@ -93,6 +93,22 @@ void ProfiledExecutor::rmsnorm_backward(const float* x, const float* w, const fl
                                         float* dx, float* dw, int64_t R, int64_t n) {
   timed("rmsnorm_backward", 0, [&](Executor& e) { e.rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n); });
 }
+void ProfiledExecutor::rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out,
+                                                float* inv_rms, int64_t R, int64_t n, float eps, bool bf16) {
+  timed("rmsnorm_residual_forward", 0,
+        [&](Executor& e) { e.rmsnorm_residual_forward(res, x, w, out, inv_rms, R, n, eps, bf16); });
+}
+void ProfiledExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, float* y, float* inv_rms, int64_t R,
+                                            int64_t n_heads, const RopeView& rope, float eps, bool bf16) {
+  timed("rmsnorm_rope_forward", 0,
+        [&](Executor& e) { e.rmsnorm_rope_forward(x_raw, w, y, inv_rms, R, n_heads, rope, eps, bf16); });
+}
+void ProfiledExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy,
+                                             float* dx, float* dw, int64_t R, int64_t n_heads, const RopeView& rope,
+                                             bool bf16) {
+  timed("rope_rmsnorm_backward", 0,
+        [&](Executor& e) { e.rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, rope, bf16); });
+}
 void ProfiledExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) {
   timed("rope_forward", 0, [&](Executor& e) { e.rope_forward(x, rows, n_heads, rope); });
 }

@@ -75,6 +75,20 @@ void CpuExecutor::rmsnorm_backward(const float* x, const float* w, const float* 
                                    float* dw, int64_t R, int64_t n) {
   olmoref::rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n, pool_);
 }
+void CpuExecutor::rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms,
+                                           int64_t R, int64_t n, float eps, bool bf16) {
+  olmoref::rmsnorm_residual_forward(res, x, w, out, inv_rms, R, n, eps, bf16, pool_);
+}
+void CpuExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, float* y, float* inv_rms, int64_t R,
+                                       int64_t n_heads, const RopeView& r, float eps, bool bf16) {
+  olmoref::rmsnorm_rope_forward(x_raw, w, y, inv_rms, R, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, eps, bf16,
+                                pool_);
+}
+void CpuExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy, float* dx,
+                                        float* dw, int64_t R, int64_t n_heads, const RopeView& r, bool bf16) {
+  olmoref::rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, bf16,
+                                 pool_);
+}
 void CpuExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& r) {
   olmoref::rope_forward(x, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_);
 }

@@ -1,6 +1,7 @@
-// ref/elementwise.h — the per-element arithmetic of SwiGLU and AdamW, one source for the CPU loops (ref/ops.cpp,
-// ref/optim.cpp) and the CUDA kernels (kernels/elementwise.cu). Elementwise ops have no order; only their
-// formula and rounding points matter (docs/canonical/norm-rope-swiglu.md, step.md, bf16.md).
+// ref/elementwise.h — the per-element arithmetic of SwiGLU, RoPE, the fused RMSNorm tails and AdamW, one source
+// for the CPU loops (ref/ops.cpp, ref/optim.cpp, ref/simd_ops_impl.h) and the CUDA kernels (kernels/). Elementwise
+// ops have no order; only their formula and rounding points matter (docs/canonical/norm-rope-swiglu.md, step.md,
+// bf16.md).
 #pragma once
 
 #include "ref/bf16.h"
@@ -49,6 +50,21 @@ OLMOREF_HD inline void rope_pair_backward(float& lo, float& hi, float c, float s
   lo = p1 + p2;
   hi = p3 - p4;
 }
+
+// The value a tensor holds as the unfused op sequence stores it: rounded to bf16 in bf16 precision (round_act),
+// as computed in fp32. `round` is round_bf16 on V (a float: RoundBf16; a SIMD register: its lanes').
+template <class V, class Round>
+OLMOREF_HD inline V as_stored(V v, bool bf16, Round round) { return bf16 ? round(v) : v; }
+// The output of a fused RMSNorm from its normed value y = w·(x·r): y as stored (bf16: rounded), then, with a
+// residual, res + that, stored again (bf16: the sum rounded) — rmsnorm; round; add(res, ·); round, bit for bit.
+template <class V, class Round>
+OLMOREF_HD inline V fused_norm_output(V y, V res, bool residual, bool bf16, Round round) {
+  const V normed = as_stored(y, bf16, round);
+  return residual ? as_stored(res + normed, bf16, round) : normed;
+}
+struct RoundBf16 {
+  OLMOREF_HD float operator()(float x) const { return round_bf16(x); }
+};
 
 // Embedding gradient dtable[v, c]: token v's positions order[start[v] .. start[v+1]) summed in order with
 // plain adds from +0 (ref/ops.h embedding_position_order).

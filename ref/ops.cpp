@@ -29,51 +29,72 @@ const simd::SimdOps* simd_path() { return simd::active_simd_ops(); }
 // RMSNorm
 // ---------------------------------------------------------------------------------------------
 
-void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
-                     ThreadPool* pool) {
+namespace {
+// RMSNorm forward of rows [b, e) ending in elem::fused_norm_output (res nullptr and bf16 false: plain RMSNorm). One
+// row function for the plain and the fused ops, so they cannot drift apart on any path.
+void rmsnorm_rows(const float* res, const float* x, const float* w, float* y, float* inv_rms, int64_t b, int64_t e,
+                  int64_t n, float eps, bool bf16) {
   if (const simd::SimdOps* fast = simd_path()) {
-    run(pool, R, 16, [&](int64_t b, int64_t e) { fast->rmsnorm_forward_rows(x, w, y, inv_rms, b, e, n, eps); });
+    fast->rmsnorm_forward_rows(res, x, w, y, inv_rms, b, e, n, eps, bf16);
     return;
   }
   const float inv_n = 1.0f / static_cast<float>(n);
-  run(pool, R, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* xr = x + r * n;
-      const float ms = canonical_dot(xr, xr, n) * inv_n;
-      const float ir = 1.0f / std::sqrt(ms + eps);
-      inv_rms[r] = ir;
-      float* yr = y + r * n;
-      for (int64_t c = 0; c < n; ++c) yr[c] = w[c] * (xr[c] * ir);
-    }
-  });
+  for (int64_t r = b; r < e; ++r) {
+    const float* xr = x + r * n;
+    const float ms = canonical_dot(xr, xr, n) * inv_n;
+    const float ir = 1.0f / std::sqrt(ms + eps);
+    inv_rms[r] = ir;
+    float* yr = y + r * n;
+    const float* resr = res ? res + r * n : nullptr;
+    for (int64_t c = 0; c < n; ++c)
+      yr[c] = elem::fused_norm_output(w[c] * (xr[c] * ir), resr ? resr[c] : 0.0f, resr != nullptr, bf16,
+                                      elem::RoundBf16{});
+  }
+}
+}  // namespace
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
+                     ThreadPool* pool) {
+  run(pool, R, 16, [&](int64_t b, int64_t e) { rmsnorm_rows(nullptr, x, w, y, inv_rms, b, e, n, eps, false); });
 }
 
-void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
-                      int64_t R, int64_t n, ThreadPool* pool) {
+void rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms, int64_t R,
+                              int64_t n, float eps, bool bf16, ThreadPool* pool) {
+  run(pool, R, 16, [&](int64_t b, int64_t e) { rmsnorm_rows(res, x, w, out, inv_rms, b, e, n, eps, bf16); });
+}
+
+namespace {
+// dx of rows [b, e): per row, with x̂ = x·r and g = dy ⊙ w:  dx = r · (g − x̂ · mean(g ⊙ x̂)).
+void rmsnorm_backward_rows(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, int64_t b,
+                           int64_t e, int64_t n) {
   if (const simd::SimdOps* fast = simd_path()) {
-    run(pool, R, 16, [&](int64_t b, int64_t e) { fast->rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n); });
+    fast->rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n);
+    return;
+  }
+  const float inv_n = 1.0f / static_cast<float>(n);
+  std::vector<float> g(static_cast<size_t>(n)), xh(static_cast<size_t>(n));
+  for (int64_t r = b; r < e; ++r) {
+    const float* xr = x + r * n;
+    const float* dyr = dy + r * n;
+    const float ir = inv_rms[r];
+    for (int64_t c = 0; c < n; ++c) {
+      g[c] = dyr[c] * w[c];
+      xh[c] = xr[c] * ir;
+    }
+    const float mean_gx = canonical_dot(g.data(), xh.data(), n) * inv_n;
+    float* dxr = dx + r * n;
+    for (int64_t c = 0; c < n; ++c) dxr[c] = ir * (g[c] - xh[c] * mean_gx);
+  }
+}
+
+// dw: a column reduction over rows, so threads split the columns and each column is one fma chain
+// over rows 0..R-1 in order.
+void rmsnorm_weight_grad(const float* x, const float* inv_rms, const float* dy, float* dw, int64_t R, int64_t n,
+                         ThreadPool* pool) {
+  if (const simd::SimdOps* fast = simd_path()) {
     run(pool, n, 64, [&](int64_t cb, int64_t ce) { fast->rmsnorm_dw_cols(x, inv_rms, dy, dw, R, n, cb, ce); });
     return;
   }
-  const float inv_n = 1.0f / static_cast<float>(n);
-  // dx: per row, with x̂ = x·r and g = dy ⊙ w:  dx = r · (g − x̂ · mean(g ⊙ x̂)).
-  run(pool, R, 16, [&](int64_t b, int64_t e) {
-    std::vector<float> g(static_cast<size_t>(n)), xh(static_cast<size_t>(n));
-    for (int64_t r = b; r < e; ++r) {
-      const float* xr = x + r * n;
-      const float* dyr = dy + r * n;
-      const float ir = inv_rms[r];
-      for (int64_t c = 0; c < n; ++c) {
-        g[c] = dyr[c] * w[c];
-        xh[c] = xr[c] * ir;
-      }
-      const float mean_gx = canonical_dot(g.data(), xh.data(), n) * inv_n;
-      float* dxr = dx + r * n;
-      for (int64_t c = 0; c < n; ++c) dxr[c] = ir * (g[c] - xh[c] * mean_gx);
-    }
-  });
-  // dw: a column reduction over rows, so threads split the columns and each column is one fma chain
-  // over rows 0..R-1 in order.
   run(pool, n, 64, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) dw[c] = 0.0f;
     for (int64_t r = 0; r < R; ++r) {
@@ -83,6 +104,13 @@ void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, cons
       for (int64_t c = cb; c < ce; ++c) dw[c] = std::fma(dyr[c], xr[c] * ir, dw[c]);
     }
   });
+}
+}  // namespace
+
+void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
+                      int64_t R, int64_t n, ThreadPool* pool) {
+  run(pool, R, 16, [&](int64_t b, int64_t e) { rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n); });
+  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,26 +139,61 @@ RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta) {
 
 // out_lo = x_lo·c − x_hi·s,  out_hi = x_hi·c + x_lo·s  (each product rounded, then the sum: as PyTorch).
 namespace {
+// One row [n_heads · hd] in place with its position's table rows c, s [hd/2].
+template <bool kBackward>
+void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float* s) {
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* lo = x + h * hd;
+    float* hi = lo + half;
+    for (int64_t j = 0; j < half; ++j) {
+      if constexpr (kBackward) elem::rope_pair_backward(lo[j], hi[j], c[j], s[j]);
+      else elem::rope_pair_forward(lo[j], hi[j], c[j], s[j]);
+    }
+  }
+}
+
 template <bool kBackward>
 void rope_apply(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
                 ThreadPool* pool) {
   const int64_t half = hd / 2;
   run(pool, rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* c = cos + (r % T) * half;
-      const float* s = sin + (r % T) * half;
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* lo = x + r * n_heads * hd + h * hd;
-        float* hi = lo + half;
-        for (int64_t j = 0; j < half; ++j) {
-          if constexpr (kBackward) elem::rope_pair_backward(lo[j], hi[j], c[j], s[j]);
-          else elem::rope_pair_forward(lo[j], hi[j], c[j], s[j]);
-        }
-      }
-    }
+    for (int64_t r = b; r < e; ++r)
+      rope_row<kBackward>(x + r * n_heads * hd, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
   });
 }
 }  // namespace
+
+void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n_heads,
+                          int64_t T, int64_t hd, const float* cos, const float* sin, float eps, bool bf16,
+                          ThreadPool* pool) {
+  const int64_t n = n_heads * hd, half = hd / 2;
+  // Row by row, so the rotation and its rounding find the normed row still in cache.
+  run(pool, R, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      rmsnorm_rows(nullptr, x, w, y, inv_rms, r, r + 1, n, eps, bf16);
+      float* yr = y + r * n;
+      rope_row<false>(yr, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
+      for (int64_t c = 0; c < n; ++c) yr[c] = elem::as_stored(yr[c], bf16, elem::RoundBf16{});
+    }
+  });
+}
+
+void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
+                           int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
+                           bool bf16, ThreadPool* pool) {
+  const int64_t n = n_heads * hd, half = hd / 2;
+  // A chunk's rows are rotated back and rounded, then normed backward while still in cache.
+  run(pool, R, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* dyr = dy + r * n;
+      rope_row<true>(dyr, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
+      for (int64_t c = 0; c < n; ++c) dyr[c] = elem::as_stored(dyr[c], bf16, elem::RoundBf16{});
+    }
+    rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n);
+  });
+  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool);
+}
 
 void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
                   ThreadPool* pool) {

@@ -18,6 +18,10 @@ class ThreadPool;
 // x, y: [R, n]; w: [n]; inv_rms: [R] (saved for backward).
 void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n, float eps,
                      ThreadPool* pool);
+// Fused (docs/canonical/norm-rope-swiglu.md "Fused forms"): out [R, n] = res [R, n] + RMSNorm(x), exactly
+// rmsnorm_forward; round_bf16 (bf16); add(res, ·); round_bf16 (bf16). out may be res.
+void rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms, int64_t R,
+                              int64_t n, float eps, bool bf16, ThreadPool* pool);
 // dx [R, n] = ∂/∂x (overwritten); dw [n] = Σ_rows dy ⊙ x̂ (one fma chain over rows in order, overwritten).
 void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
                       int64_t R, int64_t n, ThreadPool* pool);
@@ -39,6 +43,16 @@ void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd
                   ThreadPool* pool);
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos,
                    const float* sin, ThreadPool* pool);
+// QK-norm then RoPE, fused: y [R, n_heads·hd] = RoPE(RMSNorm(x)) with w [n_heads·hd], exactly rmsnorm_forward;
+// round_bf16 (bf16); rope_forward; round_bf16 (bf16). inv_rms [R] saved as rmsnorm_forward saves it.
+void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n_heads,
+                          int64_t T, int64_t hd, const float* cos, const float* sin, float eps, bool bf16,
+                          ThreadPool* pool);
+// Its backward, fused: dy [R, n_heads·hd] (∂q) is rotated back in place, rope_backward; round_bf16 (bf16), then
+// dx [R, n] and dw [n] exactly as rmsnorm_backward(x, w, inv_rms, dy, ...) on the rotated dy.
+void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
+                           int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
+                           bool bf16, ThreadPool* pool);
 
 // ---- SwiGLU: a = silu(g) ⊙ u ----
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);

@@ -56,8 +56,10 @@ struct SimdOps {
   void (*scale_probs)(float* x, int64_t n, float S, float coef, float inv_n);
 
   // ---- RMSNorm over rows [r0, r1) / columns [c0, c1) (ref/ops.h) ----
-  void (*rmsnorm_forward_rows)(const float* x, const float* w, float* y, float* inv_rms, int64_t r0, int64_t r1,
-                               int64_t n, float eps);
+  // y = elem::fused_norm_output(w ⊙ (x · r), res, ...): res [R, n] the residual added after the norm (nullptr:
+  // plain RMSNorm), bf16 the unfused sequence's rounding points (false and nullptr: exactly rmsnorm_forward).
+  void (*rmsnorm_forward_rows)(const float* res, const float* x, const float* w, float* y, float* inv_rms, int64_t r0,
+                               int64_t r1, int64_t n, float eps, bool bf16);
   void (*rmsnorm_backward_rows)(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
                                 int64_t r0, int64_t r1, int64_t n);
   void (*rmsnorm_dw_cols)(const float* x, const float* inv_rms, const float* dy, float* dw, int64_t R, int64_t n,

@@ -164,19 +164,33 @@ struct Kernels {
   static V silu_v(V x) { return det::impl::siluf(x); }
 
   // ---- RMSNorm ----
-  static void rmsnorm_forward_rows(const float* x, const float* w, float* y, float* inv_rms, int64_t r0, int64_t r1,
-                                   int64_t n, float eps) {
+  // The fused ops' tail (residual add, bf16 rounding) runs on the register the norm just produced, so the row is
+  // read and written once.
+  static void rmsnorm_forward_rows(const float* res, const float* x, const float* w, float* y, float* inv_rms,
+                                   int64_t r0, int64_t r1, int64_t n, float eps, bool bf16) {
     const float inv_n = 1.0f / static_cast<float>(n);
+    const auto round = [](V v) { return S::round_bf16(v); };
+    const bool residual = res != nullptr;
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
+      const float* resr = residual ? res + r * n : nullptr;
       const float ms = canonical_dot(xr, xr, n) * inv_n;
       const float ir = 1.0f / __builtin_sqrtf(ms + eps);
       inv_rms[r] = ir;
       float* yr = y + r * n;
       const V irv = S::set1(ir);
       int64_t c = 0;
-      for (; c + W <= n; c += W) S::store(yr + c, S::load(w + c) * (S::load(xr + c) * irv));
-      if (c < n) S::store_first(yr + c, S::load_first(w + c, n - c) * (S::load_first(xr + c, n - c) * irv), n - c);
+      for (; c + W <= n; c += W) {
+        const V normed = S::load(w + c) * (S::load(xr + c) * irv);
+        const V rv = residual ? S::load(resr + c) : S::zero();
+        S::store(yr + c, elem::fused_norm_output(normed, rv, residual, bf16, round));
+      }
+      if (c < n) {
+        const int64_t cnt = n - c;
+        const V normed = S::load_first(w + c, cnt) * (S::load_first(xr + c, cnt) * irv);
+        const V rv = residual ? S::load_first(resr + c, cnt) : S::zero();
+        S::store_first(yr + c, elem::fused_norm_output(normed, rv, residual, bf16, round), cnt);
+      }
     }
   }
 

@@ -1,4 +1,4 @@
-// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm on the awkward shapes of
+// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm (plain and fused) on the shapes of
 // tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
 // functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
@@ -106,6 +106,39 @@ int check_rmsnorm() {
     }
   }
   std::printf("rmsnorm exact: %d of %d cases bitwise equal (forward, inverse RMS, dx, dw)\n", n_cases - failed, n_cases);
+  return failed;
+}
+
+// The fused forms (residual; QK-norm + RoPE, forward and backward) on the device against the CPU's unfused
+// sequences, fp32 and bf16: the cases tests/kernels/test_decomposition.cpp runs through the host execution in CI.
+int check_fused_norm() {
+  int failed = 0, n_cases = 0;
+  CpuExecutor cpu;
+  kernels::KernelExecutor gpu(true);
+  for (bool bf16 : {false, true}) {
+    for (const testing::NormCase& c : testing::norm_cases()) {
+      ++n_cases;
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+      if (!testing::same_bits(testing::run_residual_norm(gpu, true, bf16, c.R, c.n, o),
+                              testing::run_residual_norm(cpu, false, bf16, c.R, c.n, o))) {
+        std::printf("FAILED rmsnorm_residual_forward R=%lld n=%lld bf16 %d\n", (long long)c.R, (long long)c.n, bf16);
+        ++failed;
+      }
+    }
+    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
+      ++n_cases;
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
+      if (!testing::same_bits(testing::run_rope_norm(gpu, true, bf16, c, o),
+                              testing::run_rope_norm(cpu, false, bf16, c, o)) ||
+          !testing::same_bits(testing::run_rope_norm_backward(gpu, true, bf16, c, o),
+                              testing::run_rope_norm_backward(cpu, false, bf16, c, o))) {
+        std::printf("FAILED rmsnorm_rope_forward / rope_rmsnorm_backward R=%lld heads=%lld hd=%lld bf16 %d\n",
+                    (long long)c.R, (long long)c.n_heads, (long long)c.hd, bf16);
+        ++failed;
+      }
+    }
+  }
+  std::printf("rmsnorm exact, fused forms: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
   return failed;
 }
 
@@ -419,7 +452,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_elementwise() + check_loss() + check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
+  const int failed = check_gemm() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
+                     check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

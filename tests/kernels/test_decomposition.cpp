@@ -8,9 +8,11 @@
 #include <random>
 
 #include "kernels/attention_exact.h"
+#include "kernels/executor.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
 #include "kernels/rmsnorm_exact.h"
+#include "ref/cpu_executor.h"
 #include "ref/gemm.h"
 #include "ref/ops.h"
 #include "ref/optim.h"
@@ -99,6 +101,35 @@ TEST_CASE("rmsnorm exact negative control: a sequential row sum instead of 32 la
     differ += std::memcmp(&naive, &ir[static_cast<size_t>(r)], 4) != 0;
   }
   CHECK(differ > 0);
+}
+
+TEST_CASE("rmsnorm exact, fused forms (residual; RoPE by pairs, both ways) equal ref/'s unfused sequences") {
+  CpuExecutor cpu;
+  kernels::KernelExecutor host(false);  // rmsnorm_forward_host: the kernel's phases thread by thread
+  int cases = 0;
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    for (const testing::NormCase& c : testing::norm_cases()) {
+      CAPTURE(c.R);
+      CAPTURE(c.n);
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+      CHECK(testing::same_bits(testing::run_residual_norm(host, true, bf16, c.R, c.n, o),
+                               testing::run_residual_norm(cpu, false, bf16, c.R, c.n, o)));
+      ++cases;
+    }
+    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
+      CAPTURE(c.R);
+      CAPTURE(c.n_heads);
+      CAPTURE(c.hd);
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
+      CHECK(testing::same_bits(testing::run_rope_norm(host, true, bf16, c, o),
+                               testing::run_rope_norm(cpu, false, bf16, c, o)));
+      CHECK(testing::same_bits(testing::run_rope_norm_backward(host, true, bf16, c, o),
+                               testing::run_rope_norm_backward(cpu, false, bf16, c, o)));
+      ++cases;
+    }
+  }
+  CHECK(cases == 2 * (9 + 9));
 }
 
 TEST_CASE("cross-entropy exact: one warp per row, per-instance fp64 totals, equal to ref/ bit for bit") {

@@ -1,0 +1,168 @@
+// The fused forms of RMSNorm (model/executor.h rmsnorm_residual_forward, rmsnorm_rope_forward and its backward
+// rope_rmsnorm_backward) against the op sequences they replace, bit for bit: on every CPU path this machine has
+// (scalar, AVX2, AVX-512: the SIMD row kernel carries the fused tail), fp32 and bf16, with and without threads, on
+// widths that are no multiple of the register or warp widths and on single rows. Negative controls: the bf16
+// rounding points moved or dropped give other bits, so the comparison sees them.
+#include <doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ref/cpu_executor.h"
+#include "ref/gemm.h"
+#include "ref/parallel.h"
+#include "tests/kernels/norm_cases.h"
+
+using namespace olmoref;
+
+namespace {
+
+std::vector<GemmIsa> cpu_paths() {
+  std::vector<GemmIsa> v{GemmIsa::scalar};
+  for (GemmIsa isa : {GemmIsa::avx2, GemmIsa::avx512})
+    if (gemm_isa_supported(isa)) v.push_back(isa);
+  return v;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { set_gemm_isa(GemmIsa::best); }
+};
+
+}  // namespace
+
+TEST_CASE("rmsnorm_residual_forward equals rmsnorm; round; add; round on every CPU path, fp32 and bf16") {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  int checked = 0;
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    for (const testing::NormCase& c : testing::norm_cases()) {
+      CAPTURE(c.R);
+      CAPTURE(c.n);
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+      set_gemm_isa(GemmIsa::scalar);
+      CpuExecutor scalar_ex(&pool);
+      const testing::FusedRun definition = testing::run_residual_norm(scalar_ex, false, bf16, c.R, c.n, o);
+      for (GemmIsa path : cpu_paths()) {
+        CAPTURE(gemm_isa_name(path));
+        set_gemm_isa(path);
+        for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          CpuExecutor ex(threads);
+          CHECK(testing::same_bits(testing::run_residual_norm(ex, false, bf16, c.R, c.n, o), definition));
+          CHECK(testing::same_bits(testing::run_residual_norm(ex, true, bf16, c.R, c.n, o), definition));
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked >= 2 * 9 * 2);
+}
+
+TEST_CASE("rmsnorm_residual_forward may write its output over the residual") {
+  const testing::NormCase c{5, 33};
+  const testing::NormOperands o = testing::fused_operands(c.R, c.n, 9, true);
+  CpuExecutor ex;
+  const testing::FusedRun want = testing::run_residual_norm(ex, false, true, c.R, c.n, o);
+  std::vector<float> inout = o.dy, ir(static_cast<size_t>(c.R));
+  ex.rmsnorm_residual_forward(inout.data(), o.x.data(), o.w.data(), inout.data(), ir.data(), c.R, c.n, 1e-6f, true);
+  CHECK(std::memcmp(inout.data(), want.y.data(), inout.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("rmsnorm_rope_forward equals rmsnorm; round; rope; round on every CPU path, fp32 and bf16") {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  int checked = 0;
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
+      CAPTURE(c.R);
+      CAPTURE(c.n_heads);
+      CAPTURE(c.hd);
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
+      set_gemm_isa(GemmIsa::scalar);
+      CpuExecutor scalar_ex(&pool);
+      const testing::FusedRun definition = testing::run_rope_norm(scalar_ex, false, bf16, c, o);
+      for (GemmIsa path : cpu_paths()) {
+        CAPTURE(gemm_isa_name(path));
+        set_gemm_isa(path);
+        for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          CpuExecutor ex(threads);
+          CHECK(testing::same_bits(testing::run_rope_norm(ex, false, bf16, c, o), definition));
+          CHECK(testing::same_bits(testing::run_rope_norm(ex, true, bf16, c, o), definition));
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked >= 2 * 9 * 2);
+}
+
+TEST_CASE("rope_rmsnorm_backward equals rope_backward; round; rmsnorm_backward on every CPU path, fp32 and bf16") {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  int checked = 0;
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
+      CAPTURE(c.R);
+      CAPTURE(c.n_heads);
+      CAPTURE(c.hd);
+      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 3 * c.hd), bf16);
+      set_gemm_isa(GemmIsa::scalar);
+      CpuExecutor scalar_ex(&pool);
+      const testing::FusedRun definition = testing::run_rope_norm_backward(scalar_ex, false, bf16, c, o);
+      for (GemmIsa path : cpu_paths()) {
+        CAPTURE(gemm_isa_name(path));
+        set_gemm_isa(path);
+        for (ThreadPool* threads : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          CpuExecutor ex(threads);
+          CHECK(testing::same_bits(testing::run_rope_norm_backward(ex, false, bf16, c, o), definition));
+          CHECK(testing::same_bits(testing::run_rope_norm_backward(ex, true, bf16, c, o), definition));
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked >= 2 * 9 * 2);
+}
+
+TEST_CASE("fused forms negative controls: bf16 rounding points moved or dropped give other bits") {
+  CpuExecutor ex;
+  {
+    // Residual: rounding only the sum (the normed value added unrounded, as a fusing compiler might do).
+    const int64_t R = 9, n = 257;
+    const testing::NormOperands o = testing::fused_operands(R, n, 4, true);
+    const testing::FusedRun fused = testing::run_residual_norm(ex, true, true, R, n, o);
+    std::vector<float> y(static_cast<size_t>(R * n)), ir(static_cast<size_t>(R));
+    ex.rmsnorm_forward(o.x.data(), o.w.data(), y.data(), ir.data(), R, n, 1e-6f);
+    for (size_t i = 0; i < y.size(); ++i) y[i] = round_bf16(o.dy[i] + y[i]);
+    CHECK(std::memcmp(y.data(), fused.y.data(), y.size() * sizeof(float)) != 0);
+    CHECK(!testing::same_bits(testing::run_residual_norm(ex, true, false, R, n, o), fused));  // fp32 keeps all bits
+  }
+  {
+    // QK-norm + RoPE: the rotation on the unrounded norm output, one rounding at the end.
+    const testing::RopeNormCase c{9, 4, 4, 64};
+    const testing::NormOperands o = testing::fused_operands(c.R, c.n(), 5, true);
+    const testing::FusedRun fused = testing::run_rope_norm(ex, true, true, c, o);
+    const RopeTable t = make_rope_table(c.T, c.hd, 500000.0);
+    std::vector<float> y(static_cast<size_t>(c.R * c.n())), ir(static_cast<size_t>(c.R));
+    ex.rmsnorm_forward(o.x.data(), o.w.data(), y.data(), ir.data(), c.R, c.n(), 1e-6f);
+    ex.rope_forward(y.data(), c.R, c.n_heads, RopeView{c.T, c.hd, t.cos.data(), t.sin.data()});
+    ex.round_bf16(y.data(), c.R * c.n());
+    CHECK(std::memcmp(y.data(), fused.y.data(), y.size() * sizeof(float)) != 0);
+  }
+  {
+    // Backward: the norm backward on the rotated gradient before its rounding.
+    const testing::RopeNormCase c{9, 4, 4, 64};
+    const testing::NormOperands o = testing::fused_operands(c.R, c.n(), 6, true);
+    const testing::FusedRun fused = testing::run_rope_norm_backward(ex, true, true, c, o);
+    const RopeTable t = make_rope_table(c.T, c.hd, 500000.0);
+    const int64_t rn = c.R * c.n();
+    std::vector<float> y(static_cast<size_t>(rn)), ir(static_cast<size_t>(c.R)), dy = o.dy;
+    std::vector<float> dx(static_cast<size_t>(rn)), dw(static_cast<size_t>(c.n()));
+    ex.rmsnorm_forward(o.x.data(), o.w.data(), y.data(), ir.data(), c.R, c.n(), 1e-6f);
+    ex.rope_backward(dy.data(), c.R, c.n_heads, RopeView{c.T, c.hd, t.cos.data(), t.sin.data()});
+    ex.rmsnorm_backward(o.x.data(), o.w.data(), ir.data(), dy.data(), dx.data(), dw.data(), c.R, c.n());
+    CHECK(std::memcmp(dx.data(), fused.y.data() + rn, dx.size() * sizeof(float)) != 0);
+  }
+}
