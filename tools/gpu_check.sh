@@ -6,7 +6,8 @@
 # It uses the build in ./build when one is there (the device machines reach no package registry and lack this
 # project's Debian packages: build here, run `bash tools/gpu_carry.sh`, and carry what it lists), and configures
 # and builds otherwise. Then, each bounded in time:
-#   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM, RMSNorm, attention forward/
+#   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM with its SwiGLU epilogues, RMSNorm
+#     and its fused forms (residual add, QK-norm + RoPE both ways), attention forward/
 #     backward, cross-entropy, grad-norm chunks, zero counts, embedding, RoPE, SwiGLU, AdamW, bf16 rounding, tree
 #     add, scale)
 #     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor

@@ -1,4 +1,4 @@
-// GPU kernels against the CPU reference, bit for bit: the exact GEMM and RMSNorm (plain and fused) on the shapes of
+// GPU kernels against the CPU reference, bit for bit: the exact GEMM (plain and with its SwiGLU epilogues) and RMSNorm (plain and fused) on the shapes of
 // tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
 // functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
@@ -28,6 +28,7 @@
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/norm_cases.h"
+#include "tests/kernels/swiglu_cases.h"
 #include "tests/kernels/model_cases.h"
 #include "ref/cpu_executor.h"
 
@@ -139,6 +140,26 @@ int check_fused_norm() {
     }
   }
   std::printf("rmsnorm exact, fused forms: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
+  return failed;
+}
+
+// SwiGLU fused into its products (the GEMM store epilogues) against the CPU's unfused sequence.
+int check_gemm_swiglu() {
+  int failed = 0, n_cases = 0;
+  CpuExecutor cpu;
+  kernels::KernelExecutor gpu(true);
+  for (bool bf16 : {false, true})
+    for (const testing::SwigluShape& s : testing::kSwigluShapes) {
+      ++n_cases;
+      const std::string diff =
+          testing::runs_differ(testing::run_swiglu(cpu, s, bf16, false), testing::run_swiglu(gpu, s, bf16, true));
+      if (!diff.empty()) {
+        std::printf("FAILED matmul_*_swiglu M=%lld N=%lld K=%lld bf16 %d: %s\n", (long long)s.M, (long long)s.N,
+                    (long long)s.K, bf16, diff.c_str());
+        ++failed;
+      }
+    }
+  std::printf("gemm exact, SwiGLU epilogues: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
   return failed;
 }
 
@@ -452,7 +473,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
+  const int failed = check_gemm() + check_gemm_swiglu() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
                      check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
