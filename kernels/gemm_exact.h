@@ -51,15 +51,14 @@ OLMOREF_HD inline void gemm_store(const GemmArgs& g, int64_t at, float acc) {
   switch (g.epilogue) {
     case GemmEpilogueKind::none: g.C[at] = acc; break;
     case GemmEpilogueKind::swiglu_forward: {
-      const float u = g.epi_bf16 ? round_bf16(acc) : acc;
+      float u = acc;
+      g.epi_out[at] = elem::swiglu_forward_from_product(g.epi_g[at], u, g.epi_bf16);
       g.C[at] = u;
-      g.epi_out[at] = g.epi_bf16 ? elem::swiglu_forward_bf16(g.epi_g[at], u) : elem::swiglu_forward(g.epi_g[at], u);
       break;
     }
     case GemmEpilogueKind::swiglu_backward: {
       float dg, du;
-      if (g.epi_bf16) elem::swiglu_backward_bf16(g.epi_g[at], g.epi_u[at], round_bf16(acc), dg, du);
-      else elem::swiglu_backward(g.epi_g[at], g.epi_u[at], acc, dg, du);
+      elem::swiglu_backward_from_product(g.epi_g[at], g.epi_u[at], acc, g.epi_bf16, dg, du);
       g.C[at] = dg;
       g.epi_out[at] = du;
       break;

@@ -35,6 +35,18 @@ OLMOREF_HD inline void swiglu_backward_bf16(float g, float u, float da, float& d
   dg = round_bf16(round_bf16(da * u) * dsilu);
 }
 
+// The SwiGLU GEMM epilogues, per element (ref/ops.cpp on the CPU, kernels/gemm_exact.h gemm_store on CUDA): the
+// finished product as its tensor stores it (bf16: rounded), then SwiGLU from it. Forward: u in = the product, out =
+// u as stored; returns a. Backward: da = the product; dg, du as swiglu_backward(_bf16).
+OLMOREF_HD inline float swiglu_forward_from_product(float g, float& u, bool bf16) {
+  if (bf16) u = round_bf16(u);
+  return bf16 ? swiglu_forward_bf16(g, u) : swiglu_forward(g, u);
+}
+OLMOREF_HD inline void swiglu_backward_from_product(float g, float u, float da, bool bf16, float& dg, float& du) {
+  if (bf16) swiglu_backward_bf16(g, u, round_bf16(da), dg, du);
+  else swiglu_backward(g, u, da, dg, du);
+}
+
 // RoPE on one rotate-half pair (lo = element j, hi = element j + hd/2) with the table's c = cos, s = sin:
 // forward lo' = lo·c − hi·s, hi' = hi·c + lo·s; backward (Rᵀ) lo' = lo·c + hi·s, hi' = hi·c − lo·s. Each product
 // rounded, then the sum, as PyTorch.

@@ -268,16 +268,12 @@ void swiglu_forward_epilogue(const void* ctx, float* u_row, int64_t i, int64_t j
   const auto& e = *static_cast<const SwigluEpilogue*>(ctx);
   const float* g = e.g + i * e.ld + j0;
   float* a = e.out + i * e.ld + j0;
-  if (e.bf16) {
-    for (int64_t j = 0; j < n; ++j) {
-      u_row[j] = round_bf16(u_row[j]);
-      a[j] = elem::swiglu_forward_bf16(g[j], u_row[j]);
-    }
-  } else if (e.fast) {
+  // The SIMD lanes compute fp32 SwiGLU with swiglu_forward's operations; bf16 stays scalar, as the unfused op.
+  if (e.fast && !e.bf16) {
     e.fast->swiglu_forward(g, u_row, a, n);
-  } else {
-    for (int64_t j = 0; j < n; ++j) a[j] = elem::swiglu_forward(g[j], u_row[j]);
+    return;
   }
+  for (int64_t j = 0; j < n; ++j) a[j] = elem::swiglu_forward_from_product(g[j], u_row[j], e.bf16);
 }
 
 // da_row: the finished product da[i, j0 .. j0+n), held in dg's storage and replaced by dg.
@@ -286,14 +282,12 @@ void swiglu_backward_epilogue(const void* ctx, float* da_row, int64_t i, int64_t
   const float* g = e.g + i * e.ld + j0;
   const float* u = e.u + i * e.ld + j0;
   float* du = e.out + i * e.ld + j0;
-  if (e.bf16) {
-    for (int64_t j = 0; j < n; ++j) elem::swiglu_backward_bf16(g[j], u[j], round_bf16(da_row[j]), da_row[j], du[j]);
-  } else if (e.fast) {
+  if (e.fast && !e.bf16) {
     // In place is safe: each vector of da is loaded before the dg of the same lanes is stored.
     e.fast->swiglu_backward(g, u, da_row, da_row, du, n);
-  } else {
-    for (int64_t j = 0; j < n; ++j) elem::swiglu_backward(g[j], u[j], da_row[j], da_row[j], du[j]);
+    return;
   }
+  for (int64_t j = 0; j < n; ++j) elem::swiglu_backward_from_product(g[j], u[j], da_row[j], e.bf16, da_row[j], du[j]);
 }
 
 }  // namespace
