@@ -180,11 +180,12 @@ CompareRules default_rules(const LoadedTrace& a, const LoadedTrace& b) {
   if (a.format == "olmoref" && b.format == "olmoref") {
     out.description =
         "default for two olmoref traces: exact bits on loss, grad_norm, lr, data_digest, param_digest; num_zeros "
-        "exact where both traces record it";
-    for (const char* m : {"loss", "grad_norm", "lr", "num_zeros", "data_digest", "param_digest"}) {
+        "and (mixture of experts) routing_digest exact where both traces record them";
+    for (const char* m : {"loss", "grad_norm", "lr", "num_zeros", "data_digest", "param_digest", "routing_digest"}) {
       MetricRule r;
       r.name = r.metric = m;
-      r.required = std::string(m) != "num_zeros";  // older traces do not carry it
+      // Older traces do not carry num_zeros, dense ones no routing_digest.
+      r.required = std::string(m) != "num_zeros" && std::string(m) != "routing_digest";
       out.rules.push_back(r);
     }
   } else {
@@ -359,6 +360,17 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
       o << line;
     }
   }
+  // Mixture of experts: where the routing itself first differed, so a drifting loss can be told from a different
+  // choice of experts (the loss follows the routing, not the other way round).
+  for (const auto& m : r.metrics)
+    if (m.present && m.rule.metric == "routing_digest") {
+      if (m.first_differing_step < 0)
+        o << "routing: identical at every compared step (routing_digest)\n";
+      else
+        o << "routing: first differs at step " << m.first_differing_step
+          << " (routing_digest: some token chose other experts there)\n";
+      break;
+    }
   if (r.steps_only_in_b > 0)
     o << "(" << r.steps_only_in_b
       << (a.format == "megatron" ? " step(s) of B are not among A's golden-value steps: not compared, as in Megatron)\n"

@@ -64,7 +64,19 @@ std::string TraceRecord::to_json() const {
   if (num_zeros >= 0) s += ",\"num_zeros\":" + std::to_string(num_zeros);
   // Only an optimizer that can skip writes it, so every other trace stays byte for byte what it was.
   if (skipped >= 0) s += ",\"skipped\":" + std::to_string(skipped);
-  s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"}";
+  s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"";
+  if (!routing_digest.empty()) {
+    s += ",\"moe_lb\":" + fmt("%.9g", moe_lb) + ",\"moe_lb_hex\":\"" + hex32(fbits(moe_lb)) + "\"";
+    s += ",\"moe_z\":" + fmt("%.9g", moe_z) + ",\"moe_z_hex\":\"" + hex32(fbits(moe_z)) + "\"";
+    s += ",\"routing_digest\":\"" + routing_digest + "\",\"expert_load\":[";
+    for (size_t l = 0; l < expert_load.size(); ++l) {
+      s += l ? ",[" : "[";
+      for (size_t e = 0; e < expert_load[l].size(); ++e) s += (e ? "," : "") + std::to_string(expert_load[l][e]);
+      s += "]";
+    }
+    s += "]";
+  }
+  s += "}";
   return s;
 }
 
@@ -88,6 +100,12 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.skipped = j.value("skipped", -1);  // only optimizers that can skip write it
   r.data_digest = j.at("data_digest").get<std::string>();
   r.param_digest = j.at("param_digest").get<std::string>();
+  if (j.contains("routing_digest")) {
+    r.moe_lb = f32("moe_lb_hex", "moe_lb");
+    r.moe_z = f32("moe_z_hex", "moe_z");
+    r.routing_digest = j.at("routing_digest").get<std::string>();
+    r.expert_load = j.value("expert_load", std::vector<std::vector<int64_t>>{});
+  }
   return r;
 }
 

@@ -28,6 +28,10 @@ struct TraceRecord {
   int skipped = -1;          // 1: SkipStepAdamW skipped this step's update, 0: it did not; -1: the optimizer never skips
   std::string data_digest;   // XXH3-64 of the batch token ids (hex)
   std::string param_digest;  // XXH3-128 Merkle root of the parameters after the update (hex)
+  // Mixture of experts only (written when routing_digest is set; docs/formats/trace.md):
+  float moe_lb = 0, moe_z = 0;          // the weighted load-balancing and router z-loss, also inside `loss`
+  std::string routing_digest;           // XXH3-64 over the instances' routing digests, in global instance order
+  std::vector<std::vector<int64_t>> expert_load;  // [layer][expert] tokens routed (each token counts k times)
 
   std::string to_json() const;
   static TraceRecord from_json(const std::string& line);  // throws std::runtime_error

@@ -53,6 +53,9 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
       T_(seq_len),
       R_(micro_batch * seq_len) {
   cfg_.validate();
+  if (cfg_.moe.enabled() && precision_ != Precision::fp32)
+    throw std::invalid_argument("config key 'train.precision': mixture-of-experts models train in fp32 only so far "
+                                "(bf16 MoE is not implemented yet); set train.precision=\"fp32\"");
   if (B_ <= 0 || T_ < 2) throw std::invalid_argument("micro-batch must hold >= 1 instance of >= 2 tokens");
   Executor& e = *ex_;
   const RopeTable table = make_rope_table(T_, cfg_.head_dim, cfg_.rope_theta);
@@ -82,9 +85,25 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
     a.ao.reset(e, R * d, "activation ao" + at);
     a.ao_rms.reset(e, R, "activation ao_rms" + at);
     a.h.reset(e, R * d, "activation h" + at);
-    a.g.reset(e, R * F, "activation g (gate)" + at);
-    a.u.reset(e, R * F, "activation u (up)" + at);
-    a.a.reset(e, R * F, "activation a (SwiGLU)" + at);
+    if (!cfg_.moe.enabled()) {
+      a.g.reset(e, R * F, "activation g (gate)" + at);
+      a.u.reset(e, R * F, "activation u (up)" + at);
+      a.a.reset(e, R * F, "activation a (SwiGLU)" + at);
+    } else {
+      const int64_t E = cfg_.moe.n_experts, S = R * cfg_.moe.top_k, h = cfg_.moe.hidden, Fs = cfg_.moe.shared_hidden;
+      a.router_logits.reset(e, R * E, "router logits" + at);
+      a.xg.reset(e, S * d, "dispatched expert inputs" + at);
+      a.eg.reset(e, S * h, "expert gate" + at);
+      a.eu.reset(e, S * h, "expert up" + at);
+      a.ea.reset(e, S * h, "expert SwiGLU" + at);
+      a.ey.reset(e, S * d, "expert outputs" + at);
+      if (Fs > 0) {
+        a.sg.reset(e, R * Fs, "shared expert gate" + at);
+        a.su.reset(e, R * Fs, "shared expert up" + at);
+        a.sa.reset(e, R * Fs, "shared expert SwiGLU" + at);
+        a.sy.reset(e, R * d, "shared expert output" + at);
+      }
+    }
     a.f.reset(e, R * d, "activation f" + at);
     a.f_rms.reset(e, R, "activation f_rms" + at);
   }
@@ -98,9 +117,17 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
   const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
   const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T;
   // Per layer: x, ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
-  const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 3 * F + 5) + 2 * stats;
+  int64_t ffn = 3 * R * F, ffn_bw = 2 * R * F;
+  if (cfg.moe.enabled()) {
+    // Router logits [R, E]; dispatched inputs and outputs [S, d]; the experts' g, u, a [S, h]; the shared expert's
+    // g, u, a [R, Fs] and output [R, d]; backward: ∂logits, ∂y, ∂xg, ∂a, ∂g, ∂u and the shared expert's.
+    const int64_t E = cfg.moe.n_experts, S = R * cfg.moe.top_k, h = cfg.moe.hidden, Fs = cfg.moe.shared_hidden;
+    ffn = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 3 * R * Fs + R * d : 0);
+    ffn_bw = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? R * d + 2 * R * Fs : 0);
+  }
+  const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;
   int64_t floats = cfg.n_layers * per_layer + R * (2 * d + 1) + R * V + T * cfg.head_dim;  // + x_final, hn, logits
-  floats += R * (2 * d + 2 * qd + 3 * kd + 2 * F);  // backward temporaries
+  floats += R * (2 * d + 2 * qd + 3 * kd) + ffn_bw;  // backward temporaries
   if (precision == Precision::bf16) floats += ParamLayout(cfg).total;
   if (kernel_scratch) floats += 2 * stats * T + 2 * stats * cfg.head_dim;  // attention P, dS, per-head dk/dv
   return floats * static_cast<int64_t>(sizeof(float)) + R * 24;  // + tokens and the loss's fp64 row terms
@@ -108,6 +135,7 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
 
 const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, ThreadPool* pool) {
   if (own_ex_) own_ex_->set_pool(pool);
+  pool_ = pool;
   const int64_t R = n_inst * T_, V = cfg_.vocab_size;
   for (int64_t r = 0; r < R; ++r)
     if (host_tokens[r] >= static_cast<uint64_t>(V))
@@ -119,6 +147,7 @@ const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, T
 
 void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst) {
   Executor& e = *ex_;
+  if (cfg_.moe.enabled()) moe_inst_.assign(static_cast<size_t>(n_inst), MoEInstance{});
   const int64_t R = n_inst * T_;
   const int64_t d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden, V = cfg_.vocab_size;
   const float eps = cfg_.norm_eps;
@@ -154,12 +183,16 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
     e.rmsnorm_residual_forward(A.x.data(), A.ao.data(), params + o.attn_norm, A.h.data(), A.ao_rms.data(), R, d, eps,
                                bf16);
     // Feed-forward sublayer.
-    e.matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d);
-    round_act(A.g.data(), R * F);
-    // u = h·W3ᵀ (bf16: rounded) and a = SwiGLU(g, u), the SwiGLU in the product's epilogue.
-    e.matmul_forward_swiglu(A.h.data(), params + o.w3, A.g.data(), A.u.data(), A.a.data(), R, F, d, bf16);
-    e.matmul_forward(A.a.data(), params + o.w2, A.f.data(), R, d, F);
-    round_act(A.f.data(), R * d);
+    if (cfg_.moe.enabled()) {
+      moe_forward(params, A, o, n_inst);
+    } else {
+      e.matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d);
+      round_act(A.g.data(), R * F);
+      // u = h·W3ᵀ (bf16: rounded) and a = SwiGLU(g, u), the SwiGLU in the product's epilogue.
+      e.matmul_forward_swiglu(A.h.data(), params + o.w3, A.g.data(), A.u.data(), A.a.data(), R, F, d, bf16);
+      e.matmul_forward(A.a.data(), params + o.w2, A.f.data(), R, d, F);
+      round_act(A.f.data(), R * d);
+    }
     float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
     e.rmsnorm_residual_forward(A.h.data(), A.f.data(), params + o.ffn_norm, next, A.f_rms.data(), R, d, eps, bf16);
     drop_unit(static_cast<int>(l) + 1);
@@ -188,15 +221,19 @@ void Olmo3::gather_only_pass() {
 
 // Loss totals of instances [0, n) by the instance tree (fp64).
 static LossSums tree_totals(const std::vector<LossSums>& per, int64_t n) {
-  std::vector<double> ce(static_cast<size_t>(n)), z(static_cast<size_t>(n));
+  std::vector<double> ce(static_cast<size_t>(n)), z(static_cast<size_t>(n)), lb(static_cast<size_t>(n)),
+      rz(static_cast<size_t>(n));
   LossSums sums;
   for (int64_t b = 0; b < n; ++b) {
-    ce[static_cast<size_t>(b)] = per[static_cast<size_t>(b)].ce;
-    z[static_cast<size_t>(b)] = per[static_cast<size_t>(b)].z;
-    sums.n_targets += per[static_cast<size_t>(b)].n_targets;
+    const LossSums& p = per[static_cast<size_t>(b)];
+    ce[static_cast<size_t>(b)] = p.ce, z[static_cast<size_t>(b)] = p.z;
+    lb[static_cast<size_t>(b)] = p.moe_lb, rz[static_cast<size_t>(b)] = p.moe_z;
+    sums.n_targets += p.n_targets;
   }
   sums.ce = tree_sum_range(ce.data(), 0, n);
   sums.z = tree_sum_range(z.data(), 0, n);
+  sums.moe_lb = tree_sum_range(lb.data(), 0, n);
+  sums.moe_z = tree_sum_range(rz.data(), 0, n);
   return sums;
 }
 
@@ -208,6 +245,8 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, T
   if (logits_out) logits_.download(logits_out, logits_.size());
   per_scratch_.assign(static_cast<size_t>(B_), LossSums{});
   ex_->cross_entropy(logits_.data(), tokens, B_, T_, cfg_.vocab_size, 1e-5f, B_ * (T_ - 1), per_scratch_.data());
+  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
+    per_scratch_[b].moe_lb = moe_inst_[b].lb, per_scratch_[b].moe_z = moe_inst_[b].z;
   return tree_totals(per_scratch_, B_);
 }
 
@@ -238,6 +277,8 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   if (logits_out) logits_.download(logits_out, R * V);
   // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
   e.cross_entropy(logits_.data(), tokens, n_inst, T, V, 1e-5f, global_n_targets, per_instance);
+  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
+    per_instance[b].moe_lb = moe_inst_[b].lb, per_instance[b].moe_z = moe_inst_[b].z;
   // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).
   round_act(logits_.data(), R * V);
   // bf16: every activation gradient is rounded once it is complete and every parameter gradient leaf once
@@ -251,8 +292,23 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     bw_.dkd.reset(e, Rm * kd, "gradient dk (before RoPE)");
     bw_.dk.reset(e, Rm * kd, "gradient dk");
     bw_.dv.reset(e, Rm * kd, "gradient dv");
-    bw_.dg.reset(e, Rm * F, "gradient dg (gate)");
-    bw_.du.reset(e, Rm * F, "gradient du (up)");
+    if (!cfg_.moe.enabled()) {
+      bw_.dg.reset(e, Rm * F, "gradient dg (gate)");
+      bw_.du.reset(e, Rm * F, "gradient du (up)");
+    } else {
+      const int64_t E = cfg_.moe.n_experts, S = Rm * cfg_.moe.top_k, h = cfg_.moe.hidden, Fs = cfg_.moe.shared_hidden;
+      bw_.dlogits.reset(e, Rm * E, "gradient of the router logits");
+      bw_.dy.reset(e, S * d, "gradient of the expert outputs");
+      bw_.dxg.reset(e, S * d, "gradient of the dispatched expert inputs");
+      bw_.da.reset(e, S * h, "gradient of the expert SwiGLU");
+      bw_.deg.reset(e, S * h, "gradient of the expert gate");
+      bw_.deu.reset(e, S * h, "gradient of the expert up");
+      if (Fs > 0) {
+        bw_.dsy.reset(e, Rm * d, "gradient of the shared expert output");
+        bw_.dsg.reset(e, Rm * Fs, "gradient of the shared expert gate");
+        bw_.dsu.reset(e, Rm * Fs, "gradient of the shared expert up");
+      }
+    }
   }
   float *dx = bw_.dx.data(), *dtmp = bw_.dtmp.data(), *dqd = bw_.dqd.data(), *dq = bw_.dq.data();
   float *dkd = bw_.dkd.data(), *dk = bw_.dk.data(), *dv = bw_.dv.data();
@@ -262,12 +318,7 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   // Parameter gradients: every token-axis reduction runs over one instance's T rows (docs/canonical/step.md).
   // dW[N,K] of rows dY [R, N], X [R, K], instance by instance.
   auto weight_grad = [&](int64_t offset, const float* dY, const float* X, int64_t N, int64_t K) {
-    for (int64_t b = 0; b < n_inst; ++b) {
-      float* leaf = grads.leaf(b, offset, N * K);
-      e.matmul_backward_weight(dY + b * T * N, X + b * T * K, leaf, T, N, K, false);
-      round_act(leaf, N * K);
-      grads.commit(b, offset, N * K);
-    }
+    instance_weight_grads(grads, n_inst, offset, dY, X, N, K);
   };
   // RMSNorm backward instance by instance: dx rows [R, n] and the norm weight's leaf per instance.
   auto norm_backward = [&](int64_t offset, const float* x, const float* w, const float* inv_rms, const float* dy,
@@ -308,14 +359,18 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     // out = h + RMSNorm(f):  ∂h = dx (kept in dx, accumulated into below), ∂f via the norm.
     norm_backward(o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), dx, dtmp, d);
     round_act(dtmp, R * d);
-    weight_grad(o.w2, dtmp, A.a.data(), d, F);
-    // ∂a = dtmp·W2 (bf16: rounded), then SwiGLU's backward in the product's epilogue: ∂a lives only in dg.
-    e.matmul_backward_input_swiglu(dtmp, params + o.w2, A.g.data(), A.u.data(), dg, du, R, d, F, bf16);
-    weight_grad(o.w1, dg, A.h.data(), F, d);
-    weight_grad(o.w3, du, A.h.data(), F, d);
-    // ∂h = dx + dg·W1 + du·W3: the chains continue from the residual gradient (accumulate=true).
-    e.matmul_backward_input(dg, params + o.w1, dx, R, F, d, true);
-    e.matmul_backward_input(du, params + o.w3, dx, R, F, d, true);
+    if (cfg_.moe.enabled()) {
+      moe_backward(params, A, o, n_inst, global_n_targets, grads, dtmp, dx);
+    } else {
+      weight_grad(o.w2, dtmp, A.a.data(), d, F);
+      // ∂a = dtmp·W2 (bf16: rounded), then SwiGLU's backward in the product's epilogue: ∂a lives only in dg.
+      e.matmul_backward_input_swiglu(dtmp, params + o.w2, A.g.data(), A.u.data(), dg, du, R, d, F, bf16);
+      weight_grad(o.w1, dg, A.h.data(), F, d);
+      weight_grad(o.w3, du, A.h.data(), F, d);
+      // ∂h = dx + dg·W1 + du·W3: the chains continue from the residual gradient (accumulate=true).
+      e.matmul_backward_input(dg, params + o.w1, dx, R, F, d, true);
+      e.matmul_backward_input(du, params + o.w3, dx, R, F, d, true);
+    }
     round_act(dx, R * d);
     // h = x + RMSNorm(ao).
     norm_backward(o.attn_norm, A.ao.data(), params + o.attn_norm, A.ao_rms.data(), dx, dtmp, d);
@@ -349,6 +404,235 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     round_act(leaf, V * d);
     grads.commit(b, layout_.embeddings, V * d);
   }
+}
+
+// One weight's gradient leaf per instance: dW_b [N, K] = dY_bᵀ·X_b over the instance's T rows (dY [R, N],
+// X [R, K]), rounded to bf16 under that recipe, then committed to the instance tree.
+void Olmo3::instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* dY, const float* X,
+                                  int64_t N, int64_t K) {
+  for (int64_t b = 0; b < n_inst; ++b) {
+    float* leaf = grads.leaf(b, offset, N * K);
+    ex_->matmul_backward_weight(dY + b * T_ * N, X + b * T_ * K, leaf, T_, N, K, false);
+    round_act(leaf, N * K);
+    grads.commit(b, offset, N * K);
+  }
+}
+
+// ---- Mixture of experts (docs/canonical/moe.md) ----
+
+const float* Olmo3::host_read(const float* src, int64_t n, std::vector<float>& scratch) const {
+  if (ex_->host_memory()) return src;
+  scratch.resize(static_cast<size_t>(n));
+  ex_->to_host(scratch.data(), src, static_cast<size_t>(n) * sizeof(float));
+  return scratch.data();
+}
+
+void Olmo3::host_write(float* dst, const float* host, int64_t n) const {
+  if (host != dst) ex_->to_device(dst, host, static_cast<size_t>(n) * sizeof(float));
+}
+
+// OLMo-core: lb_loss_weight (÷ n_layers when scaled) times load_balancing_loss's E/k; the z weight likewise.
+double Olmo3::moe_lb_coef() const {
+  const MoEConfig& m = cfg_.moe;
+  const double w = m.scale_loss_by_num_layers ? m.lb_loss_weight / static_cast<double>(cfg_.n_layers) : m.lb_loss_weight;
+  return w * static_cast<double>(m.n_experts) / static_cast<double>(m.top_k);
+}
+
+double Olmo3::moe_z_coef() const {
+  const MoEConfig& m = cfg_.moe;
+  return m.scale_loss_by_num_layers ? m.z_loss_weight / static_cast<double>(cfg_.n_layers) : m.z_loss_weight;
+}
+
+void Olmo3::set_debug_unordered_combine(bool on) {
+  if (on && !cfg_.moe.enabled())
+    throw std::invalid_argument("--debug-moe-unordered-combine needs a mixture-of-experts model (model.moe_experts > 0)");
+  debug_unordered_combine_ = on;
+}
+
+std::vector<int64_t> Olmo3::take_expert_load() {
+  std::vector<int64_t> out = std::move(expert_load_);
+  expert_load_.assign(static_cast<size_t>(cfg_.n_layers * cfg_.moe.n_experts), 0);
+  if (out.empty()) out.assign(expert_load_.size(), 0);
+  return out;
+}
+
+void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst) {
+  Executor& e = *ex_;
+  const MoEConfig& m = cfg_.moe;
+  const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
+  const int64_t layer = &A - acts_.data();
+  // Router: logits [R, E] = h·Wrᵀ on the executor, then softmax and top-k on the host.
+  e.matmul_forward(A.h.data(), params + o.moe_router, A.router_logits.data(), R, E, d);
+  const float* logits = host_read(A.router_logits.data(), R * E, hs_a_);
+  A.scores.resize(static_cast<size_t>(R * E));
+  A.lse.resize(static_cast<size_t>(R));
+  A.top.resize(static_cast<size_t>(R * k));
+  A.weight.resize(static_cast<size_t>(R * k));
+  moe::route(logits, R, E, k, A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), pool_);
+  A.plan = moe::make_plan(A.top.data(), R, k, E);
+  if (expert_load_.size() != static_cast<size_t>(cfg_.n_layers * E))
+    expert_load_.assign(static_cast<size_t>(cfg_.n_layers * E), 0);
+  for (int64_t x = 0; x < E; ++x) expert_load_[static_cast<size_t>(layer * E + x)] += A.plan.count(x);
+
+  // Auxiliary losses and the routing digest, per instance (docs/canonical/moe.md "Auxiliary losses").
+  const double lb_coef = moe_lb_coef(), z_coef = moe_z_coef();
+  const std::vector<int64_t> mb_counts =
+      m.lb_granularity == MoELbGranularity::local_batch ? moe::counts(A.top.data(), 0, R, k, E) : std::vector<int64_t>{};
+  for (int64_t b = 0; b < n_inst; ++b) {
+    MoEInstance& mi = moe_inst_[static_cast<size_t>(b)];
+    const int64_t r0 = b * T_, r1 = r0 + T_;
+    if (m.lb_loss_weight > 0) {
+      if (m.lb_granularity == MoELbGranularity::instance)
+        mi.lb += moe::lb_value(A.scores.data(), r0, r1, E, moe::counts(A.top.data(), r0, r1, k, E), T_, lb_coef);
+      else
+        mi.lb += moe::lb_value(A.scores.data(), r0, r1, E, mb_counts, R, lb_coef);
+    }
+    if (m.z_loss_weight > 0) mi.z += moe::z_value(A.lse.data(), r0, r1, z_coef);
+    mi.routing = moe::routing_digest(A.top.data() + r0 * k, T_, k, mi.routing ^ static_cast<uint64_t>(layer));
+  }
+
+  // Dispatch h's rows in (expert, row) order, then each expert's SwiGLU over its contiguous rows.
+  const float* hrow = host_read(A.h.data(), R * d, hs_b_);
+  {
+    float* xg = e.host_memory() ? A.xg.data() : (hs_c_.resize(static_cast<size_t>(R * k * d)), hs_c_.data());
+    moe::gather(hrow, A.plan, d, xg, pool_);
+    host_write(A.xg.data(), xg, R * k * d);
+  }
+  for (int64_t x = 0; x < E; ++x) {
+    const int64_t n = A.plan.count(x), p0 = A.plan.expert_begin[static_cast<size_t>(x)];
+    if (n == 0) continue;
+    const float* X = A.xg.data() + p0 * d;
+    // Expert x: g = X·W1ₓᵀ, u = X·W3ₓᵀ with a = SwiGLU(g, u) in its epilogue, y = a·W2ₓ (W2ₓ is [h, d]: [in, out]).
+    e.matmul_forward(X, params + o.moe_w1 + x * h * d, A.eg.data() + p0 * h, n, h, d);
+    e.matmul_forward_swiglu(X, params + o.moe_w3 + x * h * d, A.eg.data() + p0 * h, A.eu.data() + p0 * h,
+                            A.ea.data() + p0 * h, n, h, d, false);
+    e.matmul_backward_input(A.ea.data() + p0 * h, params + o.moe_w2 + x * h * d, A.ey.data() + p0 * d, n, h, d, false);
+  }
+  // Combine the k choices of every row in rank order; with a shared expert, mix the two as OLMo-core does.
+  const float* ey = host_read(A.ey.data(), R * k * d, hs_c_);
+  float* f = e.host_memory() ? A.f.data() : (hs_d_.resize(static_cast<size_t>(R * d)), hs_d_.data());
+  if (debug_unordered_combine_)
+    moe::combine_unordered_for_test(ey, A.weight.data(), A.plan, d, f);
+  else
+    moe::combine(ey, A.weight.data(), A.plan, d, f, pool_);
+  if (Fs > 0) {
+    e.matmul_forward(A.h.data(), params + o.shared_w1, A.sg.data(), R, Fs, d);
+    e.matmul_forward_swiglu(A.h.data(), params + o.shared_w3, A.sg.data(), A.su.data(), A.sa.data(), R, Fs, d, false);
+    e.matmul_forward(A.sa.data(), params + o.shared_w2, A.sy.data(), R, d, Fs);
+    const float* sy = host_read(A.sy.data(), R * d, hs_b_);
+    moe::shared_combine(sy, f, k, f, R * d, pool_);
+  }
+  host_write(A.f.data(), f, R * d);
+}
+
+void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst,
+                         int64_t global_n_targets, GradientLeaves& grads, const float* dtmp, float* dx) {
+  Executor& e = *ex_;
+  const MoEConfig& m = cfg_.moe;
+  const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
+  const moe::Plan& plan = A.plan;
+  const int64_t T = T_;
+  auto weight_grad = [&](int64_t offset, const float* dY, const float* X, int64_t N, int64_t K) {
+    instance_weight_grads(grads, n_inst, offset, dY, X, N, K);
+  };
+  // ∂f splits into the shared expert's and the routed part.
+  const float* dout = host_read(dtmp, R * d, hs_a_);
+  std::vector<float> drouted_store;
+  const float* drouted = dout;
+  if (Fs > 0) {
+    drouted_store.resize(static_cast<size_t>(R * d));
+    float* dsy = e.host_memory() ? bw_.dsy.data() : (hs_b_.resize(static_cast<size_t>(R * d)), hs_b_.data());
+    moe::shared_combine_backward(dout, k, dsy, drouted_store.data(), R * d, pool_);
+    host_write(bw_.dsy.data(), dsy, R * d);
+    drouted = drouted_store.data();
+    weight_grad(o.shared_w2, bw_.dsy.data(), A.sa.data(), d, Fs);
+    e.matmul_backward_input_swiglu(bw_.dsy.data(), params + o.shared_w2, A.sg.data(), A.su.data(), bw_.dsg.data(),
+                                   bw_.dsu.data(), R, d, Fs, false);
+    weight_grad(o.shared_w1, bw_.dsg.data(), A.h.data(), Fs, d);
+    weight_grad(o.shared_w3, bw_.dsu.data(), A.h.data(), Fs, d);
+    e.matmul_backward_input(bw_.dsg.data(), params + o.shared_w1, dx, R, Fs, d, true);
+    e.matmul_backward_input(bw_.dsu.data(), params + o.shared_w3, dx, R, Fs, d, true);
+  }
+  // Combine backward: ∂y per slot and ∂weight per choice.
+  std::vector<float> dweight(static_cast<size_t>(R * k));
+  {
+    const float* ey = host_read(A.ey.data(), R * k * d, hs_c_);
+    std::vector<float> dy_host;
+    float* dy = e.host_memory() ? bw_.dy.data() : (dy_host.resize(static_cast<size_t>(R * k * d)), dy_host.data());
+    moe::combine_backward(drouted, ey, A.weight.data(), plan, d, dy, dweight.data(), pool_);
+    host_write(bw_.dy.data(), dy, R * k * d);
+  }
+  // Each expert's backward over its rows: ∂a = ∂y·W2ₓᵀ, SwiGLU backward, ∂xg = ∂g·W1ₓ + ∂u·W3ₓ.
+  for (int64_t x = 0; x < E; ++x) {
+    const int64_t n = plan.count(x), p0 = plan.expert_begin[static_cast<size_t>(x)];
+    if (n == 0) continue;
+    e.matmul_forward(bw_.dy.data() + p0 * d, params + o.moe_w2 + x * h * d, bw_.da.data() + p0 * h, n, h, d);
+    e.swiglu_backward(A.eg.data() + p0 * h, A.eu.data() + p0 * h, bw_.da.data() + p0 * h, bw_.deg.data() + p0 * h,
+                      bw_.deu.data() + p0 * h, n * h, false);
+    e.matmul_backward_input(bw_.deg.data() + p0 * h, params + o.moe_w1 + x * h * d, bw_.dxg.data() + p0 * d, n, h, d,
+                            false);
+    e.matmul_backward_input(bw_.deu.data() + p0 * h, params + o.moe_w3 + x * h * d, bw_.dxg.data() + p0 * d, n, h, d,
+                            true);
+  }
+  // The experts' weight-gradient leaves: instance b's rows of expert x are one contiguous run of positions.
+  auto expert_grad = [&](int64_t offset, auto&& one) {
+    for (int64_t b = 0; b < n_inst; ++b) {
+      float* leaf = grads.leaf(b, offset, E * h * d);
+      for (int64_t x = 0; x < E; ++x) {
+        const auto [q0, q1] = plan.segment(x, b * T, (b + 1) * T);
+        float* dW = leaf + x * h * d;
+        if (q1 == q0)
+          e.zero(dW, static_cast<size_t>(h * d) * sizeof(float));
+        else
+          one(q0, q1 - q0, dW);
+      }
+      grads.commit(b, offset, E * h * d);
+    }
+  };
+  expert_grad(o.moe_w1, [&](int64_t q, int64_t n, float* dW) {
+    e.matmul_backward_weight(bw_.deg.data() + q * h, A.xg.data() + q * d, dW, n, h, d, false);
+  });
+  expert_grad(o.moe_w3, [&](int64_t q, int64_t n, float* dW) {
+    e.matmul_backward_weight(bw_.deu.data() + q * h, A.xg.data() + q * d, dW, n, h, d, false);
+  });
+  expert_grad(o.moe_w2, [&](int64_t q, int64_t n, float* dW) {  // ∂W2ₓ [h, d] = aᵀ·∂y
+    e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, false);
+  });
+  // ∂h += the dispatched rows' input gradients, each row's k choices in rank order.
+  {
+    const float* dxg = host_read(bw_.dxg.data(), R * k * d, hs_c_);
+    float* dxh = e.host_memory() ? dx : (hs_b_.resize(static_cast<size_t>(R * d)), hs_b_.data());
+    if (!e.host_memory()) e.to_host(dxh, dx, static_cast<size_t>(R * d) * sizeof(float));
+    if (debug_unordered_combine_)
+      moe::scatter_add_unordered_for_test(dxg, plan, d, dxh);
+    else
+      moe::scatter_add(dxg, plan, d, dxh, pool_);
+    host_write(dx, dxh, R * d);
+  }
+  // Router: ∂logits from the combine's ∂weight, the load-balancing and z-loss terms; then ∂Wr and ∂h.
+  {
+    std::vector<float> dl_host;
+    float* dl = e.host_memory() ? bw_.dlogits.data() : (dl_host.resize(static_cast<size_t>(R * E)), dl_host.data());
+    const double lb_coef = m.lb_loss_weight > 0 ? moe_lb_coef() : 0.0;
+    const float z_grad = m.z_loss_weight > 0
+                             ? static_cast<float>(2.0 * moe_z_coef() / static_cast<double>(global_n_targets))
+                             : 0.0f;
+    const std::vector<float> mb_grad =
+        m.lb_granularity == MoELbGranularity::local_batch
+            ? moe::lb_grad(moe::counts(A.top.data(), 0, R, k, E), R, lb_coef, global_n_targets)
+            : std::vector<float>{};
+    for (int64_t b = 0; b < n_inst; ++b) {
+      const int64_t r0 = b * T, r1 = r0 + T;
+      const std::vector<float> g = m.lb_granularity == MoELbGranularity::instance
+                                       ? moe::lb_grad(moe::counts(A.top.data(), r0, r1, k, E), T, lb_coef, global_n_targets)
+                                       : mb_grad;
+      moe::router_backward(A.scores.data(), A.lse.data(), A.top.data(), dweight.data(), g.data(), z_grad, r0, r1, E, k,
+                           dl);
+    }
+    host_write(bw_.dlogits.data(), dl, R * E);
+  }
+  weight_grad(o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
+  e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
 }
 
 }  // namespace olmoref

@@ -16,6 +16,7 @@
 #include "model/gradient_tree.h"
 #include "ref/cpu_executor.h"
 #include "ref/model_config.h"
+#include "ref/moe.h"
 #include "ref/ops.h"
 #include "ref/params.h"
 
@@ -34,7 +35,17 @@ struct LayerActs {
   Buffer<float> ao, ao_rms;        // [R, d], [R]  w_out output, before attention_norm
   Buffer<float> h;                 // [R, d]   x + RMSNorm(ao)
   Buffer<float> g, u, a;           // [R, F]   gate, up, silu(gate) ⊙ up
-  Buffer<float> f, f_rms;          // [R, d], [R]  w2 output, before feed_forward_norm
+  Buffer<float> f, f_rms;          // [R, d], [R]  w2 output (MoE: the combined experts), before feed_forward_norm
+  // Mixture of experts (docs/canonical/moe.md), S = R·k dispatched slots in (expert, row) order:
+  Buffer<float> router_logits;     // [R, E]
+  Buffer<float> xg;                // [S, d]   h's rows, dispatched
+  Buffer<float> eg, eu, ea;        // [S, h]   each expert's gate, up, SwiGLU
+  Buffer<float> ey;                // [S, d]   each expert's output
+  Buffer<float> sg, su, sa, sy;    // [R, Fs], [R, Fs], [R, Fs], [R, d]  the shared expert
+  // Host side of the routing (host memory on every executor): scores [R, E], lse [R], top, weight [R, k].
+  std::vector<float> scores, lse, weight;
+  std::vector<int32_t> top;
+  moe::Plan plan;
 };
 
 // Gradient temporaries of backward (allocated at the first backward).
@@ -43,6 +54,15 @@ struct BackwardBuffers {
   Buffer<float> dqd, dq;      // [R, qd]
   Buffer<float> dkd, dk, dv;  // [R, kd]
   Buffer<float> dg, du;       // [R, F] (dg first holds ∂a, the SwiGLU output's gradient)
+  // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs].
+  Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu;
+};
+
+// What a MoE model's forward records per instance: its auxiliary-loss sums (fp64, weighted, summed over layers
+// in order; the step divides them by its target count) and the digest of its tokens' expert choices.
+struct MoEInstance {
+  double lb = 0.0, z = 0.0;
+  uint64_t routing = 0;
 };
 
 // FSDP-style parameter gathering. A model with a gate asks for each unit's parameters just before it
@@ -105,6 +125,16 @@ class Olmo3 {
   // forward_backward.
   LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out = nullptr);
 
+  // TEST ONLY: combine the experts in arrival order (moe::combine_unordered_for_test); MoE models only.
+  void set_debug_unordered_combine(bool on);
+  // MoE only: the instances of the last forward (forward_backward or forward_loss), [n_instances].
+  const std::vector<MoEInstance>& moe_instances() const { return moe_inst_; }
+  // MoE only: tokens routed to each expert, [n_layers, E], summed over every forward since the last take (choices,
+  // so each token counts k times); returns them and starts again from zero.
+  std::vector<int64_t> take_expert_load();
+  // MoE only: layer l's expert choices of the last forward, [n_instances · T, k] (host memory).
+  const std::vector<int32_t>& routing(int64_t layer) const { return acts_[static_cast<size_t>(layer)].top; }
+
  private:
   // Points the model's CPU executor at this call's threads; returns the tokens in executor memory.
   const uint32_t* begin_call(const uint32_t* host_tokens, int64_t n_instances, ThreadPool* pool);
@@ -115,6 +145,19 @@ class Olmo3 {
   void drop_unit(int unit);
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
   void round_act(float* x, int64_t n) const;
+  // The MoE feed-forward of layer l: A.f [R, d] from A.h [R, d]; and its backward from ∂f (dtmp), adding ∂h to dx.
+  void moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst);
+  void moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst, int64_t global_n_targets,
+                    GradientLeaves& grads, const float* dtmp, float* dx);
+  // Per-instance weight-gradient leaves of one linear layer (forward_backward and moe_backward).
+  void instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* dY, const float* X,
+                             int64_t N, int64_t K);
+  // Host access to executor memory: the pointer itself on host-memory executors, else a copy in `scratch`.
+  const float* host_read(const float* src, int64_t n, std::vector<float>& scratch) const;
+  // Writes host data back (nothing to do when `host` is the executor memory itself).
+  void host_write(float* dst, const float* host, int64_t n) const;
+  double moe_lb_coef() const;
+  double moe_z_coef() const;
 
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
@@ -132,6 +175,11 @@ class Olmo3 {
   Buffer<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
   BackwardBuffers bw_;
   std::vector<LossSums> per_scratch_;
+  std::vector<MoEInstance> moe_inst_;
+  std::vector<int64_t> expert_load_;  // [L, E]
+  bool debug_unordered_combine_ = false;
+  ThreadPool* pool_ = nullptr;         // this call's threads, for the host-side routing work
+  std::vector<float> hs_a_, hs_b_, hs_c_, hs_d_;  // host scratch of the routing on non-host executors
 };
 
 }  // namespace olmoref

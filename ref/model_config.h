@@ -7,6 +7,27 @@
 
 namespace olmoref {
 
+// Where the load-balancing loss takes its token counts and its mean (docs/canonical/moe.md).
+enum class MoELbGranularity {
+  instance,     // per instance: layout-free, the same loss for every micro-batch size and data-parallel layout
+  local_batch,  // OLMo-core's default: per micro-batch, so the loss depends on the layout (parity mode)
+};
+
+// The mixture-of-experts feed-forward of OLMo-core's moe_reordered_norm block (docs/canonical/moe.md).
+// n_experts == 0: the block keeps its dense SwiGLU feed-forward.
+struct MoEConfig {
+  int64_t n_experts = 0;
+  int64_t top_k = 1;
+  int64_t hidden = 0;         // each routed expert's SwiGLU hidden width
+  int64_t shared_hidden = 0;  // the shared expert's SwiGLU hidden width; 0: no shared expert
+  double lb_loss_weight = 0.0;  // OLMo-core MoEConfig.lb_loss_weight (0: no load-balancing loss)
+  double z_loss_weight = 0.0;   // OLMo-core MoEConfig.z_loss_weight (0: no router z-loss)
+  bool scale_loss_by_num_layers = true;  // OLMo-core's default: both weights divided by n_layers
+  MoELbGranularity lb_granularity = MoELbGranularity::instance;
+
+  bool enabled() const { return n_experts > 0; }
+};
+
 struct ModelConfig {
   std::string name = "custom";
   int64_t vocab_size = 0;     // rows of the embedding and LM head (OLMo-core pads to a multiple of 128)
@@ -24,6 +45,7 @@ struct ModelConfig {
   std::vector<int64_t> swa_pattern = {4096, 4096, 4096, -1};
   double init_std = 0.02;     // truncated normal at +-3 sigma for every weight matrix
   uint64_t init_seed = 0;
+  MoEConfig moe;              // routed experts in place of every block's dense feed-forward when enabled
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -33,8 +55,11 @@ struct ModelConfig {
   void validate() const;
   int64_t n_params() const;
   int64_t n_params_non_embedding() const;  // excludes the input embedding only (OLMo-core convention)
-  // OLMo-core's num_flops_per_token: 6*(non-embedding params incl. LM head) + per layer 12*H*hd*eff_seq,
-  // eff_seq = min(window, seq_len) on sliding-window layers.
+  // Parameters one token's forward uses: n_params() with only top_k of each layer's routed experts (dense: all).
+  int64_t n_params_active() const;
+  int64_t ffn_params() const;  // one block's feed-forward (dense, or router + experts + shared expert)
+  // ai2-olmo-core 3.0.0's num_flops_per_token (model_config.cpp has the terms): 6 × the parameters a token uses,
+  // less the embedding and the blocks' norms, plus the causal attention pairs per layer.
   double flops_per_token(int64_t seq_len) const;
 };
 

@@ -110,6 +110,8 @@ void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, 
 struct LossSums {
   double ce = 0.0, z = 0.0;
   int64_t n_targets = 0;
+  // Mixture of experts: the weighted load-balancing and router z-loss sums (docs/canonical/moe.md), 0 when dense.
+  double moe_lb = 0.0, moe_z = 0.0;
 };
 LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
                                         float z_coef, int64_t global_n_targets, ThreadPool* pool);

@@ -30,9 +30,24 @@ ParamLayout::ParamLayout(const ModelConfig& cfg) {
     b.q_norm = add(oc + "attention.q_norm.weight", hf + "self_attn.q_norm.weight", {qd}, ParamKind::norm);
     b.k_norm = add(oc + "attention.k_norm.weight", hf + "self_attn.k_norm.weight", {kd}, ParamKind::norm);
     b.attn_norm = add(oc + "attention_norm.weight", hf + "post_attention_layernorm.weight", {d}, ParamKind::norm);
-    b.w1 = add(oc + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight", {F, d}, ParamKind::matrix);
-    b.w3 = add(oc + "feed_forward.w3.weight", hf + "mlp.up_proj.weight", {F, d}, ParamKind::matrix);
-    b.w2 = add(oc + "feed_forward.w2.weight", hf + "mlp.down_proj.weight", {d, F}, ParamKind::matrix);
+    if (!cfg.moe.enabled()) {
+      b.w1 = add(oc + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight", {F, d}, ParamKind::matrix);
+      b.w3 = add(oc + "feed_forward.w3.weight", hf + "mlp.up_proj.weight", {F, d}, ParamKind::matrix);
+      b.w2 = add(oc + "feed_forward.w2.weight", hf + "mlp.down_proj.weight", {d, F}, ParamKind::matrix);
+    } else {
+      b.w1 = b.w3 = b.w2 = -1;
+      const int64_t E = cfg.moe.n_experts, h = cfg.moe.hidden, Fs = cfg.moe.shared_hidden;
+      const std::string moe = oc + "feed_forward_moe.";
+      b.moe_router = add(moe + "router.weight", "", {E * d}, ParamKind::matrix);
+      b.moe_w1 = add(moe + "experts.mlp.w1", "", {E * h, d}, ParamKind::matrix);
+      b.moe_w2 = add(moe + "experts.mlp.w2", "", {E * h, d}, ParamKind::matrix);
+      b.moe_w3 = add(moe + "experts.mlp.w3", "", {E * h, d}, ParamKind::matrix);
+      if (Fs > 0) {
+        b.shared_w1 = add(moe + "shared_mlp.w1.weight", "", {Fs, d}, ParamKind::matrix);
+        b.shared_w3 = add(moe + "shared_mlp.w3.weight", "", {Fs, d}, ParamKind::matrix);
+        b.shared_w2 = add(moe + "shared_mlp.w2.weight", "", {d, Fs}, ParamKind::matrix);
+      }
+    }
     b.ffn_norm = add(oc + "feed_forward_norm.weight", hf + "post_feedforward_layernorm.weight", {d}, ParamKind::norm);
     blocks.push_back(b);
   }
@@ -42,7 +57,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg) {
 
 const ParamInfo* ParamLayout::find(const std::string& name) const {
   for (const auto& p : params)
-    if (p.name == name || p.hf_name == name) return &p;
+    if (p.name == name || (!p.hf_name.empty() && p.hf_name == name)) return &p;
   return nullptr;
 }
 

@@ -14,6 +14,15 @@
 //     blocks.N.feed_forward.w3.weight       [F, d]   (up)
 //     blocks.N.feed_forward.w2.weight       [d, F]   (down)
 //     blocks.N.feed_forward_norm.weight     [d]
+//   (a mixture-of-experts block, model.moe_experts = E > 0, has in place of feed_forward.*, as OLMo-core's
+//    MoELinearRouter and DroplessMoEMLP hold them; docs/canonical/moe.md):
+//     blocks.N.feed_forward_moe.router.weight            [E*d]    (row e: expert e's logit weights)
+//     blocks.N.feed_forward_moe.experts.mlp.w1           [E*h, d] (expert e: rows e*h.., [out, in])
+//     blocks.N.feed_forward_moe.experts.mlp.w2           [E*h, d] (expert e: rows e*h.., [in, out])
+//     blocks.N.feed_forward_moe.experts.mlp.w3           [E*h, d] (expert e: rows e*h.., [out, in])
+//     blocks.N.feed_forward_moe.shared_mlp.w1.weight     [Fs, d]  (only with a shared expert)
+//     blocks.N.feed_forward_moe.shared_mlp.w3.weight     [Fs, d]
+//     blocks.N.feed_forward_moe.shared_mlp.w2.weight     [d, Fs]
 //   lm_head.norm.weight                     [d]
 //   lm_head.w_out.weight                    [V, d]
 // Matrices are row-major in PyTorch's [out, in] layout. Gradients and AdamW moments use the same
@@ -32,7 +41,7 @@ enum class ParamKind { embedding, matrix, norm };
 
 struct ParamInfo {
   std::string name;     // OLMo-core name
-  std::string hf_name;  // Hugging Face Olmo3ForCausalLM name
+  std::string hf_name;  // Hugging Face Olmo3ForCausalLM name ("" for MoE tensors: Olmo3 has none)
   std::vector<int64_t> shape;
   int64_t offset = 0;   // into the flat vector, in floats
   int64_t numel = 0;
@@ -41,8 +50,12 @@ struct ParamInfo {
 };
 
 // Offsets of one block's tensors inside the flat vector.
+// Offsets of one block's tensors inside the flat vector; -1 for tensors the block does not have (a dense block has
+// no moe_*, a MoE block no w1/w3/w2, and shared_* only with a shared expert).
 struct BlockOffsets {
   int64_t w_q, w_k, w_v, w_out, q_norm, k_norm, attn_norm, w1, w3, w2, ffn_norm;
+  int64_t moe_router = -1, moe_w1 = -1, moe_w2 = -1, moe_w3 = -1;
+  int64_t shared_w1 = -1, shared_w3 = -1, shared_w2 = -1;
 };
 
 struct ParamLayout {

@@ -68,9 +68,23 @@ struct ConfigArgs {
 void print_config_summary(const TrainConfig& c) {
   const ModelConfig& m = c.model;
   std::printf("model            %s\n", m.name.c_str());
-  std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), ffn %lld, vocab %lld\n",
-              (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
-              (long long)m.head_dim, (long long)m.ffn_hidden, (long long)m.vocab_size);
+  if (!m.moe.enabled()) {
+    std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), ffn %lld, vocab %lld\n",
+                (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
+                (long long)m.head_dim, (long long)m.ffn_hidden, (long long)m.vocab_size);
+  } else {
+    const MoEConfig& e = m.moe;
+    std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
+                (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
+                (long long)m.head_dim, (long long)m.vocab_size);
+    std::printf("experts          %lld routed (hidden %lld), top-%lld, shared expert %s; dropless, softmax router\n",
+                (long long)e.n_experts, (long long)e.hidden, (long long)e.top_k,
+                e.shared_hidden > 0 ? ("hidden " + std::to_string(e.shared_hidden)).c_str() : "none");
+    std::printf("aux losses       load balancing %g, router z %g%s; granularity %s\n", e.lb_loss_weight, e.z_loss_weight,
+                e.scale_loss_by_num_layers ? " (each / n_layers)" : "",
+                e.lb_granularity == MoELbGranularity::instance ? "instance (layout-free)"
+                                                               : "local_batch (OLMo-core's; depends on the layout)");
+  }
   std::string windows;
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const int64_t w = m.window(l);
@@ -83,7 +97,10 @@ void print_config_summary(const TrainConfig& c) {
   std::printf("attention        [%s]\n", windows.c_str());
   std::printf("parameters       %lld (%.3f B); non-embedding %lld\n", (long long)m.n_params(), m.n_params() / 1e9,
               (long long)m.n_params_non_embedding());
-  std::printf("FLOPs/token      %.4g at seq_len %lld (OLMo-core formula)\n", m.flops_per_token(c.train.seq_len),
+  if (m.moe.enabled())
+    std::printf("active/token     %lld (%.3f B) of them: top-%lld of %lld experts per layer\n", (long long)m.n_params_active(),
+                m.n_params_active() / 1e9, (long long)m.moe.top_k, (long long)m.moe.n_experts);
+  std::printf("FLOPs/token      %.0f at seq_len %lld (ai2-olmo-core 3.0.0's num_flops_per_token)\n", m.flops_per_token(c.train.seq_len),
               (long long)c.train.seq_len);
   std::printf("batch            %lld instances x %lld tokens = %lld micro-batches of %lld\n",
               (long long)c.train.global_batch_instances, (long long)c.train.seq_len,
@@ -146,6 +163,9 @@ void register_commands(CLI::App& app) {
                   "the end; the values computed do not change");
     cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
                   "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
+    cmd->add_flag("--debug-moe-unordered-combine", o->parallel.debug_moe_unordered_combine,
+                  "TEST ONLY: add each token's experts in arrival order, as an atomic scatter does, not in rank order "
+                  "(mixture-of-experts models); must change the trace");
     auto tree_shape = std::make_shared<std::string>("balanced");
     cmd->add_option("--debug-tree-shape", *tree_shape,
                     "TEST ONLY: 'microbatch-chain' sums each micro-batch as a chain and the micro-batches by the tree "

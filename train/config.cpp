@@ -219,6 +219,32 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("model", "init_seed", init_seed);
   if (init_seed < 0) r.bad("model", "init_seed", "an integer >= 0");
   m.init_seed = static_cast<uint64_t>(init_seed);
+  // Mixture of experts (docs/canonical/moe.md): flat model.moe_* keys, as `--set model.moe_experts=8` reads them.
+  r.get("model", "moe_experts", m.moe.n_experts);
+  r.get("model", "moe_top_k", m.moe.top_k);
+  r.get("model", "moe_hidden", m.moe.hidden);
+  r.get("model", "moe_shared_hidden", m.moe.shared_hidden);
+  r.get("model", "moe_lb_loss_weight", m.moe.lb_loss_weight);
+  r.get("model", "moe_z_loss_weight", m.moe.z_loss_weight);
+  r.get("model", "moe_scale_loss_by_num_layers", m.moe.scale_loss_by_num_layers);
+  {
+    std::string g = "instance";
+    r.get("model", "moe_lb_granularity", g);
+    if (g == "instance")
+      m.moe.lb_granularity = MoELbGranularity::instance;
+    else if (g == "local_batch")
+      m.moe.lb_granularity = MoELbGranularity::local_batch;
+    else
+      r.bad("model", "moe_lb_granularity",
+            "\"instance\" (layout-free, the default) or \"local_batch\" (OLMo-core's default: the loss then depends on "
+            "the micro-batch size and the data-parallel layout)");
+  }
+  if (m.moe.n_experts == 0)
+    for (const char* key : {"moe_top_k", "moe_hidden", "moe_shared_hidden", "moe_lb_loss_weight", "moe_z_loss_weight",
+                            "moe_scale_loss_by_num_layers", "moe_lb_granularity"})
+      if (r.has("model", key))
+        fail(origin, std::string("config key 'model.") + key + "' is set but model.moe_experts is 0 (a dense model); "
+                     "set model.moe_experts to the number of experts, or remove the key");
 
   TrainLoopConfig& t = c.train;
   r.get("train", "seq_len", t.seq_len);
@@ -427,6 +453,18 @@ std::string TrainConfig::to_toml() const {
   };
   // Optimizer and schedule keys added with OLMo-core's optimizers and schedulers: written only when they differ
   // from the default, so existing configs, traces and resume hashes are what they were.
+  if (model.moe.enabled()) {  // dense configs keep their text (and hashes) unchanged
+    toml::table& mt = *root["model"].as_table();
+    mt.insert("moe_experts", model.moe.n_experts);
+    mt.insert("moe_top_k", model.moe.top_k);
+    mt.insert("moe_hidden", model.moe.hidden);
+    mt.insert("moe_shared_hidden", model.moe.shared_hidden);
+    mt.insert("moe_lb_loss_weight", model.moe.lb_loss_weight);
+    mt.insert("moe_z_loss_weight", model.moe.z_loss_weight);
+    mt.insert("moe_scale_loss_by_num_layers", model.moe.scale_loss_by_num_layers);
+    mt.insert("moe_lb_granularity",
+              model.moe.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch");
+  }
   toml::table& ot = *root["optim"].as_table();
   if (optim.kind != "adamw") ot.insert("kind", optim.kind);
   if (optim.rolling_interval_length != 128) ot.insert("rolling_interval_length", optim.rolling_interval_length);

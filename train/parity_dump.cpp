@@ -64,15 +64,29 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                                 "golden/parity/run_parity_bf16.sh)");
   if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
     throw std::invalid_argument("parity-dump: " + why);
-  fs::create_directories(out_dir + "/hf");
+  // Dense: Hugging Face Olmo3ForCausalLM is the peer (hf/, grad.<HF name>, hf_parity.py). MoE: OLMo-core's own
+  // MoETransformer (olmo_core/model.safetensors under its state_dict names, grad.<OLMo-core name>, the step-1
+  // routing; olmo_core_moe_parity.py). golden/parity/README.md has both formats.
+  const bool moe = cfg.model.moe.enabled();
   const std::vector<StepBatch> batches = parity_batches(cfg, steps);
   Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches));
   const ParamLayout& L = trainer.model().layout();
   const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, V = cfg.model.vocab_size;
+  auto peer_name = [&](const ParamInfo& p) { return moe ? p.name : p.hf_name; };
 
-  HfExportOptions hf;
-  hf.max_position_embeddings = T;
-  export_hf_checkpoint(out_dir + "/hf", cfg.model, L, trainer.host_params(), hf);
+  if (moe) {
+    fs::create_directories(out_dir + "/olmo_core");
+    const float* w = trainer.host_params();
+    std::vector<SafeTensorView> views;
+    for (const ParamInfo& p : L.params)
+      views.push_back({p.name, "F32", p.shape, w + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+    write_safetensors(out_dir + "/olmo_core/model.safetensors", views);
+  } else {
+    fs::create_directories(out_dir + "/hf");
+    HfExportOptions hf;
+    hf.max_position_embeddings = T;
+    export_hf_checkpoint(out_dir + "/hf", cfg.model, L, trainer.host_params(), hf);
+  }
 
   {
     std::ofstream tok(out_dir + "/batches.u32", std::ios::binary);
@@ -81,17 +95,29 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
     if (!tok) throw std::runtime_error(out_dir + "/batches.u32: write failed");
   }
 
-  // Step-1 batch at the step-0 weights: logits and the unclipped gradient.
+  // Step-1 batch at the step-0 weights: logits, the unclipped gradient and (MoE) every layer's top-k choices.
   std::vector<float> grad(static_cast<size_t>(L.total)), logits(static_cast<size_t>(G * T * V));
   const LossSums s0 = trainer.compute_gradient(batches[0], grad.data(), logits.data());
   std::vector<SafeTensorView> views;
   views.push_back({"logits", "F32", {G, T, V}, logits.data(), logits.size() * sizeof(float)});
   std::vector<std::string> names;
-  names.reserve(L.params.size());
-  for (const ParamInfo& p : L.params) names.push_back("grad." + p.hf_name);
+  names.reserve(L.params.size() + static_cast<size_t>(cfg.model.n_layers));
+  for (const ParamInfo& p : L.params) names.push_back("grad." + peer_name(p));
   for (size_t i = 0; i < L.params.size(); ++i) {
     const ParamInfo& p = L.params[i];
     views.push_back({names[i], "F32", p.shape, grad.data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+  }
+  if (moe) {
+    const auto& routing = trainer.last_routing();  // [n_layers][G · T · k]
+    const int64_t k = cfg.model.moe.top_k;
+    for (int64_t l = 0; l < cfg.model.n_layers; ++l) {
+      const std::vector<int32_t>& top = routing.at(static_cast<size_t>(l));
+      if (static_cast<int64_t>(top.size()) != G * T * k)
+        throw std::logic_error("parity-dump: layer " + std::to_string(l) + " routing holds " +
+                               std::to_string(top.size()) + " choices, expected " + std::to_string(G * T * k));
+      names.push_back("routing.blocks." + std::to_string(l));
+      views.push_back({names.back(), "I32", {G, T, k}, top.data(), top.size() * sizeof(int32_t)});
+    }
   }
   write_safetensors(out_dir + "/ours_step0.safetensors", views);
 
@@ -101,25 +127,40 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                 {"n_heads", cfg.model.n_heads}, {"n_kv_heads", cfg.model.n_kv_heads}, {"head_dim", cfg.model.head_dim},
                 {"ffn_hidden", cfg.model.ffn_hidden}, {"rope_theta", cfg.model.rope_theta},
                 {"swa_pattern", cfg.model.swa_pattern}};
+  if (moe) {
+    const MoEConfig& m = cfg.model.moe;
+    j["model"]["moe"] = {{"n_experts", m.n_experts},
+                         {"top_k", m.top_k},
+                         {"hidden", m.hidden},
+                         {"shared_hidden", m.shared_hidden},
+                         {"lb_loss_weight", m.lb_loss_weight},
+                         {"z_loss_weight", m.z_loss_weight},
+                         {"scale_loss_by_num_layers", m.scale_loss_by_num_layers},
+                         {"lb_granularity", m.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch"}};
+    j["micro_batch_instances"] = cfg.train.micro_batch_instances;
+  }
   j["seq_len"] = T;
   j["instances_per_step"] = G;
   j["steps"] = steps;
   j["z_loss"] = cfg.train.z_loss;
-  j["loss_step0"] = (s0.ce + s0.z) / N;
+  j["loss_step0"] = (s0.ce + s0.z + s0.moe_lb + s0.moe_z) / N;
   j["ce_step0"] = s0.ce / N;
   j["z_step0"] = s0.z / N;
+  if (moe) j["lb_step0"] = s0.moe_lb / N, j["rz_step0"] = s0.moe_z / N;
   nlohmann::json lrs = nlohmann::json::array(), trace = nlohmann::json::array();
   for (int64_t s = 0; s < steps; ++s) {
     const TraceRecord r = trainer.train_step().record;
     lrs.push_back(r.lr);
     trace.push_back({{"step", r.step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr}});
+    if (moe) trace.back()["ce"] = r.ce, trace.back()["lb"] = r.moe_lb, trace.back()["rz"] = r.moe_z;
   }
+  const ParamInfo* embeddings = L.find("embeddings.weight");
   j["optim"] = {{"lr_per_step", lrs},
                 {"betas", {cfg.optim.beta1, cfg.optim.beta2}},
                 {"eps", cfg.optim.eps},
                 {"weight_decay", cfg.optim.weight_decay},
                 {"max_grad_norm", cfg.optim.max_grad_norm},
-                {"no_decay", {"model.embed_tokens.weight"}}};
+                {"no_decay", {peer_name(*embeddings)}}};
   j["trace"] = trace;
   std::ofstream out(out_dir + "/ours.json");
   out << j.dump(2) << "\n";

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <xxhash.h>
+
 #include "golden/digest.h"
 #include "ref/gemm.h"
 #include "ref/init.h"
@@ -142,6 +144,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       tree_(cfg.train.global_batch_instances, model_.layout().total, *ex_, par.debug_tree_shape,
             cfg.train.micro_batch_instances) {
   cfg_.validate();
+  model_.set_debug_unordered_combine(par.debug_moe_unordered_combine);
   layout_.dp_shard = par.dp_shard;
   layout_.dp_replicate = par.dp_replicate;
   layout_.rank = comm_->rank();
@@ -216,6 +219,7 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
   const BatchSplit split = batch_split();
   const int64_t T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
   per_instance.assign(static_cast<size_t>(split.global_instances), LossSums{});
+  routing_.assign(static_cast<size_t>(split.global_instances), 0);
   if (layout_.world() == 1 || par_.debug_tree_shape != TreeShape::balanced) {
     tree_.reset();
   } else {
@@ -243,6 +247,7 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
     tree_.begin_microbatch(a, b - a);
     model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), tree_,
                             per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
+    keep_routing(a, b);
   }
   gather_for_longer_runs(m1 - m0);
 }
@@ -260,21 +265,61 @@ void Trainer::gather_for_longer_runs(int64_t my_runs) {
   for (int64_t i = my_runs; i < longest; ++i) model_.gather_only_pass();
 }
 
-// fp64 loss totals of instances [0, N) by the instance tree.
-static LossSums tree_loss_sums(const std::vector<double>& ce, const std::vector<double>& z, int64_t n_targets) {
+// fp64 loss totals of instances [0, N) by the instance tree; lb, rz: the MoE auxiliary sums (empty when dense).
+static LossSums tree_loss_sums(const std::vector<double>& ce, const std::vector<double>& z, int64_t n_targets,
+                               const std::vector<double>& lb = {}, const std::vector<double>& rz = {}) {
   const int64_t N = static_cast<int64_t>(ce.size());
-  return {tree_sum_range(ce.data(), 0, N), tree_sum_range(z.data(), 0, N), n_targets};
+  LossSums s{tree_sum_range(ce.data(), 0, N), tree_sum_range(z.data(), 0, N), n_targets};
+  if (!lb.empty()) s.moe_lb = tree_sum_range(lb.data(), 0, N), s.moe_z = tree_sum_range(rz.data(), 0, N);
+  return s;
+}
+
+void Trainer::keep_routing(int64_t first, int64_t last) {
+  if (!cfg_.model.moe.enabled()) return;
+  const std::vector<MoEInstance>& mi = model_.moe_instances();
+  for (int64_t i = first; i < last; ++i) routing_[static_cast<size_t>(i)] = mi[static_cast<size_t>(i - first)].routing;
+  if (capture_choices_) {
+    routing_choices_.resize(static_cast<size_t>(cfg_.model.n_layers));
+    for (int64_t l = 0; l < cfg_.model.n_layers; ++l) {
+      const std::vector<int32_t>& top = model_.routing(l);
+      routing_choices_[static_cast<size_t>(l)].insert(routing_choices_[static_cast<size_t>(l)].end(), top.begin(),
+                                                      top.end());
+    }
+  }
+}
+
+void Trainer::moe_step_record(TraceRecord& r, std::vector<uint64_t> routing) {
+  const int64_t L = cfg_.model.n_layers, E = cfg_.model.moe.n_experts;
+  std::vector<int64_t> load = model_.take_expert_load();
+  const int W = layout_.world();
+  if (W > 1) {  // integers: summed in rank order, exactly
+    std::vector<int64_t> all(static_cast<size_t>(L * E * W));
+    comm_->allgather(load.data(), load.size() * sizeof(int64_t), all.data(), "all-gather expert load");
+    std::fill(load.begin(), load.end(), 0);
+    for (int j = 0; j < W; ++j)
+      for (size_t i = 0; i < load.size(); ++i) load[i] += all[static_cast<size_t>(j) * load.size() + i];
+  }
+  r.expert_load.assign(static_cast<size_t>(L), {});
+  for (int64_t l = 0; l < L; ++l)
+    r.expert_load[static_cast<size_t>(l)].assign(load.begin() + l * E, load.begin() + (l + 1) * E);
+  r.routing_digest = hex64(XXH3_64bits(routing.data(), routing.size() * sizeof(uint64_t)));
 }
 
 LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* logits_out) {
   if (layout_.world() != 1) throw std::logic_error("compute_gradient is single-process only");
   std::vector<LossSums> per;
+  routing_choices_.clear();
+  capture_choices_ = cfg_.model.moe.enabled() && layout_.world() == 1;
   compute_local_tree(batch, per, logits_out);
+  capture_choices_ = false;
+  // This gradient is not a step: its tokens stay out of the next step's expert load.
+  if (cfg_.model.moe.enabled()) model_.take_expert_load();
   if (grad) ex_->to_host(grad, tree_.slot(0), static_cast<size_t>(layout_.total) * sizeof(float));
-  std::vector<double> ce(per.size()), z(per.size());
+  std::vector<double> ce(per.size()), z(per.size()), lb(per.size()), rz(per.size());
   int64_t n = 0;
-  for (size_t i = 0; i < per.size(); ++i) ce[i] = per[i].ce, z[i] = per[i].z, n += per[i].n_targets;
-  return tree_loss_sums(ce, z, n);
+  for (size_t i = 0; i < per.size(); ++i)
+    ce[i] = per[i].ce, z[i] = per[i].z, lb[i] = per[i].moe_lb, rz[i] = per[i].moe_z, n += per[i].n_targets;
+  return tree_loss_sums(ce, z, n, lb, rz);
 }
 
 void Trainer::reduce_gradient_to_shard(float* shard_out) {
@@ -403,6 +448,7 @@ StepResult Trainer::train_step() {
       mtree.begin_microbatch(0, b - a);
       model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), mtree, per.data() + a,
                               &pool_);
+      keep_routing(a, b);
       for (int64_t i = 0; i < n; ++i) acc[i] += mtree.slot(0)[i];
     }
     gather_for_longer_runs(m1 - m0);
@@ -413,8 +459,16 @@ StepResult Trainer::train_step() {
     reduce_gradient_to_shard(grad_shard_.data());
   }
   // Loss totals: every instance's exact fp64 values reach every rank, then the instance tree adds them.
-  std::vector<double> ce(static_cast<size_t>(N)), z(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) ce[i] = per[i].ce, z[i] = per[i].z;
+  // MoE adds the two auxiliary sums and the routing digest (its 64 bits carried in a double's storage).
+  const bool moe = cfg_.model.moe.enabled();
+  const int fields = moe ? 5 : 2;
+  std::vector<double> ce(static_cast<size_t>(N)), z(static_cast<size_t>(N)), lb, rz;
+  if (moe) lb.resize(static_cast<size_t>(N)), rz.resize(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    ce[i] = per[i].ce, z[i] = per[i].z;
+    if (moe) lb[i] = per[i].moe_lb, rz[i] = per[i].moe_z;
+  }
+  std::vector<uint64_t> routing = routing_;
   if (W > 1) {
     int64_t widest = 0;
     for (int j = 0; j < W; ++j) {
@@ -422,15 +476,23 @@ StepResult Trainer::train_step() {
       widest = std::max(widest, b - a);
     }
     const auto [i0, i1] = split.instances_of_rank(layout_.rank);
-    std::vector<double> mine(static_cast<size_t>(2 * widest), 0.0), all(static_cast<size_t>(2 * widest * W));
-    for (int64_t i = i0; i < i1; ++i) mine[2 * (i - i0)] = ce[i], mine[2 * (i - i0) + 1] = z[i];
+    std::vector<double> mine(static_cast<size_t>(fields * widest), 0.0), all(static_cast<size_t>(fields * widest * W));
+    for (int64_t i = i0; i < i1; ++i) {
+      double* m = mine.data() + fields * (i - i0);
+      m[0] = ce[i], m[1] = z[i];
+      if (moe) m[2] = lb[i], m[3] = rz[i], std::memcpy(&m[4], &routing[static_cast<size_t>(i)], sizeof(uint64_t));
+    }
     comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather per-instance loss totals");
     for (int j = 0; j < W; ++j) {
       const auto [a, b] = split.instances_of_rank(j);
-      for (int64_t i = a; i < b; ++i) ce[i] = all[2 * (j * widest + i - a)], z[i] = all[2 * (j * widest + i - a) + 1];
+      for (int64_t i = a; i < b; ++i) {
+        const double* m = all.data() + fields * (j * widest + i - a);
+        ce[i] = m[0], z[i] = m[1];
+        if (moe) lb[i] = m[2], rz[i] = m[3], std::memcpy(&routing[static_cast<size_t>(i)], &m[4], sizeof(uint64_t));
+      }
     }
   }
-  const LossSums sums = tree_loss_sums(ce, z, cfg_.targets_per_step());
+  const LossSums sums = tree_loss_sums(ce, z, cfg_.targets_per_step(), lb, rz);
   // Gradient norm: per-chunk Σg² of my range, exchanged within the shard group, added in chunk order.
   const int64_t chunks = (layout_.total + kNormChunk - 1) / kNormChunk;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
@@ -529,7 +591,14 @@ StepResult Trainer::train_step() {
   TraceRecord& r = out.record;
   r.step = step;
   r.epoch = batch.epoch;
-  r.loss = static_cast<float>((sums.ce + sums.z) / n_targets);
+  // MoE: the auxiliary losses are part of the loss that was differentiated (OLMo-core attaches them to the
+  // activations); dense models have zero there, and (ce + z) + 0 + 0 keeps their loss bits.
+  r.loss = static_cast<float>((sums.ce + sums.z + sums.moe_lb + sums.moe_z) / n_targets);
+  if (moe) {
+    r.moe_lb = static_cast<float>(sums.moe_lb / n_targets);
+    r.moe_z = static_cast<float>(sums.moe_z / n_targets);
+    moe_step_record(r, std::move(routing));
+  }
   r.ce = static_cast<float>(sums.ce / n_targets);
   r.z = static_cast<float>(sums.z / n_targets);
   r.grad_norm = static_cast<float>(norm);

@@ -32,6 +32,7 @@ struct Parallelism {
   dist::Comm* comm = nullptr;                 // the world; nullptr = single process
   bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
   TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
+  bool debug_moe_unordered_combine = false;  // TEST ONLY: MoE combine in arrival order (moe.h); must change the trace
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
 };
 
@@ -94,6 +95,9 @@ class Trainer {
   // The step gradient of `batch` at the current parameters (the instance tree, before clipping) into grad
   // (n_params floats); optionally the logits [instances, T, V]. Single process only.
   LossSums compute_gradient(const StepBatch& batch, float* grad, float* logits_out = nullptr);
+  // MoE, single process: compute_gradient's expert choices of every layer, [n_layers][instances · T · k] in
+  // instance order (parity-dump writes them for the comparison against OLMo-core's router).
+  const std::vector<std::vector<int32_t>>& last_routing() const { return routing_choices_; }
 
  private:
   static std::vector<float> host_copy(const Buffer<float>& b);
@@ -135,6 +139,12 @@ class Trainer {
   std::vector<GroupPiece> pieces_;  // my range [lo, hi) cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
   GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
+  std::vector<std::vector<int32_t>> routing_choices_;  // MoE: see last_routing()
+  bool capture_choices_ = false;                        // set by compute_gradient only
+  std::vector<uint64_t> routing_;  // MoE: each global instance's routing digest of this step (this rank's range)
+  // MoE: the step's expert load [L, E] over every rank, and the step routing digest (hex) from routing_.
+  void moe_step_record(TraceRecord& r, std::vector<uint64_t> routing);
+  void keep_routing(int64_t first, int64_t last);  // instances [first, last) of the model's last forward
   std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
   int64_t step_ = 0;
   int64_t tokens_ = 0;

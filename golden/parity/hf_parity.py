@@ -142,8 +142,9 @@ def olmo_loss(torch, logits, ids, z_loss):
     return (ce_sum + z_sum) / n, ce_sum / n, z_sum / n
 
 
-def compare_logits(torch, ours, hf):
-    """ours, hf: [B, T, V] fp32. KL and top-1 in float64 over every position."""
+def compare_logits(torch, ours, hf, peer="hf"):
+    """ours, hf: [B, T, V] fp32 (hf: the peer's logits; `peer` names it in the keys, e.g. "oc" for OLMo-core).
+    KL and top-1 in float64 over every position."""
     o = ours.double()
     h = hf.double()
     lo = torch.log_softmax(o, dim=-1)
@@ -166,10 +167,10 @@ def compare_logits(torch, ours, hf):
         "positions": n,
         "max_abs_diff": float((o - h).abs().max()),
         "max_abs_logit": float(h.abs().max()),
-        "kl_ours_hf_max": float(kl_oh.max()),
-        "kl_ours_hf_mean": float(kl_oh.mean()),
-        "kl_hf_ours_max": float(kl_ho.max()),
-        "kl_hf_ours_mean": float(kl_ho.mean()),
+        f"kl_ours_{peer}_max": float(kl_oh.max()),
+        f"kl_ours_{peer}_mean": float(kl_oh.mean()),
+        f"kl_{peer}_ours_max": float(kl_ho.max()),
+        f"kl_{peer}_ours_mean": float(kl_ho.mean()),
         "worst_kl_position": [worst // ours.shape[1], worst % ours.shape[1]],
         "top1_agreement_pct": 100.0 * float((agree | tie).sum()) / n,
         "top1_strict_agreement_pct": 100.0 * float(agree.sum()) / n,

@@ -124,18 +124,33 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
     print(f"fake bundle: {out} ({steps} steps x {B} x {T}, clipping on {clipped} of {steps} steps)")
 
 
-def perturb(src, out, kind):
-    import numpy as np
-    from safetensors.numpy import load_file, save_file
+def open_copy(src, out):
+    """Copies bundle `src` to `out` (unless they are the same) and returns its ours.json and step-0 tensors."""
+    from safetensors.numpy import load_file
 
     if os.path.abspath(src) != os.path.abspath(out):
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(src, out)
     ours = json.load(open(os.path.join(out, "ours.json")))
     step0 = {k: v.copy() for k, v in load_file(os.path.join(out, "ours_step0.safetensors")).items()}
+    return ours, step0
+
+
+def save_copy(out, ours, step0):
+    from safetensors.numpy import save_file
+
+    save_file(step0, os.path.join(out, "ours_step0.safetensors"))
+    with open(os.path.join(out, "ours.json"), "w") as f:
+        json.dump(ours, f, indent=1)
+
+
+def perturb_shared(ours, step0, kind, grad_name, grad_index):
+    """The defects both parity checks share (the dense and the MoE one); True when `kind` is one of them."""
+    import numpy as np
+
     if kind == "grad":
-        g = step0["grad.model.layers.1.self_attn.k_proj.weight"]
-        g.flat[0] += np.float32(1e-3 * np.linalg.norm(g.astype(np.float64)))
+        g = step0[grad_name]
+        g.flat[grad_index] += np.float32(1e-3 * np.linalg.norm(g.astype(np.float64)))
     elif kind in ("logit", "top1"):
         row = step0["logits"][1, 5]
         order = np.argsort(row)
@@ -150,10 +165,16 @@ def perturb(src, out, kind):
     elif kind == "gnorm":
         ours["trace"][0]["grad_norm"] *= 1 + 1e-3
     else:
+        return False
+    return True
+
+
+def perturb(src, out, kind):
+    if kind not in PERTURBATIONS:
         raise SystemExit(f"unknown perturbation {kind!r}; choose one of {', '.join(PERTURBATIONS)}")
-    save_file(step0, os.path.join(out, "ours_step0.safetensors"))
-    with open(os.path.join(out, "ours.json"), "w") as f:
-        json.dump(ours, f, indent=1)
+    ours, step0 = open_copy(src, out)
+    perturb_shared(ours, step0, kind, "grad.model.layers.1.self_attn.k_proj.weight", 0)
+    save_copy(out, ours, step0)
 
 
 def main():

@@ -15,15 +15,7 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_m
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 - "$work/tokens.u16" <<'PY'
-import random, struct, sys
-random.seed(9)
-toks = []
-while len(toks) < 120000:
-    start, step = random.randrange(500), random.choice([1, 2, 3])
-    toks += [(start + i * step) % 500 for i in range(random.randrange(20, 60))] + [511]
-open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(toks), *toks))
-PY
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 9 120000
 # 12 instances per step in 6 micro-batches of 2: runs of micro-batches differ between ranks at 4 and 5 ranks,
 # and instance ranges are not whole subtrees of the instance tree at 3, 4, 5 and 6 ranks.
 base=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]"

@@ -8,15 +8,7 @@ SRC="${OLMOREF_SOURCE_ROOT:?}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python3 - "$work/tokens.u16" <<'PY'
-import random, struct, sys
-random.seed(3)
-toks = []
-while len(toks) < 60000:
-    start, step = random.randrange(500), random.choice([1, 2, 3])
-    toks += [(start + i * step) % 500 for i in range(random.randrange(20, 60))] + [511]
-open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(toks), *toks))
-PY
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 3 60000
 data="data.train_files=[\"$work/tokens.u16\"]"
 
 "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --out "$work/a" --threads 1 --steps 6 2> "$work/a.log"

@@ -10,15 +10,7 @@ BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 - "$work/tokens.u16" <<'PY'
-import random, struct, sys
-random.seed(5)
-toks = []
-while len(toks) < 80000:
-    start, step = random.randrange(500), random.choice([1, 2, 3])
-    toks += [(start + i * step) % 500 for i in range(random.randrange(20, 60))] + [511]
-open(sys.argv[1], "wb").write(struct.pack("<%dH" % len(toks), *toks))
-PY
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 5 80000
 cfg=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=true --threads 2)
 
 # resume-check and its negative controls

@@ -105,7 +105,7 @@ TEST_CASE("default rules: two olmoref traces must agree bit for bit; the first d
   const LoadedTrace same = load_trace_any(olmoref_trace("d2.jsonl", 6));
   const LoadedTrace bumped = load_trace_any(olmoref_trace("d3.jsonl", 6, 4));
   const CompareRules rules = default_rules(a, same);
-  REQUIRE(rules.rules.size() == 6);  // loss, grad_norm, lr, num_zeros, data_digest, param_digest
+  REQUIRE(rules.rules.size() == 7);  // loss, grad_norm, lr, num_zeros, data_digest, param_digest, routing_digest
   const CompareResult ok = compare_traces(a, same, rules);
   CHECK(ok.pass);
   CHECK(ok.first_differing_step == -1);
@@ -118,6 +118,7 @@ TEST_CASE("default rules: two olmoref traces must agree bit for bit; the first d
   const std::string report = format_compare_report(a, bumped, rules, bad);
   CHECK(report.find("first differing step: 4") != std::string::npos);
   CHECK(report.find("FAIL: loss 1 of 6 steps") != std::string::npos);
+  CHECK(report.find("routing:") == std::string::npos);  // dense traces carry no routing
   // Across formats the default is loss within rtol 1e-5.
   const LoadedTrace txt = load_trace_any(write("d.txt", to_steploss_text(a)));
   const CompareRules cross = default_rules(a, txt);
@@ -417,4 +418,51 @@ TEST_CASE("--loss ce: an olmoref trace's loss becomes its cross-entropy, exactly
   CHECK(a.metrics.at("loss").at(2).exact == ce.at(2).exact);
   LoadedTrace s = load_trace_any(write("noce.txt", "1 2.0\n"));
   CHECK_THROWS_WITH_AS(use_ce_as_loss(s), doctest::Contains("noce.txt"), std::runtime_error);
+}
+
+TEST_CASE("mixture of experts: trace compare names the first step whose routing differs") {
+  // B routes one token differently from step 3 on; its loss only moves (by an ulp) at step 5.
+  auto moe_trace = [](const std::string& name, int route_from, int bump) {
+    std::string text;
+    for (int s = 1; s <= 6; ++s) {
+      TraceRecord r;
+      r.step = s;
+      r.epoch = 1;
+      r.loss = 8.0f - 0.1f * static_cast<float>(s);
+      if (s >= bump) r.loss = std::nextafter(r.loss, 100.0f);
+      r.ce = r.loss;
+      r.grad_norm = 1.5f;
+      r.lr = 1e-3;
+      r.tokens = 100 * s;
+      r.data_digest = "00000000000000" + std::to_string(10 + s);
+      r.param_digest = "0123456789abcdef0123456789abcd" + std::to_string(10 + s);
+      r.moe_lb = 0.01f, r.moe_z = 0.002f;
+      r.routing_digest = (s >= route_from ? "ffffffffffffff" : "00000000000000") + std::to_string(10 + s);
+      r.expert_load = {{3, 1}, {2, 2}};
+      text += r.to_json() + "\n";
+    }
+    return write(name, text);
+  };
+  const LoadedTrace a = load_trace_any(moe_trace("m1.jsonl", 99, 99));
+  const LoadedTrace b = load_trace_any(moe_trace("m2.jsonl", 3, 5));
+  const CompareRules rules = default_rules(a, b);
+  const CompareResult same = compare_traces(a, load_trace_any(moe_trace("m3.jsonl", 99, 99)), rules);
+  CHECK(same.pass);
+  CHECK(format_compare_report(a, a, rules, same).find("routing: identical at every compared step") != std::string::npos);
+  const CompareResult r = compare_traces(a, b, rules);
+  CHECK_FALSE(r.pass);
+  CHECK(r.first_differing_step == 3);
+  CHECK(result_for(r, "routing_digest").first_differing_step == 3);
+  CHECK(result_for(r, "loss").first_differing_step == 5);
+  const std::string report = format_compare_report(a, b, rules, r);
+  CHECK(report.find("routing: first differs at step 3") != std::string::npos);
+  // The MoE fields round-trip through the trace reader.
+  TraceRecord t;
+  t.step = 1, t.epoch = 1, t.data_digest = "00", t.param_digest = "11", t.routing_digest = "abcdef0123456789";
+  t.moe_lb = 0.25f, t.moe_z = 0.5f, t.expert_load = {{1, 2, 3}};
+  const TraceRecord back = TraceRecord::from_json(t.to_json());
+  CHECK(back.routing_digest == "abcdef0123456789");
+  CHECK(back.moe_lb == 0.25f);
+  CHECK(back.moe_z == 0.5f);
+  CHECK(back.expert_load == std::vector<std::vector<int64_t>>{{1, 2, 3}});
 }

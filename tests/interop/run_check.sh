@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# meson tests interop-megatron, interop-megatron-golden, interop-torchtitan and interop-olmo-core:
-#   run_check.sh megatron|megatron-golden|torchtitan|olmo-core OLMOREF [DUMP]
+# meson tests interop-megatron, interop-megatron-golden, interop-torchtitan, interop-olmo-core and
+# interop-olmo-core-counts:
+#   run_check.sh megatron|megatron-golden|torchtitan|olmo-core|olmo-core-counts OLMOREF [DUMP]
 # Runs that framework's check script under the environment tools/setup_python.sh made for it: megatron-core in the
 # project venv, ai2-olmo-core in its own (it pins torch < 2.14). Exit 77 with "SKIPPED: ..." when the framework
 # cannot be imported (never a pass).
@@ -14,7 +15,8 @@ case "$framework" in
   megatron-golden) venv="$OLMOREF_VENV" required="import numpy, pydantic" script=megatron_golden_check.py ;;
   torchtitan) venv="$OLMOREF_VENV" required="import torchtitan.components.metrics, tensorboard" script=torchtitan_check.py ;;
   olmo-core) venv="$OLMOREF_OLMO_CORE_VENV" required="$OLMOREF_OLMO_CORE_REQUIRED" script=olmo_core_check.py ;;
-  *) echo "run_check.sh: unknown framework '$framework' (megatron, megatron-golden, torchtitan, olmo-core)" >&2; exit 2 ;;
+  olmo-core-counts) venv="$OLMOREF_OLMO_CORE_VENV" required="import olmo_core.nn.transformer" script=olmo_core_counts_check.py ;;
+  *) echo "run_check.sh: unknown framework '$framework' (megatron, megatron-golden, torchtitan, olmo-core, olmo-core-counts)" >&2; exit 2 ;;
 esac
 py="$venv/bin/python"
 if [ ! -x "$py" ] || ! "$py" -c "$required" > /dev/null 2>&1; then

@@ -135,10 +135,82 @@ inline double loss_from_logits64(const Vec& logits, const uint32_t* tokens, int6
   return total / n_targets;
 }
 
+// Smallest gap, over every row, between the k-th and (k+1)-th router score: finite differences are only
+// meaningful where a perturbation cannot change the top-k set (gradient checks require it to be wide).
+inline double& moe_min_gap64() {
+  static double gap = 1e300;
+  return gap;
+}
+
+// The mixture-of-experts feed-forward from OLMo-core's definition (dropless, softmax gating, no renormalisation,
+// optional shared expert mixed as shared/(k+1) + routed·k/(k+1)), on B instances of T rows h [B·T, d]; adds the
+// weighted auxiliary-loss sums (load balancing over the configured unit: an instance, or all B·T rows as one
+// micro-batch; router z-loss) to aux.
+inline Vec moe64(const ModelConfig& cfg, const BlockOffsets& o, const Vec& p, const Vec& h, int64_t B, int64_t T,
+                 double& aux) {
+  const MoEConfig& m = cfg.moe;
+  const int64_t R = B * T, d = cfg.d_model, E = m.n_experts, k = m.top_k, hh = m.hidden, Fs = m.shared_hidden;
+  const double layers = m.scale_loss_by_num_layers ? static_cast<double>(cfg.n_layers) : 1.0;
+  const double lb_coef = m.lb_loss_weight / layers * static_cast<double>(E) / static_cast<double>(k);
+  const double z_coef = m.z_loss_weight / layers;
+  const Vec logits = linear64(h, &p[o.moe_router], R, E, d);
+  Vec scores(static_cast<size_t>(R * E));
+  std::vector<int64_t> top(static_cast<size_t>(R * k));
+  for (int64_t r = 0; r < R; ++r) {
+    double mx = -1e300, s = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, logits[r * E + e]);
+    for (int64_t e = 0; e < E; ++e) s += std::exp(logits[r * E + e] - mx);
+    for (int64_t e = 0; e < E; ++e) scores[r * E + e] = std::exp(logits[r * E + e] - mx) / s;
+    const double lse = mx + std::log(s);
+    aux += z_coef * lse * lse;
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return scores[r * E + a] > scores[r * E + b]; });
+    for (int64_t j = 0; j < k; ++j) top[r * k + j] = order[j];
+    if (k < E) moe_min_gap64() = std::min(moe_min_gap64(), scores[r * E + order[k - 1]] - scores[r * E + order[k]]);
+  }
+  // Load balancing: per unit, Σ_e (choices of e in the unit) · (Σ_{r in unit} score[r, e]) / rows of the unit.
+  const int64_t unit = m.lb_granularity == MoELbGranularity::instance ? T : R;
+  for (int64_t u0 = 0; u0 < R; u0 += unit) {
+    for (int64_t e = 0; e < E; ++e) {
+      double c = 0, col = 0;
+      for (int64_t r = u0; r < u0 + unit; ++r) {
+        col += scores[r * E + e];
+        for (int64_t j = 0; j < k; ++j) c += top[r * k + j] == e ? 1.0 : 0.0;
+      }
+      aux += lb_coef * c * col / static_cast<double>(unit);
+    }
+  }
+  Vec f(static_cast<size_t>(R * d), 0.0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = top[r * k + j];
+      const double w = scores[r * E + e];
+      const double* w1 = &p[o.moe_w1 + e * hh * d];
+      const double* w3 = &p[o.moe_w3 + e * hh * d];
+      const double* w2 = &p[o.moe_w2 + e * hh * d];  // [h, d]: [in, out]
+      for (int64_t i = 0; i < hh; ++i) {
+        double g = 0, u = 0;
+        for (int64_t c = 0; c < d; ++c) g += w1[i * d + c] * h[r * d + c], u += w3[i * d + c] * h[r * d + c];
+        const double a = silu64(g) * u;
+        for (int64_t c = 0; c < d; ++c) f[r * d + c] += w * a * w2[i * d + c];
+      }
+    }
+  if (Fs > 0) {
+    Vec g = linear64(h, &p[o.shared_w1], R, Fs, d), u = linear64(h, &p[o.shared_w3], R, Fs, d);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = silu64(g[i]) * u[i];
+    const Vec sh = linear64(g, &p[o.shared_w2], R, d, Fs);
+    for (size_t i = 0; i < f.size(); ++i)
+      f[i] = sh[i] / static_cast<double>(k + 1) + f[i] * static_cast<double>(k) / static_cast<double>(k + 1);
+  }
+  return f;
+}
+
 inline double model_loss64(const ModelConfig& cfg, const ParamLayout& L, const Vec& p, const uint32_t* tokens,
                            int64_t B, int64_t T, double n_targets) {
   const int64_t d = cfg.d_model, R = B * T, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden, V = cfg.vocab_size;
   const double eps = cfg.norm_eps;
+  double aux = 0;  // MoE: the weighted load-balancing and router z-loss sums, all layers
   Vec x(static_cast<size_t>(R * d));
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < d; ++c) x[r * d + c] = p[L.embeddings + tokens[r] * d + c];
@@ -153,14 +225,20 @@ inline double model_loss64(const ModelConfig& cfg, const ParamLayout& L, const V
     Vec an = rmsnorm64(linear64(att, &p[o.w_out], R, d, qd), &p[o.attn_norm], R, d, eps);
     Vec h(x.size());
     for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + an[i];
-    Vec g = linear64(h, &p[o.w1], R, F, d), u = linear64(h, &p[o.w3], R, F, d);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = silu64(g[i]) * u[i];
-    Vec fn = rmsnorm64(linear64(g, &p[o.w2], R, d, F), &p[o.ffn_norm], R, d, eps);
+    Vec f;
+    if (cfg.moe.enabled()) {
+      f = moe64(cfg, o, p, h, B, T, aux);
+    } else {
+      Vec g = linear64(h, &p[o.w1], R, F, d), u = linear64(h, &p[o.w3], R, F, d);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = silu64(g[i]) * u[i];
+      f = linear64(g, &p[o.w2], R, d, F);
+    }
+    Vec fn = rmsnorm64(f, &p[o.ffn_norm], R, d, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] = h[i] + fn[i];
   }
   Vec hn = rmsnorm64(x, &p[L.final_norm], R, d, eps);
   Vec logits = linear64(hn, &p[L.lm_head], R, V, d);
-  return loss_from_logits64(logits, tokens, B, T, V, 1e-5, n_targets);
+  return loss_from_logits64(logits, tokens, B, T, V, 1e-5, n_targets) + aux / n_targets;
 }
 
 }  // namespace olmoref::testing

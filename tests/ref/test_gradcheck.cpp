@@ -178,35 +178,56 @@ void perturb_norms(const ParamLayout& L, std::vector<float>& p) {
 
 }  // namespace
 
-TEST_CASE("gradcheck: whole model, every parameter tensor (GQA, window < seq, 4 layers)") {
-  const ModelConfig cfg = gradcheck_model();
-  const int64_t B = 2, T = 10;
+namespace {
+
+// The gradient of one micro-batch of B random instances at init_params (norms perturbed), and the fp64 checks of
+// every parameter tensor against finite differences of model_loss64.
+struct ModelGradient {
+  ParamLayout layout;
+  std::vector<float> params, grad;
+  std::vector<uint32_t> tokens;
+  LossSums sums;
+};
+
+ModelGradient model_gradient(const ModelConfig& cfg, int64_t B, int64_t T) {
   Olmo3 model(cfg, B, T);
-  const ParamLayout& L = model.layout();
-  std::vector<float> params(L.total), grad(L.total);
-  init_params(cfg, L, params.data());
-  perturb_norms(L, params);
-  std::vector<uint32_t> tokens(B * T);
+  ModelGradient g{model.layout(), {}, {}, {}, {}};
+  g.params.resize(g.layout.total), g.grad.resize(g.layout.total);
+  init_params(cfg, g.layout, g.params.data());
+  perturb_norms(g.layout, g.params);
+  g.tokens.resize(B * T);
   std::mt19937 rng(5);
-  for (auto& t : tokens) t = rng() % cfg.vocab_size;
-  const int64_t N = B * (T - 1);
+  for (auto& t : g.tokens) t = rng() % cfg.vocab_size;
   ThreadPool pool(2);
-  const LossSums sums = model.forward_backward(params.data(), tokens.data(), N, grad.data(), &pool);
-  const Vec p64 = to64(params);
-  const double loss64 = olmoref::testing::model_loss64(cfg, L, p64, tokens.data(), B, T, N);
-  CHECK(std::abs((sums.ce + sums.z) / N - loss64) < 1e-5 * loss64);
-  for (const ParamInfo& info : L.params) {
+  g.sums = model.forward_backward(g.params.data(), g.tokens.data(), B * (T - 1), g.grad.data(), &pool);
+  return g;
+}
+
+void check_every_tensor(const ModelConfig& cfg, const ModelGradient& g, int64_t B, int64_t T) {
+  const Vec p64 = to64(g.params);
+  for (const ParamInfo& info : g.layout.params) {
     CAPTURE(info.name);
     Vec x(p64.begin() + info.offset, p64.begin() + info.offset + info.numel);
     auto f = [&](const Vec& slice) {
       Vec p = p64;
       std::copy(slice.begin(), slice.end(), p.begin() + info.offset);
-      return olmoref::testing::model_loss64(cfg, L, p, tokens.data(), B, T, N);
+      return olmoref::testing::model_loss64(cfg, g.layout, p, g.tokens.data(), B, T, B * (T - 1));
     };
-    const double err = rel_err(grad.data() + info.offset, finite_diff(f, x));
+    const double err = rel_err(g.grad.data() + info.offset, finite_diff(f, x));
     CAPTURE(err);
     CHECK(err < kTol);
   }
+}
+
+}  // namespace
+
+TEST_CASE("gradcheck: whole model, every parameter tensor (GQA, window < seq, 4 layers)") {
+  const ModelConfig cfg = gradcheck_model();
+  const int64_t B = 2, T = 10, N = B * (T - 1);
+  const ModelGradient g = model_gradient(cfg, B, T);
+  const double loss64 = olmoref::testing::model_loss64(cfg, g.layout, to64(g.params), g.tokens.data(), B, T, N);
+  CHECK(std::abs((g.sums.ce + g.sums.z) / N - loss64) < 1e-5 * loss64);
+  check_every_tensor(cfg, g, B, T);
 }
 
 TEST_CASE("gradcheck: step gradient over several micro-batches equals the gradient of the global loss") {
@@ -242,5 +263,48 @@ TEST_CASE("gradcheck: step gradient over several micro-batches equals the gradie
       return olmoref::testing::model_loss64(tc.model, L, p, batch.tokens.data(), 3, 8, N);
     };
     CHECK(rel_err(grad.data() + info->offset, finite_diff(f, x)) < kTol);
+  }
+}
+
+// Mixture of experts (docs/canonical/moe.md): the router (through the expert weights, the load-balancing loss
+// and the router z-loss), every expert and the shared expert against fp64 finite differences of moe64, which is
+// written from OLMo-core's definition. Only away from top-k ties: the test requires every row's k-th and
+// (k+1)-th scores to be far apart compared with what a finite-difference step can move them.
+TEST_CASE("gradcheck: mixture of experts, every parameter tensor (router, experts, shared expert, aux losses)") {
+  struct Case {
+    int64_t k, shared;
+    MoELbGranularity unit;
+  };
+  for (const Case c : {Case{2, 12, MoELbGranularity::instance}, Case{1, 0, MoELbGranularity::local_batch},
+                       Case{3, 0, MoELbGranularity::instance}}) {
+    CAPTURE(c.k);
+    CAPTURE(c.shared);
+    ModelConfig cfg = gradcheck_model();
+    cfg.n_layers = 2;
+    cfg.swa_pattern = {3, -1};
+    cfg.moe.n_experts = 4;
+    cfg.moe.top_k = c.k;
+    cfg.moe.hidden = 8;
+    cfg.moe.shared_hidden = c.shared;
+    cfg.moe.lb_loss_weight = 0.5;  // far above OLMo-core's 0.01 so the router's auxiliary gradients are visible
+    cfg.moe.z_loss_weight = 0.05;
+    cfg.moe.lb_granularity = c.unit;
+    const int64_t B = 2, T = 10, N = B * (T - 1);
+    const ModelGradient g = model_gradient(cfg, B, T);
+    const Vec p64 = to64(g.params);
+    olmoref::testing::moe_min_gap64() = 1e300;
+    const double loss64 = olmoref::testing::model_loss64(cfg, g.layout, p64, g.tokens.data(), B, T, N);
+    const double gap = olmoref::testing::moe_min_gap64();
+    CAPTURE(gap);
+    REQUIRE(gap > 1e-4);
+    const LossSums& sums = g.sums;
+    CHECK(std::abs((sums.ce + sums.z + sums.moe_lb + sums.moe_z) / N - loss64) < 1e-5 * loss64);
+    // The auxiliary part alone (the same routing: the weights do not move the scores).
+    ModelConfig plain = cfg;
+    plain.moe.lb_loss_weight = plain.moe.z_loss_weight = 0;
+    const double aux64 = loss64 - olmoref::testing::model_loss64(plain, g.layout, p64, g.tokens.data(), B, T, N);
+    CHECK(aux64 > 0);
+    CHECK(std::abs((sums.moe_lb + sums.moe_z) / N - aux64) < 1e-5 * aux64);
+    check_every_tensor(cfg, g, B, T);
   }
 }

@@ -1,0 +1,234 @@
+#include "ref/moe.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "ref/mathfn.h"
+#include "ref/parallel.h"
+#include "ref/reduce.h"
+
+namespace olmoref::moe {
+
+namespace {
+
+// Rows are independent, so any split over threads gives the same bits.
+void for_rows(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool && pool->size() > 1 && n > grain)
+    pool->parallel_for(n, grain, fn);
+  else if (n > 0)
+    fn(0, n);
+}
+
+}  // namespace
+
+void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
+           float* weight, ThreadPool* pool) {
+  for_rows(pool, R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* l = logits + r * E;
+      float* s = scores + r * E;
+      float m = l[0];
+      for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
+      for (int64_t e = 0; e < E; ++e) s[e] = det::expf(l[e] - m);
+      const float sum = canonical_sum(s, E);
+      for (int64_t e = 0; e < E; ++e) s[e] = s[e] / sum;
+      lse[r] = m + det::logf(sum);
+      // Top-k by repeated scans: strictly greater wins, so of equal scores the lower expert index ranks first.
+      int32_t* t = top + r * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          bool taken = false;
+          for (int64_t i = 0; i < j; ++i) taken = taken || t[i] == e;
+          if (taken) continue;
+          if (best < 0 || s[e] > s[best]) best = e;
+        }
+        t[j] = static_cast<int32_t>(best);
+        weight[r * k + j] = s[best];
+      }
+    }
+  });
+}
+
+std::pair<int64_t, int64_t> Plan::segment(int64_t e, int64_t row_begin, int64_t row_end) const {
+  const auto b = row_of.begin();
+  const auto first = std::lower_bound(b + expert_begin[static_cast<size_t>(e)], b + expert_begin[static_cast<size_t>(e) + 1], row_begin);
+  const auto last = std::lower_bound(first, b + expert_begin[static_cast<size_t>(e) + 1], row_end);
+  return {first - b, last - b};
+}
+
+Plan make_plan(const int32_t* top, int64_t R, int64_t k, int64_t E) {
+  Plan p;
+  p.R = R, p.k = k, p.E = E;
+  p.expert_begin.assign(static_cast<size_t>(E) + 1, 0);
+  for (int64_t i = 0; i < R * k; ++i) {
+    if (top[i] < 0 || top[i] >= E)
+      throw std::logic_error("moe::make_plan: expert index " + std::to_string(top[i]) + " outside [0, " +
+                             std::to_string(E) + ")");
+    ++p.expert_begin[static_cast<size_t>(top[i]) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) p.expert_begin[static_cast<size_t>(e) + 1] += p.expert_begin[static_cast<size_t>(e)];
+  // A counting sort in slot order keeps rows ascending within each expert.
+  std::vector<int64_t> next(p.expert_begin.begin(), p.expert_begin.end() - 1);
+  p.row_of.resize(static_cast<size_t>(R * k));
+  p.position.resize(static_cast<size_t>(R * k));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t pos = next[static_cast<size_t>(top[r * k + j])]++;
+      p.row_of[static_cast<size_t>(pos)] = r;
+      p.position[static_cast<size_t>(r * k + j)] = pos;
+    }
+  return p;
+}
+
+void gather(const float* x, const Plan& plan, int64_t d, float* xg, ThreadPool* pool) {
+  for_rows(pool, plan.R * plan.k, 256, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) std::copy_n(x + plan.row_of[static_cast<size_t>(p)] * d, d, xg + p * d);
+  });
+}
+
+void combine(const float* y, const float* weight, const Plan& plan, int64_t d, float* out, ThreadPool* pool) {
+  const int64_t k = plan.k;
+  for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* o = out + r * d;
+      std::fill_n(o, d, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = weight[r * k + j];
+        const float* yr = y + plan.position[static_cast<size_t>(r * k + j)] * d;
+        for (int64_t c = 0; c < d; ++c) o[c] = std::fma(w, yr[c], o[c]);
+      }
+    }
+  });
+}
+
+void combine_backward(const float* dout, const float* y, const float* weight, const Plan& plan, int64_t d, float* dy,
+                      float* dweight, ThreadPool* pool) {
+  const int64_t k = plan.k;
+  for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* g = dout + r * d;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t p = plan.position[static_cast<size_t>(r * k + j)];
+        const float w = weight[r * k + j];
+        for (int64_t c = 0; c < d; ++c) dy[p * d + c] = w * g[c];
+        dweight[r * k + j] = canonical_dot(g, y + p * d, d);
+      }
+    }
+  });
+}
+
+void scatter_add(const float* dxg, const Plan& plan, int64_t d, float* dx, ThreadPool* pool) {
+  const int64_t k = plan.k;
+  for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        const float* src = dxg + plan.position[static_cast<size_t>(r * k + j)] * d;
+        for (int64_t c = 0; c < d; ++c) dx[r * d + c] = dx[r * d + c] + src[c];
+      }
+  });
+}
+
+void combine_unordered_for_test(const float* y, const float* weight, const Plan& plan, int64_t d, float* out) {
+  std::fill_n(out, plan.R * d, 0.0f);
+  // Expert-major arrival: slot (r, j) lands when its expert's block is processed, i.e. in position order.
+  std::vector<int64_t> slot_of(static_cast<size_t>(plan.R * plan.k));
+  for (int64_t i = 0; i < plan.R * plan.k; ++i) slot_of[static_cast<size_t>(plan.position[static_cast<size_t>(i)])] = i;
+  for (int64_t p = 0; p < plan.R * plan.k; ++p) {
+    const int64_t slot = slot_of[static_cast<size_t>(p)], r = slot / plan.k;
+    const float w = weight[slot];
+    for (int64_t c = 0; c < d; ++c) out[r * d + c] = std::fma(w, y[p * d + c], out[r * d + c]);
+  }
+}
+
+void scatter_add_unordered_for_test(const float* dxg, const Plan& plan, int64_t d, float* dx) {
+  for (int64_t p = 0; p < plan.R * plan.k; ++p) {
+    const int64_t r = plan.row_of[static_cast<size_t>(p)];
+    for (int64_t c = 0; c < d; ++c) dx[r * d + c] = dx[r * d + c] + dxg[p * d + c];
+  }
+}
+
+static float routed_share(int64_t k) {
+  return static_cast<float>(static_cast<double>(k) / static_cast<double>(k + 1));
+}
+
+void shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n, ThreadPool* pool) {
+  const float div = static_cast<float>(k + 1), alpha = routed_share(k);
+  for_rows(pool, n, 1 << 14, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) out[i] = shared[i] / div + routed[i] * alpha;
+  });
+}
+
+void shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n, ThreadPool* pool) {
+  const float div = static_cast<float>(k + 1), alpha = routed_share(k);
+  for_rows(pool, n, 1 << 14, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const float g = dout[i];
+      dshared[i] = g / div;
+      drouted[i] = g * alpha;
+    }
+  });
+}
+
+std::vector<int64_t> counts(const int32_t* top, int64_t row_begin, int64_t row_end, int64_t k, int64_t E) {
+  std::vector<int64_t> c(static_cast<size_t>(E), 0);
+  for (int64_t i = row_begin * k; i < row_end * k; ++i) ++c[static_cast<size_t>(top[i])];
+  return c;
+}
+
+double lb_value(const float* scores, int64_t row_begin, int64_t row_end, int64_t E, const std::vector<int64_t>& c,
+                int64_t n_unit, double lb_coef) {
+  double total = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    double col = 0.0;
+    for (int64_t r = row_begin; r < row_end; ++r) col += static_cast<double>(scores[r * E + e]);
+    total += static_cast<double>(c[static_cast<size_t>(e)]) * col / static_cast<double>(n_unit);
+  }
+  return lb_coef * total;
+}
+
+double z_value(const float* lse, int64_t row_begin, int64_t row_end, double z_coef) {
+  double total = 0.0;
+  for (int64_t r = row_begin; r < row_end; ++r) total += static_cast<double>(lse[r]) * static_cast<double>(lse[r]);
+  return z_coef * total;
+}
+
+std::vector<float> lb_grad(const std::vector<int64_t>& c, int64_t n_unit, double lb_coef, int64_t global_n) {
+  std::vector<float> g(c.size());
+  for (size_t e = 0; e < c.size(); ++e)
+    g[e] = static_cast<float>(lb_coef * static_cast<double>(c[e]) /
+                              (static_cast<double>(n_unit) * static_cast<double>(global_n)));
+  return g;
+}
+
+void router_backward(const float* scores, const float* lse, const int32_t* top, const float* dweight,
+                     const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
+                     float* dlogits) {
+  std::vector<float> ds(static_cast<size_t>(E));
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* s = scores + r * E;
+    for (int64_t e = 0; e < E; ++e) ds[static_cast<size_t>(e)] = lb_grad_row[e];
+    for (int64_t j = 0; j < k; ++j) {
+      float& slot = ds[static_cast<size_t>(top[r * k + j])];
+      slot = slot + dweight[r * k + j];
+    }
+    const float dot = canonical_dot(s, ds.data(), E);
+    const float zl = z_grad * lse[r];
+    float* dl = dlogits + r * E;
+    for (int64_t e = 0; e < E; ++e) {
+      const float soft = s[e] * (ds[static_cast<size_t>(e)] - dot);
+      dl[e] = z_grad != 0.0f ? soft + zl * s[e] : soft;
+    }
+  }
+}
+
+uint64_t routing_digest(const int32_t* top, int64_t rows, int64_t k, uint64_t seed) {
+  return XXH3_64bits_withSeed(top, static_cast<size_t>(rows * k) * sizeof(int32_t), seed);
+}
+
+}  // namespace olmoref::moe

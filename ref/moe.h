@@ -1,0 +1,88 @@
+// ref/moe.h — the mixture-of-experts feed-forward's routing, dispatch and combine, as docs/canonical/moe.md
+// defines them. The experts themselves are SwiGLU feed-forwards run by the executor's GEMMs over the dispatched
+// rows; everything here is index work and per-row arithmetic on host memory, in one fixed order, with no atomics.
+//
+// Shapes: R token rows of one micro-batch (instance-major: row = b·T + t), E experts, k choices per token
+// (top_k), d the model width. A "slot" is one (row r, choice j) pair, r·k + j.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace olmoref {
+
+class ThreadPool;
+
+namespace moe {
+
+// Router forward of R rows: logits [R, E] ->
+//   scores [R, E]  softmax over the experts (max, det::expf, canonical_sum, divide);
+//   lse [R]        log-sum-exp of the logits, max + det::logf(sum), for the router z-loss;
+//   top [R, k]     the k experts of highest score in rank order, ties to the lower expert index;
+//   weight [R, k]  their scores (OLMo-core's expert weights without renormalisation).
+void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
+           float* weight, ThreadPool* pool);
+
+// The dispatch order of a micro-batch: every slot sorted by (expert, row, j). Rows are instance-major, so the
+// slots of one instance for one expert are contiguous, in token order (the weight-gradient leaves need that).
+struct Plan {
+  int64_t R = 0, k = 0, E = 0;
+  std::vector<int64_t> expert_begin;  // [E + 1]: expert e's slots are positions [expert_begin[e], expert_begin[e+1])
+  std::vector<int64_t> row_of;        // [R·k]: the token row of position p
+  std::vector<int64_t> position;      // [R·k]: the position of slot r·k + j
+
+  int64_t count(int64_t e) const { return expert_begin[static_cast<size_t>(e) + 1] - expert_begin[static_cast<size_t>(e)]; }
+  // Positions of expert e whose rows lie in [row_begin, row_end): [first, last).
+  std::pair<int64_t, int64_t> segment(int64_t e, int64_t row_begin, int64_t row_end) const;
+};
+Plan make_plan(const int32_t* top, int64_t R, int64_t k, int64_t E);
+
+// xg [R·k, d]: position p holds x's row row_of[p].
+void gather(const float* x, const Plan& plan, int64_t d, float* xg, ThreadPool* pool);
+// out [R, d]: row r = Σ_j weight[r, j] · y[position(r, j)], one fma chain over j = 0..k-1 from 0.
+void combine(const float* y, const float* weight, const Plan& plan, int64_t d, float* out, ThreadPool* pool);
+// Its backward: dy [R·k, d] at position(r, j) = weight[r, j] · dout[r]; dweight [R, k] = canonical_dot(dout[r], y[p]).
+void combine_backward(const float* dout, const float* y, const float* weight, const Plan& plan, int64_t d, float* dy,
+                      float* dweight, ThreadPool* pool);
+// dx [R, d] row r = (((dx[r] + dxg[position(r, 0)]) + dxg[position(r, 1)]) + ...), j in order.
+void scatter_add(const float* dxg, const Plan& plan, int64_t d, float* dx, ThreadPool* pool);
+
+// TEST ONLY negative controls (`train --debug-moe-unordered-combine`): the combine and the input-gradient scatter
+// as an atomic scatter kernel would order them, each expert's outputs added into their rows as the experts are
+// processed (expert-major), not in each row's rank order j. Same values up to rounding, different bits: the
+// determinism tests must see the difference.
+void combine_unordered_for_test(const float* y, const float* weight, const Plan& plan, int64_t d, float* out);
+void scatter_add_unordered_for_test(const float* dxg, const Plan& plan, int64_t d, float* dx);
+
+// The shared expert's combine (OLMo-core MoEBase.forward): out = shared / (k+1) + routed · fl(k/(k+1)), each
+// operation rounded; its backward: dshared = dout / (k+1), drouted = dout · fl(k/(k+1)). Elementwise over n.
+void shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n, ThreadPool* pool);
+void shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n, ThreadPool* pool);
+
+// The auxiliary losses of one unit of rows (an instance, or a micro-batch for the local_batch granularity).
+// lb_coef = lb weight (already divided by n_layers where configured) · E / k; z_coef = z weight likewise.
+// Per instance b with rows [r0, r1) of a unit with counts c [E] over n_unit rows:
+//   lb_b = lb_coef · Σ_e c_e · (Σ_{r in b} scores[r, e]) / n_unit      (fp64, r then e in order)
+//   z_b  = z_coef · Σ_{r in b} lse_r²                                   (fp64, r in order)
+// Both are sums: the step divides them by its global target count N, as the cross-entropy.
+std::vector<int64_t> counts(const int32_t* top, int64_t row_begin, int64_t row_end, int64_t k, int64_t E);
+double lb_value(const float* scores, int64_t row_begin, int64_t row_end, int64_t E, const std::vector<int64_t>& unit_counts,
+                int64_t n_unit, double lb_coef);
+double z_value(const float* lse, int64_t row_begin, int64_t row_end, double z_coef);
+// ∂(lb / N)/∂scores[r, e] for every row of the unit: fl32(lb_coef · c_e / (n_unit · N)), the products in fp64.
+std::vector<float> lb_grad(const std::vector<int64_t>& unit_counts, int64_t n_unit, double lb_coef, int64_t global_n);
+
+// Router backward of rows [row_begin, row_end): ds = lb_grad (per row, of its unit) + the combine's dweight at
+// each chosen expert; then the softmax backward dl_e = s_e · (ds_e − canonical_dot(s, ds)) and the z-loss term
+// + fl32(z_grad · lse_r) · s_e, z_grad = fl32(2 · z_coef / N). dlogits [R, E].
+void router_backward(const float* scores, const float* lse, const int32_t* top, const float* dweight,
+                     const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
+                     float* dlogits);
+
+// A 64-bit digest of rows' expert choices (top [rows, k]), chained from `seed`: the routing fingerprint's leaf.
+uint64_t routing_digest(const int32_t* top, int64_t rows, int64_t k, uint64_t seed);
+
+}  // namespace moe
+}  // namespace olmoref

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Mixture of experts (configs/tiny-moe.toml, docs/canonical/moe.md) through the binary: with the layout-free
+# "instance" load-balancing granularity the trace (loss, aux losses, routing digest, expert load, parameter digest)
+# is byte-identical across thread counts, micro-batch sizes, the cuda-host executor and data-parallel layouts, and
+# a stop + resume changes nothing, while an atomic-style unordered combine (test only) changes it; the
+# "local_batch" granularity (OLMo-core's default) must differ across micro-batch sizes, as documented; bad MoE
+# keys are refused by name.
+set -euo pipefail
+BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
+SRC="${OLMOREF_SOURCE_ROOT:?}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 3 60000
+base=(--config "$SRC/configs/tiny-moe.toml" --set "data.train_files=[\"$work/tokens.u16\"]")
+cfg=("${base[@]}" --steps 6 --quiet)
+run() { local name=$1; shift; "$BIN" train "${cfg[@]}" "$@" --out "$work/$name"; }
+same() {
+  cmp "$work/$1/trace.jsonl" "$work/$2/trace.jsonl" || { echo "FAIL: $2 differs from $1"; exit 1; }
+  echo "$2: identical"
+}
+run ref --threads 2
+python3 - "$work/ref/trace.jsonl" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+for r in recs:
+    assert len(r["routing_digest"]) == 16, r
+    assert len(r["expert_load"]) == 4 and all(len(l) == 8 for l in r["expert_load"]), r
+    assert all(sum(l) == 8 * 64 * 2 for l in r["expert_load"]), "each token counts top_k times"
+    assert r["moe_lb"] > 0 and r["moe_z"] > 0
+    assert abs(r["loss"] - (r["ce"] + r["z"] + r["moe_lb"] + r["moe_z"])) < 1e-5, r
+assert len({r["routing_digest"] for r in recs}) == len(recs), "routing digests must change as the weights train"
+print("trace fields: ok")
+PY
+run t1 --threads 1; same ref t1
+run mb1 --threads 2 --set train.micro_batch_instances=1; same ref mb1
+run mb8 --threads 2 --set train.micro_batch_instances=8; same ref mb8
+run host --threads 2 --set train.executor=cuda-host; same ref host
+for layout in 2x1 1x2 3x1 2x2; do
+  s=${layout%x*} r=${layout#*x}
+  mpirun --oversubscribe --bind-to none -np $((s * r)) "$BIN" train "${cfg[@]}" --threads 1 --dp-shard "$s" \
+    --dp-replicate "$r" --out "$work/L$layout" 2> "$work/L$layout.log" || { cat "$work/L$layout.log"; exit 1; }
+  same ref "L$layout"
+done
+"$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 2 > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
+grep -q IDENTICAL "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: resume-check"; exit 1; }
+echo "resume-check: identical"
+# Negative control: the same model with an atomic-style combine (each token's experts added in arrival order, not
+# rank order) must not give the reference trace; `trace compare` must say so, from step 1.
+run ctl --threads 1 --debug-moe-unordered-combine
+if cmp -s "$work/ref/trace.jsonl" "$work/ctl/trace.jsonl"; then echo "FAIL: the unordered combine left the trace unchanged"; exit 1; fi
+if "$BIN" trace compare "$work/ref/trace.jsonl" "$work/ctl/trace.jsonl" > "$work/cmp-ctl.log"; then
+  echo "FAIL: trace compare accepted the unordered combine"; exit 1
+fi
+grep -q "first differing step: 1" "$work/cmp-ctl.log" || { cat "$work/cmp-ctl.log"; exit 1; }
+"$BIN" trace compare "$work/ref/trace.jsonl" "$work/L2x2/trace.jsonl" > "$work/cmp-same.log" || { cat "$work/cmp-same.log"; exit 1; }
+grep -q "routing: identical at every compared step" "$work/cmp-same.log" || { cat "$work/cmp-same.log"; exit 1; }
+echo "negative control: the unordered combine changes the trace from step 1; trace compare reports it"
+# OLMo-core's local_batch granularity takes its statistics per micro-batch: the loss depends on the layout.
+lb=("$BIN" train "${base[@]}" --steps 2 --quiet --threads 2 --set model.moe_lb_granularity=local_batch)
+"${lb[@]}" --out "$work/lbA"
+"${lb[@]}" --set train.micro_batch_instances=4 --out "$work/lbB"
+if cmp -s "$work/lbA/trace.jsonl" "$work/lbB/trace.jsonl"; then echo "FAIL: local_batch ignored the micro-batch"; exit 1; fi
+echo "local_batch: differs across micro-batch sizes, as documented"
+expect_error() {
+  local want=$1; shift
+  if "$@" > "$work/err.log" 2>&1; then echo "FAIL: accepted: $*"; exit 1; fi
+  grep -q "$want" "$work/err.log" || { echo "FAIL: message lacks '$want':"; cat "$work/err.log"; exit 1; }
+}
+expect_error "model.moe_top_k" "$BIN" config "${base[@]}" --set model.moe_top_k=9
+expect_error "model.moe_lb_granularity" "$BIN" config "${base[@]}" --set model.moe_lb_granularity=global
+expect_error "model.moe_experts" "$BIN" config --config "$SRC/configs/tiny.toml" --set model.moe_top_k=2
+expect_error "train.precision" "$BIN" train "${cfg[@]}" --set 'train.precision="bf16"' --out "$work/bf"
+echo "refusals: ok"
