@@ -1,5 +1,7 @@
 #include "golden/trace.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -75,6 +77,21 @@ std::string TraceRecord::to_json() const {
       s += "]";
     }
     s += "]";
+    // The load at a glance, derived from expert_load (integers, so the same bits everywhere): the least and most
+    // loaded expert of any layer, and the worst layer's max / mean (1 = perfectly balanced, E = one expert took all).
+    int64_t lo = -1, hi = -1;
+    double imbalance = 0;
+    for (const auto& layer : expert_load) {
+      int64_t sum = 0, top = 0;
+      for (int64_t c : layer) {
+        lo = lo < 0 ? c : std::min(lo, c), hi = std::max(hi, c), top = std::max(top, c), sum += c;
+      }
+      if (sum > 0)
+        imbalance = std::max(imbalance, static_cast<double>(top) * static_cast<double>(layer.size()) /
+                                            static_cast<double>(sum));
+    }
+    s += ",\"expert_load_min\":" + std::to_string(lo) + ",\"expert_load_max\":" + std::to_string(hi) +
+         ",\"expert_imbalance\":" + fmt("%.17g", imbalance);
   }
   s += "}";
   return s;

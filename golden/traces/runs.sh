@@ -7,6 +7,7 @@ GOLDEN_RUNS=(
   "tiny-bf16   configs/tiny.toml   50     bf16       tiny"
   "small-fp32  configs/small.toml  30     fp32       demo"
   "small-bf16  configs/small.toml  30     bf16       demo"
+  "tiny-moe-fp32 configs/tiny-moe.toml 30 fp32     tiny"
 )
 
 # golden_prepare_data WORK BIN: writes WORK/tiny.u16 (make_tiny_corpus.py, always possible) and the demo

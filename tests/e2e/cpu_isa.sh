@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tier T4 through the binary: `olmoref train --cpu-isa scalar|avx2|avx512` (the GEMM and the other ops' SIMD paths,
 # ref/simd_ops.h) trains the tiny golden runs, fp32 and bf16 (50 steps), to the committed golden traces byte for
-# byte on every path this CPU has, and configs/small.toml's first 6 steps (head dim 16: the SIMD attention at 1 zmm
+# byte on every path this CPU has, as does the mixture-of-experts golden run (tiny-moe-fp32), and configs/small.toml's first 6 steps (head dim 16: the SIMD attention at 1 zmm
 # or 2 ymm per row) to one trace on every path; the manifest names the path; a path the CPU lacks or an unknown
 # name is refused before anything is written. The test fails if an x86-64 CPU with AVX2 ran no SIMD path.
 set -euo pipefail
@@ -41,6 +41,17 @@ for isa in "${paths[@]}"; do
       { echo "FAILED: the manifest of --cpu-isa $isa does not name the path"; exit 1; }
     echo "ok: $name on --cpu-isa $isa equals golden/traces/$name.jsonl (50 steps, every byte)"
   done
+done
+
+# 1b. The mixture-of-experts golden run (configs/tiny-moe.toml, 30 fp32 steps: routing, dispatch and combine on
+# top of the dense ops) on every path.
+for isa in "${paths[@]}"; do
+  "$BIN" train --config configs/tiny-moe.toml --steps 30 --set "data.train_files=[\"$work/tiny.u16\"]" \
+    --set checkpoint.keep_last=1 --cpu-isa "$isa" --threads 2 --out "$work/tiny-moe-$isa" --quiet
+  cmp golden/traces/tiny-moe-fp32.jsonl "$work/tiny-moe-$isa/trace.jsonl" ||
+    { "$BIN" trace compare golden/traces/tiny-moe-fp32.jsonl "$work/tiny-moe-$isa/trace.jsonl";
+      echo "FAILED: tiny-moe-fp32 on --cpu-isa $isa differs from the golden trace"; exit 1; }
+  echo "ok: tiny-moe-fp32 on --cpu-isa $isa equals golden/traces/tiny-moe-fp32.jsonl (30 steps, every byte)"
 done
 
 # 2. configs/small.toml (d 128, 8 heads of 16, windows 128 and full, vocabulary 2048), 6 steps, 2 threads.

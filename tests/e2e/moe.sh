@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mixture of experts (configs/tiny-moe.toml, docs/canonical/moe.md) through the binary: with the layout-free
 # "instance" load-balancing granularity the trace (loss, aux losses, routing digest, expert load, parameter digest)
-# is byte-identical across thread counts, micro-batch sizes, the cuda-host executor and data-parallel layouts, and
-# a stop + resume changes nothing, while an atomic-style unordered combine (test only) changes it; the
+# is byte-identical across reruns, thread counts, the scalar and SIMD CPU paths, micro-batch sizes, the cuda-host
+# executor and data-parallel layouts, and a stop + resume (also at another micro-batch size or layout) changes nothing, while an atomic-style unordered combine (test only) changes it; the
 # "local_batch" granularity (OLMo-core's default) must differ across micro-batch sizes, as documented; bad MoE
 # keys are refused by name.
 set -euo pipefail
@@ -30,10 +30,15 @@ for r in recs:
     assert all(sum(l) == 8 * 64 * 2 for l in r["expert_load"]), "each token counts top_k times"
     assert r["moe_lb"] > 0 and r["moe_z"] > 0
     assert abs(r["loss"] - (r["ce"] + r["z"] + r["moe_lb"] + r["moe_z"])) < 1e-5, r
+    flat = [c for l in r["expert_load"] for c in l]
+    assert (r["expert_load_min"], r["expert_load_max"]) == (min(flat), max(flat)), r
+    assert r["expert_imbalance"] == max(max(l) * len(l) / sum(l) for l in r["expert_load"]), r
 assert len({r["routing_digest"] for r in recs}) == len(recs), "routing digests must change as the weights train"
 print("trace fields: ok")
 PY
+run again --threads 2; same ref again
 run t1 --threads 1; same ref t1
+run scalar --threads 2 --cpu-isa scalar; same ref scalar
 run mb1 --threads 2 --set train.micro_batch_instances=1; same ref mb1
 run mb8 --threads 2 --set train.micro_batch_instances=8; same ref mb8
 run host --threads 2 --set train.executor=cuda-host; same ref host
@@ -45,7 +50,13 @@ for layout in 2x1 1x2 3x1 2x2; do
 done
 "$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 2 > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
 grep -q IDENTICAL "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: resume-check"; exit 1; }
-echo "resume-check: identical"
+# Resumed at another micro-batch size, and at another data-parallel layout.
+"$BIN" resume-check "${base[@]}" --steps 6 --at 2 --threads 1 --resume-set train.micro_batch_instances=4 \
+  > "$work/resume-mb.log" 2>&1 || { cat "$work/resume-mb.log"; exit 1; }
+"$BIN" resume-check "${base[@]}" --steps 6 --at 4 --threads 1 --layout 2x1 --resume-layout 1x2 \
+  > "$work/resume-layout.log" 2>&1 || { cat "$work/resume-layout.log"; exit 1; }
+grep -q IDENTICAL "$work/resume-mb.log" && grep -q IDENTICAL "$work/resume-layout.log"
+echo "resume-check: identical (also resumed at micro-batch 4, and from layout 2x1 to 1x2)"
 # Negative control: the same model with an atomic-style combine (each token's experts added in arrival order, not
 # rank order) must not give the reference trace; `trace compare` must say so, from step 1.
 run ctl --threads 1 --debug-moe-unordered-combine
