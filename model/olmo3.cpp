@@ -468,7 +468,8 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   A.lse.resize(static_cast<size_t>(R));
   A.top.resize(static_cast<size_t>(R * k));
   A.weight.resize(static_cast<size_t>(R * k));
-  moe::route(logits, R, E, k, A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), pool_);
+  moe::route(logits, R, E, k, A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), pool_,
+             m.normalize_expert_weights);
   A.plan = moe::make_plan(A.top.data(), R, k, E);
   if (expert_load_.size() != static_cast<size_t>(cfg_.n_layers * E))
     expert_load_.assign(static_cast<size_t>(cfg_.n_layers * E), 0);
@@ -626,8 +627,8 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
       const std::vector<float> g = m.lb_granularity == MoELbGranularity::instance
                                        ? moe::lb_grad(moe::counts(A.top.data(), r0, r1, k, E), T, lb_coef, global_n_targets)
                                        : mb_grad;
-      moe::router_backward(A.scores.data(), A.lse.data(), A.top.data(), dweight.data(), g.data(), z_grad, r0, r1, E, k,
-                           dl);
+      moe::router_backward(A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), dweight.data(), g.data(),
+                           z_grad, r0, r1, E, k, dl, m.normalize_expert_weights);
     }
     host_write(bw_.dlogits.data(), dl, R * E);
   }

@@ -50,6 +50,10 @@ void ModelConfig::validate() const {
     require(moe.z_loss_weight >= 0 && std::isfinite(moe.z_loss_weight), "model.moe_z_loss_weight",
             "must be finite and >= 0 (0: no router z-loss)");
     require(moe.n_experts <= 4096, "model.moe_experts", "must be <= 4096");
+    require(moe.normalize_expert_weights == 0 || moe.normalize_expert_weights == 1 || moe.normalize_expert_weights == 2,
+            "model.moe_normalize_expert_weights",
+            "must be 0 (off, OLMo-core's default), 1 (the top-k weights divided by their sum) or 2 (by their L2 norm); "
+            "other norms are not implemented");
   } else {
     require(moe.n_experts == 0, "model.moe_experts", "must be >= 0 (0: the dense feed-forward)");
   }

@@ -23,6 +23,7 @@ struct MoEConfig {
   double lb_loss_weight = 0.0;  // OLMo-core MoEConfig.lb_loss_weight (0: no load-balancing loss)
   double z_loss_weight = 0.0;   // OLMo-core MoEConfig.z_loss_weight (0: no router z-loss)
   bool scale_loss_by_num_layers = true;  // OLMo-core's default: both weights divided by n_layers
+  double normalize_expert_weights = 0;   // OLMo-core's router option: 0 (off, its default), 1 or 2 (L1 / L2 norm)
   MoELbGranularity lb_granularity = MoELbGranularity::instance;
 
   bool enabled() const { return n_experts > 0; }

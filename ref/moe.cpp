@@ -26,8 +26,17 @@ void for_rows(ThreadPool* pool, int64_t n, int64_t grain, const std::function<vo
 
 }  // namespace
 
+// n of the chosen scores w [k] (normalize_p 1 or 2), j in rank order.
+static float topk_norm(const float* w, int64_t k, double normalize_p) {
+  float acc = 0.0f;
+  for (int64_t j = 0; j < k; ++j) acc = normalize_p == 1 ? acc + w[j] : acc + w[j] * w[j];
+  return normalize_p == 1 ? acc : std::sqrt(acc);
+}
+
 void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
-           float* weight, ThreadPool* pool) {
+           float* weight, ThreadPool* pool, double normalize_p) {
+  if (normalize_p != 0 && normalize_p != 1 && normalize_p != 2)
+    throw std::invalid_argument("moe::route: normalize_p must be 0, 1 or 2");
   for_rows(pool, R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* l = logits + r * E;
@@ -50,6 +59,11 @@ void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, 
         }
         t[j] = static_cast<int32_t>(best);
         weight[r * k + j] = s[best];
+      }
+      if (normalize_p != 0) {
+        float* w = weight + r * k;
+        const float n = topk_norm(w, k, normalize_p);
+        for (int64_t j = 0; j < k; ++j) w[j] = w[j] / n;
       }
     }
   });
@@ -206,16 +220,28 @@ std::vector<float> lb_grad(const std::vector<int64_t>& c, int64_t n_unit, double
   return g;
 }
 
-void router_backward(const float* scores, const float* lse, const int32_t* top, const float* dweight,
+void router_backward(const float* scores, const float* lse, const int32_t* top, const float* weight, const float* dweight,
                      const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
-                     float* dlogits) {
-  std::vector<float> ds(static_cast<size_t>(E));
+                     float* dlogits, double normalize_p) {
+  std::vector<float> ds(static_cast<size_t>(E)), dchosen(static_cast<size_t>(k)), chosen(static_cast<size_t>(k));
   for (int64_t r = row_begin; r < row_end; ++r) {
     const float* s = scores + r * E;
+    const float* dw = dweight + r * k;
+    const float* w = weight + r * k;
+    for (int64_t j = 0; j < k; ++j) dchosen[static_cast<size_t>(j)] = dw[j];
+    if (normalize_p != 0) {
+      // w_j = s_j / n:  ∂L/∂s_j = (dw_j − w_j^(p−1) · Σ_i dw_i·w_i) / n.
+      for (int64_t j = 0; j < k; ++j) chosen[static_cast<size_t>(j)] = s[top[r * k + j]];
+      const float n = topk_norm(chosen.data(), k, normalize_p);
+      float dot = 0.0f;
+      for (int64_t j = 0; j < k; ++j) dot = dot + dw[j] * w[j];
+      for (int64_t j = 0; j < k; ++j)
+        dchosen[static_cast<size_t>(j)] = (dw[j] - (normalize_p == 1 ? dot : w[j] * dot)) / n;
+    }
     for (int64_t e = 0; e < E; ++e) ds[static_cast<size_t>(e)] = lb_grad_row[e];
     for (int64_t j = 0; j < k; ++j) {
       float& slot = ds[static_cast<size_t>(top[r * k + j])];
-      slot = slot + dweight[r * k + j];
+      slot = slot + dchosen[static_cast<size_t>(j)];
     }
     const float dot = canonical_dot(s, ds.data(), E);
     const float zl = z_grad * lse[r];

@@ -21,9 +21,11 @@ namespace moe {
 //   scores [R, E]  softmax over the experts (max, det::expf, canonical_sum, divide);
 //   lse [R]        log-sum-exp of the logits, max + det::logf(sum), for the router z-loss;
 //   top [R, k]     the k experts of highest score in rank order, ties to the lower expert index;
-//   weight [R, k]  their scores (OLMo-core's expert weights without renormalisation).
+//   weight [R, k]  their scores (OLMo-core's expert weights), or with normalize_p = 1 or 2 (OLMo-core's
+//                  normalize_expert_weights) those scores divided by their L1 / L2 norm over the k choices:
+//                  n = Σ_j s_j, or sqrtf(Σ_j s_j·s_j), j in rank order.
 void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
-           float* weight, ThreadPool* pool);
+           float* weight, ThreadPool* pool, double normalize_p = 0);
 
 // The dispatch order of a micro-batch: every slot sorted by (expert, row, j). Rows are instance-major, so the
 // slots of one instance for one expert are contiguous, in token order (the weight-gradient leaves need that).
@@ -75,11 +77,12 @@ double z_value(const float* lse, int64_t row_begin, int64_t row_end, double z_co
 std::vector<float> lb_grad(const std::vector<int64_t>& unit_counts, int64_t n_unit, double lb_coef, int64_t global_n);
 
 // Router backward of rows [row_begin, row_end): ds = lb_grad (per row, of its unit) + the combine's dweight at
-// each chosen expert; then the softmax backward dl_e = s_e · (ds_e − canonical_dot(s, ds)) and the z-loss term
+// each chosen expert (with normalize_p, first through the normalisation: ds_j = (dw_j − w_j^(p−1)·dot) / n,
+// dot = Σ_j dw_j·w_j in rank order, w the normalised weights); then the softmax backward dl_e = s_e · (ds_e − canonical_dot(s, ds)) and the z-loss term
 // + fl32(z_grad · lse_r) · s_e, z_grad = fl32(2 · z_coef / N). dlogits [R, E].
-void router_backward(const float* scores, const float* lse, const int32_t* top, const float* dweight,
+void router_backward(const float* scores, const float* lse, const int32_t* top, const float* weight, const float* dweight,
                      const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
-                     float* dlogits);
+                     float* dlogits, double normalize_p = 0);
 
 // A 64-bit digest of rows' expert choices (top [rows, k]), chained from `seed`: the routing fingerprint's leaf.
 uint64_t routing_digest(const int32_t* top, int64_t rows, int64_t k, uint64_t seed);

@@ -77,8 +77,11 @@ void print_config_summary(const TrainConfig& c) {
     std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
                 (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
                 (long long)m.head_dim, (long long)m.vocab_size);
-    std::printf("experts          %lld routed (hidden %lld), top-%lld, shared expert %s; dropless, softmax router\n",
+    std::printf("experts          %lld routed (hidden %lld), top-%lld%s, shared expert %s; dropless, softmax router\n",
                 (long long)e.n_experts, (long long)e.hidden, (long long)e.top_k,
+                e.normalize_expert_weights == 1   ? " (weights / their sum)"
+                : e.normalize_expert_weights == 2 ? " (weights / their L2 norm)"
+                                                  : "",
                 e.shared_hidden > 0 ? ("hidden " + std::to_string(e.shared_hidden)).c_str() : "none");
     std::printf("aux losses       load balancing %g, router z %g%s; granularity %s\n", e.lb_loss_weight, e.z_loss_weight,
                 e.scale_loss_by_num_layers ? " (each / n_layers)" : "",

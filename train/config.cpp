@@ -227,6 +227,7 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   r.get("model", "moe_lb_loss_weight", m.moe.lb_loss_weight);
   r.get("model", "moe_z_loss_weight", m.moe.z_loss_weight);
   r.get("model", "moe_scale_loss_by_num_layers", m.moe.scale_loss_by_num_layers);
+  r.get("model", "moe_normalize_expert_weights", m.moe.normalize_expert_weights);
   {
     std::string g = "instance";
     r.get("model", "moe_lb_granularity", g);
@@ -241,7 +242,7 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
   }
   if (m.moe.n_experts == 0)
     for (const char* key : {"moe_top_k", "moe_hidden", "moe_shared_hidden", "moe_lb_loss_weight", "moe_z_loss_weight",
-                            "moe_scale_loss_by_num_layers", "moe_lb_granularity"})
+                            "moe_scale_loss_by_num_layers", "moe_lb_granularity", "moe_normalize_expert_weights"})
       if (r.has("model", key))
         fail(origin, std::string("config key 'model.") + key + "' is set but model.moe_experts is 0 (a dense model); "
                      "set model.moe_experts to the number of experts, or remove the key");
@@ -462,6 +463,7 @@ std::string TrainConfig::to_toml() const {
     mt.insert("moe_lb_loss_weight", model.moe.lb_loss_weight);
     mt.insert("moe_z_loss_weight", model.moe.z_loss_weight);
     mt.insert("moe_scale_loss_by_num_layers", model.moe.scale_loss_by_num_layers);
+    mt.insert("moe_normalize_expert_weights", model.moe.normalize_expert_weights);
     mt.insert("moe_lb_granularity",
               model.moe.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch");
   }

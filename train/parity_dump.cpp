@@ -136,6 +136,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                          {"lb_loss_weight", m.lb_loss_weight},
                          {"z_loss_weight", m.z_loss_weight},
                          {"scale_loss_by_num_layers", m.scale_loss_by_num_layers},
+                         {"normalize_expert_weights", m.normalize_expert_weights},
                          {"lb_granularity", m.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch"}};
     j["micro_batch_instances"] = cfg.train.micro_batch_instances;
   }

@@ -343,7 +343,9 @@ def olmo_core_config(m):
         name=MoEType.dropless,
         num_experts=int(mo["n_experts"]),
         hidden_size=int(mo["hidden"]),
-        router=MoERouterConfig(top_k=int(mo["top_k"])),  # softmax gating, no jitter / bias / normalisation
+        # Softmax gating, no jitter or bias; normalize_expert_weights 0 (absent in older bundles) is OLMo-core's None.
+        router=MoERouterConfig(top_k=int(mo["top_k"]),
+                               normalize_expert_weights=float(mo.get("normalize_expert_weights", 0)) or None),
         shared_mlp=(FeedForwardConfig(hidden_size=int(mo["shared_hidden"]), bias=False)
                     if int(mo["shared_hidden"]) > 0 else None),
         lb_loss_weight=float(mo["lb_loss_weight"]) if float(mo["lb_loss_weight"]) != 0 else None,

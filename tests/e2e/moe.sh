@@ -82,5 +82,6 @@ expect_error() {
 expect_error "model.moe_top_k" "$BIN" config "${base[@]}" --set model.moe_top_k=9
 expect_error "model.moe_lb_granularity" "$BIN" config "${base[@]}" --set model.moe_lb_granularity=global
 expect_error "model.moe_experts" "$BIN" config --config "$SRC/configs/tiny.toml" --set model.moe_top_k=2
+expect_error "model.moe_normalize_expert_weights" "$BIN" config "${base[@]}" --set model.moe_normalize_expert_weights=3
 expect_error "train.precision" "$BIN" train "${cfg[@]}" --set 'train.precision="bf16"' --out "$work/bf"
 echo "refusals: ok"

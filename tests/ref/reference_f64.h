@@ -142,8 +142,8 @@ inline double& moe_min_gap64() {
   return gap;
 }
 
-// The mixture-of-experts feed-forward from OLMo-core's definition (dropless, softmax gating, no renormalisation,
-// optional shared expert mixed as shared/(k+1) + routed·k/(k+1)), on B instances of T rows h [B·T, d]; adds the
+// The mixture-of-experts feed-forward from OLMo-core's definition (dropless, softmax gating, the top-k weights
+// optionally divided by their p-norm, optional shared expert mixed as shared/(k+1) + routed·k/(k+1)), on B instances of T rows h [B·T, d]; adds the
 // weighted auxiliary-loss sums (load balancing over the configured unit: an instance, or all B·T rows as one
 // micro-batch; router z-loss) to aux.
 inline Vec moe64(const ModelConfig& cfg, const BlockOffsets& o, const Vec& p, const Vec& h, int64_t B, int64_t T,
@@ -154,6 +154,7 @@ inline Vec moe64(const ModelConfig& cfg, const BlockOffsets& o, const Vec& p, co
   const double lb_coef = m.lb_loss_weight / layers * static_cast<double>(E) / static_cast<double>(k);
   const double z_coef = m.z_loss_weight / layers;
   const Vec logits = linear64(h, &p[o.moe_router], R, E, d);
+  std::vector<double> norm(static_cast<size_t>(R), 1.0);  // the top-k weights' divisor (1: no normalisation)
   Vec scores(static_cast<size_t>(R * E));
   std::vector<int64_t> top(static_cast<size_t>(R * k));
   for (int64_t r = 0; r < R; ++r) {
@@ -167,6 +168,11 @@ inline Vec moe64(const ModelConfig& cfg, const BlockOffsets& o, const Vec& p, co
     for (int64_t e = 0; e < E; ++e) order[e] = e;
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return scores[r * E + a] > scores[r * E + b]; });
     for (int64_t j = 0; j < k; ++j) top[r * k + j] = order[j];
+    if (m.normalize_expert_weights != 0) {
+      double acc = 0;
+      for (int64_t j = 0; j < k; ++j) acc += std::pow(scores[r * E + order[j]], m.normalize_expert_weights);
+      norm[r] = std::pow(acc, 1.0 / m.normalize_expert_weights);
+    }
     if (k < E) moe_min_gap64() = std::min(moe_min_gap64(), scores[r * E + order[k - 1]] - scores[r * E + order[k]]);
   }
   // Load balancing: per unit, Σ_e (choices of e in the unit) · (Σ_{r in unit} score[r, e]) / rows of the unit.
@@ -185,7 +191,7 @@ inline Vec moe64(const ModelConfig& cfg, const BlockOffsets& o, const Vec& p, co
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = top[r * k + j];
-      const double w = scores[r * E + e];
+      const double w = scores[r * E + e] / norm[r];
       const double* w1 = &p[o.moe_w1 + e * hh * d];
       const double* w3 = &p[o.moe_w3 + e * hh * d];
       const double* w2 = &p[o.moe_w2 + e * hh * d];  // [h, d]: [in, out]

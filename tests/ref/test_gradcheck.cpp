@@ -270,15 +270,18 @@ TEST_CASE("gradcheck: step gradient over several micro-batches equals the gradie
 // and the router z-loss), every expert and the shared expert against fp64 finite differences of moe64, which is
 // written from OLMo-core's definition. Only away from top-k ties: the test requires every row's k-th and
 // (k+1)-th scores to be far apart compared with what a finite-difference step can move them.
-TEST_CASE("gradcheck: mixture of experts, every parameter tensor (router, experts, shared expert, aux losses)") {
+TEST_CASE("gradcheck: mixture of experts, every parameter tensor (router, experts, shared expert, aux losses, "
+          "normalised top-k weights)") {
   struct Case {
     int64_t k, shared;
     MoELbGranularity unit;
+    double normalize_p;
   };
-  for (const Case c : {Case{2, 12, MoELbGranularity::instance}, Case{1, 0, MoELbGranularity::local_batch},
-                       Case{3, 0, MoELbGranularity::instance}}) {
+  for (const Case c : {Case{2, 12, MoELbGranularity::instance, 0}, Case{1, 0, MoELbGranularity::local_batch, 0},
+                       Case{3, 0, MoELbGranularity::instance, 2}, Case{2, 12, MoELbGranularity::local_batch, 1}}) {
     CAPTURE(c.k);
     CAPTURE(c.shared);
+    CAPTURE(c.normalize_p);
     ModelConfig cfg = gradcheck_model();
     cfg.n_layers = 2;
     cfg.swa_pattern = {3, -1};
@@ -289,6 +292,7 @@ TEST_CASE("gradcheck: mixture of experts, every parameter tensor (router, expert
     cfg.moe.lb_loss_weight = 0.5;  // far above OLMo-core's 0.01 so the router's auxiliary gradients are visible
     cfg.moe.z_loss_weight = 0.05;
     cfg.moe.lb_granularity = c.unit;
+    cfg.moe.normalize_expert_weights = c.normalize_p;
     const int64_t B = 2, T = 10, N = B * (T - 1);
     const ModelGradient g = model_gradient(cfg, B, T);
     const Vec p64 = to64(g.params);
