@@ -13,7 +13,7 @@
 #     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor
 #     (tests/kernels/model_cases.h), and the math functions over a dense fp32 sample, bit for bit against the CPU;
 #   - gpu-training (tests/gpu/training.sh): the golden traces through --executor cuda (tiny and small, fp32 and
-#     bf16; the small ones need the demo corpus's Debian packages and are skipped without them), a checkpoint
+#     bf16, and tiny-moe-fp32; the small ones need the demo corpus's Debian packages and are skipped without them), a checkpoint
 #     continued cpu -> cuda -> cpu equal to the golden trace, T0 on the GPU, and two MPI processes sharing the GPU
 #     (dp_replicate 2, dp_shard 2) equal to one;
 #   - compute-sanitizer memcheck and racecheck on every kernel (without the long math sweep) and on one tiny

@@ -327,6 +327,20 @@ def windows(m):
     return [0 if (i == L - 1 or not pat or pat[i % len(pat)] <= 0) else int(pat[i % len(pat)]) for i in range(L)]
 
 
+def model_dict_from_resolved(resolved):
+    """The bundle's "model" dict (olmoref ModelConfig names) from `olmoref config --resolved`'s TOML, parsed."""
+    m = resolved["model"]
+    return {"vocab_size": m["vocab_size"], "d_model": m["d_model"], "n_layers": m["n_layers"], "n_heads": m["n_heads"],
+            "n_kv_heads": m["n_kv_heads"], "head_dim": m["head_dim"], "rope_theta": m["rope_theta"],
+            "norm_eps": m["norm_eps"], "swa_pattern": m["swa_pattern"],
+            "moe": {"n_experts": m["moe_experts"], "top_k": m["moe_top_k"], "hidden": m["moe_hidden"],
+                    "shared_hidden": m["moe_shared_hidden"], "lb_loss_weight": m["moe_lb_loss_weight"],
+                    "z_loss_weight": m["moe_z_loss_weight"],
+                    "scale_loss_by_num_layers": m["moe_scale_loss_by_num_layers"],
+                    "lb_granularity": m["moe_lb_granularity"],
+                    "normalize_expert_weights": m.get("moe_normalize_expert_weights", 0)}}
+
+
 def olmo_core_config(m):
     """OLMo-core's TransformerConfig for the bundle's model (olmoref ModelConfig names)."""
     from olmo_core.nn.attention import SlidingWindowAttentionConfig

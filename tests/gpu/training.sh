@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Whole training runs on the GPU (executor cuda), exit 77 without a usable device:
-#   - the golden traces (golden/traces/check.sh with --executor cuda: tiny and small, fp32 and bf16, every byte);
+#   - the golden traces (golden/traces/check.sh with --executor cuda: tiny and small, fp32 and bf16, and the
+#     mixture-of-experts tiny-moe-fp32 (its routing on the host, its experts on the device GEMMs), every byte);
 #   - tests/e2e/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view).

@@ -28,19 +28,6 @@ def ours(binary, config):
     return params, int(active.group(1)) if active else params, int(flops.group(1)), int(flops.group(2)), resolved
 
 
-def parity_model_dict(resolved):
-    """The MoE parity script's model dict from a resolved olmoref config."""
-    m = resolved["model"]
-    return {"vocab_size": m["vocab_size"], "d_model": m["d_model"], "n_layers": m["n_layers"], "n_heads": m["n_heads"],
-            "n_kv_heads": m["n_kv_heads"], "head_dim": m["head_dim"], "rope_theta": m["rope_theta"],
-            "norm_eps": m["norm_eps"], "swa_pattern": m["swa_pattern"],
-            "moe": {"n_experts": m["moe_experts"], "top_k": m["moe_top_k"], "hidden": m["moe_hidden"],
-                    "shared_hidden": m["moe_shared_hidden"], "lb_loss_weight": m["moe_lb_loss_weight"],
-                    "z_loss_weight": m["moe_z_loss_weight"],
-                    "scale_loss_by_num_layers": m["moe_scale_loss_by_num_layers"],
-                    "lb_granularity": m["moe_lb_granularity"]}}
-
-
 def main():
     binary = sys.argv[1]
     from olmo_core.nn.transformer import TransformerConfig
@@ -55,8 +42,8 @@ def main():
              ("olmo3-32b", lambda v, r: TransformerConfig.olmo3_32B(vocab_size=v)),
              ("olmoe-1b-7b", lambda v, r: TransformerConfig.olmoe_1B_7B(vocab_size=v)),
              ("smallmoe", lambda v, r: smallmoe(v)),
-             ("tiny-moe", lambda v, r: moe_parity.olmo_core_config(parity_model_dict(r))),
-             ("parity-moe", lambda v, r: moe_parity.olmo_core_config(parity_model_dict(r)))]
+             ("tiny-moe", lambda v, r: moe_parity.olmo_core_config(moe_parity.model_dict_from_resolved(r))),
+             ("parity-moe", lambda v, r: moe_parity.olmo_core_config(moe_parity.model_dict_from_resolved(r)))]
     failures = []
     print(f"{'config':<12} {'':>8} {'olmoref':>16} {'OLMo-core':>16}")
     for name, build in cases:

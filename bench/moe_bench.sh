@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# bench/moe_bench.sh — olmoref's mixture-of-experts training step on the CPU against the OLMo-core peer (its own
+# MoETransformer, fp32 eager, bench/olmo_core_moe_peer.py) on the same shapes and threads, alternating the two so
+# machine noise hits both alike, and next to olmoref's dense model with the same active parameters per token (its
+# FFN width chosen so that 3·F·d equals the router, shared expert and top-k experts' 3·k·h·d).
+#
+#   bash bench/moe_bench.sh [--threads "1 2"] [--repeats 2] [--configs "tiny-moe small-moe"] [--build build]
+#
+# Configs: `tiny-moe` is configs/tiny-moe.toml (8 experts of 32, top-2, shared 64; seq 64, micro-batch 2, global 8);
+# `small-moe` is smallmoe's proportions at d 128 (4 layers, 32 experts of 64, top-4, shared 256; seq 128,
+# micro-batch 4, global 8). Prints tokens/s of each side (best step after the first over the repeats, median beside
+# it) and the ratios. Expert parallelism is not implemented yet, so there is no EP column.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads_list="1 2"; repeats=2; configs="tiny-moe small-moe"; build=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) threads_list="$2"; shift 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --configs) configs="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    *) echo "bench/moe_bench.sh: unknown argument '$1' (see the header for usage)" >&2; exit 2 ;;
+  esac
+done
+bin="$build/olmoref"
+[ -x "$bin" ] || { echo "bench/moe_bench.sh: missing $bin: run bash tools/build.sh first" >&2; exit 1; }
+py="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}/bin/python"
+[ -x "$py" ] || { echo "bench/moe_bench.sh: missing $py (OLMo-core's venv): run bash tools/setup_python.sh first" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 tests/make_tokens.py "$work/tokens.u16" 11 400000
+
+common=(--set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=false --set checkpoint.interval=0
+        --set eval.interval=0 --set train.log_every=1)
+declare -A moe dense steps
+moe[tiny-moe]="--config configs/tiny-moe.toml"
+dense[tiny-moe]="--config configs/tiny.toml --set model.n_kv_heads=2 --set model.swa_pattern=[-1] --set model.ffn_hidden=131"
+steps[tiny-moe]=8
+small_shape="--set model.d_model=128 --set model.n_layers=4 --set model.n_heads=4 --set model.n_kv_heads=4
+--set train.seq_len=128 --set train.micro_batch_instances=4 --set train.global_batch_instances=8"
+moe[small-moe]="--config configs/tiny-moe.toml $small_shape --set model.moe_experts=32 --set model.moe_top_k=4
+--set model.moe_hidden=64 --set model.moe_shared_hidden=256"
+# (32·d + 3·256·d + 4·3·64·d) / (3·d) = 10.7 + 256 + 256
+dense[small-moe]="--config configs/tiny.toml $small_shape --set model.swa_pattern=[-1] --set model.ffn_hidden=523"
+steps[small-moe]=6
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
+best() { sort -g | tail -1; }
+olmoref_rates() { grep -E "^step" "$1" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}'; }
+peer_rates() { grep -E "^step " "$1" | tail -n +2 | awk '{print $4 / $6}'; }
+active() { "$bin" config "$@" | awk '/^active\/token/ {print $2; f=1} /^parameters/ {p=$2} END {if (!f) print p}'; }
+
+printf "%-10s %-7s %-14s %-22s %-22s %-7s %-22s %-8s\n" config threads "active params" "olmoref MoE tok/s" \
+  "OLMo-core MoE tok/s" ratio "olmoref dense tok/s" "MoE/dense"
+for name in $configs; do
+  # shellcheck disable=SC2086
+  "$bin" config ${moe[$name]} "${common[@]}" --resolved > "$work/$name.toml"
+  # shellcheck disable=SC2086
+  a_moe=$(active ${moe[$name]}); a_dense=$(active ${dense[$name]})
+  for t in $threads_list; do
+    : > "$work/o"; : > "$work/p"; : > "$work/d"
+    for rep in $(seq 1 "$repeats"); do
+      # shellcheck disable=SC2086
+      "$bin" train ${moe[$name]} "${common[@]}" --steps "${steps[$name]}" --threads "$t" --no-checkpoint \
+        --out "$work/m" > "$work/run.log" 2>&1 || { cat "$work/run.log" >&2; exit 1; }
+      olmoref_rates "$work/run.log" >> "$work/o"; rm -rf "$work/m"
+      "$py" bench/olmo_core_moe_peer.py "$work/$name.toml" --steps "${steps[$name]}" --threads "$t" \
+        > "$work/peer.log" 2>&1 || { cat "$work/peer.log" >&2; exit 1; }
+      peer_rates "$work/peer.log" >> "$work/p"
+      # shellcheck disable=SC2086
+      "$bin" train ${dense[$name]} "${common[@]}" --steps "${steps[$name]}" --threads "$t" --no-checkpoint \
+        --out "$work/dn" > "$work/run.log" 2>&1 || { cat "$work/run.log" >&2; exit 1; }
+      olmoref_rates "$work/run.log" >> "$work/d"; rm -rf "$work/dn"
+    done
+    o=$(best < "$work/o"); p=$(best < "$work/p"); d=$(best < "$work/d")
+    printf "%-10s %-7s %-14s %-22s %-22s %-7.2f %-22s %-8.2f\n" "$name" "$t" "$a_moe / $a_dense" \
+      "$(printf '%.0f (%.0f)' "$o" "$(median < "$work/o")")" "$(printf '%.0f (%.0f)' "$p" "$(median < "$work/p")")" \
+      "$(awk -v a="$o" -v b="$p" 'BEGIN {print a / b}')" "$(printf '%.0f (%.0f)' "$d" "$(median < "$work/d")")" \
+      "$(awk -v a="$o" -v b="$d" 'BEGIN {print a / b}')"
+  done
+done
+echo "(active params: MoE / its dense twin; best and median step over $repeats alternating runs each; $(nproc) cores:" \
+  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)," \
+  "olmoref $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
