@@ -547,6 +547,20 @@ def is_logits_bundle(d):
         return False
 
 
+def finish(report, fails, summary, report_path):
+    """Records the verdict in the report (each fail: gate, value, limit, message), prints `summary`, writes the
+    report (atomically) when asked; returns the exit status: 0 every gate passed, 1 otherwise."""
+    report["pass"] = not fails
+    report["failed_gates"] = [f[0] for f in fails]
+    report["failures"] = [f[3] for f in fails]
+    summary(report, fails)
+    if report_path:
+        with open(report_path + ".tmp", "w") as f:
+            json.dump(report, f, indent=1, allow_nan=True)
+        os.replace(report_path + ".tmp", report_path)
+    return 0 if not fails else 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", required=True, help="directory written by `olmoref parity-dump`")
@@ -570,26 +584,8 @@ def main(argv=None):
         print(f"hf_parity: bad bundle: {e}", file=sys.stderr)
         return 2
     if logits_mode:
-        fails = gate_logits(report)
-        report["pass"] = not fails
-        report["failed_gates"] = [f[0] for f in fails]
-        report["failures"] = [f[3] for f in fails]
-        print_logits_summary(report, fails)
-        if args.report:
-            with open(args.report + ".tmp", "w") as f:
-                json.dump(report, f, indent=1, allow_nan=True)
-            os.replace(args.report + ".tmp", args.report)
-        return 0 if not fails else 1
-    fails = gate(report)
-    report["pass"] = not fails
-    report["failed_gates"] = [f[0] for f in fails]
-    report["failures"] = [f[3] for f in fails]
-    print_summary(report, fails)
-    if args.report:
-        with open(args.report + ".tmp", "w") as f:
-            json.dump(report, f, indent=1, allow_nan=True)
-        os.replace(args.report + ".tmp", args.report)
-    return 0 if not fails else 1
+        return finish(report, gate_logits(report), print_logits_summary, args.report)
+    return finish(report, gate(report), print_summary, args.report)
 
 
 if __name__ == "__main__":

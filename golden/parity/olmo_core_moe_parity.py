@@ -98,10 +98,10 @@ REQUIRED_MOE = ("n_experts", "top_k", "hidden", "shared_hidden", "lb_loss_weight
 REQUIRED_OPTIM = ("lr_per_step", "betas", "eps", "weight_decay", "max_grad_norm", "no_decay")
 
 
-# The bundle error, the relative difference, torch's fp32 set-up and the logits comparison are hf_parity.py's (the
-# dense parity check), so both peers are judged by the same code.
+# The bundle error, the relative difference, torch's fp32 set-up, the logits comparison and the verdict are
+# hf_parity.py's (the dense parity check), so both peers are judged by the same code.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import BundleError, compare_logits as _compare_logits, rel, setup_torch  # noqa: E402
+from hf_parity import BundleError, compare_logits as _compare_logits, finish, rel, setup_torch  # noqa: E402
 
 
 # ---- CPU stand-ins for olmo_core.ops.moe.kernels (Triton) -----------------------------------------------------
@@ -829,16 +829,7 @@ def main(argv=None):
     except BundleError as e:
         print(f"olmo_core_moe_parity: bad bundle: {e}", file=sys.stderr)
         return 2
-    fails = gate(report)
-    report["pass"] = not fails
-    report["failed_gates"] = [f[0] for f in fails]
-    report["failures"] = [f[3] for f in fails]
-    print_summary(report, fails)
-    if args.report:
-        with open(args.report + ".tmp", "w") as f:
-            json.dump(report, f, indent=1, allow_nan=True)
-        os.replace(args.report + ".tmp", args.report)
-    return 0 if not fails else 1
+    return finish(report, gate(report), print_summary, args.report)
 
 
 if __name__ == "__main__":
