@@ -212,7 +212,20 @@ void write_text_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
+// Hugging Face has no model these weights load into: Olmo3ForCausalLM is dense, and OlmoeForCausalLM is a
+// pre-norm model (RMSNorm before attention and before the MoE) where OLMo-core 3's moe_reordered_norm block
+// normalises the sublayers' outputs.
+static void refuse_moe(const ModelConfig& cfg, const char* what) {
+  if (cfg.moe.enabled())
+    throw std::invalid_argument(
+        std::string(what) + ": config key 'model.moe_experts' is " + std::to_string(cfg.moe.n_experts) +
+        ": a mixture-of-experts model has no Hugging Face form (Olmo3ForCausalLM is dense; OlmoeForCausalLM is "
+        "pre-norm, OLMo-core 3's moe_reordered_norm block is not); `olmoref parity-dump` writes the weights "
+        "under OLMo-core's names (olmo_core/model.safetensors)");
+}
+
 std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) {
+  refuse_moe(cfg, "Hugging Face export");
   cfg.validate();
   const LayerTypes lt = layer_types_of(cfg);
   const TokenIds ids = token_ids(cfg, opts);
@@ -323,6 +336,7 @@ std::string hf_weights_sha256(const std::string& dir) {
 }
 
 void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params) {
+  refuse_moe(cfg, (dir + ": Hugging Face import").c_str());
   const fs::path root(dir);
   const fs::path config_path = root / "config.json";
   if (fs::exists(config_path)) {

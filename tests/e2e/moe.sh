@@ -84,4 +84,10 @@ expect_error "model.moe_lb_granularity" "$BIN" config "${base[@]}" --set model.m
 expect_error "model.moe_experts" "$BIN" config --config "$SRC/configs/tiny.toml" --set model.moe_top_k=2
 expect_error "model.moe_normalize_expert_weights" "$BIN" config "${base[@]}" --set model.moe_normalize_expert_weights=3
 expect_error "train.precision" "$BIN" train "${cfg[@]}" --set 'train.precision="bf16"' --out "$work/bf"
+# No Hugging Face form: export, golden bundles (HF replays) and HF init refuse by name, writing nothing.
+expect_error "model.moe_experts" "$BIN" export-hf "${base[@]}" --out "$work/hf"
+[ ! -e "$work/hf/model.safetensors" ] || { echo "FAIL: export-hf wrote weights for a MoE model"; exit 1; }
+expect_error "model.moe_experts" "$BIN" golden export --run "$work/ref" --out "$work/gx"
+"$BIN" export-hf --config "$SRC/configs/tiny.toml" --out "$work/dense-hf" > /dev/null
+expect_error "model.moe_experts" "$BIN" train "${cfg[@]}" --init-from-hf "$work/dense-hf" --out "$work/init"
 echo "refusals: ok"
