@@ -88,27 +88,32 @@ def setup_torch(threads):
     return torch
 
 
-def load_bundle(d):
+REQUIRED_OPTIM = ("lr_per_step", "betas", "eps", "weight_decay", "max_grad_norm", "no_decay")
+
+
+def load_bundle_core(d, required_top, what="a directory"):
+    """What every parity bundle holds (this script's and olmo_core_moe_parity.py's): ours.json with the
+    `required_top` keys, its optim and trace consistent with `steps`, and batches.u32 [S, B, T]. Returns
+    (ours, batches, need), need(path) raising BundleError for a missing file; `what` names the bundle kind in it."""
     import numpy as np
-    from safetensors.numpy import load_file
 
     def need(path):
         if not os.path.exists(path):
-            raise BundleError(f"{path}: missing (is {d} a directory written by `olmoref parity-dump`?)")
+            raise BundleError(f"{path}: missing (is {d} {what} written by `olmoref parity-dump`?)")
         return path
 
     try:
         ours = json.load(open(need(os.path.join(d, "ours.json"))))
     except json.JSONDecodeError as e:
         raise BundleError(f"{d}/ours.json: not valid JSON: {e}")
-    for key in ("model", "seq_len", "instances_per_step", "steps", "z_loss", "optim", "loss_step0", "trace"):
+    for key in required_top:
         if key not in ours:
             raise BundleError(f"{d}/ours.json: missing key '{key}'")
     S, B, T = int(ours["steps"]), int(ours["instances_per_step"]), int(ours["seq_len"])
     if S < 1 or B < 1 or T < 2:
         raise BundleError(f"{d}/ours.json: need steps >= 1, instances_per_step >= 1, seq_len >= 2 (got {S}, {B}, {T})")
     optim = ours["optim"]
-    for key in ("lr_per_step", "betas", "eps", "weight_decay", "max_grad_norm", "no_decay"):
+    for key in REQUIRED_OPTIM:
         if key not in optim:
             raise BundleError(f"{d}/ours.json: missing optim.{key}")
     if len(optim["lr_per_step"]) != S:
@@ -119,8 +124,14 @@ def load_bundle(d):
     raw = np.fromfile(need(os.path.join(d, "batches.u32")), dtype="<u4")
     if raw.size != S * B * T:
         raise BundleError(f"{d}/batches.u32: {raw.size} tokens, expected steps*instances*seq_len = {S}*{B}*{T}")
-    batches = raw.reshape(S, B, T)
+    return ours, raw.reshape(S, B, T), need
 
+
+def load_bundle(d):
+    from safetensors.numpy import load_file
+
+    ours, batches, need = load_bundle_core(
+        d, ("model", "seq_len", "instances_per_step", "steps", "z_loss", "optim", "loss_step0", "trace"))
     step0 = load_file(need(os.path.join(d, "ours_step0.safetensors")))
     if "logits" not in step0:
         raise BundleError(f"{d}/ours_step0.safetensors: no 'logits' tensor")
