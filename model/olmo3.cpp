@@ -205,18 +205,42 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
   drop_unit(n_units() - 1);
 }
 
-void Olmo3::gather_only_pass() {
-  if (!gate_) return;
+void Olmo3::idle_pass(const float* params) {
+  const bool ep = ep_ != nullptr && cfg_.moe.enabled();
+  if (!gate_ && !ep) return;
+  ep_now_ = ep ? ep_ : nullptr;
+  auto unit = [&](int u, auto&& body) {
+    if (gate_) gate_->acquire(u);
+    body();
+    if (gate_) gate_->release(u);
+  };
   // forward: embedding, blocks 0..L-1, head; backward: head, blocks L-1..0 (the embedding's backward reads
-  // no parameter). Must match forward() and forward_backward() below.
-  for (int u = 0; u < n_units(); ++u) {
-    gate_->acquire(u);
-    gate_->release(u);
-  }
-  for (int u = n_units() - 1; u >= 1; --u) {
-    gate_->acquire(u);
-    gate_->release(u);
-  }
+  // no parameter). Must match forward() and forward_backward() below, collective for collective.
+  const int head = n_units() - 1;
+  unit(0, [] {});
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    unit(static_cast<int>(l) + 1, [&] {
+      if (ep) ep_forward(params, layout_.blocks[static_cast<size_t>(l)], l, nullptr, nullptr, nullptr, nullptr);
+    });
+  unit(head, [] {});
+  unit(head, [] {});
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l)
+    unit(static_cast<int>(l) + 1, [&] {
+      if (ep) ep_backward(params, layout_.blocks[static_cast<size_t>(l)], l, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
+  ep_now_ = nullptr;
+}
+
+void Olmo3::set_expert_exchange(ExpertExchange* ep) {
+  if (ep && !cfg_.moe.enabled())
+    throw std::invalid_argument("expert parallelism needs a mixture-of-experts model (model.moe_experts > 0)");
+  if (ep && ep->size() > cfg_.moe.n_experts)
+    throw std::invalid_argument("expert parallelism over " + std::to_string(ep->size()) + " ranks but model.moe_experts = " +
+                                std::to_string(cfg_.moe.n_experts) + ": every rank of an EP group must own an expert");
+  if (ep && precision_ != Precision::fp32) throw std::invalid_argument("expert parallelism is fp32 only (as MoE)");
+  ep_ = ep;
+  owned_.clear();
+  if (ep) owned_.resize(static_cast<size_t>(cfg_.n_layers));
 }
 
 // Loss totals of instances [0, n) by the instance tree (fp64).
@@ -273,6 +297,12 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   const int64_t R = n_inst * T_, T = T_;
   master_ = params;
   params = working_params(params);  // bf16: the bf16 copy, for forward and backward alike
+  // Expert parallelism applies to this call only (forward_loss runs every expert here).
+  struct EpScope {
+    ExpertExchange*& now;
+    ~EpScope() { now = nullptr; }
+  } ep_scope{ep_now_};
+  ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
   forward(params, tokens, n_inst);
   if (logits_out) logits_.download(logits_out, R * V);
   // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
@@ -498,8 +528,16 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
     float* xg = e.host_memory() ? A.xg.data() : (hs_c_.resize(static_cast<size_t>(R * k * d)), hs_c_.data());
     moe::gather(hrow, A.plan, d, xg, pool_);
     host_write(A.xg.data(), xg, R * k * d);
+    if (ep_now_) {  // the experts run on their owners; ey and ea come back in plan order
+      std::vector<float> ey_host, ea_host;
+      float* ey = e.host_memory() ? A.ey.data() : (ey_host.resize(static_cast<size_t>(R * k * d)), ey_host.data());
+      float* ea = e.host_memory() ? A.ea.data() : (ea_host.resize(static_cast<size_t>(R * k * h)), ea_host.data());
+      ep_forward(params, o, layer, &A.plan, xg, ey, ea);
+      host_write(A.ey.data(), ey, R * k * d);
+      host_write(A.ea.data(), ea, R * k * h);
+    }
   }
-  for (int64_t x = 0; x < E; ++x) {
+  for (int64_t x = 0; x < E && !ep_now_; ++x) {
     const int64_t n = A.plan.count(x), p0 = A.plan.expert_begin[static_cast<size_t>(x)];
     if (n == 0) continue;
     const float* X = A.xg.data() + p0 * d;
@@ -562,9 +600,21 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
     float* dy = e.host_memory() ? bw_.dy.data() : (dy_host.resize(static_cast<size_t>(R * k * d)), dy_host.data());
     moe::combine_backward(drouted, ey, A.weight.data(), plan, d, dy, dweight.data(), pool_);
     host_write(bw_.dy.data(), dy, R * k * d);
+    if (ep_now_) {  // the experts' backward runs on their owners; ∂xg, ∂g, ∂u come back in plan order
+      std::vector<float> back;
+      const bool hm = e.host_memory();
+      if (!hm) back.resize(static_cast<size_t>(R * k * (d + 2 * h)));
+      float* dxg = hm ? bw_.dxg.data() : back.data();
+      float* deg = hm ? bw_.deg.data() : back.data() + R * k * d;
+      float* deu = hm ? bw_.deu.data() : back.data() + R * k * (d + h);
+      ep_backward(params, o, &A - acts_.data(), &plan, dy, dxg, deg, deu);
+      host_write(bw_.dxg.data(), dxg, R * k * d);
+      host_write(bw_.deg.data(), deg, R * k * h);
+      host_write(bw_.deu.data(), deu, R * k * h);
+    }
   }
   // Each expert's backward over its rows: ∂a = ∂y·W2ₓᵀ, SwiGLU backward, ∂xg = ∂g·W1ₓ + ∂u·W3ₓ.
-  for (int64_t x = 0; x < E; ++x) {
+  for (int64_t x = 0; x < E && !ep_now_; ++x) {
     const int64_t n = plan.count(x), p0 = plan.expert_begin[static_cast<size_t>(x)];
     if (n == 0) continue;
     e.matmul_forward(bw_.dy.data() + p0 * d, params + o.moe_w2 + x * h * d, bw_.da.data() + p0 * h, n, h, d);
@@ -634,6 +684,169 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   }
   weight_grad(o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
   e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
+}
+
+// ---- Expert parallelism (docs/canonical/moe.md "Expert parallelism") ----
+
+namespace {
+
+void grow(Buffer<float>& b, Executor& e, int64_t n, const char* what) {
+  if (b.size() < n) b.reset(e, n, what);
+}
+
+// An owner's rows from each source, and the slots this rank sends each owner, both in floats of `width` per row.
+struct EpCounts {
+  std::vector<int64_t> from_source, to_owner;
+};
+
+EpCounts ep_counts(const std::vector<int64_t>& counts, const moe::Plan* plan, int n, int me, int64_t E, int64_t width) {
+  EpCounts c{std::vector<int64_t>(static_cast<size_t>(n), 0), std::vector<int64_t>(static_cast<size_t>(n), 0)};
+  const auto [first, last] = moe::ep_experts(E, n, me);
+  for (int j = 0; j < n; ++j) {
+    for (int64_t x = first; x < last; ++x) c.from_source[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * E + x)] * width;
+    const auto [fj, lj] = moe::ep_experts(E, n, j);
+    if (plan)
+      c.to_owner[static_cast<size_t>(j)] =
+          (plan->expert_begin[static_cast<size_t>(lj)] - plan->expert_begin[static_cast<size_t>(fj)]) * width;
+  }
+  return c;
+}
+
+// Interleaves columns of expert-major rows: out [rows, Σ widths], row r = (cols[0] row r, cols[1] row r, ...).
+void pack_rows(const std::vector<std::pair<const float*, int64_t>>& cols, int64_t rows, float* out) {
+  int64_t w = 0;
+  for (const auto& c : cols) w += c.second;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out + r * w;
+    for (const auto& [src, cw] : cols) dst = std::copy(src + r * cw, src + (r + 1) * cw, dst);
+  }
+}
+
+void unpack_rows(const float* in, int64_t rows, const std::vector<std::pair<float*, int64_t>>& cols) {
+  int64_t w = 0;
+  for (const auto& c : cols) w += c.second;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = in + r * w;
+    for (const auto& [dst, cw] : cols) {
+      std::copy(src, src + cw, dst + r * cw);
+      src += cw;
+    }
+  }
+}
+
+}  // namespace
+
+void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
+                       const float* xg, float* ey, float* ea) {
+  Executor& e = *ex_;
+  ExpertExchange& ep = *ep_now_;
+  const int n = ep.size(), me = ep.index();
+  const int64_t E = cfg_.moe.n_experts, d = cfg_.d_model, h = cfg_.moe.hidden;
+  const auto [first, last] = moe::ep_experts(E, n, me);
+  OwnedExperts& own = owned_[static_cast<size_t>(layer)];
+  // Every rank's slots per expert, so each owner knows what arrives from whom (and returns it in the same order).
+  std::vector<int64_t> mine(static_cast<size_t>(E), 0);
+  for (int64_t x = 0; plan && x < E; ++x) mine[static_cast<size_t>(x)] = plan->count(x);
+  own.counts.assign(static_cast<size_t>(n * E), 0);
+  ep.allgather(mine.data(), E, own.counts.data());
+  const EpCounts rows = ep_counts(own.counts, plan, n, me, E, 1);
+  own.rows = 0;
+  for (int64_t r : rows.from_source) own.rows += r;
+  const int64_t R = own.rows;
+  auto scaled = [](std::vector<int64_t> v, int64_t w) {
+    for (int64_t& x : v) x *= w;
+    return v;
+  };
+  // Dispatch: to owner j, my slots of j's experts (one slice of xg, in plan order).
+  std::vector<float> got(static_cast<size_t>(R * d)), xr(static_cast<size_t>(R * d));
+  const float none = 0.0f;
+  ep.alltoallv(xg ? xg : &none, scaled(rows.to_owner, d), got.data(), scaled(rows.from_source, d));
+  moe::ep_to_expert_major(got.data(), own.counts.data(), n, E, first, last, d, xr.data());
+  // The owned experts over their rows from every source: the same three GEMMs as moe_forward's, row for row.
+  grow(own.eg, e, R * h, "expert-parallel gate of the owned experts");
+  grow(own.eu, e, R * h, "expert-parallel up of the owned experts");
+  grow(ep_x_, e, R * d, "expert-parallel rows received");
+  grow(ep_a_, e, R * h, "expert-parallel SwiGLU of the owned experts");
+  grow(ep_y_, e, R * d, "expert-parallel outputs of the owned experts");
+  if (R > 0) ep_x_.upload(xr.data(), R * d);
+  int64_t p0 = 0;
+  for (int64_t x = first; x < last; ++x) {
+    int64_t nx = 0;
+    for (int s = 0; s < n; ++s) nx += own.counts[static_cast<size_t>(s * E + x)];
+    if (nx == 0) continue;
+    const float* X = ep_x_.data() + p0 * d;
+    e.matmul_forward(X, params + o.moe_w1 + x * h * d, own.eg.data() + p0 * h, nx, h, d);
+    e.matmul_forward_swiglu(X, params + o.moe_w3 + x * h * d, own.eg.data() + p0 * h, own.eu.data() + p0 * h,
+                            ep_a_.data() + p0 * h, nx, h, d, false);
+    e.matmul_backward_input(ep_a_.data() + p0 * h, params + o.moe_w2 + x * h * d, ep_y_.data() + p0 * d, nx, h, d,
+                            false);
+    p0 += nx;
+  }
+  // Return [y | a] per row to its source, in the order it came.
+  std::vector<float> y(static_cast<size_t>(R * d)), a(static_cast<size_t>(R * h));
+  if (R > 0) ep_y_.download(y.data(), R * d), ep_a_.download(a.data(), R * h);
+  std::vector<float> packed(static_cast<size_t>(R * (d + h))), back(static_cast<size_t>(R * (d + h)));
+  pack_rows({{y.data(), d}, {a.data(), h}}, R, packed.data());
+  moe::ep_to_source_major(packed.data(), own.counts.data(), n, E, first, last, d + h, back.data());
+  int64_t S = 0;
+  for (int64_t r : rows.to_owner) S += r;
+  std::vector<float> mine_back(static_cast<size_t>(S * (d + h)));
+  ep.alltoallv(back.empty() ? &none : back.data(), scaled(rows.from_source, d + h), mine_back.data(),
+               scaled(rows.to_owner, d + h));
+  // The owners' blocks arrive in owner order = expert order = plan order.
+  if (plan) unpack_rows(mine_back.data(), S, {{ey, d}, {ea, h}});
+}
+
+void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
+                        const float* dy, float* dxg, float* deg, float* deu) {
+  Executor& e = *ex_;
+  ExpertExchange& ep = *ep_now_;
+  const int n = ep.size(), me = ep.index();
+  const int64_t E = cfg_.moe.n_experts, d = cfg_.d_model, h = cfg_.moe.hidden;
+  const auto [first, last] = moe::ep_experts(E, n, me);
+  OwnedExperts& own = owned_[static_cast<size_t>(layer)];
+  const EpCounts rows = ep_counts(own.counts, plan, n, me, E, 1);
+  const int64_t R = own.rows;
+  auto scaled = [](std::vector<int64_t> v, int64_t w) {
+    for (int64_t& x : v) x *= w;
+    return v;
+  };
+  std::vector<float> got(static_cast<size_t>(R * d)), dyr(static_cast<size_t>(R * d));
+  const float none = 0.0f;
+  ep.alltoallv(dy ? dy : &none, scaled(rows.to_owner, d), got.data(), scaled(rows.from_source, d));
+  moe::ep_to_expert_major(got.data(), own.counts.data(), n, E, first, last, d, dyr.data());
+  grow(ep_y_, e, R * d, "expert-parallel output gradients received");
+  grow(ep_a_, e, R * h, "expert-parallel SwiGLU gradient");
+  grow(ep_g_, e, R * h, "expert-parallel gate gradient");
+  grow(ep_u_, e, R * h, "expert-parallel up gradient");
+  grow(ep_x_, e, R * d, "expert-parallel input gradients");
+  if (R > 0) ep_y_.upload(dyr.data(), R * d);
+  // The same four ops as moe_backward's local loop, over the owned experts' rows.
+  int64_t p0 = 0;
+  for (int64_t x = first; x < last; ++x) {
+    int64_t nx = 0;
+    for (int s = 0; s < n; ++s) nx += own.counts[static_cast<size_t>(s * E + x)];
+    if (nx == 0) continue;
+    e.matmul_forward(ep_y_.data() + p0 * d, params + o.moe_w2 + x * h * d, ep_a_.data() + p0 * h, nx, h, d);
+    e.swiglu_backward(own.eg.data() + p0 * h, own.eu.data() + p0 * h, ep_a_.data() + p0 * h, ep_g_.data() + p0 * h,
+                      ep_u_.data() + p0 * h, nx * h, false);
+    e.matmul_backward_input(ep_g_.data() + p0 * h, params + o.moe_w1 + x * h * d, ep_x_.data() + p0 * d, nx, h, d,
+                            false);
+    e.matmul_backward_input(ep_u_.data() + p0 * h, params + o.moe_w3 + x * h * d, ep_x_.data() + p0 * d, nx, h, d,
+                            true);
+    p0 += nx;
+  }
+  std::vector<float> dx(static_cast<size_t>(R * d)), dg(static_cast<size_t>(R * h)), du(static_cast<size_t>(R * h));
+  if (R > 0) ep_x_.download(dx.data(), R * d), ep_g_.download(dg.data(), R * h), ep_u_.download(du.data(), R * h);
+  const int64_t w = d + 2 * h;
+  std::vector<float> packed(static_cast<size_t>(R * w)), back(static_cast<size_t>(R * w));
+  pack_rows({{dx.data(), d}, {dg.data(), h}, {du.data(), h}}, R, packed.data());
+  moe::ep_to_source_major(packed.data(), own.counts.data(), n, E, first, last, w, back.data());
+  int64_t S = 0;
+  for (int64_t r : rows.to_owner) S += r;
+  std::vector<float> mine_back(static_cast<size_t>(S * w));
+  ep.alltoallv(back.empty() ? &none : back.data(), scaled(rows.from_source, w), mine_back.data(), scaled(rows.to_owner, w));
+  if (plan) unpack_rows(mine_back.data(), S, {{dxg, d}, {deg, h}, {deu, h}});
 }
 
 }  // namespace olmoref

@@ -76,6 +76,21 @@ class ParamGate {
   virtual void release(int unit) = 0;  // ... and may be dropped from now on
 };
 
+// Expert parallelism (docs/canonical/moe.md "Expert parallelism"): the ranks of an EP group route their own
+// tokens, send each dispatched row to the rank that owns its expert (moe::ep_experts) and get the expert's
+// results back. Data movement only; every float is computed by the same op on the same inputs as in one process.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int size() const = 0;   // ranks in the EP group
+  virtual int index() const = 0;  // this rank's place in it
+  // all [size() · n]: block i is rank i's `mine` [n].
+  virtual void allgather(const int64_t* mine, int64_t n, int64_t* all) = 0;
+  // send_counts[j] floats to rank j (blocks back to back in rank order); recv_counts[i] floats from rank i.
+  virtual void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                         const std::vector<int64_t>& recv_counts) = 0;
+};
+
 // Bytes a model of this shape allocates on its executor: activations, backward temporaries, logits, RoPE tables,
 // the bf16 working copy and, with kernel_scratch, the CUDA kernels' largest scratch (attention's [B·H·T, T]
 // buffers). Mirrors the constructor and forward_backward; used to refuse a run before it allocates anything.
@@ -118,7 +133,14 @@ class Olmo3 {
   // FSDP with uneven runs: a rank with fewer micro-batches than others in its shard group takes part in the
   // parameter gathers of one forward/backward without computing (the gate sees exactly the acquire/release
   // sequence of forward_backward), so the group's collectives stay matched.
-  void gather_only_pass();
+  //
+  // With expert parallelism the pass also serves as an expert owner: every MoE layer's exchanges of forward and
+  // backward run with no rows of its own, computing the owned experts on what the other ranks send.
+  void idle_pass(const float* params);
+
+  // Expert parallelism for forward_backward (forward_loss stays local: it needs every expert's weights, which a
+  // rank holds); nullptr: every expert runs here. The exchange must outlive the model's use of it.
+  void set_expert_exchange(ExpertExchange* ep);
 
   // Forward only: loss sums (no gradient), the instance tree's totals over the micro_batch() instances. If
   // logits_out (host) is not null it receives the logits [B, T, V] (bf16-valued in bf16 precision), as in
@@ -149,6 +171,14 @@ class Olmo3 {
   void moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst);
   void moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst, int64_t global_n_targets,
                     GradientLeaves& grads, const float* dtmp, float* dx);
+  // Expert parallelism, layer `layer`: this rank's slots (plan, host rows in plan order; all nullptr in an idle
+  // pass) go to their experts' owners; the owned experts run on what arrives; the results come back to the slots.
+  // Forward sends xg [S, d] and receives ey [S, d], ea [S, h]; backward sends dy [S, d] and receives dxg [S, d],
+  // deg, deu [S, h] (the weight-gradient leaves stay with the instances, docs/canonical/moe.md).
+  void ep_forward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* xg,
+                  float* ey, float* ea);
+  void ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* dy,
+                   float* dxg, float* deg, float* deu);
   // Per-instance weight-gradient leaves of one linear layer (forward_backward and moe_backward).
   void instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* dY, const float* X,
                              int64_t N, int64_t K);
@@ -178,6 +208,17 @@ class Olmo3 {
   std::vector<MoEInstance> moe_inst_;
   std::vector<int64_t> expert_load_;  // [L, E]
   bool debug_unordered_combine_ = false;
+  ExpertExchange* ep_ = nullptr;       // set_expert_exchange
+  ExpertExchange* ep_now_ = nullptr;   // ep_ during forward_backward and idle_pass, else nullptr
+  // What an expert owner keeps of layer l from forward to backward: the rows each source sent each expert
+  // ([n_ep, E]), their total over the owned experts, and the owned experts' gate and up [rows, h].
+  struct OwnedExperts {
+    std::vector<int64_t> counts;
+    int64_t rows = 0;
+    Buffer<float> eg, eu;
+  };
+  std::vector<OwnedExperts> owned_;           // [n_layers]
+  Buffer<float> ep_x_, ep_y_, ep_a_, ep_g_, ep_u_;  // the owner's scratch, grown as needed
   ThreadPool* pool_ = nullptr;         // this call's threads, for the host-side routing work
   std::vector<float> hs_a_, hs_b_, hs_c_, hs_d_;  // host scratch of the routing on non-host executors
 };

@@ -84,6 +84,22 @@ void router_backward(const float* scores, const float* lse, const int32_t* top, 
                      const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
                      float* dlogits, double normalize_p = 0);
 
+// ---- Expert parallelism (docs/canonical/moe.md "Expert parallelism") ----
+// The experts rank i of an EP group of n owns: [first, last), E split as evenly as possible, the first E mod n
+// ranks one expert more. A rank's slots for those experts are one contiguous run of its plan's positions,
+// [expert_begin[first], expert_begin[last]), so what it sends each owner is a plain slice of xg.
+std::pair<int64_t, int64_t> ep_experts(int64_t E, int n, int i);
+
+// An owner's received rows, width w, between two orders:
+//   source-major: source 0's rows for experts first..last-1 (expert, then its row order), then source 1's, ...
+//                 (what the all-to-all delivers and takes back);
+//   expert-major: expert first's rows from source 0, source 1, ..., then expert first+1's ... (one GEMM per expert).
+// counts [n_src, E]: the rows source s sent for expert e. Pure data movement: the bits of every row are kept.
+void ep_to_expert_major(const float* source_major, const int64_t* counts, int n_src, int64_t E, int64_t first,
+                        int64_t last, int64_t w, float* expert_major);
+void ep_to_source_major(const float* expert_major, const int64_t* counts, int n_src, int64_t E, int64_t first,
+                        int64_t last, int64_t w, float* source_major);
+
 // A 64-bit digest of rows' expert choices (top [rows, k]), chained from `seed`: the routing fingerprint's leaf.
 uint64_t routing_digest(const int32_t* top, int64_t rows, int64_t k, uint64_t seed);
 

@@ -156,6 +156,10 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--dp-shard", o->parallel.dp_shard,
                     "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun");
     cmd->add_option("--dp-replicate", o->parallel.dp_replicate, "HSDP: replicate groups (DDP across groups)");
+    cmd->add_option("--ep", o->parallel.ep,
+                    "Expert parallelism (MoE): groups of N consecutive ranks exchange tokens so each rank runs only its "
+                    "share of the experts; N divides the world size; the trace is the same for every N")
+        ->check(CLI::Range(1, 65536));
     cmd->add_option("--comm-timeout", o->comm_timeout_s,
                     "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
@@ -219,6 +223,10 @@ void register_commands(CLI::App& app) {
     auto layout = std::make_shared<std::string>("1x1"), resume_layout = std::make_shared<std::string>();
     cmd->add_option("--layout", *layout, "dp_shard x dp_replicate of the uninterrupted run and the runs up to K (mpirun)");
     cmd->add_option("--resume-layout", *resume_layout, "dp_shard x dp_replicate of the resumed runs (default: --layout)");
+    cmd->add_option("--ep", o->ep, "Expert parallelism (train --ep) of the uninterrupted run and the runs up to K")
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--resume-ep", o->resume_ep, "Expert parallelism of the resumed runs (default: --ep)")
+        ->check(CLI::Range(1, 65536));
     cmd->callback([=] {
       ResumeCheckOptions opts = *o;
       auto parse_layout = [](const std::string& s, const char* flag, int& shard, int& rep) {

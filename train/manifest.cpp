@@ -42,7 +42,8 @@ nlohmann::json machine_facts() {
   return j;
 }
 
-void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard, int dp_replicate) {
+void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard, int dp_replicate,
+                        int ep) {
   nlohmann::json j;
   j["format"] = "olmoref-run/1";
   j["trace_format"] = kTraceFormat;
@@ -54,6 +55,7 @@ void write_run_manifest(const std::string& path, const TrainConfig& cfg, int thr
   j["threads"] = threads;
   j["dp_shard"] = dp_shard;
   j["dp_replicate"] = dp_replicate;
+  j["ep"] = ep;
   j["n_params"] = cfg.model.n_params();
   j["flops_per_token"] = cfg.model.flops_per_token(cfg.train.seq_len);
   // The dataset both ways: olmoref's fingerprint (checkpoints check it) and OLMo-core's (what an OLMo-core run over

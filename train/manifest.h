@@ -11,6 +11,6 @@ namespace olmoref {
 nlohmann::json build_facts();    // version, compiler, flags, ISA, GEMM path
 nlohmann::json machine_facts();  // CPU model, cores, OS
 void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard = 1,
-                        int dp_replicate = 1);
+                        int dp_replicate = 1, int ep = 1);
 
 }  // namespace olmoref

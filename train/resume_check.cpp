@@ -24,7 +24,8 @@ std::string self_exe() { return fs::read_symlink("/proc/self/exe").string(); }
 
 // Runs this binary with args in a fresh process (under mpirun when the layout has more than one rank),
 // output to log; returns its exit status.
-int run_self(const std::vector<std::string>& args, const std::string& log, int dp_shard = 1, int dp_replicate = 1) {
+int run_self(const std::vector<std::string>& args, const std::string& log, int dp_shard = 1, int dp_replicate = 1,
+             int ep = 1) {
   std::vector<std::string> full;
   const int world = dp_shard * dp_replicate;
   if (world > 1) {
@@ -35,7 +36,7 @@ int run_self(const std::vector<std::string>& args, const std::string& log, int d
   full.insert(full.end(), args.begin(), args.end());
   if (world > 1)
     for (const std::string& a : {std::string("--dp-shard"), std::to_string(dp_shard), std::string("--dp-replicate"),
-                                 std::to_string(dp_replicate)})
+                                 std::to_string(dp_replicate), std::string("--ep"), std::to_string(ep)})
       full.push_back(a);
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
@@ -96,18 +97,24 @@ int resume_check(const ResumeCheckOptions& o) {
     return 2;
   };
 
-  const int S = o.dp_shard, R = o.dp_replicate;
+  const int S = o.dp_shard, R = o.dp_replicate, EP = o.ep;
   const int rS = o.resume_dp_shard > 0 ? o.resume_dp_shard : S, rR = o.resume_dp_replicate > 0 ? o.resume_dp_replicate : R;
+  const int rEP = o.resume_ep > 0 ? o.resume_ep : EP;
+  if ((S * R) % EP != 0 || (rS * rR) % rEP != 0) {
+    std::fprintf(stderr, "resume-check: --ep %d / --resume-ep %d must divide the world size of --layout %dx%d / "
+                         "--resume-layout %dx%d\n", EP, rEP, S, R, rS, rR);
+    return 2;
+  }
   const std::string ref_dir = work + "/uninterrupted";
   if (!o.quiet) {
-    std::printf("resume-check: %lld steps uninterrupted at %dx%d ...\n", static_cast<long long>(o.steps), S, R);
-    if (rS != S || rR != R || !o.resume_overrides.empty()) {
-      std::printf("resume-check: the resumed part runs at %dx%d", rS, rR);
+    std::printf("resume-check: %lld steps uninterrupted at %dx%d (ep %d) ...\n", static_cast<long long>(o.steps), S, R, EP);
+    if (rS != S || rR != R || rEP != EP || !o.resume_overrides.empty()) {
+      std::printf("resume-check: the resumed part runs at %dx%d (ep %d)", rS, rR, rEP);
       for (const auto& ov : o.resume_overrides) std::printf(" --set %s", ov.c_str());
       std::printf("\n");
     }
   }
-  if (run_self(with({"--out", ref_dir}), work + "/uninterrupted.log", S, R) != 0)
+  if (run_self(with({"--out", ref_dir}), work + "/uninterrupted.log", S, R, EP) != 0)
     return could_not_verify("the uninterrupted run failed", work + "/uninterrupted.log");
   std::vector<TraceRecord> ref;
   try {
@@ -126,7 +133,7 @@ int resume_check(const ResumeCheckOptions& o) {
       return 2;
     }
     const std::string dir = work + "/resumed-at-" + std::to_string(k);
-    if (run_self(with({"--out", dir, "--stop-after", std::to_string(k)}), dir + "-first.log", S, R) != 0)
+    if (run_self(with({"--out", dir, "--stop-after", std::to_string(k)}), dir + "-first.log", S, R, EP) != 0)
       return could_not_verify("the run to step " + std::to_string(k) + " failed", dir + "-first.log");
     std::vector<std::string> resume_args = {"--out", dir, "--resume"};
     resume_args.insert(resume_args.end(), o.extra_resume_args.begin(), o.extra_resume_args.end());
@@ -134,7 +141,7 @@ int resume_check(const ResumeCheckOptions& o) {
       resume_args.push_back("--set");
       resume_args.push_back(ov);
     }
-    if (run_self(with(resume_args), dir + "-resume.log", rS, rR) != 0)
+    if (run_self(with(resume_args), dir + "-resume.log", rS, rR, rEP) != 0)
       return could_not_verify("the resumed run from step " + std::to_string(k) + " failed", dir + "-resume.log");
     std::vector<TraceRecord> got;
     try {

@@ -25,6 +25,7 @@ struct ResumeCheckOptions {
   std::vector<std::string> resume_overrides;   // --set for the resumed runs only
   int dp_shard = 1, dp_replicate = 1;               // the uninterrupted run and the runs up to K
   int resume_dp_shard = 0, resume_dp_replicate = 0;  // the resumed runs (0: as above)
+  int ep = 1, resume_ep = 0;                        // expert parallelism (--ep) of the two parts (0: as above)
   bool quiet = false;
 };
 

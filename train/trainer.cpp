@@ -86,6 +86,24 @@ class Trainer::UnitGather : public ParamGate {
   Buffer<float> device_view_;
 };
 
+// The model's expert exchange over the EP group's communicator.
+class Trainer::EpExchange : public ExpertExchange {
+ public:
+  explicit EpExchange(dist::Comm& c) : c_(c) {}
+  int size() const override { return c_.size(); }
+  int index() const override { return c_.rank(); }
+  void allgather(const int64_t* mine, int64_t n, int64_t* all) override {
+    c_.allgather(mine, static_cast<size_t>(n) * sizeof(int64_t), all, "all-gather expert row counts");
+  }
+  void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                 const std::vector<int64_t>& recv_counts) override {
+    c_.alltoallv(send, send_counts, recv, recv_counts, "all-to-all of expert rows");
+  }
+
+ private:
+  dist::Comm& c_;
+};
+
 namespace {
 
 std::string gib(double bytes) {
@@ -160,6 +178,24 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     throw std::invalid_argument("--debug-float-allreduce is a negative control for host-memory executors only");
   // Ranks of one replicate group split the vector; the group is ordered by shard index.
   shard_comm_ = comm_->split(layout_.replicate_index(), layout_.shard_index());
+  if (par.ep < 1) throw std::invalid_argument("--ep must be >= 1");
+  if (par.ep > 1) {
+    if (!cfg_.model.moe.enabled())
+      throw std::invalid_argument("--ep " + std::to_string(par.ep) + ": expert parallelism needs a mixture-of-experts "
+                                  "model (model.moe_experts > 0); drop --ep for a dense model");
+    if (layout_.world() % par.ep != 0)
+      throw std::invalid_argument("--ep " + std::to_string(par.ep) + " does not divide the " +
+                                  std::to_string(layout_.world()) + " ranks (dp_shard x dp_replicate): choose an EP "
+                                  "group size that divides the world size");
+    if (par.ep > cfg_.model.moe.n_experts)
+      throw std::invalid_argument("--ep " + std::to_string(par.ep) + " exceeds model.moe_experts = " +
+                                  std::to_string(cfg_.model.moe.n_experts) +
+                                  ": every rank of an EP group must own at least one expert");
+    // EP groups: consecutive world ranks, ordered by rank.
+    ep_comm_ = comm_->split(layout_.rank / par.ep, layout_.rank % par.ep);
+    ep_exchange_ = std::make_unique<EpExchange>(*ep_comm_);
+    model_.set_expert_exchange(ep_exchange_.get());
+  }
   const int64_t n = layout_.hi() - layout_.lo();
   params_.reset(*ex_, n, "fp32 master parameters");
   m_.reset(*ex_, n, "AdamW first moments");
@@ -249,20 +285,25 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
                             per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
     keep_routing(a, b);
   }
-  gather_for_longer_runs(m1 - m0);
+  join_longer_runs(m1 - m0, p);
 }
 
-// Ranks of a shard group gather parameter units together once per forward and once per backward. When the
-// runs of micro-batches differ in length, the shorter runs join the remaining gathers without computing.
-void Trainer::gather_for_longer_runs(int64_t my_runs) {
-  if (layout_.dp_shard == 1) return;
+// Ranks of a shard group gather parameter units together once per forward and once per backward, and the ranks
+// of an EP group exchange expert rows once per MoE layer in each. When the runs of micro-batches differ in length,
+// the shorter runs join the remaining passes without instances (still serving their experts). With expert
+// parallelism every rank of the world makes the longest run's passes, so the two kinds of group never wait on
+// each other in a different order.
+void Trainer::join_longer_runs(int64_t my_runs, const float* params) {
+  const bool ep = par_.ep > 1;
+  if (layout_.dp_shard == 1 && !ep) return;
   const BatchSplit split = batch_split();
   int64_t longest = 0;
-  for (int s = 0; s < layout_.dp_shard; ++s) {
-    const auto [m0, m1] = split.microbatches_of_rank(layout_.replicate_index() * layout_.dp_shard + s);
-    longest = std::max(longest, m1 - m0);
+  for (int j = 0; j < layout_.world(); ++j) {
+    const bool peer = ep || j / layout_.dp_shard == layout_.replicate_index();
+    const auto [m0, m1] = split.microbatches_of_rank(j);
+    if (peer) longest = std::max(longest, m1 - m0);
   }
-  for (int64_t i = my_runs; i < longest; ++i) model_.gather_only_pass();
+  for (int64_t i = my_runs; i < longest; ++i) model_.idle_pass(params);
 }
 
 // fp64 loss totals of instances [0, N) by the instance tree; lb, rz: the MoE auxiliary sums (empty when dense).
@@ -451,7 +492,7 @@ StepResult Trainer::train_step() {
       keep_routing(a, b);
       for (int64_t i = 0; i < n; ++i) acc[i] += mtree.slot(0)[i];
     }
-    gather_for_longer_runs(m1 - m0);
+    join_longer_runs(m1 - m0, p);
     comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
     std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.data());
   } else {
@@ -626,7 +667,8 @@ std::string Trainer::save_checkpoint(const std::string& root) {
                       {"micro_batch_instances", cfg_.train.micro_batch_instances},
                       {"global_batch_instances", cfg_.train.global_batch_instances},
                       {"dp_shard", layout_.dp_shard},
-                      {"dp_replicate", layout_.dp_replicate}};
+                      {"dp_replicate", layout_.dp_replicate},
+                      {"ep", par_.ep}};
   meta.precision = cfg_.train.precision;
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
@@ -871,7 +913,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   TraceWriter trace;
   if (lead) {
     write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size(), trainer.layout().dp_shard,
-                       trainer.layout().dp_replicate);
+                       trainer.layout().dp_replicate, trainer.ep());
     trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
   }
   // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the
@@ -891,6 +933,11 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
       std::fprintf(stderr, "olmoref train: HSDP dp_shard %d x dp_replicate %d over %s; state per rank %.2f MiB\n",
                    trainer.layout().dp_shard, trainer.layout().dp_replicate, comm.backend().c_str(),
                    static_cast<double>(trainer.state_bytes()) / (1 << 20));
+    if (trainer.ep() > 1) {
+      const auto [e0, e1] = moe::ep_experts(cfg.model.moe.n_experts, trainer.ep(), rank % trainer.ep());
+      std::fprintf(stderr, "olmoref train: expert parallelism over groups of %d ranks; rank 0 runs experts %lld..%lld\n",
+                   trainer.ep(), static_cast<long long>(e0), static_cast<long long>(e1 - 1));
+    }
   }
   std::vector<TraceRecord> records;
   double elapsed = 0.0;
@@ -945,9 +992,14 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     // Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
     const double n = static_cast<double>(trainer.n_params()) * 4.0;
     const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
-    std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB\n",
-                 rank, static_cast<double>(trainer.bytes_sent()) / std::max<int64_t>(done, 1) / (1 << 20), ring / (1 << 20),
-                 static_cast<double>(trainer.state_bytes()) / (1 << 20));
+    const double steps = static_cast<double>(std::max<int64_t>(done, 1));
+    char ep_part[64] = "";  // one write per rank, so the ranks' lines do not interleave
+    if (trainer.ep() > 1)
+      std::snprintf(ep_part, sizeof ep_part, "; expert all-to-all %.3f MiB/step",
+                    static_cast<double>(trainer.ep_bytes_sent()) / steps / (1 << 20));
+    std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s\n",
+                 rank, static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
+                 static_cast<double>(trainer.state_bytes()) / (1 << 20), ep_part);
   }
   return records;
 }

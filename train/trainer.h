@@ -29,6 +29,9 @@ struct StepResult {
 // groups hold copies. Defaults: one process, no MPI.
 struct Parallelism {
   int dp_shard = 1, dp_replicate = 1;
+  // Expert parallelism (MoE): groups of `ep` consecutive world ranks exchange dispatched rows so that each rank
+  // computes only its own experts (moe::ep_experts); 1: every rank runs every expert. Must divide the world size.
+  int ep = 1;
   dist::Comm* comm = nullptr;                 // the world; nullptr = single process
   bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
   TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
@@ -65,7 +68,12 @@ class Trainer {
   // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
   int64_t state_bytes() const;
   // Bytes this rank sent through collectives (world and shard-group communicators).
-  uint64_t bytes_sent() const { return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0); }
+  uint64_t bytes_sent() const {
+    return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) + ep_bytes_sent();
+  }
+  // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
+  uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
+  int ep() const { return par_.ep; }
   ThreadPool& pool() { return pool_; }
 
   // One optimizer step on the next global batch.
@@ -109,7 +117,9 @@ class Trainer {
   // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
   // per_instance[i] receives global instance i's loss totals for this rank's instances.
   void compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out);
-  void gather_for_longer_runs(int64_t my_runs);
+  // Ranks whose run of micro-batches is shorter than others' join the remaining passes' collectives (parameter
+  // gathers, expert exchanges) without instances of their own (Olmo3::idle_pass).
+  void join_longer_runs(int64_t my_runs, const float* params);
   void release_transients();           // frees the gradient buffers of a sharded step
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
   std::string sharded_digest(const Buffer<float>& state);
@@ -125,6 +135,9 @@ class Trainer {
   Parallelism par_;
   dist::Comm* comm_;
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
+  std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
+  class EpExchange;
+  std::unique_ptr<EpExchange> ep_exchange_;
   dist::Layout layout_;
   Buffer<float> params_, m_, v_, grad_shard_;  // this rank's range, in executor memory
   std::vector<float> host_staging_;             // host_params() of a device executor

@@ -2,7 +2,9 @@
 # Mixture of experts (configs/tiny-moe.toml, docs/canonical/moe.md) through the binary: with the layout-free
 # "instance" load-balancing granularity the trace (loss, aux losses, routing digest, expert load, parameter digest)
 # is byte-identical across reruns, thread counts, the scalar and SIMD CPU paths, micro-batch sizes, the cuda-host
-# executor and data-parallel layouts, and a stop + resume (also at another micro-batch size or layout) changes nothing, while an atomic-style unordered combine (test only) changes it; the
+# executor, data-parallel layouts and expert-parallel layouts (--ep), and a stop + resume (also at another
+# micro-batch size, DP layout or EP layout) changes nothing, while an atomic-style unordered combine (test only)
+# changes it, with and without EP; the
 # "local_batch" granularity (OLMo-core's default) must differ across micro-batch sizes, as documented; bad MoE
 # keys are refused by name.
 set -euo pipefail
@@ -48,6 +50,27 @@ for layout in 2x1 1x2 3x1 2x2; do
     --dp-replicate "$r" --out "$work/L$layout" 2> "$work/L$layout.log" || { cat "$work/L$layout.log"; exit 1; }
   same ref "L$layout"
 done
+# Expert parallelism (--ep): tiny-moe's 8 experts over EP groups of 2 (4 + 4), 4 (2 each) and 3 (3 + 3 + 2,
+# uneven), inside DP layouts; at 3 ranks the step's 4 micro-batches split 2 + 1 + 1, so two ranks serve their
+# experts in the second pass without instances of their own. Every trace must be the single-process one.
+for spec in 2x1:2 1x2:2 2x2:4 2x2:2 3x1:3; do
+  layout=${spec%:*} ep=${spec#*:} s=${spec%%x*} r=${layout#*x}
+  mpirun --oversubscribe --bind-to none -np $((s * r)) "$BIN" train "${cfg[@]}" --threads 1 --dp-shard "$s" \
+    --dp-replicate "$r" --ep "$ep" --report-comm --out "$work/EP$layout-$ep" 2> "$work/EP$layout-$ep.log" ||
+    { cat "$work/EP$layout-$ep.log"; exit 1; }
+  grep -q "expert all-to-all" "$work/EP$layout-$ep.log" || { cat "$work/EP$layout-$ep.log"; echo "FAIL: no EP bytes"; exit 1; }
+  same ref "EP$layout-$ep"
+done
+# Resumed at another expert-parallel layout: EP 2 over 2x1 up to the stop, EP 4 over 2x2 after it.
+"$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 1 --layout 2x1 --ep 2 --resume-layout 2x2 --resume-ep 4 \
+  > "$work/resume-ep.log" 2>&1 || { cat "$work/resume-ep.log"; exit 1; }
+grep -q IDENTICAL "$work/resume-ep.log" || { cat "$work/resume-ep.log"; echo "FAIL: resume-check across EP"; exit 1; }
+echo "resume-check: identical from EP 2 (2x1) to EP 4 (2x2)"
+# The negative control holds under expert parallelism too: arrival-order combining changes the trace.
+mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
+  --debug-moe-unordered-combine --out "$work/EPctl" 2> "$work/EPctl.log" || { cat "$work/EPctl.log"; exit 1; }
+if cmp -s "$work/ref/trace.jsonl" "$work/EPctl/trace.jsonl"; then echo "FAIL: EP + unordered combine matched"; exit 1; fi
+echo "expert parallelism: every EP layout identical; the unordered combine under EP differs"
 "$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 2 > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
 grep -q IDENTICAL "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: resume-check"; exit 1; }
 # Resumed at another micro-batch size, and at another data-parallel layout.
@@ -90,4 +113,10 @@ expect_error "model.moe_experts" "$BIN" export-hf "${base[@]}" --out "$work/hf"
 expect_error "model.moe_experts" "$BIN" golden export --run "$work/ref" --out "$work/gx"
 "$BIN" export-hf --config "$SRC/configs/tiny.toml" --out "$work/dense-hf" > /dev/null
 expect_error "model.moe_experts" "$BIN" train "${cfg[@]}" --init-from-hf "$work/dense-hf" --out "$work/init"
+expect_error "does not divide" "$BIN" train "${cfg[@]}" --ep 2 --out "$work/ep-one"
+expect_error "model.moe_experts" mpirun --oversubscribe --bind-to none -np 2 "$BIN" train --config "$SRC/configs/tiny.toml" \
+  --set "data.train_files=[\"$work/tokens.u16\"]" --steps 1 --quiet --dp-shard 2 --ep 2 --out "$work/ep-dense"
+expect_error "must own at least one expert" mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" \
+  --set model.moe_experts=1 --set model.moe_top_k=1 --dp-shard 2 --ep 2 --out "$work/ep-few"
+expect_error "must divide" "$BIN" resume-check "${base[@]}" --steps 2 --at 1 --ep 2
 echo "refusals: ok"
