@@ -1,5 +1,7 @@
 #include "model/olmo3.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -12,6 +14,26 @@ std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
   if (unit == n_units() - 1) return {layout_.final_norm, layout_.lm_head + V * d};
   const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
   return {o.w_q, o.ffn_norm + d};
+}
+
+std::vector<std::pair<int64_t, int64_t>> Olmo3::unit_reads(int unit, int ep_size, int ep_index) const {
+  const auto [a, b] = unit_range(unit);
+  if (ep_size <= 1 || !cfg_.moe.enabled() || unit == 0 || unit == n_units() - 1) return {{a, b}};
+  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
+  const int64_t per = cfg_.moe.hidden * cfg_.d_model, E = cfg_.moe.n_experts;
+  const auto [first, last] = moe::ep_experts(E, ep_size, ep_index);
+  // The other experts' rows of w1, w2, w3 [E·h, d] are cut out of the unit.
+  std::vector<std::pair<int64_t, int64_t>> cuts;
+  for (const int64_t w : {o.moe_w1, o.moe_w2, o.moe_w3}) cuts.push_back({w, w + first * per}), cuts.push_back({w + last * per, w + E * per});
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t at = a;
+  for (const auto& [c0, c1] : cuts) {
+    if (c0 > at) out.push_back({at, c0});
+    at = std::max(at, c1);
+  }
+  if (at < b) out.push_back({at, b});
+  return out;
 }
 
 void Olmo3::use_unit(const float* master, int unit) {

@@ -114,6 +114,10 @@ class Olmo3 {
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
   std::pair<int64_t, int64_t> unit_range(int unit) const;  // [begin, end) in the flat vector
+  // The parts of unit_range(unit) that forward_backward and idle_pass read on rank ep_index of an EP group of
+  // ep_size (ascending, disjoint): the whole unit, except that a block's routed experts are only its own
+  // (the others run on their owners, moe::ep_experts). ep_size 1: the whole unit.
+  std::vector<std::pair<int64_t, int64_t>> unit_reads(int unit, int ep_size, int ep_index) const;
   const ParamLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }

@@ -49,25 +49,54 @@ class Trainer::UnitGather : public ParamGate {
   // What the model reads: the device view, or the host view itself.
   float* base() { return device_view_.size() > 0 ? device_view_.data() : base_; }
 
-  // All-gather of the unit's range [a, b) within the replicate group: shard s contributes its part of it
-  // (padded to the largest part, so every rank sends the same number of bytes).
+  // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
+  // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
+  // reads only its own experts). Exact pieces, no padding; the pages of experts a rank never reads are never
+  // written, so they take no memory.
   void acquire(int unit) override {
+    using Ranges = std::vector<std::pair<int64_t, int64_t>>;
     const auto [a, b] = t_.model_.unit_range(unit);
     const dist::Layout& L = t_.layout_;
-    auto part = [&](int s) {
-      return std::pair<int64_t, int64_t>{std::max(a, L.begin(s)), std::max(std::max(a, L.begin(s)), std::min(b, L.end(s)))};
-    };
-    int64_t widest = 0;
-    for (int s = 0; s < L.dp_shard; ++s) widest = std::max(widest, part(s).second - part(s).first);
-    std::vector<float> send(static_cast<size_t>(widest), 0.0f), recv(static_cast<size_t>(widest * L.dp_shard));
-    const auto [ma, mb] = part(L.shard_index());
-    t_.ex_->to_host(send.data(), t_.params_.data() + (ma - L.lo()), static_cast<size_t>(mb - ma) * sizeof(float));
-    t_.shard_comm_->allgather(send.data(), send.size() * sizeof(float), recv.data(), "all-gather parameters of a unit");
-    for (int s = 0; s < L.dp_shard; ++s) {
-      const auto [pa, pb] = part(s);
-      std::copy(recv.begin() + s * widest, recv.begin() + s * widest + (pb - pa), base_ + pa);
+    const int S = L.dp_shard, me = L.shard_index();
+    std::vector<Ranges> reads(static_cast<size_t>(S));
+    for (int q = 0; q < S; ++q) {
+      const int world_rank = L.replicate_index() * S + q;
+      reads[static_cast<size_t>(q)] = t_.model_.unit_reads(unit, t_.par_.ep, world_rank % t_.par_.ep);
     }
-    if (device_view_.size() > 0) device_view_.upload(base_ + a, b - a, a);
+    // The pieces of shard s's part of the unit that rank q reads, in order.
+    auto pieces = [&](int s, int q) {
+      const int64_t lo = std::max(a, L.begin(s)), hi = std::min(b, L.end(s));
+      Ranges out;
+      for (const auto& [r0, r1] : reads[static_cast<size_t>(q)])
+        if (std::max(lo, r0) < std::min(hi, r1)) out.push_back({std::max(lo, r0), std::min(hi, r1)});
+      return out;
+    };
+    std::vector<int64_t> send_counts(static_cast<size_t>(S), 0), recv_counts(static_cast<size_t>(S), 0);
+    std::vector<float> send;
+    for (int q = 0; q < S; ++q)
+      for (const auto& [p0, p1] : pieces(me, q)) {
+        const size_t at = send.size();
+        send.resize(at + static_cast<size_t>(p1 - p0));
+        t_.ex_->to_host(send.data() + at, t_.params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+        send_counts[static_cast<size_t>(q)] += p1 - p0;
+      }
+    int64_t total = 0;
+    for (int s = 0; s < S; ++s) {
+      for (const auto& [p0, p1] : pieces(s, me)) recv_counts[static_cast<size_t>(s)] += p1 - p0;
+      total += recv_counts[static_cast<size_t>(s)];
+    }
+    std::vector<float> recv(static_cast<size_t>(total));
+    const float none = 0.0f;
+    t_.shard_comm_->alltoallv(send.empty() ? &none : send.data(), send_counts, recv.data(), recv_counts,
+                              "gather parameters of a unit");
+    const float* next = recv.data();
+    for (int s = 0; s < S; ++s)
+      for (const auto& [p0, p1] : pieces(s, me)) {
+        std::copy(next, next + (p1 - p0), base_ + p0);
+        next += p1 - p0;
+      }
+    if (device_view_.size() > 0)
+      for (const auto& [r0, r1] : reads[static_cast<size_t>(me)]) device_view_.upload(base_ + r0, r1 - r0, r0);
   }
 
   // Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).
