@@ -9,7 +9,7 @@
 # Configs: `tiny-moe` is configs/tiny-moe.toml (8 experts of 32, top-2, shared 64; seq 64, micro-batch 2, global 8);
 # `small-moe` is smallmoe's proportions at d 128 (4 layers, 32 experts of 64, top-4, shared 256; seq 128,
 # micro-batch 4, global 8). Prints tokens/s of each side (best step after the first over the repeats, median beside
-# it) and the ratios. Expert parallelism is not implemented yet, so there is no EP column.
+# it) and the ratios. Expert parallelism (train --ep) has its own benchmark: bench/moe_ep_bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads_list="1 2"; repeats=2; configs="tiny-moe small-moe"; build=build

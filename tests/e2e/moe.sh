@@ -61,6 +61,11 @@ for spec in 2x1:2 1x2:2 2x2:4 2x2:2 3x1:3; do
   grep -q "expert all-to-all" "$work/EP$layout-$ep.log" || { cat "$work/EP$layout-$ep.log"; echo "FAIL: no EP bytes"; exit 1; }
   same ref "EP$layout-$ep"
 done
+# The same through the CUDA kernels on the host (device memory stand-in: the exchanges' host round trips and the
+# FSDP device view).
+mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
+  --set train.executor=cuda-host --out "$work/EPhost" 2> "$work/EPhost.log" || { cat "$work/EPhost.log"; exit 1; }
+same ref EPhost
 # Resumed at another expert-parallel layout: EP 2 over 2x1 up to the stop, EP 4 over 2x2 after it.
 "$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 1 --layout 2x1 --ep 2 --resume-layout 2x2 --resume-ep 4 \
   > "$work/resume-ep.log" 2>&1 || { cat "$work/resume-ep.log"; exit 1; }

@@ -4,7 +4,8 @@
 #     mixture-of-experts tiny-moe-fp32 (its routing on the host, its experts on the device GEMMs), every byte);
 #   - tests/e2e/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
-#     also at dp_shard 2 (FSDP units through the device view).
+#     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
+#     (--ep 2) equal to one process.
 set -uo pipefail
 BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
@@ -37,6 +38,12 @@ for r in again ddp fsdp; do
   if cmp "$work/single/trace.jsonl" "$work/$r/trace.jsonl"; then echo "$r: identical to the single run"
   else echo "FAILED: $r differs from the single run"; failed=1; fi
 done
+# Expert parallelism on the device: tiny-moe with its experts split over two processes (FSDP + EP 2) equals one.
+moe=(--config configs/tiny-moe.toml --steps 4 --set "data.train_files=[\"$work/tiny.u16\"]" --threads 1 --quiet --executor cuda)
+"$BIN" train "${moe[@]}" --out "$work/moe1" && "${mpi[@]}" "$BIN" train "${moe[@]}" --dp-shard 2 --ep 2 --out "$work/moe-ep2" ||
+  failed=1
+if cmp "$work/moe1/trace.jsonl" "$work/moe-ep2/trace.jsonl"; then echo "moe ep 2: identical to the single run"
+else echo "FAILED: moe at EP 2 differs from the single run"; failed=1; fi
 cmp "$work/single/trace.jsonl" <(head -n 6 golden/traces/tiny-fp32.jsonl) && echo "single run: the golden trace's 6 steps" || failed=1
 [ $failed -eq 0 ] && echo "gpu training: ok"
 exit $failed
