@@ -28,25 +28,7 @@ py="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}/bin/python"
 [ -x "$py" ] || { echo "bench/moe_bench.sh: missing $py (OLMo-core's venv): run bash tools/setup_python.sh first" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 tests/make_tokens.py "$work/tokens.u16" 11 400000
-
-common=(--set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=false --set checkpoint.interval=0
-        --set eval.interval=0 --set train.log_every=1)
-declare -A moe dense steps
-moe[tiny-moe]="--config configs/tiny-moe.toml"
-dense[tiny-moe]="--config configs/tiny.toml --set model.n_kv_heads=2 --set model.swa_pattern=[-1] --set model.ffn_hidden=131"
-steps[tiny-moe]=8
-small_shape="--set model.d_model=128 --set model.n_layers=4 --set model.n_heads=4 --set model.n_kv_heads=4
---set train.seq_len=128 --set train.micro_batch_instances=4 --set train.global_batch_instances=8"
-moe[small-moe]="--config configs/tiny-moe.toml $small_shape --set model.moe_experts=32 --set model.moe_top_k=4
---set model.moe_hidden=64 --set model.moe_shared_hidden=256"
-# (32·d + 3·256·d + 4·3·64·d) / (3·d) = 10.7 + 256 + 256
-dense[small-moe]="--config configs/tiny.toml $small_shape --set model.swa_pattern=[-1] --set model.ffn_hidden=523"
-steps[small-moe]=6
-
-median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
-best() { sort -g | tail -1; }
-olmoref_rates() { grep -E "^step" "$1" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}'; }
+source bench/moe_shapes.sh
 peer_rates() { grep -E "^step " "$1" | tail -n +2 | awk '{print $4 / $6}'; }
 active() { "$bin" config "$@" | awk '/^active\/token/ {print $2; f=1} /^parameters/ {p=$2} END {if (!f) print p}'; }
 

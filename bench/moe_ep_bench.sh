@@ -7,8 +7,8 @@
 #
 #   bash bench/moe_ep_bench.sh [--world 4] [--repeats 2] [--configs "tiny-moe small-moe"] [--build build]
 #
-# Configs as bench/moe_bench.sh: tiny-moe (8 experts of 32, top-2, shared 64) and small-moe (smallmoe's proportions
-# at d 128: 32 experts of 64, top-4, shared 256). One thread per rank; with more ranks than cores the ranks share
+# Configs as bench/moe_bench.sh (bench/moe_shapes.sh): tiny-moe (8 experts of 32, top-2, shared 64) and small-moe
+# (smallmoe's proportions at d 128: 32 experts of 64, top-4, shared 256; micro-batches of 2 here). One thread per rank; with more ranks than cores the ranks share
 # them, so tokens/s then measures the work and the waiting, not a speed-up. Per run: the best step after the first
 # (median beside it) of rank 0, and from `--report-comm` the largest per-rank figures: MiB sent per step (all
 # collectives), of which the expert all-to-all, and the state held per rank (fp32 parameters, gradient shard, AdamW
@@ -31,24 +31,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 tests/make_tokens.py "$work/tokens.u16" 11 400000
-
-common=(--set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=false --set checkpoint.interval=0
-        --set eval.interval=0 --set train.log_every=1)
-declare -A moe dense steps
-moe[tiny-moe]="--config configs/tiny-moe.toml"
-dense[tiny-moe]="--config configs/tiny.toml --set model.n_kv_heads=2 --set model.swa_pattern=[-1] --set model.ffn_hidden=131"
-steps[tiny-moe]=6
-small_shape="--set model.d_model=128 --set model.n_layers=4 --set model.n_heads=4 --set model.n_kv_heads=4
---set train.seq_len=128 --set train.micro_batch_instances=2 --set train.global_batch_instances=8"
-moe[small-moe]="--config configs/tiny-moe.toml $small_shape --set model.moe_experts=32 --set model.moe_top_k=4
---set model.moe_hidden=64 --set model.moe_shared_hidden=256"
-dense[small-moe]="--config configs/tiny.toml $small_shape --set model.swa_pattern=[-1] --set model.ffn_hidden=523"
-steps[small-moe]=5
-
-median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
-best() { sort -g | tail -1; }
-rates() { grep -E "^step" "$1" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}'; }
+source bench/moe_shapes.sh
+# Every rank needs a micro-batch: 8 instances in micro-batches of 2 feed 4 ranks.
+declare -A ep_extra=([tiny-moe]="" [small-moe]="--set train.micro_batch_instances=2")
+steps[tiny-moe]=6; steps[small-moe]=5
 # The largest per-rank value of a --report-comm field: "sent X MiB/step", "state X MiB", "all-to-all X MiB/step".
 worst() { grep -E "^rank [0-9]+: sent" "$1" | sed -E "s/.*$2 ([0-9.]+).*/\1/" | sort -g | tail -1; }
 
@@ -57,12 +43,13 @@ run() {
   local name=$1 kind=$2 cfg=$3 s=$4 r=$5 ep=$6
   local spec
   if [ "$kind" = moe ]; then spec=${moe[$cfg]}; else spec=${dense[$cfg]}; fi
+  spec="$spec ${ep_extra[$cfg]}"
   rm -rf "$work/out-$name"
   # shellcheck disable=SC2086
   mpirun --bind-to none -np "$world" "$bin" train $spec "${common[@]}" --steps "${steps[$cfg]}" --threads 1 \
     --dp-shard "$s" --dp-replicate "$r" --ep "$ep" --report-comm --out "$work/out-$name" > "$work/$name.log" 2>&1 ||
     { cat "$work/$name.log" >&2; exit 1; }
-  rates "$work/$name.log" >> "$work/$name.rates"
+  olmoref_rates "$work/$name.log" >> "$work/$name.rates"
 }
 
 printf "%-10s %-7s %-4s %-18s %-12s %-16s %-12s %-9s\n" config layout ep "tok/s best (med)" "MiB sent/rk" \

@@ -1,6 +1,7 @@
 #include "model/olmo3.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <cmath>
 #include <cstring>
@@ -716,25 +717,7 @@ void grow(Buffer<float>& b, Executor& e, int64_t n, const char* what) {
   if (b.size() < n) b.reset(e, n, what);
 }
 
-// An owner's rows from each source, and the slots this rank sends each owner, both in floats of `width` per row.
-struct EpCounts {
-  std::vector<int64_t> from_source, to_owner;
-};
-
-EpCounts ep_counts(const std::vector<int64_t>& counts, const moe::Plan* plan, int n, int me, int64_t E, int64_t width) {
-  EpCounts c{std::vector<int64_t>(static_cast<size_t>(n), 0), std::vector<int64_t>(static_cast<size_t>(n), 0)};
-  const auto [first, last] = moe::ep_experts(E, n, me);
-  for (int j = 0; j < n; ++j) {
-    for (int64_t x = first; x < last; ++x) c.from_source[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * E + x)] * width;
-    const auto [fj, lj] = moe::ep_experts(E, n, j);
-    if (plan)
-      c.to_owner[static_cast<size_t>(j)] =
-          (plan->expert_begin[static_cast<size_t>(lj)] - plan->expert_begin[static_cast<size_t>(fj)]) * width;
-  }
-  return c;
-}
-
-// Interleaves columns of expert-major rows: out [rows, Σ widths], row r = (cols[0] row r, cols[1] row r, ...).
+// Interleaves columns of rows: out [rows, Σ widths], row r = (cols[0] row r, cols[1] row r, ...).
 void pack_rows(const std::vector<std::pair<const float*, int64_t>>& cols, int64_t rows, float* out) {
   int64_t w = 0;
   for (const auto& c : cols) w += c.second;
@@ -756,34 +739,76 @@ void unpack_rows(const float* in, int64_t rows, const std::vector<std::pair<floa
   }
 }
 
+// One MoE layer's exchange on one rank: which rows go where, from the all-gathered counts [n, E].
+struct EpRoute {
+  ExpertExchange& ep;
+  const std::vector<int64_t>& counts;  // [n, E]: the slots rank s sent expert e
+  const moe::Plan* plan;               // this rank's slots (nullptr in an idle pass)
+  int64_t E;
+  int n, me;
+  int64_t first, last;                  // the experts this rank owns
+  std::vector<int64_t> from_source;     // rows each source sends me
+  std::vector<int64_t> to_owner;        // my rows for each owner: a contiguous slice of the plan's positions
+  int64_t owned_rows = 0, my_rows = 0;
+
+  EpRoute(ExpertExchange& x, const std::vector<int64_t>& c, const moe::Plan* p, int64_t experts)
+      : ep(x), counts(c), plan(p), E(experts), n(x.size()), me(x.index()) {
+    std::tie(first, last) = moe::ep_experts(E, n, me);
+    from_source.assign(static_cast<size_t>(n), 0);
+    to_owner.assign(static_cast<size_t>(n), 0);
+    for (int j = 0; j < n; ++j) {
+      for (int64_t e = first; e < last; ++e) from_source[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * E + e)];
+      const auto [fj, lj] = moe::ep_experts(E, n, j);
+      if (plan)
+        to_owner[static_cast<size_t>(j)] =
+            plan->expert_begin[static_cast<size_t>(lj)] - plan->expert_begin[static_cast<size_t>(fj)];
+      owned_rows += from_source[static_cast<size_t>(j)];
+      my_rows += to_owner[static_cast<size_t>(j)];
+    }
+  }
+  static std::vector<int64_t> times(std::vector<int64_t> v, int64_t w) {
+    for (int64_t& x : v) x *= w;
+    return v;
+  }
+  // My slots' rows (width w, plan order) to their owners; returns what I own, expert-major [owned_rows, w].
+  std::vector<float> dispatch(const float* rows, int64_t w) const {
+    std::vector<float> got(static_cast<size_t>(owned_rows * w)), out(got.size());
+    const float none = 0.0f;
+    ep.alltoallv(rows ? rows : &none, times(to_owner, w), got.data(), times(from_source, w));
+    moe::ep_to_expert_major(got.data(), counts.data(), n, E, first, last, w, out.data());
+    return out;
+  }
+  // The owner's results (expert-major [owned_rows, w]) back to their sources; out [my_rows, w] in plan order.
+  void give_back(const float* expert_major, int64_t w, float* out) const {
+    std::vector<float> back(static_cast<size_t>(owned_rows * w)), mine(static_cast<size_t>(my_rows * w));
+    moe::ep_to_source_major(expert_major, counts.data(), n, E, first, last, w, back.data());
+    const float none = 0.0f;
+    ep.alltoallv(back.empty() ? &none : back.data(), times(from_source, w), mine.data(), times(to_owner, w));
+    // The owners' blocks arrive in owner order = expert order = plan order.
+    if (out) std::copy(mine.begin(), mine.end(), out);
+  }
+  int64_t rows_of(int64_t e) const {
+    int64_t r = 0;
+    for (int s = 0; s < n; ++s) r += counts[static_cast<size_t>(s * E + e)];
+    return r;
+  }
+};
+
 }  // namespace
 
 void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
                        const float* xg, float* ey, float* ea) {
   Executor& e = *ex_;
-  ExpertExchange& ep = *ep_now_;
-  const int n = ep.size(), me = ep.index();
   const int64_t E = cfg_.moe.n_experts, d = cfg_.d_model, h = cfg_.moe.hidden;
-  const auto [first, last] = moe::ep_experts(E, n, me);
   OwnedExperts& own = owned_[static_cast<size_t>(layer)];
-  // Every rank's slots per expert, so each owner knows what arrives from whom (and returns it in the same order).
+  // Every rank's slots per expert, so each owner knows what arrives from whom (and returns it in that order).
   std::vector<int64_t> mine(static_cast<size_t>(E), 0);
   for (int64_t x = 0; plan && x < E; ++x) mine[static_cast<size_t>(x)] = plan->count(x);
-  own.counts.assign(static_cast<size_t>(n * E), 0);
-  ep.allgather(mine.data(), E, own.counts.data());
-  const EpCounts rows = ep_counts(own.counts, plan, n, me, E, 1);
-  own.rows = 0;
-  for (int64_t r : rows.from_source) own.rows += r;
-  const int64_t R = own.rows;
-  auto scaled = [](std::vector<int64_t> v, int64_t w) {
-    for (int64_t& x : v) x *= w;
-    return v;
-  };
-  // Dispatch: to owner j, my slots of j's experts (one slice of xg, in plan order).
-  std::vector<float> got(static_cast<size_t>(R * d)), xr(static_cast<size_t>(R * d));
-  const float none = 0.0f;
-  ep.alltoallv(xg ? xg : &none, scaled(rows.to_owner, d), got.data(), scaled(rows.from_source, d));
-  moe::ep_to_expert_major(got.data(), own.counts.data(), n, E, first, last, d, xr.data());
+  own.counts.assign(static_cast<size_t>(ep_now_->size() * E), 0);
+  ep_now_->allgather(mine.data(), E, own.counts.data());
+  const EpRoute route(*ep_now_, own.counts, plan, E);
+  const int64_t R = own.rows = route.owned_rows;
+  const std::vector<float> xr = route.dispatch(xg, d);
   // The owned experts over their rows from every source: the same three GEMMs as moe_forward's, row for row.
   grow(own.eg, e, R * h, "expert-parallel gate of the owned experts");
   grow(own.eu, e, R * h, "expert-parallel up of the owned experts");
@@ -791,10 +816,8 @@ void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer
   grow(ep_a_, e, R * h, "expert-parallel SwiGLU of the owned experts");
   grow(ep_y_, e, R * d, "expert-parallel outputs of the owned experts");
   if (R > 0) ep_x_.upload(xr.data(), R * d);
-  int64_t p0 = 0;
-  for (int64_t x = first; x < last; ++x) {
-    int64_t nx = 0;
-    for (int s = 0; s < n; ++s) nx += own.counts[static_cast<size_t>(s * E + x)];
+  for (int64_t x = route.first, p0 = 0; x < route.last; p0 += route.rows_of(x), ++x) {
+    const int64_t nx = route.rows_of(x);
     if (nx == 0) continue;
     const float* X = ep_x_.data() + p0 * d;
     e.matmul_forward(X, params + o.moe_w1 + x * h * d, own.eg.data() + p0 * h, nx, h, d);
@@ -802,41 +825,24 @@ void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer
                             ep_a_.data() + p0 * h, nx, h, d, false);
     e.matmul_backward_input(ep_a_.data() + p0 * h, params + o.moe_w2 + x * h * d, ep_y_.data() + p0 * d, nx, h, d,
                             false);
-    p0 += nx;
   }
-  // Return [y | a] per row to its source, in the order it came.
-  std::vector<float> y(static_cast<size_t>(R * d)), a(static_cast<size_t>(R * h));
+  // [y | a] per row back to its source.
+  std::vector<float> y(static_cast<size_t>(R * d)), a(static_cast<size_t>(R * h)), packed(static_cast<size_t>(R * (d + h)));
   if (R > 0) ep_y_.download(y.data(), R * d), ep_a_.download(a.data(), R * h);
-  std::vector<float> packed(static_cast<size_t>(R * (d + h))), back(static_cast<size_t>(R * (d + h)));
   pack_rows({{y.data(), d}, {a.data(), h}}, R, packed.data());
-  moe::ep_to_source_major(packed.data(), own.counts.data(), n, E, first, last, d + h, back.data());
-  int64_t S = 0;
-  for (int64_t r : rows.to_owner) S += r;
-  std::vector<float> mine_back(static_cast<size_t>(S * (d + h)));
-  ep.alltoallv(back.empty() ? &none : back.data(), scaled(rows.from_source, d + h), mine_back.data(),
-               scaled(rows.to_owner, d + h));
-  // The owners' blocks arrive in owner order = expert order = plan order.
-  if (plan) unpack_rows(mine_back.data(), S, {{ey, d}, {ea, h}});
+  std::vector<float> back(static_cast<size_t>(route.my_rows * (d + h)));
+  route.give_back(packed.data(), d + h, back.data());
+  if (plan) unpack_rows(back.data(), route.my_rows, {{ey, d}, {ea, h}});
 }
 
 void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
                         const float* dy, float* dxg, float* deg, float* deu) {
   Executor& e = *ex_;
-  ExpertExchange& ep = *ep_now_;
-  const int n = ep.size(), me = ep.index();
   const int64_t E = cfg_.moe.n_experts, d = cfg_.d_model, h = cfg_.moe.hidden;
-  const auto [first, last] = moe::ep_experts(E, n, me);
   OwnedExperts& own = owned_[static_cast<size_t>(layer)];
-  const EpCounts rows = ep_counts(own.counts, plan, n, me, E, 1);
+  const EpRoute route(*ep_now_, own.counts, plan, E);  // forward's counts: the same rows travel again
   const int64_t R = own.rows;
-  auto scaled = [](std::vector<int64_t> v, int64_t w) {
-    for (int64_t& x : v) x *= w;
-    return v;
-  };
-  std::vector<float> got(static_cast<size_t>(R * d)), dyr(static_cast<size_t>(R * d));
-  const float none = 0.0f;
-  ep.alltoallv(dy ? dy : &none, scaled(rows.to_owner, d), got.data(), scaled(rows.from_source, d));
-  moe::ep_to_expert_major(got.data(), own.counts.data(), n, E, first, last, d, dyr.data());
+  const std::vector<float> dyr = route.dispatch(dy, d);
   grow(ep_y_, e, R * d, "expert-parallel output gradients received");
   grow(ep_a_, e, R * h, "expert-parallel SwiGLU gradient");
   grow(ep_g_, e, R * h, "expert-parallel gate gradient");
@@ -844,10 +850,8 @@ void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t laye
   grow(ep_x_, e, R * d, "expert-parallel input gradients");
   if (R > 0) ep_y_.upload(dyr.data(), R * d);
   // The same four ops as moe_backward's local loop, over the owned experts' rows.
-  int64_t p0 = 0;
-  for (int64_t x = first; x < last; ++x) {
-    int64_t nx = 0;
-    for (int s = 0; s < n; ++s) nx += own.counts[static_cast<size_t>(s * E + x)];
+  for (int64_t x = route.first, p0 = 0; x < route.last; p0 += route.rows_of(x), ++x) {
+    const int64_t nx = route.rows_of(x);
     if (nx == 0) continue;
     e.matmul_forward(ep_y_.data() + p0 * d, params + o.moe_w2 + x * h * d, ep_a_.data() + p0 * h, nx, h, d);
     e.swiglu_backward(own.eg.data() + p0 * h, own.eu.data() + p0 * h, ep_a_.data() + p0 * h, ep_g_.data() + p0 * h,
@@ -856,19 +860,15 @@ void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t laye
                             false);
     e.matmul_backward_input(ep_u_.data() + p0 * h, params + o.moe_w3 + x * h * d, ep_x_.data() + p0 * d, nx, h, d,
                             true);
-    p0 += nx;
   }
+  // [∂xg | ∂g | ∂u] per row back to its source.
+  const int64_t w = d + 2 * h;
   std::vector<float> dx(static_cast<size_t>(R * d)), dg(static_cast<size_t>(R * h)), du(static_cast<size_t>(R * h));
   if (R > 0) ep_x_.download(dx.data(), R * d), ep_g_.download(dg.data(), R * h), ep_u_.download(du.data(), R * h);
-  const int64_t w = d + 2 * h;
-  std::vector<float> packed(static_cast<size_t>(R * w)), back(static_cast<size_t>(R * w));
+  std::vector<float> packed(static_cast<size_t>(R * w)), back(static_cast<size_t>(route.my_rows * w));
   pack_rows({{dx.data(), d}, {dg.data(), h}, {du.data(), h}}, R, packed.data());
-  moe::ep_to_source_major(packed.data(), own.counts.data(), n, E, first, last, w, back.data());
-  int64_t S = 0;
-  for (int64_t r : rows.to_owner) S += r;
-  std::vector<float> mine_back(static_cast<size_t>(S * w));
-  ep.alltoallv(back.empty() ? &none : back.data(), scaled(rows.from_source, w), mine_back.data(), scaled(rows.to_owner, w));
-  if (plan) unpack_rows(mine_back.data(), S, {{dxg, d}, {deg, h}, {deu, h}});
+  route.give_back(packed.data(), w, back.data());
+  if (plan) unpack_rows(back.data(), route.my_rows, {{dxg, d}, {deg, h}, {deu, h}});
 }
 
 }  // namespace olmoref

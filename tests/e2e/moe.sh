@@ -61,6 +61,11 @@ for spec in 2x1:2 1x2:2 2x2:4 2x2:2 3x1:3; do
   grep -q "expert all-to-all" "$work/EP$layout-$ep.log" || { cat "$work/EP$layout-$ep.log"; echo "FAIL: no EP bytes"; exit 1; }
   same ref "EP$layout-$ep"
 done
+# EP groups that cut across shard groups (3x2 with EP 2: ranks {0,1} {2,3} {4,5}, shard groups {0,1,2} {3,4,5}),
+# 8 micro-batches of 1 over 6 ranks (runs 2, 2, 1, 1, 1, 1).
+mpirun --oversubscribe --bind-to none -np 6 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 3 --dp-replicate 2 --ep 2 \
+  --set train.micro_batch_instances=1 --out "$work/EP3x2-2" 2> "$work/EP3x2-2.log" || { cat "$work/EP3x2-2.log"; exit 1; }
+same ref EP3x2-2
 # The same through the CUDA kernels on the host (device memory stand-in: the exchanges' host round trips and the
 # FSDP device view).
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
