@@ -47,7 +47,7 @@ run host --threads 2 --set train.executor=cuda-host; same ref host
 for layout in 2x1 1x2 3x1 2x2; do
   s=${layout%x*} r=${layout#*x}
   mpirun --oversubscribe --bind-to none -np $((s * r)) "$BIN" train "${cfg[@]}" --threads 1 --dp-shard "$s" \
-    --dp-replicate "$r" --out "$work/L$layout" 2> "$work/L$layout.log" || { cat "$work/L$layout.log"; exit 1; }
+    --dp-replicate "$r" --report-comm --out "$work/L$layout" 2> "$work/L$layout.log" || { cat "$work/L$layout.log"; exit 1; }
   same ref "L$layout"
 done
 # Expert parallelism (--ep): tiny-moe's 8 experts over EP groups of 2 (4 + 4), 4 (2 each) and 3 (3 + 3 + 2,
@@ -71,6 +71,22 @@ same ref EP3x2-2
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
   --set train.executor=cuda-host --out "$work/EPhost" 2> "$work/EPhost.log" || { cat "$work/EPhost.log"; exit 1; }
 same ref EPhost
+# Under FSDP a rank gathers only the experts it runs: at 2x2 the bytes each rank sends besides the expert all-to-all
+# (parameter gathers, gradient pieces, scalars) must be fewer at EP 2 and fewer still at EP 4 than without EP.
+python3 - "$work/L2x2.log" "$work/EP2x2-2.log" "$work/EP2x2-4.log" <<'PY'
+import re, sys
+def non_expert(path):
+    worst = 0.0
+    for line in open(path):
+        m = re.match(r"rank \d+: sent ([0-9.]+) MiB/step.*?(?:all-to-all ([0-9.]+) MiB/step)?$", line.strip())
+        if m:
+            worst = max(worst, float(m.group(1)) - float(m.group(2) or 0))
+    assert worst > 0, path + ": no --report-comm line"
+    return worst
+ep1, ep2, ep4 = (non_expert(p) for p in sys.argv[1:])
+assert ep4 < ep2 < ep1, (ep1, ep2, ep4)
+print(f"gathers under EP: {ep1:.3f} / {ep2:.3f} / {ep4:.3f} MiB per rank per step at EP 1 / 2 / 4 (2x2)")
+PY
 # Resumed at another expert-parallel layout: EP 2 over 2x1 up to the stop, EP 4 over 2x2 after it.
 "$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 1 --layout 2x1 --ep 2 --resume-layout 2x2 --resume-ep 4 \
   > "$work/resume-ep.log" 2>&1 || { cat "$work/resume-ep.log"; exit 1; }
