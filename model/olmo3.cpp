@@ -778,14 +778,28 @@ struct EpRoute {
     moe::ep_to_expert_major(got.data(), counts.data(), n, E, first, last, w, out.data());
     return out;
   }
-  // The owner's results (expert-major [owned_rows, w]) back to their sources; out [my_rows, w] in plan order.
-  void give_back(const float* expert_major, int64_t w, float* out) const {
-    std::vector<float> back(static_cast<size_t>(owned_rows * w)), mine(static_cast<size_t>(my_rows * w));
-    moe::ep_to_source_major(expert_major, counts.data(), n, E, first, last, w, back.data());
+  // The owner's results, columns of expert-major rows in executor memory ([owned_rows, width] each), back to their
+  // sources as rows [col 0 | col 1 | ...]; `out` receives my rows' columns on the host, in plan order (nothing
+  // without a plan: an idle pass).
+  void give_back(const std::vector<std::pair<const Buffer<float>*, int64_t>>& cols,
+                 const std::vector<std::pair<float*, int64_t>>& out) const {
+    int64_t w = 0;
+    std::vector<std::vector<float>> host;
+    std::vector<std::pair<const float*, int64_t>> views;
+    for (const auto& [buf, cw] : cols) {
+      host.emplace_back(static_cast<size_t>(owned_rows * cw));
+      if (owned_rows > 0) buf->download(host.back().data(), owned_rows * cw);
+      views.push_back({host.back().data(), cw});
+      w += cw;
+    }
+    std::vector<float> packed(static_cast<size_t>(owned_rows * w)), back(packed.size());
+    pack_rows(views, owned_rows, packed.data());
+    moe::ep_to_source_major(packed.data(), counts.data(), n, E, first, last, w, back.data());
+    std::vector<float> mine(static_cast<size_t>(my_rows * w));
     const float none = 0.0f;
     ep.alltoallv(back.empty() ? &none : back.data(), times(from_source, w), mine.data(), times(to_owner, w));
     // The owners' blocks arrive in owner order = expert order = plan order.
-    if (out) std::copy(mine.begin(), mine.end(), out);
+    if (plan) unpack_rows(mine.data(), my_rows, out);
   }
   int64_t rows_of(int64_t e) const {
     int64_t r = 0;
@@ -827,12 +841,7 @@ void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer
                             false);
   }
   // [y | a] per row back to its source.
-  std::vector<float> y(static_cast<size_t>(R * d)), a(static_cast<size_t>(R * h)), packed(static_cast<size_t>(R * (d + h)));
-  if (R > 0) ep_y_.download(y.data(), R * d), ep_a_.download(a.data(), R * h);
-  pack_rows({{y.data(), d}, {a.data(), h}}, R, packed.data());
-  std::vector<float> back(static_cast<size_t>(route.my_rows * (d + h)));
-  route.give_back(packed.data(), d + h, back.data());
-  if (plan) unpack_rows(back.data(), route.my_rows, {{ey, d}, {ea, h}});
+  route.give_back({{&ep_y_, d}, {&ep_a_, h}}, {{ey, d}, {ea, h}});
 }
 
 void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
@@ -862,13 +871,7 @@ void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t laye
                             true);
   }
   // [∂xg | ∂g | ∂u] per row back to its source.
-  const int64_t w = d + 2 * h;
-  std::vector<float> dx(static_cast<size_t>(R * d)), dg(static_cast<size_t>(R * h)), du(static_cast<size_t>(R * h));
-  if (R > 0) ep_x_.download(dx.data(), R * d), ep_g_.download(dg.data(), R * h), ep_u_.download(du.data(), R * h);
-  std::vector<float> packed(static_cast<size_t>(R * w)), back(static_cast<size_t>(route.my_rows * w));
-  pack_rows({{dx.data(), d}, {dg.data(), h}, {du.data(), h}}, R, packed.data());
-  route.give_back(packed.data(), w, back.data());
-  if (plan) unpack_rows(back.data(), route.my_rows, {{dxg, d}, {deg, h}, {deu, h}});
+  route.give_back({{&ep_x_, d}, {&ep_g_, h}, {&ep_u_, h}}, {{dxg, d}, {deg, h}, {deu, h}});
 }
 
 }  // namespace olmoref
