@@ -12,7 +12,7 @@
 # them, so tokens/s then measures the work and the waiting, not a speed-up. Per run: the best step after the first
 # (median beside it) of rank 0, and from `--report-comm` the largest per-rank figures: MiB sent per step (all
 # collectives), of which the expert all-to-all, and the state held per rank (fp32 parameters, gradient shard, AdamW
-# moments).
+# moments: under DDP with EP only the experts the rank runs, docs/canonical/moe.md), declared and resident.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 world=4; repeats=2; configs="tiny-moe small-moe"; build=build
@@ -37,6 +37,8 @@ declare -A ep_extra=([tiny-moe]="" [small-moe]="--set train.micro_batch_instance
 steps[tiny-moe]=6; steps[small-moe]=5
 # The largest per-rank value of a --report-comm field: "sent X MiB/step", "state X MiB", "all-to-all X MiB/step".
 worst() { grep -E "^rank [0-9]+: sent" "$1" | sed -E "s/.*$2 ([0-9.]+).*/\1/" | sort -g | tail -1; }
+# The largest per-rank state resident in memory (mincore of the state buffers): "(X MiB resident)".
+resident() { grep -E "^rank [0-9]+: sent" "$1" | sed -E "s/.*\(([0-9.]+) MiB resident\).*/\1/" | sort -g | tail -1; }
 
 # run NAME KIND(moe|dense) CONFIG SHARD REPLICATE EP: appends tok/s to $work/NAME.rates, keeps the last log.
 run() {
@@ -52,8 +54,8 @@ run() {
   olmoref_rates "$work/$name.log" >> "$work/$name.rates"
 }
 
-printf "%-10s %-7s %-4s %-18s %-12s %-16s %-12s %-9s\n" config layout ep "tok/s best (med)" "MiB sent/rk" \
-  "of which expert" "state MiB/rk" "trace"
+printf "%-10s %-7s %-4s %-18s %-12s %-16s %-12s %-14s %-9s\n" config layout ep "tok/s best (med)" "MiB sent/rk" \
+  "of which expert" "state MiB/rk" "resident MiB/rk" "trace"
 for cfg in $configs; do
   for layout in "$world 1" "1 $world"; do
     read -r s r <<< "$layout"
@@ -73,9 +75,10 @@ for cfg in $configs; do
           echo "bench/moe_ep_bench.sh: $name's trace differs from EP 1's" >&2; exit 1; fi
       fi
       ex=$(worst "$work/$name.log" "all-to-all"); [ "$ep" = 1 ] || [ "$ep" = dense ] && ex=0
-      printf "%-10s %-7s %-4s %-18s %-12.3f %-16.3f %-12.2f %-9s\n" "$cfg" "${s}x$r" "$ep" \
+      printf "%-10s %-7s %-4s %-18s %-12.3f %-16.3f %-12.2f %-14.2f %-9s\n" "$cfg" "${s}x$r" "$ep" \
         "$(printf '%.0f (%.0f)' "$(best < "$work/$name.rates")" "$(median < "$work/$name.rates")")" \
-        "$(worst "$work/$name.log" sent)" "$ex" "$(worst "$work/$name.log" state)" "$verdict"
+        "$(worst "$work/$name.log" sent)" "$ex" "$(worst "$work/$name.log" state)" "$(resident "$work/$name.log")" \
+        "$verdict"
     done
   done
 done

@@ -24,6 +24,8 @@ struct Layout {
   int world() const { return dp_shard * dp_replicate; }
   int shard_index() const { return rank % dp_shard; }
   int replicate_index() const { return rank / dp_shard; }
+  int shard_index_of(int r) const { return r % dp_shard; }
+  int replicate_index_of(int r) const { return r / dp_shard; }
   // Floats per shard (the last may be shorter), a whole number of chunks.
   int64_t shard_stride() const {
     const int64_t chunks = (total + kShardAlign - 1) / kShardAlign;

@@ -121,6 +121,12 @@ class Executor {
   virtual int64_t memory_available() const;
 };
 
+// Anonymous zero pages of `bytes` (no memory until written); `what` names the allocation in the error.
+void* host_map_zeroed(size_t bytes, const std::string& what);
+void host_unmap(void* p, size_t bytes);
+// Bytes of [p, p + bytes) whose pages are resident (the whole pages the range touches).
+int64_t host_resident_bytes(const void* p, size_t bytes);
+
 // A typed allocation in executor memory, freed with its owner; zero-filled.
 template <class T>
 class Buffer {
@@ -133,8 +139,8 @@ class Buffer {
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       free();
-      ex_ = o.ex_, p_ = o.p_, n_ = o.n_;
-      o.p_ = nullptr, o.n_ = 0;
+      ex_ = o.ex_, p_ = o.p_, n_ = o.n_, mapped_ = o.mapped_;
+      o.p_ = nullptr, o.n_ = 0, o.mapped_ = false;
     }
     return *this;
   }
@@ -149,10 +155,28 @@ class Buffer {
       ex.zero(p_, static_cast<size_t>(n) * sizeof(T));
     }
   }
+  // The same, but in host memory the pages are mapped zero and left untouched, so only the parts ever written take
+  // memory (expert-resident state: a rank writes only what it holds). Device memory: as reset.
+  void reset_untouched(Executor& ex, int64_t n, const std::string& what) {
+    if (!ex.host_memory()) return reset(ex, n, what);
+    free();
+    ex_ = &ex;
+    n_ = n;
+    if (n > 0) p_ = static_cast<T*>(host_map_zeroed(static_cast<size_t>(n) * sizeof(T), what)), mapped_ = true;
+  }
   void free() {
-    if (p_) ex_->deallocate(p_);
+    if (p_ && mapped_)
+      host_unmap(p_, static_cast<size_t>(n_) * sizeof(T));
+    else if (p_)
+      ex_->deallocate(p_);
     p_ = nullptr;
     n_ = 0;
+    mapped_ = false;
+  }
+  // Bytes of this buffer resident in host memory (mincore), or -1 for device memory.
+  int64_t resident_bytes() const {
+    if (!ex_ || !ex_->host_memory()) return -1;
+    return host_resident_bytes(p_, static_cast<size_t>(n_) * sizeof(T));
   }
   T* data() { return p_; }
   const T* data() const { return p_; }
@@ -168,6 +192,7 @@ class Buffer {
   Executor* ex_ = nullptr;
   T* p_ = nullptr;
   int64_t n_ = 0;
+  bool mapped_ = false;  // reset_untouched's pages, returned by host_unmap
 };
 
 // The host's available memory (MemAvailable of /proc/meminfo), -1 when unknown.

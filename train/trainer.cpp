@@ -141,6 +141,18 @@ std::string gib(double bytes) {
   return b;
 }
 
+// Every expert's rows of each MoE weight tensor (w1, w2, w3: [E·h, d] per layer).
+std::vector<dist::ExpertSpan> expert_spans(const ParamLayout& layout, const ModelConfig& m) {
+  std::vector<dist::ExpertSpan> out;
+  if (!m.moe.enabled()) return out;
+  const int64_t per = m.moe.hidden * m.d_model;
+  for (const BlockOffsets& o : layout.blocks)
+    for (const int64_t w : {o.moe_w1, o.moe_w2, o.moe_w3})
+      if (w >= 0)
+        for (int64_t e = 0; e < m.moe.n_experts; ++e) out.push_back({w + e * per, w + (e + 1) * per, e});
+  return out;
+}
+
 }  // namespace
 
 // The state, the instance tree's slots and the model's buffers, estimated before any of them is allocated: a run
@@ -150,7 +162,18 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
   const double n = static_cast<double>(cfg.model.n_params()), shard = std::ceil(n / std::max(1, par.dp_shard));
   const double N = static_cast<double>(cfg.train.global_batch_instances);
   const double slots = std::ceil(std::log2(std::max(1.0, N))) + 1;
-  const double state = 4.0 * shard * 4, tree = slots * n * 4;
+  // Parameters and moments: under expert-resident state (host memory) only what the fullest rank holds.
+  double held = shard;
+  const int world = par.dp_shard * par.dp_replicate;
+  if (par.ep > 1 && cfg.model.moe.enabled() && ex.host_memory() && world % par.ep == 0 &&
+      par.ep <= cfg.model.moe.n_experts) {
+    dist::Layout L;
+    L.dp_shard = par.dp_shard, L.dp_replicate = par.dp_replicate, L.total = cfg.model.n_params();
+    const dist::StatePlacement P(L, par.ep, cfg.model.moe.n_experts, expert_spans(ParamLayout(cfg.model), cfg.model));
+    held = 0;
+    for (int r = 0; r < world; ++r) held = std::max(held, static_cast<double>(P.held_floats(r)));
+  }
+  const double state = 4.0 * (3 * held + shard), tree = slots * n * 4;
   const double view = par.dp_shard > 1 ? n * 4 : 0;  // the gathered units
   const double model = static_cast<double>(olmo3_memory_bytes(cfg.model, cfg.train.micro_batch_instances,
                                                                cfg.train.seq_len, parse_precision(cfg.train.precision),
@@ -167,6 +190,18 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
 }
 
 namespace {
+
+// The update's pieces (begin relative to lo) cut to the held ranges (absolute): AdamW is elementwise, so cutting a
+// tensor into parts changes no bit.
+std::vector<GroupPiece> held_pieces(const std::vector<GroupPiece>& pieces, const dist::Ranges& held, int64_t lo) {
+  std::vector<GroupPiece> out;
+  for (const GroupPiece& q : pieces)
+    for (const auto& [a, b] : held) {
+      const int64_t x = std::max(q.begin, a - lo), y = std::min(q.begin + q.n, b - lo);
+      if (x < y) out.push_back({x, y - x, q.group});
+    }
+  return out;
+}
 
 std::unique_ptr<Executor> make_fitting_executor(const TrainConfig& cfg, const Parallelism& par, ThreadPool* pool) {
   std::unique_ptr<Executor> ex = make_executor(cfg.train.executor, pool);
@@ -225,17 +260,26 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     ep_exchange_ = std::make_unique<EpExchange>(*ep_comm_);
     model_.set_expert_exchange(ep_exchange_.get());
   }
+  placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
+                                    expert_spans(model_.layout(), cfg_.model));
   const int64_t n = layout_.hi() - layout_.lo();
-  params_.reset(*ex_, n, "fp32 master parameters");
-  m_.reset(*ex_, n, "AdamW first moments");
-  v_.reset(*ex_, n, "AdamW second moments");
+  if (placement_.drops_any()) {
+    params_.reset_untouched(*ex_, n, "fp32 master parameters");
+    m_.reset_untouched(*ex_, n, "AdamW first moments");
+    v_.reset_untouched(*ex_, n, "AdamW second moments");
+  } else {
+    params_.reset(*ex_, n, "fp32 master parameters");
+    m_.reset(*ex_, n, "AdamW first moments");
+    v_.reset(*ex_, n, "AdamW second moments");
+  }
   {
     std::vector<float> init(static_cast<size_t>(n));
     init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), init.data());
-    params_.upload(init.data(), n);
+    upload_held(params_, init.data());
   }
   groups_ = param_groups(cfg_.optim, model_.layout());
-  pieces_ = group_pieces(model_.layout(), groups_, layout_.lo(), layout_.hi());
+  pieces_ = held_pieces(group_pieces(model_.layout(), groups_, layout_.lo(), layout_.hi()),
+                        placement_.held(layout_.rank), layout_.lo());
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<UnitGather>(*this);
     full_view_ = unit_gather_->base();
@@ -249,7 +293,24 @@ std::string Trainer::op_profile() const {
 }
 
 int64_t Trainer::state_bytes() const {
-  return static_cast<int64_t>((params_.size() + m_.size() + v_.size() + grad_shard_.size()) * sizeof(float));
+  // Device executors allocate the whole range (the parts not held are never written, but they are allocated).
+  const int64_t held = ex_->host_memory() ? placement_.held_floats(layout_.rank) : params_.size();
+  return static_cast<int64_t>((3 * held + grad_shard_.size()) * static_cast<int64_t>(sizeof(float)));
+}
+
+int64_t Trainer::state_resident_bytes() const {
+  int64_t n = 0;
+  for (const Buffer<float>* b : {&params_, &m_, &v_, &grad_shard_}) {
+    const int64_t r = b->resident_bytes();
+    if (r < 0) return -1;
+    n += r;
+  }
+  return n;
+}
+
+void Trainer::upload_held(Buffer<float>& b, const float* shard) {
+  const int64_t lo = layout_.lo();
+  for (const auto& [x, y] : placement_.held(layout_.rank)) b.upload(shard + (x - lo), y - x, x - lo);
 }
 
 std::vector<float> Trainer::host_copy(const Buffer<float>& b) {
@@ -264,7 +325,12 @@ const float* Trainer::host_view(const Buffer<float>& b, std::vector<float>& stag
   return staging.data();
 }
 
-const float* Trainer::host_params() { return host_view(params_, host_staging_); }
+const float* Trainer::host_params() {
+  if (!holds_whole_shard())
+    throw std::logic_error("host_params: under expert parallelism this rank holds only the experts its replicate group "
+                           "runs, not the whole parameter vector");
+  return host_view(params_, host_staging_);
+}
 
 
 void Trainer::release_transients() {
@@ -468,6 +534,104 @@ std::string Trainer::sharded_digest(const Buffer<float>& state) {
     for (int64_t c = 0; c < per && first + c < chunks && layout_.begin(s) + c * kDigestChunk < layout_.end(s); ++c)
       ordered.push_back(all[static_cast<size_t>(s * per + c)]);
   }
+  return merkle_root(ordered).hex();
+}
+
+std::vector<float> Trainer::collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want) {
+  const int W = layout_.world(), me = layout_.rank;
+  const int64_t lo = layout_.lo();
+  // Every rank's wanted pieces with who serves each (the rank itself when it holds it): known to all from the layout.
+  struct Served {
+    dist::StatePlacement::Piece piece;
+    int from;
+  };
+  auto served = [&](int q) {
+    std::vector<Served> out;
+    const int s = layout_.shard_index_of(q);
+    for (const auto& [a, b] : want[static_cast<size_t>(q)])
+      for (const dist::StatePlacement::Piece& p : placement_.pieces(a, b))
+        out.push_back({p, placement_.holds(q, p.expert) ? q : placement_.source(s, p.expert)});
+    return out;
+  };
+  std::vector<int64_t> send_counts(static_cast<size_t>(W), 0), recv_counts(static_cast<size_t>(W), 0);
+  std::vector<float> send;
+  for (int q = 0; q < W; ++q) {
+    if (q == me) continue;
+    for (const Served& x : served(q)) {
+      if (x.from != me) continue;
+      const int64_t n = x.piece.end - x.piece.begin;
+      const size_t at = send.size();
+      send.resize(at + static_cast<size_t>(n));
+      state.download(send.data() + at, n, x.piece.begin - lo);
+      send_counts[static_cast<size_t>(q)] += n;
+    }
+  }
+  const std::vector<Served> mine = served(me);
+  for (const Served& x : mine)
+    if (x.from != me) recv_counts[static_cast<size_t>(x.from)] += x.piece.end - x.piece.begin;
+  std::vector<int64_t> recv_at(static_cast<size_t>(W), 0);
+  int64_t recv_total = 0;
+  for (int j = 0; j < W; ++j) recv_at[static_cast<size_t>(j)] = recv_total, recv_total += recv_counts[static_cast<size_t>(j)];
+  std::vector<float> recv(static_cast<size_t>(recv_total));
+  const float none = 0.0f;
+  comm_->alltoallv(send.empty() ? &none : send.data(), send_counts, recv.empty() ? nullptr : recv.data(), recv_counts,
+                   "all-to-all of state pieces for a digest or checkpoint");
+  collect_bytes_ += send.size() * sizeof(float);
+  std::vector<float> out;
+  for (const Served& x : mine) {
+    const int64_t n = x.piece.end - x.piece.begin;
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(n));
+    if (x.from == me) {
+      state.download(out.data() + at, n, x.piece.begin - lo);
+    } else {
+      int64_t& next = recv_at[static_cast<size_t>(x.from)];
+      std::copy(recv.begin() + next, recv.begin() + next + n, out.begin() + static_cast<std::ptrdiff_t>(at));
+      next += n;
+    }
+  }
+  return out;
+}
+
+std::string Trainer::state_digest(const Buffer<float>& state) {
+  if (!placement_.drops_any()) return sharded_digest(state);
+  static_assert(kDigestChunk == dist::kShardAlign, "digest chunks are the shards' alignment");
+  const int W = layout_.world();
+  std::vector<std::vector<int64_t>> chunks_of(static_cast<size_t>(W));
+  std::vector<dist::Ranges> want(static_cast<size_t>(W));
+  size_t widest = 0;
+  for (int q = 0; q < W; ++q) {
+    chunks_of[static_cast<size_t>(q)] = placement_.hashed_chunks(q);
+    for (int64_t c : chunks_of[static_cast<size_t>(q)])
+      want[static_cast<size_t>(q)].push_back({c * kDigestChunk, std::min(layout_.total, (c + 1) * kDigestChunk)});
+    widest = std::max(widest, chunks_of[static_cast<size_t>(q)].size());
+  }
+  const std::vector<float> mine = collect(state, want);
+  std::vector<Digest128> leaves(widest);
+  const float* next = mine.data();
+  const std::vector<int64_t>& my_chunks = chunks_of[static_cast<size_t>(layout_.rank)];
+  for (size_t i = 0; i < my_chunks.size(); ++i) {
+    const int64_t c = my_chunks[i], n = std::min(layout_.total, (c + 1) * kDigestChunk) - c * kDigestChunk;
+    // merkle_leaves indexes chunks of the whole vector; give it a pointer as if at element 0.
+    leaves[i] = merkle_leaves(next - c * kDigestChunk, c * kDigestChunk + n, c, c + 1)[0];
+    next += n;
+  }
+  std::vector<Digest128> all(widest * static_cast<size_t>(W));
+  comm_->allgather(leaves.data(), leaves.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
+  const int64_t chunks = (layout_.total + kDigestChunk - 1) / kDigestChunk;
+  std::vector<Digest128> ordered(static_cast<size_t>(chunks));
+  std::vector<char> seen(static_cast<size_t>(chunks), 0);
+  for (int q = 0; q < W; ++q)
+    for (size_t i = 0; i < chunks_of[static_cast<size_t>(q)].size(); ++i) {
+      const int64_t c = chunks_of[static_cast<size_t>(q)][i];
+      // Replicate groups hash the same chunks' copies only through hashed_chunks' single choice per chunk and shard.
+      if (seen[static_cast<size_t>(c)] && !(ordered[static_cast<size_t>(c)] == all[static_cast<size_t>(q) * widest + i]))
+        throw std::logic_error("state digest: two ranks hashed chunk " + std::to_string(c) + " differently");
+      ordered[static_cast<size_t>(c)] = all[static_cast<size_t>(q) * widest + i];
+      seen[static_cast<size_t>(c)] = 1;
+    }
+  for (int64_t c = 0; c < chunks; ++c)
+    if (!seen[static_cast<size_t>(c)]) throw std::logic_error("state digest: no rank hashed chunk " + std::to_string(c));
   return merkle_root(ordered).hex();
 }
 
@@ -678,7 +842,7 @@ StepResult Trainer::train_step() {
   r.num_zeros = num_zeros;
   r.skipped = skipped;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
-  r.param_digest = sharded_digest(params_);
+  r.param_digest = state_digest(params_);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -715,13 +879,22 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   const std::string tmp = ckpt::begin_save(root, step_, rank0);
   comm_->barrier("checkpoint: temporary directory created");
   std::vector<float> hp, hm, hv;  // device executors: the state comes to the host once, for the write
-  float* p_host = const_cast<float*>(host_view(params_, hp));
-  float* m_host = const_cast<float*>(host_view(m_, hm));
-  float* v_host = const_cast<float*>(host_view(v_, hv));
-  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), p_host, m_host, v_host};
+  const float *p_host = nullptr, *m_host = nullptr, *v_host = nullptr;
+  if (placement_.drops_any()) {
+    // Expert-resident state: the writers (replicate group 0) receive the experts their group does not hold.
+    std::vector<dist::Ranges> whole(static_cast<size_t>(layout_.world()));
+    for (int s = 0; s < layout_.dp_shard; ++s) whole[static_cast<size_t>(s)] = {{layout_.begin(s), layout_.end(s)}};
+    hp = collect(params_, whole), hm = collect(m_, whole), hv = collect(v_, whole);
+    p_host = hp.data(), m_host = hm.data(), v_host = hv.data();
+  } else {
+    p_host = host_view(params_, hp), m_host = host_view(m_, hm), v_host = host_view(v_, hv);
+  }
+  const ckpt::StateVectors local{layout_.hi() - layout_.lo(), const_cast<float*>(p_host), const_cast<float*>(m_host),
+                                 const_cast<float*>(v_host)};
   if (layout_.replicate_index() == 0)
     ckpt::write_shard(tmp, layout_.shard_index(), local, layout_.lo(), layout_.hi(), segments, opts, step_);
-  const ckpt::StateDigests digests{sharded_digest(params_), sharded_digest(m_), sharded_digest(v_)};
+  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
+  const ckpt::StateDigests digests{state_digest(params_), state_digest(m_), state_digest(v_)};
   comm_->barrier("checkpoint: every shard written");
   std::string dir = root + "/" + ckpt::step_dir_name(step_);
   if (rank0) dir = ckpt::finish_save(root, tmp, meta, layout_.total, digests, opts);
@@ -737,7 +910,7 @@ void Trainer::start_data_at(const nlohmann::json& loader_state) {
 
 void Trainer::set_initial_params(const float* full) {
   if (step_ != 0) throw std::logic_error("Trainer::set_initial_params after step " + std::to_string(step_));
-  params_.upload(full + layout_.lo(), layout_.hi() - layout_.lo());
+  upload_held(params_, full + layout_.lo());
 }
 
 namespace {
@@ -765,16 +938,19 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
   const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
   const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
-  params_.upload(hp.data(), n);
-  m_.upload(hm.data(), n);
-  v_.upload(hv.data(), n);
-  // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest.
-  if (sharded_digest(params_) != meta.digests.params || sharded_digest(m_) != meta.digests.adam_m ||
-      sharded_digest(v_) != meta.digests.adam_v)
+  upload_held(params_, hp.data());
+  upload_held(m_, hm.data());
+  upload_held(v_, hv.data());
+  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
+  // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest. Each is a
+  // collective, so every rank computes all three before any throws.
+  const bool same_p = state_digest(params_) == meta.digests.params, same_m = state_digest(m_) == meta.digests.adam_m,
+             same_v = state_digest(v_) == meta.digests.adam_v;
+  if (!same_p || !same_m || !same_v)
     throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
   if (opts.skip_moments) {
-    m_.upload(m_fresh.data(), n);
-    v_.upload(v_fresh.data(), n);
+    upload_held(m_, m_fresh.data());
+    upload_held(v_, v_fresh.data());
   }
   if (!opts.skip_step) step_ = meta.step;
   if (cfg_.optim.skip_step()) {
@@ -948,10 +1124,11 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the
   // parameters only, so training is the same with or without it; run by rank 0 when it holds them all.
   std::unique_ptr<EvalBackstop> backstop;
-  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1)
+  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1 && trainer.holds_whole_shard())
     backstop = make_eval_backstop(cfg, out_dir, resume_dir.empty() ? -1 : trainer.step(), quiet);
   else if (lead && cfg.eval.interval > 0 && !quiet)
-    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1)\n");
+    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1, "
+                         "and no --ep: expert parallelism keeps each expert's state only where it runs)\n");
   if (!quiet) {
     std::fprintf(stderr, "olmoref train: %s, %.3fM params, executor %s, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
                  cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6, cfg.train.executor.c_str(),
@@ -1022,13 +1199,16 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     const double n = static_cast<double>(trainer.n_params()) * 4.0;
     const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
     const double steps = static_cast<double>(std::max<int64_t>(done, 1));
-    char ep_part[64] = "";  // one write per rank, so the ranks' lines do not interleave
+    char ep_part[160] = "", resident[48] = "";  // one write per rank, so the ranks' lines do not interleave
     if (trainer.ep() > 1)
-      std::snprintf(ep_part, sizeof ep_part, "; expert all-to-all %.3f MiB/step",
+      std::snprintf(ep_part, sizeof ep_part, "; state pieces for digests and checkpoints %.3f MiB/step; expert all-to-all %.3f MiB/step",
+                    static_cast<double>(trainer.collect_bytes_sent()) / steps / (1 << 20),
                     static_cast<double>(trainer.ep_bytes_sent()) / steps / (1 << 20));
-    std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s\n",
+    if (const int64_t r = trainer.state_resident_bytes(); r >= 0)
+      std::snprintf(resident, sizeof resident, " (%.2f MiB resident)", static_cast<double>(r) / (1 << 20));
+    std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s%s\n",
                  rank, static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
-                 static_cast<double>(trainer.state_bytes()) / (1 << 20), ep_part);
+                 static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, ep_part);
   }
   return records;
 }

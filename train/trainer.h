@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/expert_placement.h"
 #include "dist/layout.h"
 #include "golden/trace.h"
 #include "ref/instance_tree.h"
@@ -65,8 +66,15 @@ class Trainer {
   const SkipStepState& skip_state() const { return skip_; }
   const dist::Layout& layout() const { return layout_; }
   dist::Comm& comm() { return *comm_; }
-  // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures.
+  // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures: under expert
+  // parallelism only the experts its replicate group runs (dist/expert_placement.h).
   int64_t state_bytes() const;
+  // The same measured: bytes of those buffers resident in host memory (mincore), -1 on a device executor.
+  int64_t state_resident_bytes() const;
+  // Of bytes_sent, what moved state pieces to the ranks that hash or write them (expert-resident state only).
+  uint64_t collect_bytes_sent() const { return collect_bytes_; }
+  // True when this rank holds every element of its shard's range (always, except expert-resident state).
+  bool holds_whole_shard() const { return placement_.held_floats(layout_.rank) == layout_.hi() - layout_.lo(); }
   // Bytes this rank sent through collectives (world and shard-group communicators).
   uint64_t bytes_sent() const {
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) + ep_bytes_sent();
@@ -121,8 +129,16 @@ class Trainer {
   // gathers, expert exchanges) without instances of their own (Olmo3::idle_pass).
   void join_longer_runs(int64_t my_runs, const float* params);
   void release_transients();           // frees the gradient buffers of a sharded step
+  // Whole-vector Merkle root of a state vector (collective over the world): sharded_digest when every rank holds
+  // its whole range, else each rank hashes its chunks (StatePlacement::hashed_chunks) after collect().
+  std::string state_digest(const Buffer<float>& state);
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
   std::string sharded_digest(const Buffer<float>& state);
+  // Collective over the world: rank q receives, on the host, `want[q]` (ranges inside its shard's range) of the
+  // state, concatenated in order; what q does not hold comes from StatePlacement::source.
+  std::vector<float> collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want);
+  // Writes a host copy of this rank's whole shard range into the parts of b this rank holds.
+  void upload_held(Buffer<float>& b, const float* shard);
   // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
   // shard) travel to the shard's owners by one all-to-all, and the owner performs the tree's remaining adds.
   void reduce_gradient_to_shard(float* shard_out);
@@ -139,7 +155,11 @@ class Trainer {
   class EpExchange;
   std::unique_ptr<EpExchange> ep_exchange_;
   dist::Layout layout_;
-  Buffer<float> params_, m_, v_, grad_shard_;  // this rank's range, in executor memory
+  dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
+  uint64_t collect_bytes_ = 0;      // see collect_bytes_sent()
+  // This rank's range, in executor memory. Under expert-resident state params, m and v are indexed as the whole
+  // range but only the held parts are ever written (host memory: the rest takes no pages).
+  Buffer<float> params_, m_, v_, grad_shard_;
   std::vector<float> host_staging_;             // host_params() of a device executor
   // FSDP: the model's view of the full parameter vector when dp_shard > 1. Virtual memory only: each
   // unit (embedding, block, head) is all-gathered into it just before use and its pages are returned
@@ -149,7 +169,7 @@ class Trainer {
   std::unique_ptr<UnitGather> unit_gather_;
   float* full_view_ = nullptr;
   std::vector<ParamGroup> groups_;  // OLMo-core's param groups (ref/optim.h)
-  std::vector<GroupPiece> pieces_;  // my range [lo, hi) cut into tensors, with their groups
+  std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
   GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
   std::vector<std::vector<int32_t>> routing_choices_;  // MoE: see last_routing()

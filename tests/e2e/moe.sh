@@ -4,7 +4,8 @@
 # is byte-identical across reruns, thread counts, the scalar and SIMD CPU paths, micro-batch sizes, the cuda-host
 # executor, data-parallel layouts and expert-parallel layouts (--ep), and a stop + resume (also at another
 # micro-batch size, DP layout or EP layout) changes nothing, while an atomic-style unordered combine (test only)
-# changes it, with and without EP; the
+# changes it, with and without EP; under EP a rank keeps only the experts its replicate group runs, and its state
+# falls with EP; the
 # "local_batch" granularity (OLMo-core's default) must differ across micro-batch sizes, as documented; bad MoE
 # keys are refused by name.
 set -euo pipefail
@@ -61,6 +62,34 @@ for spec in 2x1:2 1x2:2 2x2:4 2x2:2 3x1:3; do
   grep -q "expert all-to-all" "$work/EP$layout-$ep.log" || { cat "$work/EP$layout-$ep.log"; echo "FAIL: no EP bytes"; exit 1; }
   same ref "EP$layout-$ep"
 done
+# Expert-resident state: under DDP (1x4) a rank keeps the parameters and AdamW moments of the experts it runs and
+# no others, so the state per rank falls with EP, as declared (state) and as measured (resident pages); the traces
+# and the checkpoint's files are still those of one process.
+for ep in 1 2 4; do
+  mpirun --oversubscribe --bind-to none -np 4 "$BIN" train "${cfg[@]}" --threads 1 --dp-replicate 4 --ep "$ep" \
+    --report-comm --out "$work/DDP-$ep" 2> "$work/DDP-$ep.log" || { cat "$work/DDP-$ep.log"; exit 1; }
+  same ref "DDP-$ep"
+done
+for f in "$work"/ref/checkpoints/*/shard-*.bin; do
+  cmp "$f" "$work/DDP-4/checkpoints/$(basename "$(dirname "$f")")/$(basename "$f")" ||
+    { echo "FAIL: the EP 4 checkpoint's $(basename "$f") differs from one process's"; exit 1; }
+done
+python3 - "$work"/DDP-{1,2,4}.log <<'PY2'
+import re, sys
+def state(path):
+    declared = resident = 0.0
+    for line in open(path):
+        m = re.search(r"^rank \d+: .*state ([0-9.]+) MiB \(([0-9.]+) MiB resident\)", line)
+        if m:
+            declared, resident = max(declared, float(m.group(1))), max(resident, float(m.group(2)))
+    assert declared > 0, path + ": no --report-comm state"
+    # Resident pages: the held parts rounded out to whole pages, never the whole range.
+    assert declared - 0.01 <= resident <= declared * 1.1, (path, declared, resident)
+    return declared, resident
+(d1, r1), (d2, r2), (d4, r4) = (state(p) for p in sys.argv[1:])
+assert d4 < d2 < d1 and r4 < r2 < r1, ((d1, r1), (d2, r2), (d4, r4))
+print(f"state per rank under DDP 1x4: {d1:.2f} / {d2:.2f} / {d4:.2f} MiB (resident {r1:.2f} / {r2:.2f} / {r4:.2f}) at EP 1 / 2 / 4")
+PY2
 # EP groups that cut across shard groups (3x2 with EP 2: ranks {0,1} {2,3} {4,5}, shard groups {0,1,2} {3,4,5}),
 # 8 micro-batches of 1 over 6 ranks (runs 2, 2, 1, 1, 1, 1).
 mpirun --oversubscribe --bind-to none -np 6 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 3 --dp-replicate 2 --ep 2 \
@@ -78,9 +107,10 @@ import re, sys
 def non_expert(path):
     worst = 0.0
     for line in open(path):
-        m = re.match(r"rank \d+: sent ([0-9.]+) MiB/step.*?(?:all-to-all ([0-9.]+) MiB/step)?$", line.strip())
+        m = re.match(r"rank \d+: sent ([0-9.]+) MiB/step.*?(?:checkpoints ([0-9.]+) MiB/step; expert all-to-all "
+                     r"([0-9.]+) MiB/step)?$", line.strip())
         if m:
-            worst = max(worst, float(m.group(1)) - float(m.group(2) or 0))
+            worst = max(worst, float(m.group(1)) - float(m.group(2) or 0) - float(m.group(3) or 0))
     assert worst > 0, path + ": no --report-comm line"
     return worst
 ep1, ep2, ep4 = (non_expert(p) for p in sys.argv[1:])
@@ -92,6 +122,11 @@ PY
   > "$work/resume-ep.log" 2>&1 || { cat "$work/resume-ep.log"; exit 1; }
 grep -q IDENTICAL "$work/resume-ep.log" || { cat "$work/resume-ep.log"; echo "FAIL: resume-check across EP"; exit 1; }
 echo "resume-check: identical from EP 2 (2x1) to EP 4 (2x2)"
+# From expert-resident state (EP 4 under DDP: no rank holds every expert) to a layout without EP.
+"$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 1 --layout 1x4 --ep 4 --resume-layout 2x1 --resume-ep 1 \
+  > "$work/resume-ep-ddp.log" 2>&1 || { cat "$work/resume-ep-ddp.log"; exit 1; }
+grep -q IDENTICAL "$work/resume-ep-ddp.log" || { cat "$work/resume-ep-ddp.log"; echo "FAIL: resume-check from EP 4 1x4"; exit 1; }
+echo "resume-check: identical from EP 4 (1x4, expert-resident state) to 2x1 without EP"
 # The negative control holds under expert parallelism too: arrival-order combining changes the trace.
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
   --debug-moe-unordered-combine --out "$work/EPctl" 2> "$work/EPctl.log" || { cat "$work/EPctl.log"; exit 1; }

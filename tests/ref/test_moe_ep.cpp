@@ -207,3 +207,104 @@ TEST_CASE("expert parallelism: refused by name where it cannot apply") {
   Olmo3 two(ep_model(2, 0), 1, 4);
   CHECK_THROWS_WITH_AS(two.set_expert_exchange(&ex), doctest::Contains("must own an expert"), std::invalid_argument);
 }
+
+// ---- Expert-resident state (dist/expert_placement.h) ----
+#include "dist/expert_placement.h"
+
+namespace {
+// Six digest chunks; 4 experts of 30,000 floats in three tensors ("w1", "w2", "w3"), so spans cross chunk and
+// shard boundaries and the vector has parts that are no expert's.
+constexpr int64_t kTotal = 6 * dist::kShardAlign, kSpan = 30000;
+std::vector<dist::ExpertSpan> test_spans() {
+  std::vector<dist::ExpertSpan> out;
+  for (const int64_t w : {10000, 140000, 262144})
+    for (int64_t e = 0; e < 4; ++e) out.push_back({w + e * kSpan, w + (e + 1) * kSpan, e});
+  return out;
+}
+dist::Layout test_layout(int S, int R, int64_t total = kTotal) {
+  dist::Layout L;
+  L.dp_shard = S, L.dp_replicate = R, L.total = total;
+  return L;
+}
+}  // namespace
+
+TEST_CASE("expert placement: DDP with EP 4 keeps each rank's own expert and everything that is no expert's") {
+  const dist::StatePlacement P(test_layout(1, 4), 4, 4, test_spans());
+  CHECK(P.drops_any());
+  // Rank 2 runs expert 2 only: of each tensor it keeps [w + 2·span, w + 3·span).
+  const dist::Ranges want = {{0, 10000},
+                             {10000 + 2 * kSpan, 10000 + 3 * kSpan},
+                             {10000 + 4 * kSpan, 140000},
+                             {140000 + 2 * kSpan, 140000 + 3 * kSpan},
+                             {140000 + 4 * kSpan, 262144},
+                             {262144 + 2 * kSpan, 262144 + 3 * kSpan},
+                             {262144 + 4 * kSpan, kTotal}};
+  CHECK(P.held(2) == want);
+  CHECK(P.held_floats(2) == kTotal - 9 * kSpan);
+  CHECK(P.source(0, 3) == 3);
+  CHECK(P.source(0, -1) == 0);
+}
+
+TEST_CASE("expert placement: every layout keeps what its ranks read, loses nothing, hashes every chunk once") {
+  struct Case {
+    int S, R, ep;
+    int64_t E;
+  };
+  for (const Case c : {Case{1, 4, 2, 4}, Case{1, 4, 4, 4}, Case{2, 2, 4, 4}, Case{2, 2, 2, 4}, Case{4, 1, 4, 4},
+                       Case{3, 2, 2, 4}, Case{2, 3, 3, 4}, Case{1, 3, 3, 4}, Case{1, 2, 2, 3}, Case{1, 1, 1, 4}}) {
+    CAPTURE(c.S);
+    CAPTURE(c.R);
+    CAPTURE(c.ep);
+    const dist::Layout L = test_layout(c.S, c.R);
+    std::vector<dist::ExpertSpan> spans;
+    for (const dist::ExpertSpan& s : test_spans())
+      if (s.expert < c.E) spans.push_back(s);
+    const dist::StatePlacement P(L, c.ep, c.E, spans);
+    // A replicate group of S consecutive ranks covers every EP index (so drops nothing) exactly when S ≥ ep.
+    CHECK(P.drops_any() == (c.ep > c.S));
+    std::vector<int> hashed((kTotal + dist::kShardAlign - 1) / dist::kShardAlign, 0);
+    for (int r = 0; r < L.world(); ++r) {
+      const int s = L.shard_index_of(r), g = L.replicate_index_of(r);
+      // held: sorted, disjoint, inside the shard's range, and exactly the pieces whose expert the group runs.
+      const dist::Ranges held = P.held(r);
+      for (size_t i = 0; i < held.size(); ++i) {
+        CHECK(held[i].first < held[i].second);
+        CHECK(held[i].first >= L.begin(s));
+        CHECK(held[i].second <= L.end(s));
+        if (i > 0) CHECK(held[i - 1].second < held[i].first);
+      }
+      int64_t expect = 0;
+      for (const auto& p : P.pieces(L.begin(s), L.end(s))) {
+        bool run_here = p.expert < 0 || c.ep == 1;
+        for (int q = g * c.S; q < (g + 1) * c.S; ++q) {
+          const auto [first, last] = moe::ep_experts(c.E, c.ep, q % c.ep);
+          run_here = run_here || (p.expert >= first && p.expert < last);
+        }
+        CHECK(P.holds(r, p.expert) == run_here);
+        if (run_here) expect += p.end - p.begin;
+        // Whoever serves a piece holds it, and it is the lowest replicate group that does.
+        const int src = P.source(s, p.expert);
+        CHECK(L.shard_index_of(src) == s);
+        CHECK(P.holds(src, p.expert));
+        for (int h = 0; h < L.replicate_index_of(src); ++h) CHECK_FALSE(P.group_holds(h, p.expert));
+      }
+      CHECK(P.held_floats(r) == expect);
+      for (const int64_t chunk : P.hashed_chunks(r)) {
+        CHECK(chunk * dist::kShardAlign >= L.begin(s));
+        CHECK(chunk * dist::kShardAlign < L.end(s));
+        ++hashed[static_cast<size_t>(chunk)];
+      }
+    }
+    for (int n : hashed) CHECK(n == 1);
+  }
+}
+
+TEST_CASE("expert placement: pieces cut a range at the expert spans and cover it") {
+  const dist::StatePlacement P(test_layout(1, 2), 2, 4, test_spans());
+  const auto pieces = P.pieces(5000, 10000 + kSpan + 7);
+  REQUIRE(pieces.size() == 3);
+  CHECK((pieces[0].begin == 5000 && pieces[0].end == 10000 && pieces[0].expert == -1));
+  CHECK((pieces[1].begin == 10000 && pieces[1].end == 10000 + kSpan && pieces[1].expert == 0));
+  CHECK((pieces[2].begin == 10000 + kSpan && pieces[2].end == 10000 + kSpan + 7 && pieces[2].expert == 1));
+  CHECK_THROWS(dist::StatePlacement(test_layout(1, 2), 2, 4, {{0, 10, 0}, {5, 20, 1}}));
+}

@@ -1,0 +1,97 @@
+#include "dist/expert_placement.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "ref/moe.h"
+
+namespace olmoref::dist {
+
+StatePlacement::StatePlacement(const Layout& layout, int ep, int64_t n_experts, std::vector<ExpertSpan> spans)
+    : layout_(layout), ep_(ep), n_experts_(n_experts), spans_(std::move(spans)) {
+  std::sort(spans_.begin(), spans_.end(), [](const ExpertSpan& x, const ExpertSpan& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < spans_.size(); ++i)
+    if (spans_[i].begin < spans_[i - 1].end) throw std::logic_error("expert placement: overlapping expert spans");
+  const int S = layout_.dp_shard, R = layout_.dp_replicate;
+  group_holds_.assign(static_cast<size_t>(R), std::vector<char>(static_cast<size_t>(n_experts_), ep_ <= 1 ? 1 : 0));
+  if (ep_ > 1)
+    for (int g = 0; g < R; ++g)
+      for (int r = g * S; r < (g + 1) * S; ++r) {
+        const auto [first, last] = moe::ep_experts(n_experts_, ep_, r % ep_);
+        for (int64_t e = first; e < last; ++e) group_holds_[static_cast<size_t>(g)][static_cast<size_t>(e)] = 1;
+      }
+  for (int r = 0; r < layout_.world() && !drops_any_; ++r)
+    drops_any_ = held_floats(r) < layout_.end(layout_.shard_index_of(r)) - layout_.begin(layout_.shard_index_of(r));
+  // Every expert must be held somewhere, or its state would be lost.
+  for (int64_t e = 0; e < n_experts_; ++e) {
+    bool somewhere = false;
+    for (int g = 0; g < R; ++g) somewhere = somewhere || group_holds(g, e);
+    if (!somewhere) throw std::logic_error("expert placement: expert " + std::to_string(e) + " is held by no rank");
+  }
+}
+
+std::vector<StatePlacement::Piece> StatePlacement::pieces(int64_t a, int64_t b) const {
+  std::vector<Piece> out;
+  // The first span ending after a.
+  auto it = std::upper_bound(spans_.begin(), spans_.end(), a, [](int64_t x, const ExpertSpan& s) { return x < s.end; });
+  int64_t at = a;
+  for (; it != spans_.end() && it->begin < b; ++it) {
+    if (it->begin > at) out.push_back({at, it->begin, -1});
+    const int64_t lo = std::max(at, it->begin), hi = std::min(b, it->end);
+    if (lo < hi) out.push_back({lo, hi, it->expert});
+    at = std::max(at, hi);
+  }
+  if (at < b) out.push_back({at, b, -1});
+  return out;
+}
+
+bool StatePlacement::group_holds(int replicate_index, int64_t expert) const {
+  if (expert < 0) return true;
+  return group_holds_[static_cast<size_t>(replicate_index)][static_cast<size_t>(expert)] != 0;
+}
+
+Ranges StatePlacement::held(int rank) const {
+  const int s = layout_.shard_index_of(rank);
+  Ranges out;
+  for (const Piece& p : pieces(layout_.begin(s), layout_.end(s))) {
+    if (!holds(rank, p.expert)) continue;
+    if (!out.empty() && out.back().second == p.begin)
+      out.back().second = p.end;
+    else
+      out.push_back({p.begin, p.end});
+  }
+  return out;
+}
+
+int64_t StatePlacement::held_floats(int rank) const {
+  int64_t n = 0;
+  for (const auto& [a, b] : held(rank)) n += b - a;
+  return n;
+}
+
+int StatePlacement::source(int shard, int64_t expert) const {
+  for (int g = 0; g < layout_.dp_replicate; ++g)
+    if (group_holds(g, expert)) return g * layout_.dp_shard + shard;
+  throw std::logic_error("expert placement: expert " + std::to_string(expert) + " is held by no rank");
+}
+
+std::vector<int64_t> StatePlacement::hashed_chunks(int rank) const {
+  const int s = layout_.shard_index_of(rank), g = layout_.replicate_index_of(rank), R = layout_.dp_replicate;
+  std::vector<int64_t> out;
+  const int64_t lo = layout_.begin(s), hi = layout_.end(s);
+  for (int64_t c0 = lo; c0 < hi; c0 += kShardAlign) {
+    const int64_t c1 = std::min(hi, c0 + kShardAlign), chunk = c0 / kShardAlign;
+    std::vector<int64_t> have(static_cast<size_t>(R), 0);
+    for (const Piece& p : pieces(c0, c1))
+      for (int q = 0; q < R; ++q)
+        if (group_holds(q, p.expert)) have[static_cast<size_t>(q)] += p.end - p.begin;
+    const int64_t most = *std::max_element(have.begin(), have.end());
+    std::vector<int> best;
+    for (int q = 0; q < R; ++q)
+      if (have[static_cast<size_t>(q)] == most) best.push_back(q);
+    if (best[static_cast<size_t>(chunk % static_cast<int64_t>(best.size()))] == g) out.push_back(chunk);
+  }
+  return out;
+}
+
+}  // namespace olmoref::dist
