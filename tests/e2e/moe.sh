@@ -100,6 +100,10 @@ same ref EP3x2-2
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
   --set train.executor=cuda-host --out "$work/EPhost" 2> "$work/EPhost.log" || { cat "$work/EPhost.log"; exit 1; }
 same ref EPhost
+# Expert-resident state through a device executor's memory (the state comes to the host piece by piece).
+mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-replicate 2 --ep 2 \
+  --set train.executor=cuda-host --out "$work/EPhost-ddp" 2> "$work/EPhost-ddp.log" || { cat "$work/EPhost-ddp.log"; exit 1; }
+same ref EPhost-ddp
 # Under FSDP a rank gathers only the experts it runs: at 2x2 the bytes each rank sends besides the expert all-to-all
 # (parameter gathers, gradient pieces, scalars) must be fewer at EP 2 and fewer still at EP 4 than without EP.
 python3 - "$work/L2x2.log" "$work/EP2x2-2.log" "$work/EP2x2-4.log" <<'PY'

@@ -5,7 +5,7 @@
 #   - tests/e2e/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
-#     (--ep 2) equal to one process.
+#     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
 set -uo pipefail
 BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
@@ -44,6 +44,10 @@ moe=(--config configs/tiny-moe.toml --steps 4 --set "data.train_files=[\"$work/t
   failed=1
 if cmp "$work/moe1/trace.jsonl" "$work/moe-ep2/trace.jsonl"; then echo "moe ep 2: identical to the single run"
 else echo "FAILED: moe at EP 2 differs from the single run"; failed=1; fi
+# DDP + EP 2: each process keeps only its experts' state (expert-resident), digests gather the missing pieces.
+"${mpi[@]}" "$BIN" train "${moe[@]}" --dp-replicate 2 --ep 2 --out "$work/moe-ddp-ep2" || failed=1
+if cmp "$work/moe1/trace.jsonl" "$work/moe-ddp-ep2/trace.jsonl"; then echo "moe ddp + ep 2: identical to the single run"
+else echo "FAILED: moe at DDP + EP 2 differs from the single run"; failed=1; fi
 cmp "$work/single/trace.jsonl" <(head -n 6 golden/traces/tiny-fp32.jsonl) && echo "single run: the golden trace's 6 steps" || failed=1
 [ $failed -eq 0 ] && echo "gpu training: ok"
 exit $failed
