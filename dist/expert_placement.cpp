@@ -76,21 +76,29 @@ int StatePlacement::source(int shard, int64_t expert) const {
 }
 
 std::vector<int64_t> StatePlacement::hashed_chunks(int rank) const {
-  const int s = layout_.shard_index_of(rank), g = layout_.replicate_index_of(rank), R = layout_.dp_replicate;
-  std::vector<int64_t> out;
-  const int64_t lo = layout_.begin(s), hi = layout_.end(s);
-  for (int64_t c0 = lo; c0 < hi; c0 += kShardAlign) {
-    const int64_t c1 = std::min(hi, c0 + kShardAlign), chunk = c0 / kShardAlign;
-    std::vector<int64_t> have(static_cast<size_t>(R), 0);
-    for (const Piece& p : pieces(c0, c1))
+  const int R = layout_.dp_replicate;
+  const int64_t chunks = (layout_.total + kShardAlign - 1) / kShardAlign;
+  if (static_cast<int64_t>(hasher_.size()) != chunks) {
+    // Once per run: every chunk of every shard, so that ranks need not redo it each digest.
+    hasher_.assign(static_cast<size_t>(chunks), 0);
+    std::vector<int64_t> have(static_cast<size_t>(R));
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t c0 = chunk * kShardAlign, c1 = std::min(layout_.total, c0 + kShardAlign);
+      std::fill(have.begin(), have.end(), 0);
+      for (const Piece& p : pieces(c0, c1))
+        for (int q = 0; q < R; ++q)
+          if (group_holds(q, p.expert)) have[static_cast<size_t>(q)] += p.end - p.begin;
+      const int64_t most = *std::max_element(have.begin(), have.end());
+      std::vector<int> best;
       for (int q = 0; q < R; ++q)
-        if (group_holds(q, p.expert)) have[static_cast<size_t>(q)] += p.end - p.begin;
-    const int64_t most = *std::max_element(have.begin(), have.end());
-    std::vector<int> best;
-    for (int q = 0; q < R; ++q)
-      if (have[static_cast<size_t>(q)] == most) best.push_back(q);
-    if (best[static_cast<size_t>(chunk % static_cast<int64_t>(best.size()))] == g) out.push_back(chunk);
+        if (have[static_cast<size_t>(q)] == most) best.push_back(q);
+      hasher_[static_cast<size_t>(chunk)] = best[static_cast<size_t>(chunk % static_cast<int64_t>(best.size()))];
+    }
   }
+  const int s = layout_.shard_index_of(rank), g = layout_.replicate_index_of(rank);
+  std::vector<int64_t> out;
+  for (int64_t c0 = layout_.begin(s); c0 < layout_.end(s); c0 += kShardAlign)
+    if (hasher_[static_cast<size_t>(c0 / kShardAlign)] == g) out.push_back(c0 / kShardAlign);
   return out;
 }
 

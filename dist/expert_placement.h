@@ -68,6 +68,7 @@ class StatePlacement {
   std::vector<ExpertSpan> spans_;                // sorted by begin, disjoint
   std::vector<std::vector<char>> group_holds_;   // [replicate group][expert]
   bool drops_any_ = false;
+  mutable std::vector<int> hasher_;  // chunk -> the replicate index hashing it, made on first use
 };
 
 }  // namespace olmoref::dist

@@ -597,11 +597,12 @@ std::string Trainer::state_digest(const Buffer<float>& state) {
   if (!placement_.drops_any()) return sharded_digest(state);
   static_assert(kDigestChunk == dist::kShardAlign, "digest chunks are the shards' alignment");
   const int W = layout_.world();
-  std::vector<std::vector<int64_t>> chunks_of(static_cast<size_t>(W));
+  if (digest_chunks_.empty())
+    for (int q = 0; q < W; ++q) digest_chunks_.push_back(placement_.hashed_chunks(q));
+  const std::vector<std::vector<int64_t>>& chunks_of = digest_chunks_;
   std::vector<dist::Ranges> want(static_cast<size_t>(W));
   size_t widest = 0;
   for (int q = 0; q < W; ++q) {
-    chunks_of[static_cast<size_t>(q)] = placement_.hashed_chunks(q);
     for (int64_t c : chunks_of[static_cast<size_t>(q)])
       want[static_cast<size_t>(q)].push_back({c * kDigestChunk, std::min(layout_.total, (c + 1) * kDigestChunk)});
     widest = std::max(widest, chunks_of[static_cast<size_t>(q)].size());

@@ -157,6 +157,7 @@ class Trainer {
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
   uint64_t collect_bytes_ = 0;      // see collect_bytes_sent()
+  std::vector<std::vector<int64_t>> digest_chunks_;  // every rank's StatePlacement::hashed_chunks, made on first use
   // This rank's range, in executor memory. Under expert-resident state params, m and v are indexed as the whole
   // range but only the held parts are ever written (host memory: the rest takes no pages).
   Buffer<float> params_, m_, v_, grad_shard_;
