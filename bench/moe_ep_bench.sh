@@ -12,8 +12,9 @@
 # rank; with more ranks than cores the ranks share them, so tokens/s then measures the work and the waiting, not a
 # speed-up. Per run: the best step after the first (median beside it) of rank 0, and from `--report-comm` the
 # largest per-rank figures: MiB sent per step (all collectives), of which the expert all-to-all and the state pieces
-# moved for digests and checkpoints, and the state held per rank (fp32 parameters, gradient shard, AdamW moments:
-# under DDP with EP only the experts the rank runs, docs/canonical/moe.md), declared and resident (mincore).
+# moved for the steps' digests and for the checkpoint at the end (spread over the run's steps), and the state held
+# per rank (fp32 parameters, gradient shard, AdamW moments: under DDP with EP only the experts the rank runs,
+# docs/canonical/moe.md), declared and resident (mincore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 world=4; repeats=2; configs="tiny-moe small-moe"; build=build
@@ -55,8 +56,8 @@ run() {
   olmoref_rates "$work/$name.log" >> "$work/$name.rates"
 }
 
-printf "%-10s %-7s %-4s %-18s %-12s %-16s %-14s %-12s %-14s %-9s\n" config layout ep "tok/s best (med)" "MiB sent/rk" \
-  "of which expert" "of which state" "state MiB/rk" "resident MiB/rk" "trace"
+printf "%-10s %-7s %-4s %-18s %-12s %-16s %-14s %-14s %-12s %-14s %-9s\n" config layout ep "tok/s best (med)" \
+  "MiB sent/rk" "of which expert" "digest pieces" "ckpt pieces" "state MiB/rk" "resident MiB/rk" "trace"
 for cfg in $configs; do
   for layout in "$world 1" "1 $world"; do
     read -r s r <<< "$layout"
@@ -75,11 +76,12 @@ for cfg in $configs; do
         if cmp -s "$work/out-$cfg-$s-$r-ep1/trace.jsonl" "$work/out-$name/trace.jsonl"; then verdict="= EP 1"; else
           echo "bench/moe_ep_bench.sh: $name's trace differs from EP 1's" >&2; exit 1; fi
       fi
-      ex=$(worst "$work/$name.log" "all-to-all"); pieces=$(worst "$work/$name.log" checkpoints)
-      if [ "$ep" = 1 ] || [ "$ep" = dense ]; then ex=0 pieces=0; fi
-      printf "%-10s %-7s %-4s %-18s %-12.3f %-16.3f %-14.3f %-12.2f %-14.2f %-9s\n" "$cfg" "${s}x$r" "$ep" \
+      ex=$(worst "$work/$name.log" "all-to-all"); dp=$(worst "$work/$name.log" "step digests")
+      cp=$(worst "$work/$name.log" "for checkpoints and evals")
+      if [ "$ep" = 1 ] || [ "$ep" = dense ]; then ex=0 dp=0 cp=0; fi
+      printf "%-10s %-7s %-4s %-18s %-12.3f %-16.3f %-14.3f %-14.3f %-12.2f %-14.2f %-9s\n" "$cfg" "${s}x$r" "$ep" \
         "$(printf '%.0f (%.0f)' "$(best < "$work/$name.rates")" "$(median < "$work/$name.rates")")" \
-        "$(worst "$work/$name.log" sent)" "$ex" "$pieces" "$(worst "$work/$name.log" state)" \
+        "$(worst "$work/$name.log" sent)" "$ex" "$dp" "$cp" "$(worst "$work/$name.log" state)" \
         "$(resident "$work/$name.log")" "$verdict"
     done
   done

@@ -89,6 +89,9 @@ BootstrapCI bootstrap_gap(const std::vector<LossUnit>& a, const std::vector<Loss
 BootstrapCI bootstrap_mean_gap(const std::vector<double>& a, const std::vector<double>& b, int64_t resamples,
                                double alpha, uint64_t seed);
 
+// Whether the backstop evaluates after `step` (every rank can tell, without the evaluator).
+inline bool eval_due(const EvalConfig& e, int64_t step) { return e.interval > 0 && step % e.interval == 0; }
+
 class Evaluator {
  public:
   // Opens the holdout and fresh sets with the run's sequence length, vocabulary and dtype and picks
@@ -96,7 +99,7 @@ class Evaluator {
   explicit Evaluator(const TrainConfig& cfg);
   ~Evaluator();
 
-  bool due(int64_t step) const { return cfg_.eval.interval > 0 && step % cfg_.eval.interval == 0; }
+  bool due(int64_t step) const { return eval_due(cfg_.eval, step); }
   // params: the full fp32 master parameters.
   EvalResult run(const float* params, ThreadPool& pool, int64_t step);
 

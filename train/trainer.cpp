@@ -325,8 +325,15 @@ const float* Trainer::host_view(const Buffer<float>& b, std::vector<float>& stag
   return staging.data();
 }
 
+std::vector<float> Trainer::params_on_rank0() {
+  if (layout_.dp_shard != 1) throw std::logic_error("params_on_rank0: dp_shard 1 only");
+  std::vector<dist::Ranges> want(static_cast<size_t>(layout_.world()));
+  want[0] = {{0, layout_.total}};
+  return collect(params_, want, checkpoint_pieces_sent_);
+}
+
 const float* Trainer::host_params() {
-  if (!holds_whole_shard())
+  if (!holds_whole_shard(layout_.rank))
     throw std::logic_error("host_params: under expert parallelism this rank holds only the experts its replicate group "
                            "runs, not the whole parameter vector");
   return host_view(params_, host_staging_);
@@ -537,7 +544,8 @@ std::string Trainer::sharded_digest(const Buffer<float>& state) {
   return merkle_root(ordered).hex();
 }
 
-std::vector<float> Trainer::collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want) {
+std::vector<float> Trainer::collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want,
+                                   uint64_t& pieces_sent) {
   const int W = layout_.world(), me = layout_.rank;
   const int64_t lo = layout_.lo();
   // Every rank's wanted pieces with who serves each (the rank itself when it holds it): known to all from the layout.
@@ -576,7 +584,7 @@ std::vector<float> Trainer::collect(const Buffer<float>& state, const std::vecto
   const float none = 0.0f;
   comm_->alltoallv(send.empty() ? &none : send.data(), send_counts, recv.empty() ? nullptr : recv.data(), recv_counts,
                    "all-to-all of state pieces for a digest or checkpoint");
-  collect_bytes_ += send.size() * sizeof(float);
+  pieces_sent += send.size() * sizeof(float);
   std::vector<float> out;
   for (const Served& x : mine) {
     const int64_t n = x.piece.end - x.piece.begin;
@@ -593,7 +601,7 @@ std::vector<float> Trainer::collect(const Buffer<float>& state, const std::vecto
   return out;
 }
 
-std::string Trainer::state_digest(const Buffer<float>& state) {
+std::string Trainer::state_digest(const Buffer<float>& state, uint64_t& pieces_sent) {
   if (!placement_.drops_any()) return sharded_digest(state);
   static_assert(kDigestChunk == dist::kShardAlign, "digest chunks are the shards' alignment");
   const int W = layout_.world();
@@ -607,7 +615,7 @@ std::string Trainer::state_digest(const Buffer<float>& state) {
       want[static_cast<size_t>(q)].push_back({c * kDigestChunk, std::min(layout_.total, (c + 1) * kDigestChunk)});
     widest = std::max(widest, chunks_of[static_cast<size_t>(q)].size());
   }
-  const std::vector<float> mine = collect(state, want);
+  const std::vector<float> mine = collect(state, want, pieces_sent);
   std::vector<Digest128> leaves(widest);
   const float* next = mine.data();
   const std::vector<int64_t>& my_chunks = chunks_of[static_cast<size_t>(layout_.rank)];
@@ -843,7 +851,7 @@ StepResult Trainer::train_step() {
   r.num_zeros = num_zeros;
   r.skipped = skipped;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
-  r.param_digest = state_digest(params_);
+  r.param_digest = state_digest(params_, digest_pieces_sent_);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
@@ -885,7 +893,8 @@ std::string Trainer::save_checkpoint(const std::string& root) {
     // Expert-resident state: the writers (replicate group 0) receive the experts their group does not hold.
     std::vector<dist::Ranges> whole(static_cast<size_t>(layout_.world()));
     for (int s = 0; s < layout_.dp_shard; ++s) whole[static_cast<size_t>(s)] = {{layout_.begin(s), layout_.end(s)}};
-    hp = collect(params_, whole), hm = collect(m_, whole), hv = collect(v_, whole);
+    hp = collect(params_, whole, checkpoint_pieces_sent_), hm = collect(m_, whole, checkpoint_pieces_sent_);
+    hv = collect(v_, whole, checkpoint_pieces_sent_);
     p_host = hp.data(), m_host = hm.data(), v_host = hv.data();
   } else {
     p_host = host_view(params_, hp), m_host = host_view(m_, hm), v_host = host_view(v_, hv);
@@ -895,7 +904,8 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   if (layout_.replicate_index() == 0)
     ckpt::write_shard(tmp, layout_.shard_index(), local, layout_.lo(), layout_.hi(), segments, opts, step_);
   std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
-  const ckpt::StateDigests digests{state_digest(params_), state_digest(m_), state_digest(v_)};
+  const ckpt::StateDigests digests{state_digest(params_, checkpoint_pieces_sent_), state_digest(m_, checkpoint_pieces_sent_),
+                                   state_digest(v_, checkpoint_pieces_sent_)};
   comm_->barrier("checkpoint: every shard written");
   std::string dir = root + "/" + ckpt::step_dir_name(step_);
   if (rank0) dir = ckpt::finish_save(root, tmp, meta, layout_.total, digests, opts);
@@ -945,8 +955,9 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
   // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest. Each is a
   // collective, so every rank computes all three before any throws.
-  const bool same_p = state_digest(params_) == meta.digests.params, same_m = state_digest(m_) == meta.digests.adam_m,
-             same_v = state_digest(v_) == meta.digests.adam_v;
+  const bool same_p = state_digest(params_, checkpoint_pieces_sent_) == meta.digests.params,
+             same_m = state_digest(m_, checkpoint_pieces_sent_) == meta.digests.adam_m,
+             same_v = state_digest(v_, checkpoint_pieces_sent_) == meta.digests.adam_v;
   if (!same_p || !same_m || !same_v)
     throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
   if (opts.skip_moments) {
@@ -1124,12 +1135,13 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   }
   // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the
   // parameters only, so training is the same with or without it; run by rank 0 when it holds them all.
+  // Under expert parallelism rank 0 may hold only its own experts: every rank then sends it the rest when due.
   std::unique_ptr<EvalBackstop> backstop;
-  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1 && trainer.holds_whole_shard())
+  const bool eval_gathers = cfg.eval.interval > 0 && trainer.layout().dp_shard == 1 && !trainer.holds_whole_shard(0);
+  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1)
     backstop = make_eval_backstop(cfg, out_dir, resume_dir.empty() ? -1 : trainer.step(), quiet);
   else if (lead && cfg.eval.interval > 0 && !quiet)
-    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1, "
-                         "and no --ep: expert parallelism keeps each expert's state only where it runs)\n");
+    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1)\n");
   if (!quiet) {
     std::fprintf(stderr, "olmoref train: %s, %.3fM params, executor %s, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
                  cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6, cfg.train.executor.c_str(),
@@ -1179,7 +1191,12 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                    static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
                    res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
     }
-    if (backstop && backstop->due(s)) backstop->after_step(trainer.host_params(), trainer.pool(), s);
+    if (eval_gathers && eval_due(cfg.eval, s)) {
+      const std::vector<float> whole = trainer.params_on_rank0();
+      if (backstop) backstop->after_step(whole.data(), trainer.pool(), s);
+    } else if (backstop && backstop->due(s)) {
+      backstop->after_step(trainer.host_params(), trainer.pool(), s);
+    }
     const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
     if ((periodic || s == stop) && !opts.no_checkpoint) {
       trainer.source_mut().flush_audit();
@@ -1200,10 +1217,13 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     const double n = static_cast<double>(trainer.n_params()) * 4.0;
     const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
     const double steps = static_cast<double>(std::max<int64_t>(done, 1));
-    char ep_part[160] = "", resident[48] = "";  // one write per rank, so the ranks' lines do not interleave
+    char ep_part[200] = "", resident[48] = "";  // one write per rank, so the ranks' lines do not interleave
     if (trainer.ep() > 1)
-      std::snprintf(ep_part, sizeof ep_part, "; state pieces for digests and checkpoints %.3f MiB/step; expert all-to-all %.3f MiB/step",
-                    static_cast<double>(trainer.collect_bytes_sent()) / steps / (1 << 20),
+      std::snprintf(ep_part, sizeof ep_part,
+                    "; state pieces for step digests %.3f MiB/step, for checkpoints and evals %.3f MiB/step; "
+                    "expert all-to-all %.3f MiB/step",
+                    static_cast<double>(trainer.digest_pieces_sent()) / steps / (1 << 20),
+                    static_cast<double>(trainer.checkpoint_pieces_sent()) / steps / (1 << 20),
                     static_cast<double>(trainer.ep_bytes_sent()) / steps / (1 << 20));
     if (const int64_t r = trainer.state_resident_bytes(); r >= 0)
       std::snprintf(resident, sizeof resident, " (%.2f MiB resident)", static_cast<double>(r) / (1 << 20));

@@ -71,10 +71,17 @@ class Trainer {
   int64_t state_bytes() const;
   // The same measured: bytes of those buffers resident in host memory (mincore), -1 on a device executor.
   int64_t state_resident_bytes() const;
-  // Of bytes_sent, what moved state pieces to the ranks that hash or write them (expert-resident state only).
-  uint64_t collect_bytes_sent() const { return collect_bytes_; }
-  // True when this rank holds every element of its shard's range (always, except expert-resident state).
-  bool holds_whole_shard() const { return placement_.held_floats(layout_.rank) == layout_.hi() - layout_.lo(); }
+  // Of bytes_sent, what moved state pieces (expert-resident state only) to the ranks that hash the steps' parameter
+  // digests, and to the ranks that write and hash checkpoints (and check them on resume) or run the [eval] backstop.
+  uint64_t digest_pieces_sent() const { return digest_pieces_sent_; }
+  uint64_t checkpoint_pieces_sent() const { return checkpoint_pieces_sent_; }
+  // True when rank r holds every element of its shard's range (always, except expert-resident state).
+  bool holds_whole_shard(int r) const {
+    return placement_.held_floats(r) == layout_.end(layout_.shard_index_of(r)) - layout_.begin(layout_.shard_index_of(r));
+  }
+  // dp_shard = 1 only, collective: the whole parameter vector on rank 0 (empty elsewhere), the pieces rank 0 does
+  // not hold coming from the ranks that do (expert-resident state; the [eval] backstop reads every parameter).
+  std::vector<float> params_on_rank0();
   // Bytes this rank sent through collectives (world and shard-group communicators).
   uint64_t bytes_sent() const {
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) + ep_bytes_sent();
@@ -131,12 +138,13 @@ class Trainer {
   void release_transients();           // frees the gradient buffers of a sharded step
   // Whole-vector Merkle root of a state vector (collective over the world): sharded_digest when every rank holds
   // its whole range, else each rank hashes its chunks (StatePlacement::hashed_chunks) after collect().
-  std::string state_digest(const Buffer<float>& state);
+  std::string state_digest(const Buffer<float>& state, uint64_t& pieces_sent);
   // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
   std::string sharded_digest(const Buffer<float>& state);
   // Collective over the world: rank q receives, on the host, `want[q]` (ranges inside its shard's range) of the
-  // state, concatenated in order; what q does not hold comes from StatePlacement::source.
-  std::vector<float> collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want);
+  // state, concatenated in order; what q does not hold comes from StatePlacement::source. Adds the bytes this rank
+  // sent to pieces_sent.
+  std::vector<float> collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want, uint64_t& pieces_sent);
   // Writes a host copy of this rank's whole shard range into the parts of b this rank holds.
   void upload_held(Buffer<float>& b, const float* shard);
   // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
@@ -156,7 +164,7 @@ class Trainer {
   std::unique_ptr<EpExchange> ep_exchange_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
-  uint64_t collect_bytes_ = 0;      // see collect_bytes_sent()
+  uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()
   std::vector<std::vector<int64_t>> digest_chunks_;  // every rank's StatePlacement::hashed_chunks, made on first use
   // This rank's range, in executor memory. Under expert-resident state params, m and v are indexed as the whole
   // range but only the held parts are ever written (host memory: the rest takes no pages).
