@@ -117,6 +117,11 @@ PY2
 mpirun --oversubscribe --bind-to none -np 6 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 3 --dp-replicate 2 --ep 2 \
   --set train.micro_batch_instances=1 --out "$work/EP3x2-2" 2> "$work/EP3x2-2.log" || { cat "$work/EP3x2-2.log"; exit 1; }
 same ref EP3x2-2
+# Replicate groups that run different, overlapping subsets of the experts (2x3 with EP 3: groups {0,1} {2,3} {4,5}
+# run EP ranks 0+1, 2+0, 1+2), so each holds two thirds of the experts' state and digests gather the rest.
+mpirun --oversubscribe --bind-to none -np 6 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --dp-replicate 3 --ep 3 \
+  --set train.micro_batch_instances=1 --out "$work/EP2x3-3" 2> "$work/EP2x3-3.log" || { cat "$work/EP2x3-3.log"; exit 1; }
+same ref EP2x3-3
 # The same through the CUDA kernels on the host (device memory stand-in: the exchanges' host round trips and the
 # FSDP device view).
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-shard 2 --ep 2 \
