@@ -628,19 +628,11 @@ std::string Trainer::state_digest(const Buffer<float>& state, uint64_t& pieces_s
   std::vector<Digest128> all(widest * static_cast<size_t>(W));
   comm_->allgather(leaves.data(), leaves.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
   const int64_t chunks = (layout_.total + kDigestChunk - 1) / kDigestChunk;
+  // hashed_chunks gives every chunk to exactly one rank (ref-moe-ep checks it), so this fills every leaf once.
   std::vector<Digest128> ordered(static_cast<size_t>(chunks));
-  std::vector<char> seen(static_cast<size_t>(chunks), 0);
   for (int q = 0; q < W; ++q)
-    for (size_t i = 0; i < chunks_of[static_cast<size_t>(q)].size(); ++i) {
-      const int64_t c = chunks_of[static_cast<size_t>(q)][i];
-      // Replicate groups hash the same chunks' copies only through hashed_chunks' single choice per chunk and shard.
-      if (seen[static_cast<size_t>(c)] && !(ordered[static_cast<size_t>(c)] == all[static_cast<size_t>(q) * widest + i]))
-        throw std::logic_error("state digest: two ranks hashed chunk " + std::to_string(c) + " differently");
-      ordered[static_cast<size_t>(c)] = all[static_cast<size_t>(q) * widest + i];
-      seen[static_cast<size_t>(c)] = 1;
-    }
-  for (int64_t c = 0; c < chunks; ++c)
-    if (!seen[static_cast<size_t>(c)]) throw std::logic_error("state digest: no rank hashed chunk " + std::to_string(c));
+    for (size_t i = 0; i < chunks_of[static_cast<size_t>(q)].size(); ++i)
+      ordered[static_cast<size_t>(chunks_of[static_cast<size_t>(q)][i])] = all[static_cast<size_t>(q) * widest + i];
   return merkle_root(ordered).hex();
 }
 
