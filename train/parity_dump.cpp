@@ -149,12 +149,35 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   j["z_step0"] = s0.z / N;
   if (moe) j["lb_step0"] = s0.moe_lb / N, j["rz_step0"] = s0.moe_z / N;
   nlohmann::json lrs = nlohmann::json::array(), trace = nlohmann::json::array();
+  // Every step's pre-clip gradient and the parameters after it: the peer re-runs each step from our weights of the
+  // step before and feeds our gradient to its optimizer (the comparison's per-step gates), so no step is judged
+  // through the amplified drift of a whole trajectory. compute_gradient is the step's own instance tree, so its
+  // gradient is the one train_step clips and applies, bit for bit.
+  std::vector<std::vector<float>> grads(static_cast<size_t>(steps)), after(static_cast<size_t>(steps));
   for (int64_t s = 0; s < steps; ++s) {
+    if (s == 0) {
+      grads[0] = grad;
+    } else {
+      grads[static_cast<size_t>(s)].resize(static_cast<size_t>(L.total));
+      trainer.compute_gradient(batches[static_cast<size_t>(s)], grads[static_cast<size_t>(s)].data());
+    }
     const TraceRecord r = trainer.train_step().record;
     lrs.push_back(r.lr);
     trace.push_back({{"step", r.step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr}});
     if (moe) trace.back()["ce"] = r.ce, trace.back()["lb"] = r.moe_lb, trace.back()["rz"] = r.moe_z;
+    const float* w = trainer.host_params();
+    after[static_cast<size_t>(s)].assign(w, w + L.total);
   }
+  auto write_per_step = [&](const std::string& file, const std::vector<std::vector<float>>& per_step) {
+    std::vector<SafeTensorView> views;
+    for (int64_t s = 0; s < steps; ++s)
+      for (const ParamInfo& p : L.params)
+        views.push_back({"step" + std::to_string(s + 1) + "." + peer_name(p), "F32", p.shape,
+                         per_step[static_cast<size_t>(s)].data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+    write_safetensors(out_dir + "/" + file, views);
+  };
+  write_per_step("ours_grads.safetensors", grads);
+  write_per_step("ours_params.safetensors", after);
   const ParamInfo* embeddings = L.find("embeddings.weight");
   j["optim"] = {{"lr_per_step", lrs},
                 {"betas", {cfg.optim.beta1, cfg.optim.beta2}},

@@ -10,12 +10,16 @@ clip_grad_norm_ and torch.optim.AdamW as hf_parity.py uses them. A passing selft
 the script's PyTorch recipe means what the spec says.
 
 Perturbations (each must trip the named gate of hf_parity.py):
-  grad    one gradient tensor off by 1e-3 relative        -> max_grad_rel
-  logit   +0.05 on the top logit of one token            -> max_token_kl (top-1 unchanged)
-  top1    the two largest logits of one token swapped    -> top1_agreement_pct
-  loss0   loss_step0 off by 1e-4 relative                 -> loss_step0_rel
-  trace   step-3 loss off by 1e-4 relative                -> max_step_loss_vs_fp64
-  gnorm   step-1 grad norm off by 1e-3 relative           -> grad_norm_step1_rel
+  grad        one gradient tensor off by 1e-3 relative                    -> max_grad_rel
+  logit       +0.05 on the top logit of one token                        -> max_token_kl (top-1 unchanged)
+  top1        the two largest logits of one token swapped                -> top1_agreement_pct
+  loss0       loss_step0 off by 1e-4 relative                             -> loss_step0_rel
+  trace       step-3 loss off by 1e-4 relative                            -> step_loss_rel
+  gnorm       step-1 grad norm off by 1e-3 relative                       -> step_grad_norm_rel
+  gnorm_late  last step's grad norm off by 1e-3 relative                  -> step_grad_norm_rel
+  update      last step's update 1% too large (its lr 1% off)             -> step_update
+  decay       last step also decays the no-decay embeddings (lr * wd * p) -> step_update
+The state perturbations touch the last step only: an earlier one would also move the next step's loss.
 """
 import argparse
 import json
@@ -23,9 +27,16 @@ import os
 import shutil
 import sys
 
+# Bundles made with a defect inside training (make(..., defect=KIND)), each must trip exactly the named gate:
+#   grad_late   the last step's gradient of one norm weight 1e-3 too large, clipped and applied by our AdamW as it is
+#               (a wrong backward at a later step; its share of the grad norm is far below that gate's limit)
+MADE_DEFECTS = {"grad_late": "step_grad_rel"}
+GRAD_LATE_TENSOR = "model.layers.1.post_attention_layernorm.weight"
+
 PERTURBATIONS = {
     "grad": "max_grad_rel", "logit": "max_token_kl", "top1": "top1_agreement_pct", "loss0": "loss_step0_rel",
-    "trace": "max_step_loss_vs_fp64", "gnorm": "grad_norm_step1_rel",
+    "trace": "step_loss_rel", "gnorm": "step_grad_norm_rel", "gnorm_late": "step_grad_norm_rel",
+    "update": "step_update", "decay": "step_update",
 }
 
 # A tiny Olmo 3 that still exercises everything: GQA (4:2), head_dim != d/heads, two sliding layers with a window
@@ -40,7 +51,7 @@ def windows(m):
     return [0 if (i == L - 1 or pat[i % len(pat)] <= 0) else pat[i % len(pat)] for i in range(L)]
 
 
-def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
+def make(out, steps, seed, B=2, T=24, lr_peak=4e-3, defect=None):
     import numpy as np
     import torch
     from safetensors.numpy import save_file
@@ -89,7 +100,7 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
     tokens = torch.from_numpy(batches.astype(np.int64))
     named = list(model.named_parameters())
     state = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in named}
-    trace = []
+    trace, params_after, grads_of_step = [], {}, {}
     for s in range(1, steps + 1):
         model.zero_grad(set_to_none=True)
         logits = model(tokens[s - 1]).logits
@@ -99,6 +110,10 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
             step0 = {"logits": logits.detach().numpy().copy()}
             step0.update({f"grad.{n}": p.grad.detach().numpy().copy() for n, p in named})
             loss0, ce0, z0 = loss.item(), ce.item(), z.item()
+        if defect == "grad_late" and s == steps:  # a wrong backward at the last step, applied as computed
+            with torch.no_grad():
+                dict(named)[GRAD_LATE_TENSOR].grad.mul_(1 + 1e-3)
+        grads_of_step[s] = {n: p.grad.detach().numpy().copy() for n, p in named}
         gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in named)))
         clip = min(1.0, max_grad_norm / (gnorm + 1e-6))
         lr = lrs[s - 1]
@@ -111,9 +126,13 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
                 m2.mul_(betas[1]).add_((1 - betas[1]) * g * g)
                 bc1, bc2 = 1 - betas[0] ** s, 1 - betas[1] ** s
                 p.sub_((lr / bc1) * m1 / (m2.sqrt() / bc2 ** 0.5 + eps))
+                params_after[f"step{s}.{n}"] = p.detach().numpy().copy()
         trace.append({"step": s, "loss": loss.item(), "grad_norm": gnorm, "lr": lr})
 
     save_file(step0, os.path.join(out, "ours_step0.safetensors"))
+    save_file(params_after, os.path.join(out, "ours_params.safetensors"))
+    save_file({f"step{k}.{n}": g for k, gs in grads_of_step.items() for n, g in gs.items()},
+              os.path.join(out, "ours_grads.safetensors"))
     ours = {"model": m, "seq_len": T, "instances_per_step": B, "steps": steps, "z_loss": z_mult,
             "optim": {"lr_per_step": lrs, "betas": list(betas), "eps": eps, "weight_decay": wd,
                       "max_grad_norm": max_grad_norm, "no_decay": no_decay},
@@ -125,7 +144,8 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3):
 
 
 def open_copy(src, out):
-    """Copies bundle `src` to `out` (unless they are the same) and returns its ours.json and step-0 tensors."""
+    """Copies bundle `src` to `out` (unless they are the same) and returns its ours.json, step-0 tensors and
+    per-step parameters."""
     from safetensors.numpy import load_file
 
     if os.path.abspath(src) != os.path.abspath(out):
@@ -133,21 +153,35 @@ def open_copy(src, out):
         shutil.copytree(src, out)
     ours = json.load(open(os.path.join(out, "ours.json")))
     step0 = {k: v.copy() for k, v in load_file(os.path.join(out, "ours_step0.safetensors")).items()}
-    return ours, step0
+    states = {k: v.copy() for k, v in load_file(os.path.join(out, "ours_params.safetensors")).items()}
+    return ours, step0, states
 
 
-def save_copy(out, ours, step0):
+def save_copy(out, ours, step0, states):
     from safetensors.numpy import save_file
 
     save_file(step0, os.path.join(out, "ours_step0.safetensors"))
+    save_file(states, os.path.join(out, "ours_params.safetensors"))
     with open(os.path.join(out, "ours.json"), "w") as f:
         json.dump(ours, f, indent=1)
 
 
-def perturb_shared(ours, step0, kind, grad_name, grad_index):
+def step0_weights(out):
+    """The bundle's step-0 weights under the peer's names (HF's hf/ or OLMo-core's olmo_core/)."""
+    from safetensors.numpy import load_file
+
+    for sub in ("hf", "olmo_core"):
+        path = os.path.join(out, sub, "model.safetensors")
+        if os.path.exists(path):
+            return load_file(path)
+    raise FileNotFoundError(f"{out}: no hf/ or olmo_core/ model.safetensors")
+
+
+def perturb_shared(out, ours, step0, states, kind, grad_name, grad_index):
     """The defects both parity checks share (the dense and the MoE one); True when `kind` is one of them."""
     import numpy as np
 
+    S = int(ours["steps"])
     if kind == "grad":
         g = step0[grad_name]
         g.flat[grad_index] += np.float32(1e-3 * np.linalg.norm(g.astype(np.float64)))
@@ -164,6 +198,19 @@ def perturb_shared(ours, step0, kind, grad_name, grad_index):
         ours["trace"][2]["loss"] *= 1 + 1e-4
     elif kind == "gnorm":
         ours["trace"][0]["grad_norm"] *= 1 + 1e-3
+    elif kind == "gnorm_late":
+        ours["trace"][-1]["grad_norm"] *= 1 + 1e-3
+    elif kind in ("update", "decay"):
+        before = step0_weights(out) if S == 1 else {k[len(f"step{S - 1}."):]: v for k, v in states.items()
+                                                     if k.startswith(f"step{S - 1}.")}
+        lr, wd = float(ours["optim"]["lr_per_step"][-1]), float(ours["optim"]["weight_decay"])
+        for n, p0 in before.items():
+            key = f"step{S}.{n}"
+            p0 = p0.astype(np.float64)
+            if kind == "update":
+                states[key] = (p0 + 1.01 * (states[key].astype(np.float64) - p0)).astype(np.float32)
+            elif n in ours["optim"]["no_decay"]:
+                states[key] = (states[key].astype(np.float64) - lr * wd * p0).astype(np.float32)
     else:
         return False
     return True
@@ -172,9 +219,9 @@ def perturb_shared(ours, step0, kind, grad_name, grad_index):
 def perturb(src, out, kind):
     if kind not in PERTURBATIONS:
         raise SystemExit(f"unknown perturbation {kind!r}; choose one of {', '.join(PERTURBATIONS)}")
-    ours, step0 = open_copy(src, out)
-    perturb_shared(ours, step0, kind, "grad.model.layers.1.self_attn.k_proj.weight", 0)
-    save_copy(out, ours, step0)
+    ours, step0, states = open_copy(src, out)
+    perturb_shared(out, ours, step0, states, kind, "grad.model.layers.1.self_attn.k_proj.weight", 0)
+    save_copy(out, ours, step0, states)
 
 
 def main():

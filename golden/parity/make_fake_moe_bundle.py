@@ -29,9 +29,11 @@ Perturbations (each must trip exactly the named gate, "exit2" must be refused as
   lb        lb_step0 off by 1e-3 relative                          -> lb_step0_rel
   rz        rz_step0 off by 1e-3 relative                          -> rz_step0_rel
   route     one token's rank-1 and rank-2 experts swapped (block 1) -> routing_mismatches
-  trace     step-3 loss off by 1e-4 relative                       -> max_step_loss_vs_fp64
-  gnorm     step-1 grad norm off by 1e-3 relative                  -> grad_norm_step1_rel
-  gnorm_late  last step's grad norm off by 1e-3 relative           -> max_step_grad_norm_vs_fp64
+  trace     step-3 loss off by 1e-4 relative                       -> step_loss_rel
+  gnorm     step-1 grad norm off by 1e-3 relative                  -> step_grad_norm_rel
+  gnorm_late  last step's grad norm off by 1e-3 relative           -> step_grad_norm_rel
+  update    last step's update 1% too large (its lr 1% off)        -> step_update
+  decay     last step also decays the no-decay embeddings          -> step_update
   badkey    router weight of block 0 renamed in model.safetensors  -> exit 2 naming the key
 """
 import argparse
@@ -43,11 +45,17 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+# Bundles made with a defect inside training (make(..., defect=KIND)), each must trip exactly the named gate:
+#   grad_late   the last step's gradient of one norm weight 1e-3 too large, clipped and applied by our AdamW as it is
+#               (a wrong backward at a later step; its share of the grad norm is far below that gate's limit)
+MADE_DEFECTS = {"grad_late": "step_grad_rel"}
+GRAD_LATE_TENSOR = "blocks.1.attention_norm.weight"
+
 PERTURBATIONS = {
     "grad": "max_grad_rel", "logit": "max_token_kl", "top1": "top1_agreement_pct", "loss0": "loss_step0_rel",
     "ce0": "ce_step0_rel", "lb": "lb_step0_rel", "rz": "rz_step0_rel", "route": "routing_mismatches",
-    "trace": "max_step_loss_vs_fp64", "gnorm": "grad_norm_step1_rel", "gnorm_late": "max_step_grad_norm_vs_fp64",
-    "badkey": "exit2",
+    "trace": "step_loss_rel", "gnorm": "step_grad_norm_rel", "gnorm_late": "step_grad_norm_rel",
+    "update": "step_update", "decay": "step_update", "badkey": "exit2",
 }
 
 VARIANTS = {
@@ -98,7 +106,7 @@ def build(m):
     return model
 
 
-def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3):
+def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3, defect=None):
     import numpy as np
     import torch
     from safetensors.numpy import save_file
@@ -146,7 +154,7 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3):
     tokens = torch.from_numpy(batches.astype(np.int64))
     named = list(model.named_parameters())
     state = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in named}
-    trace = []
+    trace, params_after, grads_of_step = [], {}, {}
     n_tgt = B * (T - 1)
     for s in range(1, steps + 1):
         model.zero_grad(set_to_none=True)
@@ -178,6 +186,10 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3):
                 step0[f"routing.blocks.{i}"] = torch.cat(routed[i]).numpy().astype(np.int32)
                 assert step0[f"routing.blocks.{i}"].shape == (B, T, k)
             first = {"loss_step0": loss, "ce_step0": ce, "z_step0": z, "lb_step0": lb, "rz_step0": rz}
+        if defect == "grad_late" and s == steps:  # a wrong backward at the last step, applied as computed
+            with torch.no_grad():
+                dict(named)[GRAD_LATE_TENSOR].grad.mul_(1 + 1e-3)
+        grads_of_step[s] = {n: p.grad.detach().numpy().copy() for n, p in named}
         gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in named)))
         clip = min(1.0, max_grad_norm / (gnorm + 1e-6))
         lr = lrs[s - 1]
@@ -190,9 +202,13 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3):
                 m2.mul_(betas[1]).add_((1 - betas[1]) * g * g)
                 bc1, bc2 = 1 - betas[0] ** s, 1 - betas[1] ** s
                 p.sub_((lr / bc1) * m1 / (m2.sqrt() / bc2 ** 0.5 + eps))
+                params_after[f"step{s}.{n}"] = p.detach().numpy().copy()
         trace.append({"step": s, "loss": loss, "ce": ce, "lb": lb, "rz": rz, "grad_norm": gnorm, "lr": lr})
 
     save_file(step0, os.path.join(out, "ours_step0.safetensors"))
+    save_file(params_after, os.path.join(out, "ours_params.safetensors"))
+    save_file({f"step{k}.{n}": g for k, gs in grads_of_step.items() for n, g in gs.items()},
+              os.path.join(out, "ours_grads.safetensors"))
     ours = {"model": m, "seq_len": T, "instances_per_step": B, "micro_batch_instances": M, "steps": steps,
             "z_loss": z_mult,
             "optim": {"lr_per_step": lrs, "betas": list(betas), "eps": eps, "weight_decay": wd,
@@ -212,8 +228,8 @@ def perturb(src, out, kind):
 
     if kind not in PERTURBATIONS:
         raise SystemExit(f"unknown perturbation {kind!r}; choose one of {', '.join(PERTURBATIONS)}")
-    ours, step0 = open_copy(src, out)
-    if perturb_shared(ours, step0, kind, "grad.blocks.1.feed_forward_moe.experts.mlp.w2", 7):
+    ours, step0, states = open_copy(src, out)
+    if perturb_shared(out, ours, step0, states, kind, "grad.blocks.1.feed_forward_moe.experts.mlp.w2", 7):
         pass
     elif kind == "ce0":
         ours["ce_step0"] *= 1 + 1e-4
@@ -225,13 +241,11 @@ def perturb(src, out, kind):
             r[2, 3, 0], r[2, 3, 1] = r[2, 3, 1], r[2, 3, 0]
         else:
             r[2, 3, 0] = (r[2, 3, 0] + 1) % ours["model"]["moe"]["n_experts"]
-    elif kind == "gnorm_late":
-        ours["trace"][-1]["grad_norm"] *= 1 + 1e-3
     elif kind == "badkey":
         w = load_file(os.path.join(out, "olmo_core", "model.safetensors"))
         w["blocks.0.feed_forward_moe.router.w"] = w.pop("blocks.0.feed_forward_moe.router.weight")
         save_file(w, os.path.join(out, "olmo_core", "model.safetensors"))
-    save_copy(out, ours, step0)
+    save_copy(out, ours, step0, states)
 
 
 def main():

@@ -8,7 +8,7 @@
 # model config in fp32 precision; each KEY=VALUE is passed to parity-dump as --set KEY=VALUE (e.g.
 # model.moe_lb_granularity=\"local_batch\" for OLMo-core's default granularity).
 #
-# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_OLMO_CORE_VENV, OLMOREF_PARITY_STEPS (default 20),
+# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_OLMO_CORE_VENV, OLMOREF_PARITY_STEPS (default 10),
 # OLMOREF_THREADS (passed to parity-dump --threads), OLMOREF_PARITY_REPORT (where to write the JSON report),
 # OLMOREF_KEEP_BUNDLE=1 (keep the bundle directory even on success).
 # Exit: olmo_core_moe_parity.py's status (0 parity, 1 a gate failed, 2 malformed bundle); 77 with a line starting
@@ -29,7 +29,7 @@ shift
 sets=()
 for kv in "$@"; do sets+=(--set "$kv"); done
 bin="${OLMOREF_BIN:-build/olmoref}"
-steps="${OLMOREF_PARITY_STEPS:-20}"
+steps="${OLMOREF_PARITY_STEPS:-10}"
 
 skip() {
   echo "SKIPPED: moe parity: $1"
