@@ -661,6 +661,7 @@ void Trainer::dump_optim_state(const std::string& dir, const std::string& name, 
 StepResult Trainer::train_step() {
   if (!source_) throw std::logic_error("Trainer has no batch source");
   const auto t0 = std::chrono::steady_clock::now();
+  note_data_position();
   const StepBatch batch = source_->next();
   const int W = layout_.world();
   const BatchSplit split = batch_split();
@@ -867,6 +868,7 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
   if (cfg_.optim.skip_step()) meta.optimizer_state = skip_.to_json();
+  if (history_known_ && !history_.segments.empty()) meta.data_history = history_.to_json();
   std::vector<ckpt::Segment> segments;
   for (const ParamInfo& p : model_.layout().params) segments.push_back({p.name, p.offset, p.numel});
   ckpt::SaveOptions opts;
@@ -909,6 +911,40 @@ void Trainer::start_data_at(const nlohmann::json& loader_state) {
   if (step_ != 0) throw std::logic_error("Trainer::start_data_at after step " + std::to_string(step_));
   if (!source_) throw std::logic_error("Trainer::start_data_at without a batch source");
   source_->restore(loader_state, false);
+  history_.seed_from = "data.olmo_core_state";  // the order's seed is that run's, not necessarily data.seed
+}
+
+void Trainer::note_data_position() {
+  if (!history_known_) return;
+  const int64_t B = source_->batches_per_epoch();
+  const nlohmann::json st = B > 0 ? source_->state() : nlohmann::json();
+  if (B <= 0 || !st.is_object() || !st.contains("epoch")) {
+    history_known_ = false;
+    return;
+  }
+  const int64_t e = st.at("epoch").get<int64_t>(), bp = st.at("batches_processed").get<int64_t>();
+  const int64_t G = st.at("global_batch_instances").get<int64_t>(), L = st.at("sequence_length").get<int64_t>();
+  const uint64_t seed = st.at("seed").get<uint64_t>();
+  if (history_.segments.empty()) {
+    history_.seed = seed;
+    if (history_.seed_from.empty()) history_.seed_from = "data.seed";
+  } else if (seed != history_.seed) {
+    throw std::logic_error("the data loader's seed changed from " + std::to_string(history_.seed) + " to " +
+                           std::to_string(seed) + " during the run");
+  }
+  if (!history_.segments.empty()) {
+    ckpt::DataSegment& last = history_.segments.back();
+    if (last.global_batch_instances == G && last.sequence_length == L && last.batches_per_epoch == B &&
+        last.end() == std::pair<int64_t, int64_t>{e, bp}) {
+      ++last.steps;
+      return;
+    }
+  }
+  // A resume that changed the global batch (or the data) continues from here: a new segment.
+  ckpt::DataSegment seg;
+  seg.steps = 1, seg.global_batch_instances = G, seg.sequence_length = L, seg.batches_per_epoch = B;
+  seg.epoch = e, seg.batches_processed = bp;
+  history_.segments.push_back(seg);
 }
 
 void Trainer::set_initial_params(const float* full) {
@@ -957,6 +993,10 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
     upload_held(v_, v_fresh.data());
   }
   if (!opts.skip_step) step_ = meta.step;
+  // load_range refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
+  // before it unknown, so this run's checkpoints record none either.
+  history_ = meta.data_history.is_object() ? ckpt::DataHistory::from_json(meta.data_history) : ckpt::DataHistory{};
+  history_known_ = meta.data_history.is_object() || meta.step == 0;
   if (cfg_.optim.skip_step()) {
     // A checkpoint of a plain AdamW run (a resume with --allow-config-change) took every step and has no windows.
     if (meta.optimizer_state.is_object()) {
@@ -1061,6 +1101,14 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
     lo.allow_config_change = opts.resume_opts.allow_config_change;
     const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
+    // The loader keeps the checkpoint's seed (as OLMo-core does): another data.seed, allowed as a config change, would
+    // change nothing, and every later manifest would record a config whose seed is not its data order's.
+    if (const nlohmann::json& h = meta.data_history;
+        h.is_object() && h.value("seed_from", "") == "data.seed" && h.value("seed", cfg.data.seed) != cfg.data.seed)
+      throw std::runtime_error("config key 'data.seed' is " + std::to_string(cfg.data.seed) + " but " + resume_dir +
+                               "/manifest.json has 'loader_state.seed' " + h.at("seed").dump() + ", the seed of the "
+                               "data order a resume continues (the checkpoint's wins): set data.seed = " +
+                               h.at("seed").dump() + ", or start a new run for another order");
     if (!opts.resume_opts.skip_loader) {
       try {
         const nlohmann::json st = loader_state_for_resume(meta.loader_state, cfg, opts.resume_opts.allow_config_change);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "dist/comm.h"
 #include "dist/expert_placement.h"
 #include "dist/layout.h"
@@ -188,6 +189,11 @@ class Trainer {
   void moe_step_record(TraceRecord& r, std::vector<uint64_t> routing);
   void keep_routing(int64_t first, int64_t last);  // instances [first, last) of the model's last forward
   std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
+  // Where each step's batch came from (the manifest's data_history): extended before every draw; unknown after a
+  // resume from a checkpoint that did not record it, or with a batch source that is not the data loader.
+  ckpt::DataHistory history_;
+  bool history_known_ = true;
+  void note_data_position();
   int64_t step_ = 0;
   int64_t tokens_ = 0;
 };
