@@ -208,6 +208,9 @@ struct RunOptions {
   Trainer::ResumeOptions resume_opts;
   Parallelism parallel;        // dp_shard x dp_replicate; the world comes from mpirun (dist::world)
   double comm_timeout_s = 300; // a rank that does not reach a collective within this aborts the job
+  // A resume whose records (trace, audit logs) lack steps before the checkpoint continues anyway, the records
+  // beginning again after it (the trace's next record says "records_begin"); without it such a resume is refused.
+  bool new_records = false;
   bool report_comm = false;    // print bytes sent per rank per step at the end
   bool no_checkpoint = false;  // benchmarks: write no checkpoint, not even at the end
 };
