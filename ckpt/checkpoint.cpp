@@ -20,11 +20,22 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <toml++/toml.h>
+
+#include "data/loader.h"
 #include "golden/digest.h"
 
 namespace fs = std::filesystem;
 
 namespace olmoref::ckpt {
+
+// The manifest's own checksum: XXH3-64 of its compact JSON without the "manifest_xxh3" key (nlohmann keeps object
+// keys sorted and writes numbers in shortest round-trip form, so parse -> dump reproduces the written text).
+std::string manifest_checksum(nlohmann::json m) {
+  m.erase("manifest_xxh3");
+  const std::string text = m.dump();
+  return hex64(XXH3_64bits(text.data(), text.size()));
+}
 
 namespace {
 
@@ -128,14 +139,6 @@ void read_entry(const std::string& path, const ParsedShard& s, const nlohmann::j
     fail(path, what + ": tensor checksum mismatch after decompression (corrupted)");
 }
 
-// The manifest's own checksum: XXH3-64 of its compact JSON without the "manifest_xxh3" key (nlohmann keeps object
-// keys sorted and writes numbers in shortest round-trip form, so parse -> dump reproduces the written text).
-std::string manifest_checksum(nlohmann::json m) {
-  m.erase("manifest_xxh3");
-  const std::string text = m.dump();
-  return hex(XXH3_64bits(text.data(), text.size()));
-}
-
 // Every key a resume, verify or inspect reads, with the JSON type it must have: checked once, so a missing or
 // mistyped key is reported with the file and the key, never as a JSON library message.
 void check_manifest_keys(const std::string& path, const nlohmann::json& m) {
@@ -208,6 +211,246 @@ int64_t step_of(const std::string& name) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> DataSegment::after(int64_t n) const {
+  if (n <= 0) return {epoch, batches_processed};
+  const int64_t drawn = batches_processed + n;  // counted from the start of `epoch`
+  return {epoch + (drawn - 1) / batches_per_epoch, (drawn - 1) % batches_per_epoch + 1};
+}
+
+std::pair<int64_t, int64_t> DataSegment::batch_of(int64_t j) const {
+  const auto [e, b] = after(j);
+  if (b >= batches_per_epoch) return {e + 1, 0};
+  return {e, b};
+}
+
+int64_t DataHistory::steps() const {
+  int64_t n = 0;
+  for (const DataSegment& s : segments) n += s.steps;
+  return n;
+}
+
+nlohmann::json DataHistory::to_json() const {
+  nlohmann::json seg = nlohmann::json::array();
+  for (const DataSegment& s : segments)
+    seg.push_back({{"steps", s.steps},
+                   {"global_batch_instances", s.global_batch_instances},
+                   {"sequence_length", s.sequence_length},
+                   {"batches_per_epoch", s.batches_per_epoch},
+                   {"epoch", s.epoch},
+                   {"batches_processed", s.batches_processed}});
+  return {{"seed", seed}, {"seed_from", seed_from}, {"segments", seg}};
+}
+
+DataHistory DataHistory::from_json(const nlohmann::json& j) {
+  auto bad = [](const std::string& key, const std::string& what) {
+    throw std::runtime_error("key 'data_history" + key + "' must be " + what);
+  };
+  if (!j.is_object()) bad("", "an object");
+  DataHistory h;
+  if (!j.contains("seed") || !j.at("seed").is_number_integer() || j.at("seed").get<int64_t>() < 0)
+    bad(".seed", "an integer >= 0");
+  h.seed = j.at("seed").get<uint64_t>();
+  if (!j.contains("seed_from") || !j.at("seed_from").is_string() ||
+      (j.at("seed_from") != "data.seed" && j.at("seed_from") != "data.olmo_core_state"))
+    bad(".seed_from", "\"data.seed\" or \"data.olmo_core_state\"");
+  h.seed_from = j.at("seed_from").get<std::string>();
+  if (!j.contains("segments") || !j.at("segments").is_array()) bad(".segments", "an array");
+  const nlohmann::json& segs = j.at("segments");
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const std::string where = ".segments[" + std::to_string(i) + "]";
+    if (!segs[i].is_object()) bad(where, "an object");
+    auto get = [&](const char* key, int64_t least) {
+      const nlohmann::json& v = segs[i].contains(key) ? segs[i].at(key) : nlohmann::json();
+      if (!v.is_number_integer() || v.get<int64_t>() < least)
+        bad(where + "." + key, "an integer >= " + std::to_string(least));
+      return v.get<int64_t>();
+    };
+    DataSegment s;
+    s.steps = get("steps", 0);
+    s.global_batch_instances = get("global_batch_instances", 1);
+    s.sequence_length = get("sequence_length", 1);
+    s.batches_per_epoch = get("batches_per_epoch", 1);
+    s.epoch = get("epoch", 1);
+    s.batches_processed = get("batches_processed", 0);
+    if (s.batches_processed > s.batches_per_epoch)
+      bad(where + ".batches_processed", "<= batches_per_epoch (" + std::to_string(s.batches_per_epoch) + ")");
+    h.segments.push_back(s);
+  }
+  return h;
+}
+
+namespace {
+
+std::string batches(int64_t n) { return std::to_string(n) + (n == 1 ? " batch" : " batches"); }
+
+std::string position(std::pair<int64_t, int64_t> p) {
+  if (p.second == 0) return "the start of epoch " + std::to_string(p.first);
+  return "epoch " + std::to_string(p.first) + " after " + batches(p.second);
+}
+
+constexpr const char* kContradiction =
+    " (the manifest contradicts itself: it was changed after it was written, its manifest_xxh3 recomputed; restore "
+    "the checkpoint as written, or resume from another one)";
+
+// The shard list, and the loader state against data_history and the recorded config.
+std::vector<std::string> manifest_history_problems(const std::string& path, const nlohmann::json& m) {
+  std::vector<std::string> out;
+  const std::string fix = kContradiction;
+  auto say = [&](const std::string& what) { out.push_back(path + ": " + what + fix); };
+  auto str = [](int64_t x) { return std::to_string(x); };
+  const int64_t step = m.at("step").get<int64_t>(), tokens = m.at("tokens").get<int64_t>();
+
+  // The shard list: each shard file is named after the rank recorded for it, once.
+  std::map<int64_t, int> ranks;
+  for (size_t i = 0; i < m.at("shards").size(); ++i) {
+    const nlohmann::json& sh = m.at("shards")[i];
+    const int64_t r = sh.at("rank").get<int64_t>();
+    char want[32];
+    std::snprintf(want, sizeof want, "shard-%05lld.bin", static_cast<long long>(r));
+    if (sh.at("file").get<std::string>() != want)
+      say("key 'shards[" + str(static_cast<int64_t>(i)) + "].file' is '" + sh.at("file").get<std::string>() +
+          "' but its rank " + str(r) + " writes '" + want + "'");
+    if (++ranks[r] == 2) say("key 'shards[" + str(static_cast<int64_t>(i)) + "].rank' is " + str(r) + ", a rank listed twice");
+  }
+
+  // Only the data loader's own state can be checked (other batch sources record what they like).
+  const nlohmann::json& ls = m.at("loader_state");
+  const bool loader = ls.is_object() && ls.contains("format") && ls.at("format") == "olmoref-loader-state-v1";
+  const bool has_history = m.contains("data_history") && !m.at("data_history").is_null();
+  if (!loader) {
+    if (has_history) say("key 'data_history' is present but 'loader_state' is not the data loader's state");
+    return out;
+  }
+  auto int_key = [&](const nlohmann::json& j, const std::string& prefix, const char* key) -> std::optional<int64_t> {
+    if (!j.is_object() || !j.contains(key) || !j.at(key).is_number_integer()) {
+      out.push_back(path + ": key '" + prefix + key + "' is missing or not an integer");
+      return std::nullopt;
+    }
+    return j.at(key).get<int64_t>();
+  };
+  const auto epoch = int_key(ls, "loader_state.", "epoch"), bp = int_key(ls, "loader_state.", "batches_processed");
+  const auto G = int_key(ls, "loader_state.", "global_batch_instances"), L = int_key(ls, "loader_state.", "sequence_length");
+  if (!ls.contains("seed") || !ls.at("seed").is_number_integer() || ls.at("seed").get<int64_t>() < 0) {
+    out.push_back(path + ": key 'loader_state.seed' is missing or not an integer >= 0");
+    return out;
+  }
+  const uint64_t seed = ls.at("seed").get<uint64_t>();
+  if (!epoch || !bp || !G || !L) return out;
+  if (!ls.contains("fingerprint") || ls.at("fingerprint") != m.at("dataset_fingerprint"))
+    say("key 'loader_state.fingerprint' is " + (ls.contains("fingerprint") ? ls.at("fingerprint").dump() : "missing") +
+        " but 'dataset_fingerprint' is " + m.at("dataset_fingerprint").dump());
+  const nlohmann::json& dl = m.at("data_layout");
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"global_batch_instances", *G}, {"seq_len", *L}})
+    if (dl.contains(key) && dl.at(key).is_number_integer() && dl.at(key).get<int64_t>() != v)
+      say("key 'data_layout." + std::string(key) + "' is " + str(dl.at(key).get<int64_t>()) + " but the loader state's is " +
+          str(v) + " ('loader_state." + (std::string(key) == "seq_len" ? "sequence_length" : key) + "')");
+
+  // The configuration the writing run had: its batch shape is the loader's, and (unless the data order came from an
+  // OLMo-core run) its data.seed is the order's seed.
+  std::optional<int64_t> config_seed;
+  try {
+    const toml::table cfg = toml::parse(m.at("config_toml").get<std::string>());
+    config_seed = cfg["data"]["seed"].value<int64_t>();
+    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"global_batch_instances", *G}, {"seq_len", *L}})
+      if (const auto c = cfg["train"][key].value<int64_t>(); c && *c != v)
+        say("key 'config_toml' sets train." + std::string(key) + " = " + str(*c) + " but the loader state's is " + str(v));
+  } catch (const toml::parse_error& e) {
+    out.push_back(path + ": key 'config_toml' is not valid TOML (" + std::string(e.description()) + ")");
+  }
+
+  if (!has_history) {
+    // Written before data_history was recorded: only the checks above apply (whether the config's seed was the
+    // order's is not known). A resume still compares the step, tokens and batch with the run's trace.
+    return out;
+  }
+  DataHistory h;
+  try {
+    h = DataHistory::from_json(m.at("data_history"));
+  } catch (const std::exception& e) {
+    out.push_back(path + ": " + e.what());
+    return out;
+  }
+  if (h.seed != seed)
+    say("key 'loader_state.seed' is " + std::to_string(seed) + " but 'data_history.seed' (the data order's seed since "
+        "step 1) is " + std::to_string(h.seed));
+  if (h.seed_from == "data.seed" && config_seed && static_cast<uint64_t>(*config_seed) != seed)
+    say("key 'loader_state.seed' is " + std::to_string(seed) + " but the config it records ('config_toml') has "
+        "data.seed = " + str(*config_seed) + ", where the data order's seed came from");
+  if (h.segments.empty()) {
+    say("key 'data_history.segments' is empty but 'step' is " + str(step));
+    return out;
+  }
+  if (h.steps() != step)
+    say("key 'step' is " + str(step) + " but the steps of 'data_history.segments' add up to " + str(h.steps()));
+  int64_t consumed = 0;
+  std::string how;
+  for (const DataSegment& s : h.segments) {
+    consumed += s.steps * s.global_batch_instances * s.sequence_length;
+    how += (how.empty() ? "" : " + ") + str(s.steps) + " x " + str(s.global_batch_instances) + " x " + str(s.sequence_length);
+  }
+  if (consumed != tokens)
+    say("key 'tokens' is " + str(tokens) + " but the batches 'data_history' records hold " + how + " = " +
+        str(consumed) + " tokens (steps x instances x tokens)");
+  for (size_t i = 1; i < h.segments.size(); ++i) {
+    const DataSegment &a = h.segments[i - 1], &b = h.segments[i];
+    // A new segment continues where the last stopped; a changed global batch continues at tokens seen // the new
+    // batch, as the loader's own rebatched_state does.
+    data::LoaderState end;
+    std::tie(end.epoch, end.batches_processed) = a.end();
+    end.global_batch_instances = a.global_batch_instances;
+    end.sequence_length = a.sequence_length;
+    const data::LoaderState want = a.global_batch_instances == b.global_batch_instances
+                                       ? end : data::rebatched_state(end, b.global_batch_instances);
+    if (want.epoch != b.epoch || want.batches_processed != b.batches_processed)
+      say("key 'data_history.segments[" + str(static_cast<int64_t>(i)) + "]' starts at " +
+          position({b.epoch, b.batches_processed}) + " but segment " + str(static_cast<int64_t>(i - 1)) + " ends at " +
+          position(a.end()) + (a.global_batch_instances == b.global_batch_instances ? ""
+                               : ", which in batches of " + str(b.global_batch_instances) + " is " +
+                                 position({want.epoch, want.batches_processed})));
+  }
+  const DataSegment& last = h.segments.back();
+  const auto [end_epoch, end_bp] = last.end();
+  const std::string from = " (its last segment: " + str(last.steps) + " step(s) of " + str(last.global_batch_instances) +
+                           " instances from " + position({last.epoch, last.batches_processed}) + ", " +
+                           str(last.batches_per_epoch) + " batches per epoch)";
+  if (*epoch != end_epoch)
+    say("key 'loader_state.epoch' is " + str(*epoch) + " but 'data_history' ends in epoch " + str(end_epoch) + from);
+  if (*bp != end_bp)
+    say("key 'loader_state.batches_processed' is " + str(*bp) + " but 'data_history' ends after " + batches(end_bp) +
+        " of epoch " + str(end_epoch) + from);
+  if (*G != last.global_batch_instances)
+    say("key 'loader_state.global_batch_instances' is " + str(*G) + " but the last segment of 'data_history' has " +
+        str(last.global_batch_instances));
+  if (*L != last.sequence_length)
+    say("key 'loader_state.sequence_length' is " + str(*L) + " but the last segment of 'data_history' has " +
+        str(last.sequence_length));
+  return out;
+}
+
+// record_problems on a parsed manifest (`path` names it in every problem). The loader state is compared with
+// data_history before its own fields with each other, so the key a change was made to is the one named first.
+std::vector<std::string> manifest_record_problems(const std::string& path, const nlohmann::json& m) {
+  std::vector<std::string> out = manifest_history_problems(path, m);
+  const nlohmann::json& ls = m.at("loader_state");
+  if (ls.is_object() && ls.value("format", "") == "olmoref-loader-state-v1" && ls.contains("tokens_processed")) {
+    const nlohmann::json &tp = ls.at("tokens_processed"), &bp = ls.value("batches_processed", nlohmann::json()),
+                         &G = ls.value("global_batch_instances", nlohmann::json()), &L = ls.value("sequence_length", nlohmann::json());
+    if (tp.is_number_integer() && bp.is_number_integer() && G.is_number_integer() && L.is_number_integer() &&
+        tp.get<int64_t>() != bp.get<int64_t>() * G.get<int64_t>() * L.get<int64_t>())
+      out.push_back(path + ": key 'loader_state.tokens_processed' is " + tp.dump() + " but loader_state."
+                    "batches_processed x global_batch_instances x sequence_length is " + bp.dump() + " x " + G.dump() +
+                    " x " + L.dump() + " = " + std::to_string(bp.get<int64_t>() * G.get<int64_t>() * L.get<int64_t>()) +
+                    kContradiction);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> record_problems(const std::string& dir) {
+  return manifest_record_problems(dir + "/manifest.json", read_manifest(dir));
+}
 
 std::string step_dir_name(int64_t step) {
   char buf[32];
@@ -396,6 +639,7 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
   m["executor"] = meta.executor;
   m["extra"] = meta.extra;
   if (!meta.optimizer_state.is_null()) m["optimizer_state"] = meta.optimizer_state;  // covered by manifest_xxh3
+  if (!meta.data_history.is_null()) m["data_history"] = meta.data_history;
   m["libraries"] = {{"zstd", ZSTD_versionString()}, {"xxhash", std::to_string(XXH_versionNumber())}};
   m["compression"] = {{"codec", "zstd"}, {"level", opts.zstd_level}, {"threads", opts.zstd_threads}};
   m["raw_bytes"] = raw_bytes;
@@ -438,6 +682,9 @@ void read_range(const std::string& dir, const nlohmann::json& m, const StateVect
   for (const auto& sh : m.at("shards")) {
     const std::string path = dir + "/" + sh.at("file").get<std::string>();
     const ParsedShard s = read_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
+    if (!s.header.contains("rank") || s.header.at("rank") != sh.at("rank"))
+      fail(path, "the shard's header says rank " + s.header.value("rank", nlohmann::json()).dump() + " but the manifest's "
+                 "shards entry for it says " + sh.at("rank").dump() + " (a shard from another checkpoint or layout?)");
     std::vector<const nlohmann::json*> mine;
     for (const auto& e : s.header.at("entries")) {
       const std::string vec = e.at("vector").get<std::string>();
@@ -516,6 +763,12 @@ CheckpointMeta check_meta(const std::string& dir, const nlohmann::json& m, int64
   meta.executor = m.at("executor").get<std::string>();
   meta.extra = m.value("extra", nlohmann::json::object());
   meta.optimizer_state = m.value("optimizer_state", nlohmann::json());
+  meta.data_history = m.value("data_history", nlohmann::json());
+  if (const std::vector<std::string> problems = manifest_record_problems(mpath, m); !problems.empty()) {
+    std::string all = problems.front();
+    for (size_t i = 1; i < problems.size(); ++i) all += "\n" + problems[i];
+    throw std::runtime_error(all);
+  }
   if (!expect.model_hash.empty() && expect.model_hash != meta.model_hash)
     fail(mpath, "the checkpoint was written for a different model config ([model] differs); resume with the "
                 "config it records (olmoref ckpt inspect " + dir + ")");
@@ -563,6 +816,7 @@ std::vector<std::string> verify(const std::string& dir) {
   std::vector<std::string> problems;
   try {
     const nlohmann::json m = read_manifest(dir);
+    problems = manifest_record_problems(dir + "/manifest.json", m);
     const int64_t total = m.at("total_params").get<int64_t>();
     std::vector<float> p(static_cast<size_t>(total)), a(static_cast<size_t>(total)), b(static_cast<size_t>(total));
     read_all(dir, m, {total, p.data(), a.data(), b.data()});
@@ -586,6 +840,7 @@ std::string inspect(const std::string& dir, bool per_tensor) {
   out << "data         fingerprint " << m.at("dataset_fingerprint").get<std::string>() << ", loader "
       << m.at("loader_state").dump() << "\n";
   out << "layout       " << m.at("data_layout").dump() << "\n";
+  if (m.contains("data_history")) out << "history      " << m.at("data_history").dump() << "\n";
   if (m.contains("optimizer_state") && m.at("optimizer_state").is_object()) {
     const auto& o = m.at("optimizer_state");
     out << "optimizer    " << o.value("kind", std::string("?")) << ": " << o.value("losses_hex", nlohmann::json::array()).size()

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace olmoref::ckpt {
@@ -49,6 +50,34 @@ struct StateDigests {
   std::string params, adam_m, adam_v;  // XXH3-128 Merkle roots (hex) of the whole flat vectors
 };
 
+// Where the data of every step came from (manifest key `data_history`): one segment per stretch of steps drawn in
+// global batches of one shape from one starting loader position. A resume that changes the global batch (OLMo-core's
+// rule, data/loader.h rebatched_state) or continues on other data starts a new segment. The step count, the tokens
+// and the loader state are all functions of it, so a manifest whose values disagree with it was changed after it
+// was written (ckpt::record_problems).
+struct DataSegment {
+  int64_t steps = 0;
+  int64_t global_batch_instances = 0, sequence_length = 0, batches_per_epoch = 0;
+  int64_t epoch = 1, batches_processed = 0;  // the loader's position before the segment's first batch
+  // The loader's (epoch, batches_processed) after the first n batches of the segment. The loader moves to the next
+  // epoch only when it draws again, so a finished epoch ends at batches_processed == batches_per_epoch.
+  std::pair<int64_t, int64_t> after(int64_t n) const;
+  std::pair<int64_t, int64_t> end() const { return after(steps); }
+  // The (epoch, row of the epoch's order) the segment's j-th step (0-based) drew.
+  std::pair<int64_t, int64_t> batch_of(int64_t j) const;
+};
+
+struct DataHistory {
+  uint64_t seed = 0;       // the data order's seed, the same for the whole run (a resume keeps the checkpoint's)
+  std::string seed_from;   // "data.seed" (the config's) or "data.olmo_core_state" (an OLMo-core run's loader)
+  std::vector<DataSegment> segments;
+
+  int64_t steps() const;
+  nlohmann::json to_json() const;
+  // Throws naming the key ("data_history.segments[1].steps") and the type or range expected.
+  static DataHistory from_json(const nlohmann::json& j);
+};
+
 // Everything besides the vectors, recorded in the manifest and handed back on load.
 struct CheckpointMeta {
   int64_t step = 0;                 // optimizer steps completed
@@ -65,6 +94,9 @@ struct CheckpointMeta {
   // the optimizer has none. Written only when not null, so other manifests are as they were; older checkpoints
   // read as null.
   nlohmann::json optimizer_state;
+  // DataHistory::to_json(); null when unknown (a manifest written before it was recorded, a checkpoint resumed from
+  // one, or a batch source that is not the data loader), and then not written.
+  nlohmann::json data_history;
   StateDigests digests;             // filled on load from the manifest
 };
 
@@ -112,6 +144,15 @@ CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int
 // anything of the run directory is touched.
 CheckpointMeta check_resumable(const std::string& dir, int64_t total, const CheckpointMeta& expect,
                                const LoadOptions& opts);
+
+// Where the manifest contradicts itself: step, tokens and the loader state against data_history, the loader state
+// against the config it records (seed, batch shape), the dataset fingerprint and the data layout, the shard list.
+// Each problem names the file, the key, both values and the fix; empty = consistent. load, load_range,
+// check_resumable and verify refuse a manifest with any.
+std::vector<std::string> record_problems(const std::string& dir);
+
+// The manifest's checksum (manifest_xxh3): XXH3-64 of the compact JSON of `m` without that key.
+std::string manifest_checksum(nlohmann::json m);
 
 // Verifies every byte of a checkpoint without a model: manifest, shards, every tensor's checksums,
 // coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact).

@@ -93,6 +93,7 @@ std::string TraceRecord::to_json() const {
     s += ",\"expert_load_min\":" + std::to_string(lo) + ",\"expert_load_max\":" + std::to_string(hi) +
          ",\"expert_imbalance\":" + fmt("%.17g", imbalance);
   }
+  if (records_begin > 0) s += ",\"records_begin\":" + std::to_string(records_begin);
   s += "}";
   return s;
 }
@@ -123,6 +124,7 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
     r.routing_digest = j.at("routing_digest").get<std::string>();
     r.expert_load = j.value("expert_load", std::vector<std::vector<int64_t>>{});
   }
+  r.records_begin = j.value("records_begin", int64_t{0});
   return r;
 }
 

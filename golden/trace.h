@@ -32,6 +32,9 @@ struct TraceRecord {
   float moe_lb = 0, moe_z = 0;          // the weighted load-balancing and router z-loss, also inside `loss`
   std::string routing_digest;           // XXH3-64 over the instances' routing digests, in global instance order
   std::vector<std::vector<int64_t>> expert_load;  // [layer][expert] tokens routed (each token counts k times)
+  // > 0 on the first record a run wrote after resuming with records that lacked steps (train --new-records): the
+  // records begin again at this step. Written only then, so every other record is as it was.
+  int64_t records_begin = 0;
 
   std::string to_json() const;
   static TraceRecord from_json(const std::string& line);  // throws std::runtime_error

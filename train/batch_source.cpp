@@ -74,6 +74,7 @@ class LoaderSource : public BatchSource {
     loader_->restore(s.get<data::LoaderState>(), ignore_fingerprint_mismatch);
   }
   std::string fingerprint() const override { return loader_->dataset().fingerprint(); }
+  int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
   std::string describe() const override {
     const auto& ds = loader_->dataset();
     return std::to_string(ds.n_files()) + " file(s), " + std::to_string(ds.size()) + " instances, " +

@@ -44,6 +44,9 @@ class BatchSource {
   virtual void restore(const nlohmann::json& state, bool ignore_fingerprint_mismatch) = 0;
   // Identifies the data (files, sizes, dtype, sequence length); a resume on other data is refused.
   virtual std::string fingerprint() const = 0;
+  // Global batches in one epoch of the data loader; 0 for a source that is not the loader (its position cannot be
+  // recorded in a checkpoint's data_history).
+  virtual int64_t batches_per_epoch() const { return 0; }
   virtual void flush_audit() {}
 };
 

@@ -144,6 +144,10 @@ void register_commands(CLI::App& app) {
                   "Resume even though the data files differ from the checkpoint's");
     cmd->add_flag("--allow-config-change", o->resume_opts.allow_config_change,
                   "Resume even though the run configuration differs from the checkpoint's");
+    cmd->add_flag("--new-records", o->new_records,
+                  "Resume even though OUT's trace or audit logs lack steps up to the checkpoint's (deleted, cut "
+                  "short, or a checkpoint copied into a new directory): the records begin again after the checkpoint, "
+                  "and the trace's first new record says so (\"records_begin\")");
     auto skip = std::make_shared<std::vector<std::string>>();
     cmd->add_option("--debug-skip-restore", *skip,
                     "TEST ONLY: leave part of the state unrestored on resume (moments, loader, step); resume-check must fail")

@@ -28,6 +28,7 @@
 #include "train/eval.h"
 #include "train/manifest.h"
 #include "interop/olmo_core_data.h"
+#include "train/records.h"
 #include "train/run_lock.h"
 #include "train/weights.h"
 
@@ -661,6 +662,7 @@ void Trainer::dump_optim_state(const std::string& dir, const std::string& name, 
 StepResult Trainer::train_step() {
   if (!source_) throw std::logic_error("Trainer has no batch source");
   const auto t0 = std::chrono::steady_clock::now();
+  note_data_position();
   const StepBatch batch = source_->next();
   const int W = layout_.world();
   const BatchSplit split = batch_split();
@@ -867,6 +869,7 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
   if (cfg_.optim.skip_step()) meta.optimizer_state = skip_.to_json();
+  if (history_known_ && !history_.segments.empty()) meta.data_history = history_.to_json();
   std::vector<ckpt::Segment> segments;
   for (const ParamInfo& p : model_.layout().params) segments.push_back({p.name, p.offset, p.numel});
   ckpt::SaveOptions opts;
@@ -909,6 +912,40 @@ void Trainer::start_data_at(const nlohmann::json& loader_state) {
   if (step_ != 0) throw std::logic_error("Trainer::start_data_at after step " + std::to_string(step_));
   if (!source_) throw std::logic_error("Trainer::start_data_at without a batch source");
   source_->restore(loader_state, false);
+  history_.seed_from = "data.olmo_core_state";  // the order's seed is that run's, not necessarily data.seed
+}
+
+void Trainer::note_data_position() {
+  if (!history_known_) return;
+  const int64_t B = source_->batches_per_epoch();
+  const nlohmann::json st = B > 0 ? source_->state() : nlohmann::json();
+  if (B <= 0 || !st.is_object() || !st.contains("epoch")) {
+    history_known_ = false;
+    return;
+  }
+  const int64_t e = st.at("epoch").get<int64_t>(), bp = st.at("batches_processed").get<int64_t>();
+  const int64_t G = st.at("global_batch_instances").get<int64_t>(), L = st.at("sequence_length").get<int64_t>();
+  const uint64_t seed = st.at("seed").get<uint64_t>();
+  if (history_.segments.empty()) {
+    history_.seed = seed;
+    if (history_.seed_from.empty()) history_.seed_from = "data.seed";
+  } else if (seed != history_.seed) {
+    throw std::logic_error("the data loader's seed changed from " + std::to_string(history_.seed) + " to " +
+                           std::to_string(seed) + " during the run");
+  }
+  if (!history_.segments.empty()) {
+    ckpt::DataSegment& last = history_.segments.back();
+    if (last.global_batch_instances == G && last.sequence_length == L && last.batches_per_epoch == B &&
+        last.end() == std::pair<int64_t, int64_t>{e, bp}) {
+      ++last.steps;
+      return;
+    }
+  }
+  // A resume that changed the global batch (or the data) continues from here: a new segment.
+  ckpt::DataSegment seg;
+  seg.steps = 1, seg.global_batch_instances = G, seg.sequence_length = L, seg.batches_per_epoch = B;
+  seg.epoch = e, seg.batches_processed = bp;
+  history_.segments.push_back(seg);
 }
 
 void Trainer::set_initial_params(const float* full) {
@@ -957,6 +994,10 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
     upload_held(v_, v_fresh.data());
   }
   if (!opts.skip_step) step_ = meta.step;
+  // load_range refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
+  // before it unknown, so this run's checkpoints record none either.
+  history_ = meta.data_history.is_object() ? ckpt::DataHistory::from_json(meta.data_history) : ckpt::DataHistory{};
+  history_known_ = meta.data_history.is_object() || meta.step == 0;
   if (cfg_.optim.skip_step()) {
     // A checkpoint of a plain AdamW run (a resume with --allow-config-change) took every step and has no windows.
     if (meta.optimizer_state.is_object()) {
@@ -982,38 +1023,6 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
                      opts.ignore_fingerprint_mismatch);
 }
 
-
-namespace {
-
-void check_trace_covers(const std::string& path, int64_t ckpt_step) {
-  // No trace at all: a run branched from another run's checkpoint into a fresh directory; it starts at K + 1.
-  if (ckpt_step == 0 || !std::filesystem::exists(path)) return;
-  std::ifstream in(path);
-  std::string line;
-  int64_t expect = 1, lineno = 0;
-  while (std::getline(in, line) && expect <= ckpt_step) {
-    ++lineno;
-    if (line.empty()) continue;
-    int64_t step = -1;
-    try {
-      step = nlohmann::json::parse(line).at("step").get<int64_t>();
-    } catch (const std::exception&) {
-      break;  // a torn last record: what follows is checked below as missing
-    }
-    if (step != expect)
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": step " + std::to_string(step) + " where step " +
-                               std::to_string(expect) + " belongs; the trace does not match the checkpoint at step " +
-                               std::to_string(ckpt_step) + " (restore the trace, or resume from an earlier checkpoint)");
-    ++expect;
-  }
-  if (expect <= ckpt_step)
-    throw std::runtime_error(path + ": holds steps 1.." + std::to_string(expect - 1) + " but the checkpoint is at step " +
-                             std::to_string(ckpt_step) + ": steps " + std::to_string(expect) + ".." +
-                             std::to_string(ckpt_step) + " are missing (restore the trace, or resume from the " +
-                             "checkpoint it covers)");
-}
-
-}  // namespace
 
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
@@ -1049,6 +1058,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   char audit_name[64];
   std::snprintf(audit_name, sizeof audit_name, world == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", rank);
   const std::string audit_path = cfg.data.audit ? out_dir + "/" + audit_name : "";
+  int64_t records_begin = 0;  // > 0: --new-records, written on the first trace record (docs/formats/trace.md)
   if (!resume_dir.empty()) {
     // Everything the resume will check is checked first (the manifest against this run's config and data, the
     // loader state against the data): a refused resume leaves the run directory as it was.
@@ -1061,6 +1071,14 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
     lo.allow_config_change = opts.resume_opts.allow_config_change;
     const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
+    // The loader keeps the checkpoint's seed (as OLMo-core does): another data.seed, allowed as a config change, would
+    // change nothing, and every later manifest would record a config whose seed is not its data order's.
+    if (const nlohmann::json& h = meta.data_history;
+        h.is_object() && h.value("seed_from", "") == "data.seed" && h.value("seed", cfg.data.seed) != cfg.data.seed)
+      throw std::runtime_error("config key 'data.seed' is " + std::to_string(cfg.data.seed) + " but " + resume_dir +
+                               "/manifest.json has 'loader_state.seed' " + h.at("seed").dump() + ", the seed of the "
+                               "data order a resume continues (the checkpoint's wins): set data.seed = " +
+                               h.at("seed").dump() + ", or start a new run for another order");
     if (!opts.resume_opts.skip_loader) {
       try {
         const nlohmann::json st = loader_state_for_resume(meta.loader_state, cfg, opts.resume_opts.allow_config_change);
@@ -1076,20 +1094,37 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
         throw std::runtime_error(resume_dir + "/manifest.json: loader_state: " + e.what());
       }
     }
-    // The trace must hold exactly steps 1..K of a checkpoint at step K (records past K, from a run killed after
-    // it, are dropped below): a trace with steps missing or repeated would continue as a wrong record.
-    if (lead) check_trace_covers(out_dir + "/trace.jsonl", meta.step);
-    // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
-    const int64_t ckpt_step = ckpt::manifest_step(resume_dir);
+    // The records must hold every step up to the checkpoint's, and their step K must be the checkpoint's (records
+    // past K, from a run killed after it, are cut below): a resume would otherwise append to records with steps
+    // missing, or to another run's, and nothing would say so.
     if (lead) {
-      truncate_step_records(out_dir + "/trace.jsonl", ckpt_step);
+      const std::string digest =
+          opts.resume_opts.skip_loader ? "" : checkpoint_batch_digest(cfg, meta, opts.resume_opts.ignore_fingerprint_mismatch);
+      const RecordsCheck rc = check_run_records(out_dir, resume_dir, meta, cfg.data.audit, digest);
+      if (!rc.missing.empty()) {
+        std::string what;
+        for (const std::string& m : rc.missing) what += "\n  " + m;
+        const std::string next = std::to_string(meta.step + 1);
+        if (!opts.new_records)
+          throw std::runtime_error("cannot resume from " + resume_dir + " into " + out_dir + ": its records lack steps" +
+                                   what + "\nrestore them, or pass --new-records to continue with records that begin at "
+                                   "step " + next + " (the trace's record of step " + next + " then says so: "
+                                   "\"records_begin\":" + next + ")");
+        records_begin = meta.step + 1;
+        std::fprintf(stderr, "olmoref train: --new-records: the records lack steps%s\nolmoref train: --new-records: the "
+                             "records begin again at step %s (trace.jsonl's record of step %s carries "
+                             "\"records_begin\":%s)\n", what.c_str(), next.c_str(), next.c_str(), next.c_str());
+      }
+      if (!cfg.data.audit && !audit_logs(out_dir).empty())
+        std::fprintf(stderr, "olmoref train: note: data.audit is off in this run: the audit logs of %s get no records "
+                             "after step %lld\n", out_dir.c_str(), static_cast<long long>(meta.step));
+    }
+    // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
+    if (lead) {
+      truncate_step_records(out_dir + "/trace.jsonl", meta.step);
       // Every audit log of the directory, also those of ranks the new layout does not have (a resume at fewer
       // ranks): records past the checkpoint belong to steps this run computes again.
-      for (const auto& entry : fs::directory_iterator(out_dir)) {
-        const std::string name = entry.path().filename().string();
-        const bool audit = name == "audit.jsonl" || (name.rfind("audit-rank", 0) == 0 && entry.path().extension() == ".jsonl");
-        if (audit) truncate_step_records(entry.path().string(), ckpt_step);
-      }
+      cut_audit_logs(out_dir, meta);
     }
     comm.barrier("resume: logs cut to the checkpoint");  // before any rank reopens its audit log
   }
@@ -1172,7 +1207,14 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // hang
     }
     const StepResult res = trainer.train_step();
-    if (lead) trace.write(res.record);
+    if (lead && records_begin > 0) {
+      TraceRecord first = res.record;
+      first.records_begin = records_begin;
+      trace.write(first);
+      records_begin = 0;
+    } else if (lead) {
+      trace.write(res.record);
+    }
     records.push_back(res.record);
     elapsed += res.seconds;
     ++done;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "dist/comm.h"
 #include "dist/expert_placement.h"
 #include "dist/layout.h"
@@ -188,6 +189,11 @@ class Trainer {
   void moe_step_record(TraceRecord& r, std::vector<uint64_t> routing);
   void keep_routing(int64_t first, int64_t last);  // instances [first, last) of the model's last forward
   std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
+  // Where each step's batch came from (the manifest's data_history): extended before every draw; unknown after a
+  // resume from a checkpoint that did not record it, or with a batch source that is not the data loader.
+  ckpt::DataHistory history_;
+  bool history_known_ = true;
+  void note_data_position();
   int64_t step_ = 0;
   int64_t tokens_ = 0;
 };
@@ -202,6 +208,9 @@ struct RunOptions {
   Trainer::ResumeOptions resume_opts;
   Parallelism parallel;        // dp_shard x dp_replicate; the world comes from mpirun (dist::world)
   double comm_timeout_s = 300; // a rank that does not reach a collective within this aborts the job
+  // A resume whose records (trace, audit logs) lack steps before the checkpoint continues anyway, the records
+  // beginning again after it (the trace's next record says "records_begin"); without it such a resume is refused.
+  bool new_records = false;
   bool report_comm = false;    // print bytes sent per rank per step at the end
   bool no_checkpoint = false;  // benchmarks: write no checkpoint, not even at the end
 };

@@ -210,3 +210,94 @@ TEST_CASE("retention keeps the newest N, never deletes the newest, ignores and c
   fs::create_directories(root + "/step00000009");
   CHECK(fs::path(*ckpt::newest_complete(root)).filename() == "step00000004");
 }
+
+TEST_CASE("data_history: loader positions across an epoch end and a changed global batch; each edited value is named") {
+  ckpt::DataSegment s;
+  s.steps = 6, s.global_batch_instances = 8, s.sequence_length = 64, s.batches_per_epoch = 5;
+  using P = std::pair<int64_t, int64_t>;
+  CHECK(s.after(5) == P{1, 5});  // the loader opens the next epoch only when it draws again
+  CHECK(s.end() == P{2, 1});
+  CHECK(s.batch_of(4) == P{1, 4});
+  CHECK(s.batch_of(5) == P{2, 0});
+
+  // A small corpus of a few batches per epoch, trained 2 steps into its second epoch.
+  const std::string small = testing::write_tokens(fx().dir + "/small.u16", testing::progression_tokens(70, 7));
+  const TrainConfig c = testing::tiny_config_with_data(small);
+  const std::string root = fx().dir + "/history";
+  fs::remove_all(root);
+  auto a = std::make_unique<Trainer>(c, 2, make_batch_source(c));
+  const int64_t B = make_batch_source(c)->batches_per_epoch(), K = B + 2;
+  REQUIRE(B >= 3);
+  for (int64_t i = 0; i < K; ++i) a->train_step();
+  const std::string d = a->save_checkpoint(root);
+  CHECK(ckpt::record_problems(d).empty());
+  const nlohmann::json orig = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+  REQUIRE(orig["data_history"]["segments"].size() == 1);
+  CHECK(orig["data_history"]["segments"][0]["batches_per_epoch"] == B);
+  CHECK(orig["loader_state"]["epoch"] == 2);
+  CHECK(orig["loader_state"]["batches_processed"] == 2);
+
+  // Resumed at a global batch of 4: a second segment, at tokens seen in epoch 2 // the new batch (16 // 4).
+  Trainer::ResumeOptions allow;
+  allow.allow_config_change = true;
+  const TrainConfig c4 = testing::tiny_config_with_data(small, {"train.global_batch_instances=4"});
+  auto b = std::make_unique<Trainer>(c4, 2, make_batch_source(c4));
+  b->resume(d, allow);
+  for (int i = 0; i < 2; ++i) b->train_step();
+  const std::string d2 = b->save_checkpoint(fx().dir + "/history-g4");
+  CHECK(ckpt::record_problems(d2).empty());
+  const nlohmann::json m2 = nlohmann::json::parse(std::ifstream(d2 + "/manifest.json"));
+  REQUIRE(m2["data_history"]["segments"].size() == 2);
+  CHECK(m2["data_history"]["segments"][1]["epoch"] == 2);
+  CHECK(m2["data_history"]["segments"][1]["batches_processed"] == 4);
+  CHECK(m2["tokens"] == K * 8 * 64 + 2 * 4 * 64);
+
+  // A value changed and the checksum recomputed: named by record_problems, verify and a resume.
+  const std::string k = std::to_string(K);
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"/step", "key 'step' is " + std::to_string(K + 1)},
+      {"/tokens", "key 'tokens' is " + std::to_string(K * 8 * 64 + 1)},
+      {"/loader_state/batches_processed", "key 'loader_state.batches_processed' is 3"},
+      {"/loader_state/epoch", "key 'loader_state.epoch' is 3"},
+      {"/loader_state/seed", "key 'loader_state.seed' is 34522"},
+      {"/data_history/segments/0/steps", "key 'step' is " + k + " but the steps of 'data_history.segments' add up to " +
+                                             std::to_string(K + 1)}};
+  for (const auto& [pointer, named] : edits) {
+    CAPTURE(pointer);
+    nlohmann::json m = orig;
+    const nlohmann::json::json_pointer p(pointer);
+    m[p] = m[p].get<int64_t>() + 1;
+    m["manifest_xxh3"] = ckpt::manifest_checksum(m);
+    std::ofstream(d + "/manifest.json", std::ios::trunc) << m.dump(2);
+    const std::vector<std::string> problems = ckpt::record_problems(d);
+    REQUIRE(!problems.empty());
+    CHECK(problems.front().find(d + "/manifest.json: " + named) != std::string::npos);
+    CHECK(ckpt::verify(d).front().find(named) != std::string::npos);
+    CHECK(error_of([&] { std::make_unique<Trainer>(c, 2, make_batch_source(c))->resume(d, {}); }).find(named) !=
+          std::string::npos);
+  }
+  std::ofstream(d + "/manifest.json", std::ios::trunc) << orig.dump(2);
+  CHECK(ckpt::verify(d).empty());
+}
+
+TEST_CASE("data_history: a run continuing another run's loader (data.olmo_core_state) records that order's seed") {
+  const TrainConfig c = fx().config();
+  auto t = fx().trainer(c);
+  nlohmann::json start = t->source().state();
+  start["seed"] = 99, start["batches_processed"] = 3;
+  start["tokens_processed"] = 3 * c.train.global_batch_instances * c.train.seq_len;
+  t->start_data_at(start);
+  for (int i = 0; i < 2; ++i) t->train_step();
+  const std::string root = fx().dir + "/olmo-core-start";
+  fs::remove_all(root);
+  const std::string d = t->save_checkpoint(root);
+  CHECK(ckpt::record_problems(d).empty());  // the config's data.seed (34521) is not this order's, and need not be
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(d + "/manifest.json"));
+  CHECK(m["data_history"]["seed_from"] == "data.olmo_core_state");
+  CHECK(m["data_history"]["seed"] == 99);
+  CHECK(m["data_history"]["segments"][0]["batches_processed"] == 3);
+  CHECK(m["loader_state"]["batches_processed"] == 5);
+  auto r = fx().trainer(c);
+  r->resume(d, {});
+  CHECK(r->train_step().record.to_json() == t->train_step().record.to_json());
+}

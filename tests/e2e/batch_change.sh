@@ -34,7 +34,8 @@ print('\n'.join(str(r['instance']) for r in recs if r['batch'] == recs[0]['batch
 for g in 4 3; do
   for copy in 1 2; do
     "$BIN" train --config configs/tiny.toml --steps 8 "${data[@]}" --set train.global_batch_instances=$g \
-      --set train.micro_batch_instances=1 --allow-config-change --resume-from "$ckpt" --out "$work/g$g-$copy"
+      --set train.micro_batch_instances=1 --allow-config-change --resume-from "$ckpt" --out "$work/g$g-$copy" \
+      --new-records  # a new directory: its records begin at step 5
   done
   cmp "$work/g$g-1/trace.jsonl" "$work/g$g-2/trace.jsonl"
   cmp "$work/g$g-1/audit.jsonl" "$work/g$g-2/audit.jsonl"
@@ -50,4 +51,14 @@ for g in 4 3; do
   fi
   [ "$(head -c 9 "$work/g$g-1/trace.jsonl")" = '{"step":5' ] || { echo "FAIL: the resumed trace does not start at step 5"; exit 1; }
   echo "ok: global batch 8 -> $g at step 4: two resumes byte-identical; step 5 trains batch $skip of the order cut in $g's ($(tr '\n' ' ' < "$work/got$g.txt"))"
+  # The checkpoint after the change records both batch sizes (data_history) and verifies; resumed in place, its audit
+  # records, which the loader numbers by its batches of g (batch 32 // g + 1 on), are matched to steps 5..8 and kept.
+  "$BIN" ckpt verify "$work/g$g-1/checkpoints/step00000008" > /dev/null
+  cp "$work/g$g-1/audit.jsonl" "$work/audit-g$g.before"
+  "$BIN" train --config configs/tiny.toml --steps 10 "${data[@]}" --set train.global_batch_instances=$g \
+    --set train.micro_batch_instances=1 --allow-config-change --resume --out "$work/g$g-1"
+  cmp -n "$(stat -c %s "$work/audit-g$g.before")" "$work/audit-g$g.before" "$work/g$g-1/audit.jsonl" || {
+    echo "FAIL: global batch $g: the resume at step 8 cut audit records of steps 5..8"; exit 1; }
+  [ "$(wc -l < "$work/g$g-1/audit.jsonl")" -eq $(( 6 * g )) ]  # steps 5..10: the records began at step 5
+  echo "ok: global batch $g: the checkpoint at step 8 verifies; a resume from it keeps the audit records of steps 5..8"
 done

@@ -94,7 +94,7 @@ expect_error "fingerprint" -- "$BIN" train --config "$SRC/configs/tiny.toml" --s
 cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
 # A trace that does not hold exactly steps 1..K of the checkpoint at K is refused, saying which steps; nothing is cut.
 head -n 1 "$work/trace.before" > "$work/done/trace.jsonl"
-expect_error "steps 2..2 are missing" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
+expect_error "trace.jsonl: no record of step 2 (the checkpoint is at step 2)" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
   --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 --resume-from "$work/done/checkpoints/step00000002"
 [ "$(wc -l < "$work/done/trace.jsonl")" -eq 1 ]
 { head -n 1 "$work/trace.before"; head -n 1 "$work/trace.before"; } > "$work/done/trace.jsonl"
