@@ -1,5 +1,6 @@
 #include "data/mix.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -27,6 +28,28 @@ static void write_mix_atomically(const std::string& mix_path, const std::string&
   fs::rename(tmp, mix_path);
 }
 
+// A mix line is text. A NUL would end the path where the file is opened (so "a.u16\0.bak" would read a.u16 without a
+// word), and an escape, a carriage return inside the line or DEL means a corrupted or binary file, never a path
+// anyone meant. Tabs are whitespace around the fields; a CR that ends the line is a Windows line ending.
+static void refuse_control_characters(const std::string& mix_path, int64_t line_no, const std::string& line) {
+  size_t n = line.size();
+  if (n > 0 && line[n - 1] == '\r') --n;
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if ((c >= 0x20 && c != 0x7f) || c == '\t') continue;
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", c);
+    const std::string name = c == 0 ? "NUL (0x00)" : c == '\r' ? "CR (0x0d)" : c == 0x7f ? "DEL (0x7f)" : code;
+    const bool binary = line_no == 1 && line.find('\0') != std::string::npos;
+    throw std::runtime_error(
+        "mix file '" + mix_path + "' line " + std::to_string(line_no) + ": control character " + name + " at column " +
+        std::to_string(i + 1) + "; a mix line holds only text (a token file path, or label,path): " +
+        (binary ? "this looks like binary data: was a token file given where a mix belongs? (data.train_mix and "
+                  "data.holdout_mix name mix files; data.train_files and data.holdout_files name token files)"
+                : "remove the character from the line"));
+  }
+}
+
 Mix Mix::parse_file(const std::string& mix_path, const MixResolve& resolve) {
   std::ifstream in(mix_path);
   if (!in) {
@@ -40,6 +63,7 @@ Mix Mix::parse_file(const std::string& mix_path, const MixResolve& resolve) {
   int64_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
+    refuse_control_characters(mix_path, line_no, line);
     const std::string t = trim(line);
     if (t.empty() || t[0] == '#') continue;
     MixEntry e;
