@@ -10,6 +10,7 @@
 
 #include "ref/gemm.h"
 #include "ref/parallel.h"
+#include "train/batch_source.h"
 #include "train/config.h"
 #include "train/parity_dump.h"
 #include "train/resume_check.h"
@@ -185,6 +186,7 @@ void register_commands(CLI::App& app) {
       if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
       if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
       TrainConfig c = load_config(cfg->path, ov);
+      check_evaluation_data_separate(c);  // before the run directory is touched
       resolve_hf_init(c);
       if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
         // A run that started from Hugging Face weights keeps recording them when resumed without naming them again
