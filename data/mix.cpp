@@ -228,7 +228,7 @@ void Mix::write_file(const std::string& mix_path) const {
 void Mix::write_olmo_core_file(const std::string& mix_path, const MixResolve& resolve) const {
   if (resolve.base_dir.empty() || resolve.tokenizer.empty())
     throw std::invalid_argument("mix file '" + mix_path + "': OLMo-core's format needs a base directory and a tokenizer "
-                                "name (--base-dir, --tokenizer-dir)");
+                                "name (`olmoref data mix`: --mix-base-dir and --mix-tokenizer)");
   const fs::path base = fs::absolute(resolve.base_dir).lexically_normal();
   std::string text;
   for (const auto& e : entries) {

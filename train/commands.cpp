@@ -326,8 +326,16 @@ void register_commands(CLI::App& app) {
                                    "complete checkpoints; pass a stepNNNNNNNN directory of `olmoref train`");
         ckpt_dir = *newest;
       }
-      const RunWeights w = !ckpt_dir.empty() ? load_checkpoint_weights(ckpt_dir, *overrides)
-                                             : initial_weights(load_config(*config, *overrides));
+      // A model Hugging Face cannot hold is refused from its config, naming the file, before weights are read.
+      RunWeights w;
+      if (!ckpt_dir.empty()) {
+        require_hf_form(load_checkpoint_config(ckpt_dir, *overrides), "Hugging Face export");
+        w = load_checkpoint_weights(ckpt_dir, *overrides);
+      } else {
+        const TrainConfig c0 = load_config(*config, *overrides);
+        require_hf_form(c0, "Hugging Face export");
+        w = initial_weights(c0);
+      }
       const TrainConfig& c = w.config;
       const ParamLayout layout(c.model);
       std::optional<data::BpeTokenizer> tok;

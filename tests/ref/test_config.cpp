@@ -11,6 +11,7 @@
 
 #include "train/batch_source.h"
 #include "train/config.h"
+#include "train/eval.h"
 
 using namespace olmoref;
 
@@ -213,4 +214,25 @@ TEST_CASE("a holdout file that is also a training file is refused: by path, syml
   // With [eval] off the fresh split is never read: a config may keep naming files that do not exist here.
   CHECK(loader_error({"data.train_files=" + toml_list({a, b}), "data.holdout_files=" + toml_list({h}),
                       "eval.interval=0", "eval.fresh_mix=\"" + s.file("absent.mix") + "\""}).empty());
+}
+
+TEST_CASE("errors about a config found after it was read still name its file") {
+  // A mixture of experts in bf16: refused by validation, not first by the model (which never knew the file).
+  const std::string moe = error_of(kValid, {"model.moe_experts=4", "model.moe_top_k=2", "model.moe_hidden=32",
+                                            "train.precision=\"bf16\""});
+  CHECK(moe.find("test.toml: config key 'train.precision'") == 0);
+  CHECK(error_of(kValid, {"model.moe_experts=4", "model.moe_top_k=2", "model.moe_hidden=32"}).empty());
+  // No training data at all.
+  CHECK(loader_error({}).find("run.toml: config key 'data.train_files'") == 0);
+  // The in-loop backstop with a holdout or fresh split too small to sample.
+  Scratch s;
+  const std::string tr = s.tokens("t.u16", 400, 1), h = s.tokens("h.u16", 20, 2), f = s.tokens("f.u16", 400, 3);
+  try {
+    Evaluator ev(parse_config_text(kValid, "run.toml",
+                                   {"data.train_files=" + toml_list({tr}), "data.holdout_files=" + toml_list({h}),
+                                    "eval.interval=5", "eval.fresh_files=" + toml_list({f})}));
+    FAIL("expected an error");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("run.toml: config key 'eval.instances'") == 0);
+  }
 }
