@@ -411,6 +411,16 @@ struct MixCmdArgs {
 };
 
 void run_mix(MixCmdArgs& a) {
+  if (a.olmo_core && !a.out.empty()) {
+    std::string missing;
+    if (a.mix.resolve.base_dir.empty()) missing = "--mix-base-dir DIR (the directory its paths are relative to)";
+    if (a.mix.resolve.tokenizer.empty())
+      missing += std::string(missing.empty() ? "" : " and ") +
+                 "--mix-tokenizer NAME (the tokenizer's directory in the paths, written as {TOKENIZER})";
+    if (!missing.empty())
+      throw std::invalid_argument("data mix --olmo-core: give " + missing + "; OLMo-core's mix format writes every "
+                                  "path relative to a base directory with its tokenizer part as {TOKENIZER}");
+  }
   Mix mix = mix_from_args(a.paths, a.mix.resolve);
   if (!a.label.empty())
     for (auto& e : mix.entries)

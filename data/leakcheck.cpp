@@ -433,42 +433,18 @@ struct TempDir {
   }
 };
 
-// Same file on both sides: same path, or same size and content.
+// Same file on both sides: the same file (canonical path), or the same bytes under another name (data/mix.h
+// shared_files, the check `olmoref train` refuses such a config with).
 nlohmann::json shared_files(const FslDataset& train, const FslDataset& holdout, CheckResult& res) {
   nlohmann::json list = nlohmann::json::array();
-  std::map<int64_t, std::vector<size_t>> by_size;
-  for (size_t j = 0; j < holdout.n_files(); ++j) by_size[holdout.file(j).size_bytes()].push_back(j);
-  auto canonical = [](const std::string& p) {
-    std::error_code ec;
-    const fs::path c = fs::weakly_canonical(p, ec);
-    return ec ? p : c.string();
-  };
-  auto content_hash = [](const TokenFile& f) {
-    std::vector<uint32_t> t(static_cast<size_t>(f.n_tokens()));
-    f.read(0, t, 0);
-    return xxh3_u32(t.data(), static_cast<int64_t>(t.size()));
-  };
-  std::map<size_t, uint64_t> holdout_hash;
-  for (size_t i = 0; i < train.n_files(); ++i) {
-    ++res.checked;
-    const TokenFile& tf = train.file(i);
-    const auto it = by_size.find(tf.size_bytes());
-    if (it == by_size.end()) continue;
-    for (const size_t j : it->second) {
-      const TokenFile& hf = holdout.file(j);
-      bool same = canonical(tf.path()) == canonical(hf.path());
-      std::string how = "same path";
-      if (!same) {
-        if (!holdout_hash.count(j)) holdout_hash[j] = content_hash(hf);
-        same = content_hash(tf) == holdout_hash[j];
-        how = "same size and XXH3";
-      }
-      if (!same) continue;
-      StreamPosition p;  // static: no stream position
-      res.fail(p, "training file " + tf.path() + " is holdout file " + hf.path() + " (" + how + ")");
-      list.push_back({{"train_file", tf.path()}, {"train_index", i}, {"holdout_file", hf.path()}, {"holdout_index", j},
-                      {"match", how}});
-    }
+  res.checked += static_cast<int64_t>(train.n_files());
+  for (const SharedFile& f : shared_files(train.mix(), holdout.mix())) {
+    const std::string tp = train.file(f.a).path(), hp = holdout.file(f.b).path();
+    const std::string how = f.same_path ? "same path" : "same size and XXH3";
+    StreamPosition p;  // static: no stream position
+    res.fail(p, "training file " + tp + " is holdout file " + hp + " (" + how + ")");
+    list.push_back({{"train_file", tp}, {"train_index", f.a}, {"holdout_file", hp}, {"holdout_index", f.b},
+                    {"match", how}});
   }
   return list;
 }

@@ -17,6 +17,7 @@
 // it, base_dir + "/" + path with the placeholder replaced. A placeholder without a tokenizer is an error.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ namespace olmoref::data {
 struct MixEntry {
   std::string path;   // as resolved (what is opened)
   std::string label;  // may be empty
+  int64_t line = 0;   // the line of the mix file it came from (0: given as a path, not read from a file)
 };
 
 struct MixResolve {
@@ -53,5 +55,18 @@ struct Mix {
   bool empty() const { return entries.empty(); }
   size_t size() const { return entries.size(); }
 };
+
+// A file that two mixes share: the same file (equal canonical paths, so "./a.u16", "a.u16" and a symlink to it
+// meet) or the same bytes under another name (equal size, then an equal XXH3-64 of the first MiB, then of the
+// whole file: files of different sizes are never read, and a mismatch is usually seen in the first MiB). A file
+// that cannot be opened is compared by path alone (whoever opens it next says why it cannot).
+struct SharedFile {
+  size_t a = 0, b = 0;     // entry indices in the two mixes
+  bool same_path = false;  // else the same bytes under another name
+  std::string canonical;   // same path: the file both entries name
+  int64_t bytes = 0;       // same bytes: the size
+  uint64_t xxh3 = 0;       // same bytes: XXH3-64 (seed 0) of the whole file
+};
+std::vector<SharedFile> shared_files(const Mix& a, const Mix& b);
 
 }  // namespace olmoref::data

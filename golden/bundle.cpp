@@ -25,6 +25,7 @@
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/manifest.h"
+#include "train/weights.h"
 
 namespace olmoref {
 
@@ -115,6 +116,7 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   // The bundle describes the optimizer as plain AdamW with the default groups, which is what the replays run.
   if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
     throw std::runtime_error(run + "/manifest.json: golden export: " + why);
+  require_hf_form(cfg, "golden export (its step-0 weights are a Hugging Face Olmo 3 checkpoint)");
   const std::vector<TraceRecord> trace = read_trace(run + "/trace.jsonl");
   int64_t S = static_cast<int64_t>(trace.size());
   if (opts.steps >= 0) {

@@ -1,8 +1,9 @@
 // golden/cli_golden.cpp — the golden-trace commands of the olmoref binary:
-//   olmoref trace compare A B [--rules FILE | --megatron [--approximate]] [--loss ce]
+//   olmoref trace compare A B [--rules FILE | --megatron [--approximate] [--megatron-rules current|legacy]] [--loss ce]
 //                                                 exit 0 only if every rule holds (1: a rule failed, 2: an error)
 //   olmoref trace plot A [B ...] --out FILE.svg   loss curves, and where two runs part
 //   olmoref trace convert A --to megatron|steploss --out FILE [--loss ce] [--metrics ...] [--step-interval N]
+//                                                 [--megatron-rules current|legacy]
 //   olmoref golden export --run DIR --out BUNDLE [--copy-data]
 //   olmoref golden logits (--config FILE | --checkpoint DIR) --seq-len T --out DIR [--precision bf16]
 // Uses header-only CLI11, like data/cli_data.cpp.
@@ -111,6 +112,7 @@ void register_golden_commands(CLI::App& app) {
     auto megatron = std::make_shared<bool>(false), approximate = std::make_shared<bool>(false);
     auto mg = std::make_shared<MegatronGoldenOptions>();
     auto mg_metrics = std::make_shared<std::vector<std::string>>();
+    auto mg_rules = std::make_shared<std::string>();
     cmp->add_option("A", *a, "Reference trace (the golden one)")->required();
     cmp->add_option("B", *b, "Trace to check")->required();
     auto* rules_opt = cmp->add_option(
@@ -125,7 +127,8 @@ void register_golden_commands(CLI::App& app) {
         ->check(CLI::IsMember({"total", "ce"}));
     cmp->add_flag("--megatron", *megatron,
                   "Megatron-LM's functional-test comparison: A and B as golden values (traces of other formats are "
-                  "first sampled and rounded as Megatron's extractor does), checks [exact, rtol 0.05] per metric")
+                  "first sampled and rounded as Megatron's extractor does), each metric under Megatron's checks "
+                  "(lm loss [exact, rtol 0.05], num-zeros [exact, rtol 0.20])")
         ->excludes(rules_opt);
     cmp->add_flag("--approximate", *approximate,
                   "With --megatron: skip the exact checks, as Megatron does for --allow-nondeterministic-algo runs");
@@ -133,6 +136,10 @@ void register_golden_commands(CLI::App& app) {
                     "With --megatron: Megatron metric names, comma-separated (default \"lm loss,num-zeros\")");
     cmp->add_option("--step-interval", mg->step_interval,
                     "With --megatron, for traces that are not golden values yet: the sampling interval (default 5)");
+    cmp->add_option("--megatron-rules", *mg_rules,
+                    "With --megatron: current (Megatron-LM since its PR #6771: failing steps allowed per golden value, "
+                    "num-zeros rtol 0.20; the default) or legacy (olmoref's former rules: allowance from the header's "
+                    "range, rtol 0.05 everywhere); docs/formats/compare.md");
     cmp->callback([=] {
       LoadedTrace ta = load_trace_any(*a), tb = load_trace_any(*b);
       apply_loss_choice(ta, *loss);
@@ -142,14 +149,16 @@ void register_golden_commands(CLI::App& app) {
       if (*megatron) {
         MegatronGoldenOptions o = *mg;
         if (!mg_metrics->empty()) o.metrics = split_metrics(*mg_metrics);
+        if (!mg_rules->empty()) o.rules = parse_megatron_rules(*mg_rules);
+        const std::vector<MegatronCheck> checks = megatron_default_checks(o.metrics, o.rules);
         const LoadedTrace ga = ta.format == "megatron" ? ta : megatron_golden_values(ta, o);
         const LoadedTrace gb = tb.format == "megatron" ? tb : megatron_golden_values(tb, o);
-        const MegatronPipelineResult res = megatron_pipeline(ga, gb, megatron_default_checks(o.metrics), *approximate);
+        const MegatronPipelineResult res = megatron_pipeline(ga, gb, checks, *approximate, o.rules);
         text = format_megatron_report(ga, gb, res);
         pass = res.pass;
       } else {
-        if (*approximate || !mg_metrics->empty())
-          throw std::invalid_argument("--approximate and --metrics belong to --megatron");
+        if (*approximate || !mg_metrics->empty() || !mg_rules->empty())
+          throw std::invalid_argument("--approximate, --metrics and --megatron-rules belong to --megatron");
         const CompareRules r = rules->empty() ? default_rules(ta, tb) : load_rules(*rules);
         const CompareResult res = compare_traces(ta, tb, r);
         text = format_compare_report(ta, tb, r, res);
@@ -195,6 +204,7 @@ void register_golden_commands(CLI::App& app) {
     auto closs = std::make_shared<std::string>("total");
     auto co = std::make_shared<MegatronGoldenOptions>();
     auto cmetrics = std::make_shared<std::vector<std::string>>();
+    auto crules = std::make_shared<std::string>();
     conv->add_option("TRACE", *in, "Trace file or run directory")->required();
     conv->add_option("--to", *to,
                      "megatron (golden values as Megatron-LM's functional tests extract them: lm loss and num-zeros, "
@@ -213,12 +223,19 @@ void register_golden_commands(CLI::App& app) {
     conv->add_option("--step-interval", co->step_interval, "megatron: Megatron's step_interval (default 5)");
     conv->add_option("--start-step", co->start_step, "megatron: the first step kept (default 1)");
     conv->add_option("--train-iters", co->train_iters, "megatron: the last step sampled (default: the trace's last)");
+    conv->add_option("--megatron-rules", *crules,
+                     "megatron: current (Megatron-LM's extractor since its PR #6771: only the steps the run logged; "
+                     "the default) or legacy (every sampled step up to --train-iters, \"nan\" where none was logged)");
     conv->callback([=] {
       LoadedTrace t = load_trace_any(*in);
       apply_loss_choice(t, *closs);
       warn_if_z_loss(t, *closs, *to == "megatron" ? "Megatron" : "TorchTitan");
       MegatronGoldenOptions o = *co;
       if (!cmetrics->empty()) o.metrics = split_metrics(*cmetrics);
+      if (!crules->empty()) {
+        if (*to != "megatron") throw std::invalid_argument("--megatron-rules belongs to --to megatron");
+        o.rules = parse_megatron_rules(*crules);
+      }
       write_file(*cout, *to == "megatron" ? to_megatron_json(t, o) : to_steploss_text(t));
       std::printf("wrote %s (%s%s)\n", cout->c_str(), to->c_str(), *closs == "ce" ? ", loss = cross-entropy" : "");
     });

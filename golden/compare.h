@@ -75,20 +75,28 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
 
 // ---- Megatron-LM's own comparison ----
 // What Megatron's functional tests do with two golden-values files (tests/functional_tests/python_test_utils/
-// common.py `pipeline`, test_regular_pipeline.py CHECK_THRESHOLDS): per metric a list of checks, each evaluated at
-// the golden file's steps with np.isclose(actual, golden, rtol, atol) (a string value, "nan", counts as inf).
-// A deterministic check (rtol = atol = 0) must hold at every step; an approximate one may fail on
-// min(max(total // 100, 1), 50) steps of total = (end_step - start_step) / step_interval + 1 (Megatron's
-// arithmetic, in floating point: pass iff the fraction of close steps >= 1 - allowed / total); a metric whose
-// golden values hold one step must hold there. With compare_approximate_results (Megatron's
-// --allow-nondeterministic-algo runs) the deterministic checks are skipped.
+// common.py `pipeline`, test_pretraining_regular_pipeline.py CHECK_THRESHOLDS): per metric a list of checks, each
+// evaluated at the golden file's steps with np.isclose(actual, golden, rtol, atol) (a string value, "nan", counts
+// as inf, which is close only to inf). A deterministic check (rtol = atol = 0) must hold at every step; an
+// approximate one may fail on min(max(total // 100, 1), 50) steps (pass iff the fraction of close steps is
+// >= 1 - allowed / total, in floating point as Megatron computes it); a metric whose golden values hold one step
+// must hold there. With compare_approximate_results (Megatron's --allow-nondeterministic-algo runs) the
+// deterministic checks are skipped. Which Megatron (MegatronRules, interop/trace_formats.h):
+//   current: total = the number of golden values (PR #6771); a step the actual values lack is "nan"; thresholds as
+//            CHECK_THRESHOLDS has them (PR #4238: num-zeros rtol 0.20); iteration-time compares the medians of
+//            its steady window (steps 5..20 for runs up to 25 steps, 30..45 beyond; else the first four finite
+//            values after the window's start) as one step; a metric without a threshold there is refused.
+//   legacy:  total = (end_step - start_step) / step_interval + 1; a step the actual values lack fails;
+//            [exact, approximate rtol 0.05] for every metric.
 struct MegatronCheck {
   std::string metric;  // Megatron's name ("lm loss")
   bool deterministic = true;
   double rtol = 0, atol = 0;
 };
-// Megatron's defaults for its default METRICS: lm loss and num-zeros, each [deterministic, approximate rtol 0.05].
-std::vector<MegatronCheck> megatron_default_checks(const std::vector<std::string>& metrics = {"lm loss", "num-zeros"});
+// Megatron's checks for the metrics asked (default: its default METRICS, lm loss and num-zeros). Current rules:
+// CHECK_THRESHOLDS' entries; a metric it has no entry for throws std::invalid_argument naming the ones it has.
+std::vector<MegatronCheck> megatron_default_checks(const std::vector<std::string>& metrics = {"lm loss", "num-zeros"},
+                                                   MegatronRules rules = MegatronRules::current);
 
 struct MegatronCheckResult {
   MegatronCheck check;
@@ -100,14 +108,17 @@ struct MegatronCheckResult {
   double allowed = 0;       // failing steps allowed (approximate checks)
   int64_t first_failing_step = -1;
   std::string message;      // Megatron's own wording: "... test for metric lm loss: PASSED" / "... : FAILED"
+  std::string note;         // how the values were compared when not step by step (iteration-time's medians)
 };
 struct MegatronPipelineResult {
   std::vector<MegatronCheckResult> checks;
   bool pass = true;
+  MegatronRules rules = MegatronRules::current;
 };
 // golden and actual must be golden values (format "megatron"; megatron_golden_values makes them from any trace).
 MegatronPipelineResult megatron_pipeline(const LoadedTrace& golden, const LoadedTrace& actual,
-                                         const std::vector<MegatronCheck>& checks, bool compare_approximate_results);
+                                         const std::vector<MegatronCheck>& checks, bool compare_approximate_results,
+                                         MegatronRules rules = MegatronRules::current);
 std::string format_megatron_report(const LoadedTrace& golden, const LoadedTrace& actual,
                                    const MegatronPipelineResult& r);
 

@@ -59,9 +59,9 @@ LayerTypes layer_types_of(const ModelConfig& cfg) {
     std::string list;
     for (int64_t w : windows) list += (list.empty() ? "" : ", ") + std::to_string(w);
     throw std::invalid_argument(
-        "model.swa_pattern uses different sliding windows (" + list +
-        "); Hugging Face Olmo3Config has a single `sliding_window` for all sliding layers, so this model cannot be "
-        "exported. Use one window size (and -1 for full layers) in model.swa_pattern.");
+        "config key 'model.swa_pattern' uses different sliding windows (" + list +
+        "); Hugging Face Olmo3Config has a single `sliding_window` for all sliding layers, so this model has no "
+        "Hugging Face form. Use one window size (and -1 for full layers) in model.swa_pattern.");
   }
   if (!windows.empty()) lt.sliding_window = *windows.begin();
   return lt;
@@ -222,6 +222,15 @@ static void refuse_moe(const ModelConfig& cfg, const char* what) {
         ": a mixture-of-experts model has no Hugging Face form (Olmo3ForCausalLM is dense; OlmoeForCausalLM is "
         "pre-norm, OLMo-core 3's moe_reordered_norm block is not); `olmoref parity-dump` writes the weights "
         "under OLMo-core's names (olmo_core/model.safetensors)");
+}
+
+void check_hf_representable(const ModelConfig& cfg, const char* what) {
+  refuse_moe(cfg, what);
+  try {
+    layer_types_of(cfg);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(what) + ": " + e.what());
+  }
 }
 
 std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) {

@@ -36,6 +36,11 @@ struct HfExportOptions {
   std::map<std::string, std::string> metadata;
 };
 
+// Throws std::invalid_argument ("WHAT: config key '...': ...") when the model has no Hugging Face Olmo3 form: a
+// mixture of experts, or sliding layers with different windows. Callers that know the config file prefix it
+// (train/weights.h require_hf_form), so the error names the file as config errors do.
+void check_hf_representable(const ModelConfig& cfg, const char* what);
+
 // The config.json content for `cfg` (exposed for tests and for tools that only need the config).
 // Throws std::invalid_argument when HF cannot represent the model: the sliding-window layers use different
 // window sizes (HF Olmo3Config has one `sliding_window`), or a token id is out of range.

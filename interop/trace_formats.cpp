@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -430,6 +431,16 @@ std::string megatron_metric_name(const std::string& ours) {
   return it == names.end() ? ours : it->second;
 }
 
+MegatronRules parse_megatron_rules(const std::string& name) {
+  if (name == "current") return MegatronRules::current;
+  if (name == "legacy") return MegatronRules::legacy;
+  throw std::invalid_argument("--megatron-rules '" + name + "': expected current (Megatron-LM since its PR #6771, the "
+                              "default) or legacy (the rules olmoref applied before it followed Megatron's current ones; "
+                              "docs/formats/compare.md)");
+}
+
+const char* megatron_rules_name(MegatronRules r) { return r == MegatronRules::current ? "current" : "legacy"; }
+
 LoadedTrace megatron_golden_values(const LoadedTrace& t, const MegatronGoldenOptions& o) {
   if (o.step_interval < 1) throw std::invalid_argument("--step-interval must be >= 1");
   if (o.start_step < 1) throw std::invalid_argument("--start-step must be >= 1");
@@ -456,17 +467,37 @@ LoadedTrace megatron_golden_values(const LoadedTrace& t, const MegatronGoldenOpt
     MegatronRange r;
     r.step_interval = o.step_interval;
     r.start_step = o.start_step;
+    const bool legacy = o.rules == MegatronRules::legacy;
     for (int64_t k = o.start_step; k <= iters; ++k) {
       if (k != o.start_step && k % o.step_interval != 0) continue;
-      r.end_step = k;
       const auto v = it->second.find(k);
       if (v == it->second.end()) {
-        out[k] = {std::numeric_limits<double>::quiet_NaN(), "nan"};  // not logged: the extractor writes "nan"
+        if (!legacy) continue;  // the current extractor keeps what the run logged
+        r.end_step = k;
+        out[k] = {std::numeric_limits<double>::quiet_NaN(), "nan"};  // the legacy extractor wrote "nan"
         continue;
       }
+      r.end_step = k;
       // TensorBoard keeps a scalar as fp32 (integers above 2^24 too), Python widens it and rounds to 5 decimals.
       const double tb = static_cast<double>(static_cast<float>(v->second.value));
       out[k] = {python_round5(tb), std::isnan(tb) ? "nan" : ""};
+    }
+    if (out.empty())
+      throw std::invalid_argument(t.path + ": metric '" + name + "' has no value at the sampled steps (" +
+                                  std::to_string(o.start_step) + ", then multiples of " +
+                                  std::to_string(o.step_interval) + " up to " + std::to_string(iters) +
+                                  "); Megatron's extractor would leave it out: check --start-step and --step-interval");
+    if (!legacy) {
+      // Megatron infers the cadence from what it kept, ignoring the special start sample (PR #6771).
+      r.start_step = out.begin()->first;
+      int64_t gcd = 0, prev = -1, cadence_steps = 0;
+      for (const auto& [k, v] : out) {
+        if (k == o.start_step) continue;
+        if (prev >= 0) gcd = std::gcd(gcd, k - prev);
+        prev = k;
+        ++cadence_steps;
+      }
+      r.step_interval = cadence_steps >= 2 ? gcd : o.step_interval;
     }
     g.megatron_ranges[metric] = r;
   }

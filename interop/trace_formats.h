@@ -54,15 +54,33 @@ std::string canonical_metric(const std::string& name);
 // series by the ce series (exact bits). Throws naming the file when the trace has no ce.
 void use_ce_as_loss(LoadedTrace& t);
 
+// Megatron-LM has changed how its functional tests extract and compare golden values; which version to follow
+// (docs/formats/compare.md, "Megatron's own comparison"):
+//   current  Megatron-LM since its PR #6771 (and #4238): only the steps a run logged are kept, the failing-step
+//            allowance counts the golden values, num-zeros' approximate rtol is 0.20, timings and memory are
+//            compared approximately only (iteration-time by the median of its steady window), a step the actual
+//            values lack is "nan"
+//   legacy   what olmoref applied before (`--megatron-rules legacy`): unlogged steps written as "nan" up to
+//            train_iters, the allowance from (end_step - start_step) / step_interval + 1 (Megatron from PR #4591 to
+//            #6771), [exact, approximate rtol 0.05] for every metric (num-zeros' rtol before #4238), a step the
+//            actual values lack fails. No single Megatron revision had all of these together.
+enum class MegatronRules { current, legacy };
+MegatronRules parse_megatron_rules(const std::string& name);  // "current" | "legacy"; throws naming both
+const char* megatron_rules_name(MegatronRules r);
+
 // What Megatron-LM's functional tests keep of a run (tests/functional_tests/python_test_utils/common.py,
 // read_tb_logs_as_list): each metric as TensorBoard stores it (fp32), rounded to 5 decimals by Python's round(),
-// at start_step and then at every step k > start_step with k % step_interval == 0, up to train_iters; a step the
-// run did not log is the string "nan" (which Megatron's comparison treats as inf).
+// at start_step and then at every step k > start_step with k % step_interval == 0, up to train_iters. Current
+// rules: only the steps the run logged, the header's start_step and end_step the first and last of them and its
+// step_interval their cadence (the gcd of the gaps between kept steps other than start_step; step_interval when
+// fewer than two). Legacy rules: every step of the grid, "nan" where the run did not log it (Megatron's comparison
+// reads it as inf), the header start_step, the last grid step and step_interval.
 struct MegatronGoldenOptions {
   int64_t start_step = 1;
   int64_t step_interval = 5;
   int64_t train_iters = 0;                                      // 0: the trace's last step
   std::vector<std::string> metrics = {"lm loss", "num-zeros"};  // Megatron's names; its default METRICS
+  MegatronRules rules = MegatronRules::current;
 };
 // The golden values as a LoadedTrace (format "megatron", ranges set): the input of Megatron's comparison.
 LoadedTrace megatron_golden_values(const LoadedTrace& t, const MegatronGoldenOptions& opts);

@@ -1,5 +1,6 @@
 #include "train/batch_source.h"
 
+#include <cstdio>
 #include <stdexcept>
 
 #include "data/audit.h"
@@ -35,9 +36,65 @@ data::DatasetOptions dataset_options(const TrainConfig& cfg) {
   return o;
 }
 
+namespace {
+
+// train_mix, with the config file named when the config gives no training data.
+data::Mix train_mix_named(const TrainConfig& cfg) {
+  try {
+    return train_mix(cfg.data);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(cfg.in_file(e.what()));
+  }
+}
+
+// An entry as the user wrote it: its config key and position, or its mix file and line.
+std::string entry_name(const data::Mix& m, size_t i, const std::string& files_key, const std::string& mix_key) {
+  const data::MixEntry& e = m.entries[i];
+  if (e.line > 0) return mix_key + " (" + m.source + " line " + std::to_string(e.line) + ": '" + e.path + "')";
+  return files_key + " entry " + std::to_string(i + 1) + " ('" + e.path + "')";
+}
+
+}  // namespace
+
+void check_evaluation_data_separate(const TrainConfig& cfg) {
+  const DataConfig& d = cfg.data;
+  struct Side {
+    std::string files_key, mix_key, what;
+    data::Mix mix;
+  };
+  std::vector<Side> sides;
+  if (!d.holdout_mix.empty() || !d.holdout_files.empty())
+    sides.push_back({"data.holdout_files", "data.holdout_mix", "the holdout", holdout_spec(d).mix});
+  // The fresh split is read only while [eval] is on (a config may keep eval.fresh_mix with eval.interval = 0 and the
+  // files absent); parsed as train/eval.cpp parses it (no OLMo-core base directory).
+  if (cfg.eval.interval > 0 && !cfg.eval.fresh_mix.empty())
+    sides.push_back({"eval.fresh_files", "eval.fresh_mix", "the fresh split", data::Mix::parse_file(cfg.eval.fresh_mix)});
+  else if (cfg.eval.interval > 0 && !cfg.eval.fresh_files.empty())
+    sides.push_back({"eval.fresh_files", "eval.fresh_mix", "the fresh split", data::Mix::from_paths(cfg.eval.fresh_files)});
+  if (sides.empty()) return;
+  const data::Mix train = train_mix_named(cfg);
+  for (const Side& s : sides) {
+    const std::vector<data::SharedFile> shared = data::shared_files(train, s.mix);
+    if (shared.empty()) continue;
+    const data::SharedFile& f = shared.front();
+    char digest[24];
+    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(f.xxh3));
+    const std::string how = f.same_path ? "is the same file (" + f.canonical + ")"
+                                        : "holds the same bytes (" + std::to_string(f.bytes) + " bytes, XXH3 " + digest +
+                                              "): a copy under another name";
+    std::string msg = entry_name(s.mix, f.b, s.files_key, s.mix_key) + " is also training data: " +
+                      entry_name(train, f.a, "data.train_files", "data.train_mix") + " " + how + ". Training on " +
+                      s.what + " contaminates every evaluation on it; remove it from the training data or from " + s.what;
+    if (shared.size() > 1) msg += " (and " + std::to_string(shared.size() - 1) + " more file(s) both sides hold)";
+    msg += ". `olmoref leakcheck --config " + (cfg.source_path.empty() ? std::string("FILE") : cfg.source_path) +
+           "` reports what a run on both would deliver";
+    throw std::invalid_argument(cfg.in_file(msg));
+  }
+}
+
 data::LoaderConfig loader_config(const TrainConfig& cfg) {
   data::LoaderConfig lc;
-  lc.dataset = std::make_shared<data::FslDataset>(train_mix(cfg.data), dataset_options(cfg));
+  lc.dataset = std::make_shared<data::FslDataset>(train_mix_named(cfg), dataset_options(cfg));
   lc.seed = cfg.data.seed;
   lc.global_batch_instances = cfg.train.global_batch_instances;
   lc.microbatch_instances = cfg.train.micro_batch_instances;
@@ -52,6 +109,7 @@ namespace {
 class LoaderSource : public BatchSource {
  public:
   LoaderSource(const TrainConfig& cfg, const std::string& audit_path, bool audit_append, int world, int rank) {
+    check_evaluation_data_separate(cfg);
     data::LoaderConfig lc = loader_config(cfg);  // shared with `olmoref leakcheck`
     lc.world_size = world;
     lc.rank = world == 1 ? -1 : rank;

@@ -28,6 +28,14 @@ data::DatasetOptions dataset_options(const TrainConfig& cfg);
 // Dataset, seed, batch shape and holdout; the caller sets world_size, rank and audit.
 data::LoaderConfig loader_config(const TrainConfig& cfg);
 
+// Evaluation data is never trained on: a holdout entry (data.holdout_files / data.holdout_mix) or, with [eval] on,
+// a fresh-split entry (eval.fresh_files / eval.fresh_mix) that is also a training file, by path or by content
+// (data::shared_files), is refused with an std::invalid_argument naming the config file, both entries and their
+// keys. `olmoref train` runs it before anything else and make_batch_source() again, so every run, resume-check and
+// golden export gets it; `olmoref leakcheck` builds its loader through loader_config() without it, because
+// examining such a config is its job: it reports the same files as contamination (check shared_files).
+void check_evaluation_data_separate(const TrainConfig& cfg);
+
 struct StepBatch {
   int64_t epoch = 1;
   std::vector<int64_t> instance_ids;  // global instance ids, in global batch order

@@ -10,6 +10,7 @@
 
 #include "ref/gemm.h"
 #include "ref/parallel.h"
+#include "train/batch_source.h"
 #include "train/config.h"
 #include "train/parity_dump.h"
 #include "train/resume_check.h"
@@ -189,6 +190,7 @@ void register_commands(CLI::App& app) {
       if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
       if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
       TrainConfig c = load_config(cfg->path, ov);
+      check_evaluation_data_separate(c);  // before the run directory is touched
       resolve_hf_init(c);
       if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
         // A run that started from Hugging Face weights keeps recording them when resumed without naming them again
@@ -328,8 +330,16 @@ void register_commands(CLI::App& app) {
                                    "complete checkpoints; pass a stepNNNNNNNN directory of `olmoref train`");
         ckpt_dir = *newest;
       }
-      const RunWeights w = !ckpt_dir.empty() ? load_checkpoint_weights(ckpt_dir, *overrides)
-                                             : initial_weights(load_config(*config, *overrides));
+      // A model Hugging Face cannot hold is refused from its config, naming the file, before weights are read.
+      RunWeights w;
+      if (!ckpt_dir.empty()) {
+        require_hf_form(load_checkpoint_config(ckpt_dir, *overrides), "Hugging Face export");
+        w = load_checkpoint_weights(ckpt_dir, *overrides);
+      } else {
+        const TrainConfig c0 = load_config(*config, *overrides);
+        require_hf_form(c0, "Hugging Face export");
+        w = initial_weights(c0);
+      }
       const TrainConfig& c = w.config;
       const ParamLayout layout(c.model);
       std::optional<data::BpeTokenizer> tok;

@@ -363,6 +363,10 @@ void TrainConfig::validate() const {
   require(train.executor == "cpu" || train.executor == "cuda" || train.executor == "cuda-host", "train.executor",
           "must be \"cpu\", \"cuda\" (the GPU) or \"cuda-host\" (the CUDA kernels executed on the host: a slow check)");
   require(train.log_every > 0, "train.log_every", "must be > 0");
+  // The model refuses it too (model/olmo3.cpp), but only here does the error name the config file.
+  require(!(model.moe.enabled() && train.precision != "fp32"), "train.precision",
+          "mixture-of-experts models train in fp32 only so far (bf16 MoE is not implemented yet); set "
+          "train.precision=\"fp32\"");
   // Every comparison below is false for NaN, so NaN is refused with the range; infinities need their own test.
   require(std::isfinite(train.z_loss), "train.z_loss", "must be finite");
   require(optim.lr >= 0 && std::isfinite(optim.lr), "optim.lr", "must be finite and >= 0");

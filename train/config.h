@@ -92,6 +92,9 @@ struct TrainConfig {
   }
   int64_t targets_per_step() const { return train.global_batch_instances * (train.seq_len - 1); }
   void validate() const;                // throws std::invalid_argument naming the key
+  // "FILE: msg" (FILE: source_path; msg alone for a config built in code): for errors about this config found after
+  // it was loaded, so they name the file as load_config's own errors do.
+  std::string in_file(const std::string& msg) const { return source_path.empty() ? msg : source_path + ": " + msg; }
   std::string to_toml() const;          // resolved configuration, stable key order
   // Hashes of what must match to resume a run bit for bit: the [model] section alone, and
   // everything that shapes the numbers (model, batch shape, precision, optimizer, schedule, steps,

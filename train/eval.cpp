@@ -146,11 +146,13 @@ Evaluator::Evaluator(const TrainConfig& cfg)
   o.allow_short_files = true;  // a small holdout file is still held out
   const data::HoldoutSpec hs = holdout_spec(cfg.data);
   if (hs.kind == data::HoldoutKind::none)
-    throw std::invalid_argument("config key 'eval.interval': the backstop needs a holdout (data.holdout_mix or data.holdout_files)");
+    throw std::invalid_argument(
+        cfg.in_file("config key 'eval.interval': the backstop needs a holdout (data.holdout_mix or data.holdout_files)"));
   holdout_ = std::make_shared<data::FslDataset>(hs.mix, o);
   fresh_ = std::make_shared<data::FslDataset>(fresh_mix(cfg.eval), o);
   if (holdout_->size() < 2 || fresh_->size() < 2)
-    throw std::invalid_argument("config key 'eval.instances': the holdout and the fresh split need at least 2 instances each");
+    throw std::invalid_argument(
+        cfg.in_file("config key 'eval.instances': the holdout and the fresh split need at least 2 instances each"));
   holdout_ids_ = evenly_spaced(holdout_->size(), cfg.eval.instances);
   fresh_ids_ = evenly_spaced(fresh_->size(), cfg.eval.instances);
   holdout_docs_ = make_doc_index(*holdout_);

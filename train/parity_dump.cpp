@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "interop/hf_export.h"
+#include "train/weights.h"
 #include "interop/safetensors.h"
 #include "ref/rng.h"
 #include "train/trainer.h"
@@ -58,12 +59,13 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
     throw std::invalid_argument("parity-dump --steps " + std::to_string(steps) +
                                 ": the bundle records at least one AdamW step (use --steps 1 or more)");
   if (cfg.train.precision != "fp32")
-    throw std::invalid_argument("config key 'train.precision' is \"" + cfg.train.precision +
-                                "\": parity-dump replays training steps against Hugging Face in fp32; set "
-                                "train.precision=\"fp32\" (the bf16 recipe is compared through its logits: "
-                                "golden/parity/run_parity_bf16.sh)");
+    throw std::invalid_argument(cfg.in_file("config key 'train.precision' is \"" + cfg.train.precision +
+                                            "\": parity-dump replays training steps against Hugging Face in fp32; set "
+                                            "train.precision=\"fp32\" (the bf16 recipe is compared through its "
+                                            "logits: golden/parity/run_parity_bf16.sh)"));
   if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
-    throw std::invalid_argument("parity-dump: " + why);
+    throw std::invalid_argument(cfg.in_file("parity-dump: " + why));
+  if (!cfg.model.moe.enabled()) require_hf_form(cfg, "Hugging Face export");
   // Dense: Hugging Face Olmo3ForCausalLM is the peer (hf/, grad.<HF name>, hf_parity.py). MoE: OLMo-core's own
   // MoETransformer (olmo_core/model.safetensors under its state_dict names, grad.<OLMo-core name>, the step-1
   // routing; olmo_core_moe_parity.py). golden/parity/README.md has both formats.

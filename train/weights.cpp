@@ -58,10 +58,19 @@ RunWeights initial_weights(const TrainConfig& cfg) {
     init_params(cfg.model, layout, w.params.data());
     return w;
   }
+  require_hf_form(cfg, "Hugging Face import");
   // Verified before use: the digest is what the run's resume_hash and manifest say it started from.
   if (!cfg.init.hf_sha256.empty()) pinned_hf_sha256(cfg);
   import_hf_checkpoint(cfg.init.hf_dir, cfg.model, layout, w.params.data());
   return w;
+}
+
+void require_hf_form(const TrainConfig& cfg, const char* what) {
+  try {
+    check_hf_representable(cfg.model, what);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(cfg.in_file(e.what()));
+  }
 }
 
 void resolve_hf_init(TrainConfig& cfg) {

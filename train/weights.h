@@ -26,6 +26,11 @@ RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std
 // The step-0 weights of `cfg`: the Hugging Face checkpoint of cfg.init when it names one, else the init.
 RunWeights initial_weights(const TrainConfig& cfg);
 
+// Refuses (std::invalid_argument "CONFIG FILE: WHAT: config key '...': ...") a model with no Hugging Face Olmo3
+// form: a mixture of experts, or sliding layers with different windows. `what` says who needs the form
+// ("Hugging Face export", "Hugging Face import"); called before anything is written.
+void require_hf_form(const TrainConfig& cfg, const char* what);
+
 // Fills cfg.init.hf_sha256 from the files in cfg.init.hf_dir (interop/hf_export.h: hf_weights_sha256), or checks
 // them against it when the config pins one. No-op without init.hf_dir. Throws naming the directory and both digests.
 void resolve_hf_init(TrainConfig& cfg);

@@ -1,6 +1,11 @@
 // tests/data/test_bpe.cpp — pre-tokenizer, BPE training/encode/decode, the tokenize and data CLI.
 #include <doctest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
@@ -48,7 +53,45 @@ int run_cli(std::vector<std::string> args) {
   return 0;
 }
 
+// run_cli, and what the command printed on stderr (its "error: ..." line).
+std::pair<int, std::string> run_cli_stderr(const std::vector<std::string>& args) {
+  std::fflush(stderr);
+  std::cerr.flush();
+  char path[] = "/tmp/olmoref-cli-stderr-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(2);
+  ::dup2(fd, 2);
+  const int rc = run_cli(args);
+  std::fflush(stderr);
+  std::cerr.flush();
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(fd);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  return {rc, text};
+}
+
 }  // namespace
+
+TEST_CASE("data mix --olmo-core without a base directory or tokenizer names the flags that exist") {
+  TempDir tmp;
+  olmoref::data::testing::write_tokens(tmp.file("a.u16"), {1, 2, 3}, Dtype::u16);
+  const auto [rc, err] = run_cli_stderr({"data", "mix", tmp.file("a.u16"), "--out", tmp.file("oc.txt"), "--olmo-core"});
+  CHECK(rc == 1);
+  CHECK(err.find("--mix-base-dir") != std::string::npos);
+  CHECK(err.find("--mix-tokenizer") != std::string::npos);
+  CHECK(err.find("--base-dir,") == std::string::npos);
+  CHECK(err.find("--tokenizer-dir") == std::string::npos);
+  const auto [rc2, err2] = run_cli_stderr({"data", "mix", tmp.file("a.u16"), "--out", tmp.file("oc.txt"), "--olmo-core",
+                                           "--mix-base-dir", tmp.path.string()});
+  CHECK(rc2 == 1);
+  CHECK(err2.find("--mix-tokenizer") != std::string::npos);
+  CHECK(err2.find("--mix-base-dir") == std::string::npos);  // given: only the missing flag is named
+  CHECK_FALSE(std::filesystem::exists(tmp.file("oc.txt")));
+}
 
 TEST_CASE("pre-tokenizer: GPT-2-like chunks that cover every byte") {
   CHECK(chunks_of("Hello  world\n\n 42!?") ==

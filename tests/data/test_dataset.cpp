@@ -226,6 +226,54 @@ TEST_CASE("bad input: every error names the file") {
   }
 }
 
+TEST_CASE("mix files: a line holding a NUL or another control character is refused, naming the file and line") {
+  // std::ifstream hands the NUL to the path, and open() would stop there: "a.u16\0b" would silently read a.u16.
+  TempDir tmp;
+  write_tokens(tmp.file("a.u16"), pattern_tokens(64, 0, 100), Dtype::u16);
+  const std::string mix = tmp.file("nul.mix");
+  write_bytes(mix, std::string("# fine\nweb,a.u16\ncode,a.u16\0.bak\n", 33));
+  CHECK_THROWS_WITH_AS(Mix::parse_file(mix), doctest::Contains(("mix file '" + mix + "' line 3: control character").c_str()),
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(Mix::parse_file(mix), doctest::Contains("NUL (0x00) at column 11"), std::runtime_error);
+  // Other control characters: a stray escape, a carriage return inside the line, DEL.
+  for (const std::string& bad : {std::string("a\x1b[0m.u16"), std::string("a.u16\rb.u16"), std::string("a\x7f.u16")}) {
+    write_bytes(mix, "web," + bad + "\n");
+    CHECK_THROWS_WITH_AS(Mix::parse_file(mix), doctest::Contains("line 1: control character"), std::runtime_error);
+  }
+  // A token file given where a mix belongs is binary: the same refusal, with the hint.
+  write_bytes(mix, std::string("\x01\x00\x02\x00", 4));
+  CHECK_THROWS_WITH_AS(Mix::parse_file(mix), doctest::Contains("was a token file given where a mix belongs?"), std::runtime_error);
+  // Windows line endings, tabs and spaces around the fields stay fine.
+  write_bytes(mix, "web,\ta.u16 \r\n  a.u16\r\n");
+  const Mix ok = Mix::parse_file(mix);
+  REQUIRE(ok.size() == 2);
+  CHECK(ok.entries[0].path == tmp.file("a.u16"));
+  CHECK(ok.entries[1].path == tmp.file("a.u16"));
+}
+
+TEST_CASE("shared_files: the same file by path, the same bytes by content, past the first MiB") {
+  TempDir tmp;
+  // Two files of 1.5 MiB that agree on their first MiB: only the whole-file hash tells them apart.
+  std::string big(size_t{3} << 19, '\x07');
+  write_bytes(tmp.file("big.u16"), big);
+  write_bytes(tmp.file("big-copy.u16"), big);
+  big.back() = '\x08';
+  write_bytes(tmp.file("big-tail.u16"), big);
+  write_tokens(tmp.file("small.u16"), pattern_tokens(64, 0, 100), Dtype::u16);
+  const Mix a = Mix::from_paths({tmp.file("small.u16"), tmp.file("big.u16")});
+  const Mix b = Mix::from_paths({tmp.file("big-tail.u16"), tmp.file("big-copy.u16"), tmp.path.string() + "/./small.u16",
+                                 tmp.file("missing.u16")});
+  const std::vector<SharedFile> s = shared_files(a, b);
+  REQUIRE(s.size() == 2);
+  CHECK((s[0].a == 0 && s[0].b == 2 && s[0].same_path));
+  CHECK(s[0].canonical == tmp.file("small.u16"));
+  CHECK((s[1].a == 1 && s[1].b == 1 && !s[1].same_path));
+  CHECK(s[1].bytes == (int64_t{3} << 19));
+  // A file that cannot be read is compared by path alone (the loader says why it cannot be opened).
+  CHECK(shared_files(Mix::from_paths({tmp.file("missing.u16")}), b).size() == 1);
+  CHECK(shared_files(Mix::from_paths({tmp.file("big-tail.u16")}), Mix::from_paths({tmp.file("big.u16")})).empty());
+}
+
 TEST_CASE("scan counts documents by EOS and flags a missing final EOS") {
   TempDir tmp;
   write_tokens(tmp.file("d.npy"), {5, 6, 0, 7, 0, 8, 9}, Dtype::u16);

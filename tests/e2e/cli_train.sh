@@ -31,6 +31,14 @@ expect_error "model.n_kv_heads" -- "$BIN" train --config "$SRC/configs/tiny.toml
 expect_error "model.swa_pattern" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set "model.swa_pattern=[0]"
 expect_error "unknown config key 'train.stepz'" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set train.stepz=3
 expect_error "cannot open config" -- "$BIN" config --config "$work/none.toml"
+# A model Hugging Face cannot hold (two sliding windows) is refused naming the config file and the key, and nothing
+# is written; so is a bundle for the parity script, which loads the same export.
+expect_error "configs/tiny.toml: Hugging Face export: config key 'model.swa_pattern'" -- "$BIN" export-hf \
+  --config "$SRC/configs/tiny.toml" --set "model.swa_pattern=[8, 16, 16, -1]" --out "$work/hf2"
+[ ! -e "$work/hf2" ] || { echo "a refused export-hf left output"; exit 1; }
+expect_error "configs/tiny.toml: Hugging Face export: config key 'model.swa_pattern'" -- "$BIN" parity-dump \
+  --config "$SRC/configs/tiny.toml" --set "model.swa_pattern=[8, 16, 16, -1]" --set "$data" --out "$work/pd2" --steps 1
+[ ! -e "$work/pd2" ] || { echo "a refused parity-dump left output"; exit 1; }
 printf '\x01\x02\x03' > "$work/odd.u16"
 expect_error "odd.u16" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/odd.u16\"]" --out "$work/x"
 python3 - "$work/tokens.u16" "$work/wide.u16" "$work/np.u16" <<'PY'

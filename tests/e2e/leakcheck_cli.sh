@@ -63,6 +63,26 @@ set +e
 set -e
 [ $rc -eq 1 ]
 [ "$(status_of "$work/cfg.json" shared_files | cut -d' ' -f2)" = fail ]
+# `olmoref train` refuses that config before it touches the run directory, naming both entries and their keys, and
+# so it does a copy of the holdout under another name (leakcheck reports both: examining such data is its job).
+cp "$work/holdout.u16" "$work/holdout-copy.u16"
+for second in holdout.u16 holdout-copy.u16; do
+  set +e
+  "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/train.u16\", \"$work/$second\"]" \
+    --set "data.holdout_files=[\"$work/holdout.u16\"]" --set data.eos_id=511 --set 'data.dtype="u16"' --steps 2 \
+    --out "$work/refused" > "$work/refused.txt" 2>&1; rc=$?
+  set -e
+  [ $rc -ne 0 ] || { echo "train accepted a holdout file ($second) among its training files"; exit 1; }
+  grep -q "data.holdout_files entry 1 ('$work/holdout.u16') is also training data: data.train_files entry 2 ('$work/$second')" \
+    "$work/refused.txt" || { cat "$work/refused.txt"; exit 1; }
+  [ ! -e "$work/refused" ] || { echo "a refused run created its directory"; exit 1; }
+done
+grep -q "holds the same bytes" "$work/refused.txt"
+set +e
+leak --set "data.train_files=[\"$work/train.u16\", \"$work/holdout-copy.u16\"]" --steps 80 --report "$work/copy.json" > /dev/null; rc=$?
+set -e
+[ $rc -eq 1 ]
+python3 -c "import json,sys; f=json.load(open(sys.argv[1]))['checks']['shared_files']; assert f['status'] == 'fail' and f['files'][0]['match'] == 'same size and XXH3', f" "$work/copy.json"
 
 # The training data itself holds two holdout documents (copied into a training file): contaminated, cause data,
 # exit 1 by default; accepted explicitly (--accept FILE naming them, or --allow-data-overlap) the run is clean and the

@@ -176,8 +176,10 @@ TEST_CASE("fuzz: checkpoint manifests, loader states, mix files, Megatron indice
   CHECK(loader.slowest_ms < 2000);
   spit(w + "/a.u16", std::string(64, '\x01'));
   spit(w + "/b.u16", std::string(64, '\x02'));
+  // Every mix read is also compared against a fixed one, as `olmoref train` compares holdout and training mixes.
+  const data::Mix fixed = data::Mix::from_paths({w + "/b.u16", w + "/a.u16"});
   expect_named(fuzz("mix-file", "# a mix\nweb,a.u16\ncode,b.u16\n" + w + "/a.u16\n", w + "/train.mix", "train.mix",
-                    [](const std::string& path) { data::Mix::parse_file(path); }));
+                    [&](const std::string& path) { data::shared_files(data::Mix::parse_file(path), fixed); }));
   {
     // A Megatron index (.idx, 2 sequences of uint16) and a .npy of int64, as megatron-core writes them.
     std::string idx("MMIDIDX\0\0", 9);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -257,10 +258,12 @@ TEST_CASE("writers: Megatron golden values as its extractor writes them; step-lo
   CHECK(meg.metrics.at("loss").at(5).value == python_round5(a.metrics.at("loss").at(5).value));
   CHECK(meg.metrics.at("grad_norm").at(10).value == 1.5);
   CHECK(meg.megatron_ranges.at("loss").end_step == 10);
-  // Past the run's last step the extractor writes "nan".
+  // Past the run's last step the legacy extractor wrote "nan" (the current one keeps what was logged: below).
   o.train_iters = 15;
+  o.rules = MegatronRules::legacy;
   const LoadedTrace longer = load_trace_any(write("w15.json", to_megatron_json(a, o)));
   CHECK(longer.metrics.at("loss").at(15).exact == "nan");
+  o.rules = MegatronRules::current;
   // Digests are not numbers; a metric the trace lacks is refused naming what it has.
   o.metrics = {"param_digest"};
   CHECK_THROWS_WITH_AS(to_megatron_json(a, o), doctest::Contains("lm loss"), std::invalid_argument);
@@ -344,21 +347,29 @@ TEST_CASE("Megatron's pipeline: exact checks, the approximate allowance in Megat
     CHECK(check_of(r, false).pass);
     CHECK(megatron_pipeline(g, golden_of(v), checks, true).pass);  // approximate results only: exact skipped
   }
-  {  // 21 steps: total = (100 - 1) / 5 + 1 = 20.8, one step may be 10% off, two may not
+  {  // 21 golden values: one step may be 10% off, two may not (the same under the legacy total of 20.8)
     auto v = base;
     v[4] *= 1.1;
     CHECK(check_of(megatron_pipeline(g, golden_of(v), checks, true), false).pass);
     v[9] *= 1.1;
     CHECK_FALSE(check_of(megatron_pipeline(g, golden_of(v), checks, true), false).pass);
   }
-  {  // 200 steps: total = 199.8, total // 100 = 1 step allowed (not 200 / 100 = 2)
+  {  // 200 golden values (steps 1, 5, ..., 995): 200 // 100 = 2 steps allowed now; the legacy rules counted
+     // (995 - 1) / 5 + 1 = 199.8 steps and allowed 199.8 // 100 = 1
     std::vector<double> b2(200, 5.0), v2 = b2;
     v2[10] = v2[20] = 9.0;
     const auto r = megatron_pipeline(golden_of(b2), golden_of(v2), checks, true);
-    CHECK(check_of(r, false).allowed == 1.0);
-    CHECK_FALSE(r.pass);
+    CHECK(check_of(r, false).allowed == 2.0);
+    CHECK(r.pass);
+    const auto old = megatron_pipeline(golden_of(b2), golden_of(v2), megatron_default_checks({"lm loss"}, MegatronRules::legacy),
+                                       true, MegatronRules::legacy);
+    CHECK(check_of(old, false).allowed == 1.0);
+    CHECK_FALSE(old.pass);
     v2[20] = 5.0;
-    CHECK(megatron_pipeline(golden_of(b2), golden_of(v2), checks, true).pass);
+    CHECK(megatron_pipeline(golden_of(b2), golden_of(v2), megatron_default_checks({"lm loss"}, MegatronRules::legacy),
+                            true, MegatronRules::legacy).pass);
+    v2[20] = v2[30] = 9.0;  // three: too many under either
+    CHECK_FALSE(megatron_pipeline(golden_of(b2), golden_of(v2), checks, true).pass);
   }
   {  // a single golden step must hold, approximate or not
     const auto r = megatron_pipeline(golden_of({10.0}), golden_of({10.6}), checks, true);
@@ -373,6 +384,140 @@ TEST_CASE("Megatron's pipeline: exact checks, the approximate allowance in Megat
     CHECK_FALSE(r2.pass);
     CHECK(r2.checks[0].message.find("not found") != std::string::npos);
   }
+}
+
+namespace {
+// Golden values of one metric at the given steps, with the header written as given (sparse files, placeholders).
+LoadedTrace golden_at(const char* name, const std::map<int64_t, std::string>& values, int64_t interval) {
+  std::string s = std::string("{\"") + name + "\": {\"start_step\": " + std::to_string(values.begin()->first) +
+                  ", \"end_step\": " + std::to_string(values.rbegin()->first) +
+                  ", \"step_interval\": " + std::to_string(interval) + ", \"values\": {";
+  bool first = true;
+  for (const auto& [step, v] : values) {
+    s += (first ? "\"" : ", \"") + std::to_string(step) + "\": " + v;
+    first = false;
+  }
+  static int n = 0;
+  return load_trace_any(write("ga" + std::to_string(n++) + ".json", s + "}}}"));
+}
+MegatronPipelineResult pipeline_under(MegatronRules rules, const char* metric, const LoadedTrace& g, const LoadedTrace& a,
+                                      bool approximate_only) {
+  return megatron_pipeline(g, a, megatron_default_checks({metric}, rules), approximate_only, rules);
+}
+}  // namespace
+
+TEST_CASE("Megatron's rules now (its PRs #4238, #6771) and before (--megatron-rules legacy): where the verdicts part") {
+  const auto cur = MegatronRules::current, old = MegatronRules::legacy;
+  CHECK(parse_megatron_rules("current") == cur);
+  CHECK(parse_megatron_rules("legacy") == old);
+  CHECK_THROWS_WITH_AS(parse_megatron_rules("2024"), doctest::Contains("current"), std::invalid_argument);
+
+  SUBCASE("the allowance counts the golden values, not the header's range") {
+    // 200 values every 10 steps under a header that says step_interval 1: now 200 // 100 = 2 steps may fail; the
+    // legacy total (1991 - 1) / 1 + 1 = 1991 allows 19 but demands 1 - 19/1991 = 99.05% close, and 198/200 is 99%.
+    std::map<int64_t, std::string> g, a;
+    for (int64_t i = 0; i < 200; ++i) g[1 + 10 * i] = a[1 + 10 * i] = "1.0";
+    a[1] = a[11] = "2.0";
+    const auto now = pipeline_under(cur, "lm loss", golden_at("lm loss", g, 1), golden_at("lm loss", a, 1), true);
+    const auto then = pipeline_under(old, "lm loss", golden_at("lm loss", g, 1), golden_at("lm loss", a, 1), true);
+    CHECK(now.pass);
+    CHECK(check_of(now, false).allowed == 2.0);
+    CHECK_FALSE(then.pass);
+    CHECK(check_of(then, false).allowed == 19.0);
+  }
+  SUBCASE("num-zeros: approximate within 20% now, 5% before") {
+    std::map<int64_t, std::string> g, a;
+    for (int64_t k : {1, 5, 10, 15, 20}) {
+      g[k] = "1000.0";
+      a[k] = "1100.0";  // 10% more zeros
+    }
+    const LoadedTrace gz = golden_at("num-zeros", g, 5), az = golden_at("num-zeros", a, 5);
+    const auto now = pipeline_under(cur, "num-zeros", gz, az, false);
+    CHECK_FALSE(check_of(now, true).pass);  // exact fails under both
+    CHECK(check_of(now, false).pass);
+    CHECK(check_of(now, false).check.rtol == 0.20);
+    const auto then = pipeline_under(old, "num-zeros", gz, az, false);
+    CHECK_FALSE(check_of(then, false).pass);
+    CHECK(check_of(then, false).check.rtol == 0.05);
+    CHECK(pipeline_under(cur, "num-zeros", gz, az, true).pass);  // --approximate: passes now, not before
+    CHECK_FALSE(pipeline_under(old, "num-zeros", gz, az, true).pass);
+    // lm loss keeps 5% under both
+    CHECK(megatron_default_checks({"lm loss"}, cur)[1].rtol == 0.05);
+  }
+  SUBCASE("a step the actual run did not log is \"nan\" now, so it matches a \"nan\" placeholder") {
+    const LoadedTrace g = golden_at("lm loss", {{1, "\"nan\""}, {5, "1.0"}}, 5), a = golden_at("lm loss", {{5, "1.0"}}, 5);
+    CHECK(pipeline_under(cur, "lm loss", g, a, false).pass);
+    CHECK_FALSE(pipeline_under(old, "lm loss", g, a, false).pass);
+    // against a number it fails under both
+    const LoadedTrace g2 = golden_at("lm loss", {{1, "1.0"}, {5, "1.0"}}, 5);
+    CHECK_FALSE(pipeline_under(cur, "lm loss", g2, a, false).pass);
+  }
+  SUBCASE("iteration-time: approximate only, on the median of its steady window") {
+    const LoadedTrace g = golden_at("iteration-time", {{5, "0.25"}, {10, "0.25"}, {15, "0.25"}, {20, "0.25"}}, 5);
+    const LoadedTrace a = golden_at("iteration-time", {{5, "0.10"}, {10, "0.25"}, {15, "0.26"}, {20, "100.0"}}, 5);
+    const auto now = pipeline_under(cur, "iteration-time", g, a, false);
+    REQUIRE(now.checks.size() == 1);  // no exact check for a timing
+    CHECK(now.pass);  // median 0.255 against 0.25
+    CHECK_FALSE(pipeline_under(old, "iteration-time", g, a, false).pass);
+    const LoadedTrace slow = golden_at("iteration-time", {{5, "0.5"}, {10, "0.5"}, {15, "0.5"}, {20, "0.5"}}, 5);
+    CHECK_FALSE(pipeline_under(cur, "iteration-time", g, slow, false).pass);
+    // Only placeholders: nothing to time, a failure saying so.
+    const LoadedTrace none = golden_at("iteration-time", {{1, "\"nan\""}, {5, "\"nan\""}}, 5);
+    const auto r = pipeline_under(cur, "iteration-time", none, none, false);
+    CHECK_FALSE(r.pass);
+    CHECK(r.checks[0].message.find("no finite values") != std::string::npos);
+    // A long run compares steps 30..45; a short one with nothing there takes the first four after the warmup.
+    const LoadedTrace sparse = golden_at("iteration-time", {{1, "\"nan\""}, {100, "0.25"}, {200, "0.25"}}, 100);
+    CHECK(pipeline_under(cur, "iteration-time", sparse, golden_at("iteration-time", {{100, "0.25"}, {200, "0.25"}}, 100),
+                         false).pass);
+  }
+  SUBCASE("a metric Megatron has no threshold for is refused now; the legacy rules gave it [exact, 5%]") {
+    CHECK_THROWS_WITH_AS(megatron_default_checks({"lm loss", "grad-norm"}, cur), doctest::Contains("grad-norm"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(megatron_default_checks({"grad-norm"}, cur), doctest::Contains("--rules"), std::invalid_argument);
+    CHECK(megatron_default_checks({"grad-norm"}, old).size() == 2);
+    CHECK(megatron_default_checks({"mem-allocated-bytes", "mtp_1 loss"}, cur).size() == 3);
+  }
+  SUBCASE("golden values with no steps fail, saying so") {
+    const LoadedTrace empty =
+        load_trace_any(write("empty.json", R"({"lm loss": {"start_step": 1, "end_step": 1, "step_interval": 5, "values": {}}})"));
+    const auto r = pipeline_under(cur, "lm loss", empty, golden_of({1.0}), false);
+    CHECK_FALSE(r.pass);
+    CHECK(r.checks[0].message == "Metric lm loss has no values in the golden file.");
+  }
+  SUBCASE("the report says which rules it applied") {
+    std::map<int64_t, std::string> v{{1, "1.0"}};
+    const LoadedTrace g = golden_at("lm loss", v, 5);
+    CHECK(format_megatron_report(g, g, pipeline_under(cur, "lm loss", g, g, false)).find("rules: current") !=
+          std::string::npos);
+    CHECK(format_megatron_report(g, g, pipeline_under(old, "lm loss", g, g, false)).find("rules: legacy") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("Megatron's extractor now keeps only observed samples; the legacy one wrote \"nan\" where a step was missing") {
+  const LoadedTrace a = load_trace_any(olmoref_trace("x.jsonl", 12));
+  MegatronGoldenOptions o;
+  o.metrics = {"lm loss"};
+  o.train_iters = 30;  // past the run's last step (12)
+  const LoadedTrace now = load_trace_any(write("x-now.json", to_megatron_json(a, o)));
+  CHECK(now.metrics.at("loss").size() == 3);  // 1, 5, 10: no placeholders
+  CHECK(now.megatron_ranges.at("loss").end_step == 10);
+  CHECK(now.megatron_ranges.at("loss").step_interval == 5);
+  o.rules = MegatronRules::legacy;
+  const LoadedTrace then = load_trace_any(write("x-then.json", to_megatron_json(a, o)));
+  CHECK(then.metrics.at("loss").size() == 7);  // 1, 5, ..., 30
+  CHECK(then.metrics.at("loss").at(30).exact == "nan");
+  CHECK(then.megatron_ranges.at("loss").end_step == 30);
+  // The cadence is what was observed (the gcd of the gaps after the start step), as Megatron infers it.
+  o.rules = MegatronRules::current;
+  o.train_iters = 0;
+  o.step_interval = 2;
+  o.start_step = 3;
+  const LoadedTrace even = load_trace_any(write("x-even.json", to_megatron_json(a, o)));
+  CHECK(even.megatron_ranges.at("loss").start_step == 3);
+  CHECK(even.megatron_ranges.at("loss").step_interval == 2);
+  CHECK(even.metrics.at("loss").size() == 6);  // 3, 4, 6, 8, 10, 12
 }
 
 TEST_CASE("TorchTitan console logs: colour and prefixes stripped, validation lines apart, restarts, rounding") {

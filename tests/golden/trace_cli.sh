@@ -48,6 +48,34 @@ expect_rc 0 "PASS: every Megatron check holds" -- "$BIN" trace compare "$work/a.
 expect_rc 0 "(steploss, 6 steps 1..6)" -- "$BIN" trace compare "$work/a" "$work/a.txt"
 expect_rc 0 "(megatron, 6 steps 1..6)" -- "$BIN" trace compare "$work/a.megatron.json" "$work/b"
 
+# Megatron's rules: num-zeros 10% off passes the approximate check now (rtol 0.20 since Megatron's PR #4238) and
+# fails under olmoref's former rules (rtol 0.05, kept as --megatron-rules legacy); the report names the rules.
+python3 - "$work" <<'PY'
+import json, sys
+steps = [1, 5, 10, 15, 20]
+def golden(zeros):
+    head = {"start_step": 1, "end_step": 20, "step_interval": 5}
+    return {"lm loss": {**head, "values": {str(s): 10.0 - 0.1 * s for s in steps}},
+            "num-zeros": {**head, "values": {str(s): zeros for s in steps}}}
+json.dump(golden(1000.0), open(f"{sys.argv[1]}/g.json", "w"))
+json.dump(golden(1100.0), open(f"{sys.argv[1]}/z.json", "w"))
+PY
+expect_rc 0 "rules: current" -- "$BIN" trace compare "$work/g.json" "$work/z.json" --megatron --approximate
+grep -q "APPROXIMATE test for metric num-zeros: PASSED" "$work/out.log"
+expect_rc 1 "Approximate comparison of num-zeros: FAILED" -- "$BIN" trace compare "$work/g.json" "$work/z.json" \
+  --megatron --approximate --megatron-rules legacy
+grep -q "rules: legacy" "$work/out.log"
+expect_rc 1 "Exact comparison of num-zeros: FAILED" -- "$BIN" trace compare "$work/g.json" "$work/z.json" --megatron
+expect_rc 2 "expected current" -- "$BIN" trace compare "$work/g.json" "$work/z.json" --megatron --megatron-rules 2024
+expect_rc 2 "belong to --megatron" -- "$BIN" trace compare "$work/g.json" "$work/z.json" --megatron-rules legacy
+expect_rc 2 "no threshold for 'grad-norm'" -- "$BIN" trace compare "$work/g.json" "$work/z.json" --megatron \
+  --metrics "lm loss,grad-norm"
+# The extractor: past the run's last step it keeps only what was logged now; the legacy one wrote "nan" there.
+"$BIN" trace convert "$work/a" --to megatron --train-iters 20 --out "$work/a20.json" > /dev/null
+"$BIN" trace convert "$work/a" --to megatron --train-iters 20 --megatron-rules legacy --out "$work/a20-legacy.json" > /dev/null
+if grep -q '"nan"' "$work/a20.json"; then echo "the current extractor wrote a placeholder"; exit 1; fi
+grep -q '"20": "nan"' "$work/a20-legacy.json"
+
 # plot: SVG with the first differing step marked.
 "$BIN" trace plot "$work/a" "$work/c" "$work/a.txt" --out "$work/p.svg" > /dev/null
 grep -q "first differing step: 2" "$work/p.svg"  # the loss of step 1 precedes any update
