@@ -73,7 +73,10 @@ std::string TraceRecord::to_json() const {
     s += ",\"routing_digest\":\"" + routing_digest + "\",\"expert_load\":[";
     for (size_t l = 0; l < expert_load.size(); ++l) {
       s += l ? ",[" : "[";
-      for (size_t e = 0; e < expert_load[l].size(); ++e) s += (e ? "," : "") + std::to_string(expert_load[l][e]);
+      for (size_t e = 0; e < expert_load[l].size(); ++e) {
+        if (e) s += ',';  // appended apart: GCC 12 warns (-Wrestrict, a false positive) on literal + to_string
+        s += std::to_string(expert_load[l][e]);
+      }
       s += "]";
     }
     s += "]";
@@ -93,7 +96,10 @@ std::string TraceRecord::to_json() const {
     s += ",\"expert_load_min\":" + std::to_string(lo) + ",\"expert_load_max\":" + std::to_string(hi) +
          ",\"expert_imbalance\":" + fmt("%.17g", imbalance);
   }
-  if (records_begin > 0) s += ",\"records_begin\":" + std::to_string(records_begin);
+  if (records_begin > 0) {
+    s += ",\"records_begin\":";
+    s += std::to_string(records_begin);
+  }
   s += "}";
   return s;
 }

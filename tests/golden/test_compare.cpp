@@ -318,7 +318,9 @@ LoadedTrace golden_of(const std::vector<double>& v, const char* name = "lm loss"
     s += buf;
   }
   static int n = 0;
-  return load_trace_any(write("g" + std::to_string(n++) + ".json", s + "}}}"));
+  std::string file = "g";  // appended apart: GCC 12 warns (-Wrestrict, a false positive) on literal + to_string
+  file += std::to_string(n++) + ".json";
+  return load_trace_any(write(file, s + "}}}"));
 }
 const MegatronCheckResult& check_of(const MegatronPipelineResult& r, bool deterministic) {
   for (const auto& c : r.checks)
@@ -394,7 +396,8 @@ LoadedTrace golden_at(const char* name, const std::map<int64_t, std::string>& va
                   ", \"step_interval\": " + std::to_string(interval) + ", \"values\": {";
   bool first = true;
   for (const auto& [step, v] : values) {
-    s += (first ? "\"" : ", \"") + std::to_string(step) + "\": " + v;
+    s += first ? "\"" : ", \"";  // appended apart: GCC 12's -Wrestrict false positive on literal + to_string
+    s += std::to_string(step) + "\": " + v;
     first = false;
   }
   static int n = 0;
