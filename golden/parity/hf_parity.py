@@ -76,6 +76,11 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
+def peer_threads():
+    """torch's CPU threads: $OLMOREF_PEER_THREADS (the suite sets 1: two tests run at once), else 2."""
+    return int(os.environ.get("OLMOREF_PEER_THREADS", "2"))
+
+
 def setup_torch(threads):
     import torch
 
@@ -739,7 +744,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", required=True, help="directory written by `olmoref parity-dump`")
     ap.add_argument("--report", help="write the full comparison as JSON here")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--threads", type=int, default=peer_threads(),
+                    help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
     ap.add_argument("--precision", choices=["fp32", "bf16"],
                     help="logits bundles: the precision to compare in (must be the bundle's); parity bundles are fp32")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",

@@ -57,7 +57,9 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3, defect=None):
     from safetensors.numpy import save_file
     from transformers import Olmo3Config, Olmo3ForCausalLM
 
-    torch.set_num_threads(2)
+    from hf_parity import peer_threads
+
+    torch.set_num_threads(peer_threads())
     torch.manual_seed(seed)
     m = MODEL
     w = windows(m)

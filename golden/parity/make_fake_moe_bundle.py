@@ -111,7 +111,9 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3, defect=None):
     import torch
     from safetensors.numpy import save_file
 
-    torch.set_num_threads(2)
+    from hf_parity import peer_threads
+
+    torch.set_num_threads(peer_threads())
     torch.manual_seed(seed)
     v = VARIANTS[variant]
     m, B, T, M = v["model"], v["B"], v["T"], v["M"]

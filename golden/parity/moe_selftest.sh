@@ -16,5 +16,5 @@ if [ ! -x "$py" ] || ! "$py" -c "$required" > /dev/null 2>&1; then
   echo "SKIPPED: golden-parity-moe-selftest: ai2-olmo-core is not installed in $OLMOREF_OLMO_CORE_VENV (bash tools/setup_python.sh)"
   exit 77
 fi
-export OMP_NUM_THREADS=2
+export OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}"
 exec "$py" "$here/moe_selftest.py" "$@"

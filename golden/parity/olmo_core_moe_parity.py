@@ -93,7 +93,7 @@ REQUIRED_MOE = ("n_experts", "top_k", "hidden", "shared_hidden", "lb_loss_weight
 # hf_parity.py's (the dense parity check), so both peers are judged by the same code.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_parity import (BundleError, adamw, cached, compare_logits as _compare_logits, content_key,  # noqa: E402
-                       finish, gate_steps, load_bundle_core, load_steps, optimizer_step, print_steps, rel,
+                       finish, gate_steps, load_bundle_core, load_steps, optimizer_step, peer_threads, print_steps, rel,
                        setup_torch, steps_key, teacher_forced)
 
 
@@ -712,7 +712,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", help="directory written by `olmoref parity-dump` for a MoE config")
     ap.add_argument("--report", help="write the full comparison as JSON here")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--threads", type=int, default=peer_threads(),
+                    help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
     ap.add_argument("--check-kernels", action="store_true",
                     help="only check the CPU stand-ins for OLMo-core's MoE kernels against a dense fp64 MoE")
     args = ap.parse_args(argv)

@@ -9,7 +9,7 @@
 # model.moe_lb_granularity=\"local_batch\" for OLMo-core's default granularity).
 #
 # Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_OLMO_CORE_VENV, OLMOREF_PARITY_STEPS (default 10),
-# OLMOREF_THREADS (passed to parity-dump --threads), OLMOREF_PARITY_REPORT (where to write the JSON report),
+# OLMOREF_THREADS (passed to parity-dump --threads), OLMOREF_PEER_THREADS (torch's CPU threads, default 2), OLMOREF_PARITY_REPORT (where to write the JSON report),
 # OLMOREF_KEEP_BUNDLE=1 (keep the bundle directory even on success).
 # Exit: olmo_core_moe_parity.py's status (0 parity, 1 a gate failed, 2 malformed bundle); 77 with a line starting
 # "SKIPPED: moe parity" when OLMo-core's packages cannot be installed (never reported as a pass); 2 for usage errors.
@@ -63,7 +63,7 @@ if [ $rc -ne 0 ]; then
   exit $rc
 fi
 
-OMP_NUM_THREADS=2 "$py" "$here/olmo_core_moe_parity.py" --bundle "$bundle" --report "$report"
+OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/olmo_core_moe_parity.py" --bundle "$bundle" --report "$report"
 rc=$?
 if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
   rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives

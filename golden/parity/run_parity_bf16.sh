@@ -9,7 +9,7 @@
 #   3. hf_parity.py --precision bf16: per-token KL and top-1 agreement against HF bf16 (gated: max KL < 1.5e-3,
 #      strict top-1 >= 98.75%, MaxText's bf16 figures at 8192 tokens), and both against HF fp32 (reported).
 #
-# Environment: OLMOREF_BIN, OLMOREF_VENV, OLMOREF_THREADS (default 2), OLMOREF_PARITY_REPORT (JSON report path),
+# Environment: OLMOREF_BIN, OLMOREF_VENV, OLMOREF_THREADS (default 2), OLMOREF_PEER_THREADS (torch's CPU threads, default OLMOREF_THREADS), OLMOREF_PARITY_REPORT (JSON report path),
 # OLMOREF_KEEP_BUNDLE=1. Exit: hf_parity.py's (0 pass, 1 a gate failed, 2 bad bundle); 77 with "SKIPPED: parity-bf16"
 # when the Python packages or the demo corpus cannot be had (never a pass); 2 for usage errors.
 set -uo pipefail
@@ -59,7 +59,8 @@ fi
 echo "run_parity_bf16: $bin golden logits --checkpoint $checkpoint --precision bf16 --seq-len $seq_len"
 "$bin" golden logits --checkpoint "$checkpoint" "${data_set[@]}" --precision bf16 --seq-len "$seq_len" --data holdout \
   --threads "$threads" --out "$work/bundle" || { echo "run_parity_bf16: golden logits failed" >&2; exit 2; }
-OMP_NUM_THREADS="$threads" "$py" "$here/hf_parity.py" --bundle "$work/bundle" --precision bf16 --threads "$threads" \
+peer_threads="${OLMOREF_PEER_THREADS:-$threads}"
+OMP_NUM_THREADS="$peer_threads" "$py" "$here/hf_parity.py" --bundle "$work/bundle" --precision bf16 --threads "$peer_threads" \
   --report "$report"
 rc=$?
 if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then

@@ -8,4 +8,4 @@ if [ -z "$py" ]; then
   echo "SKIPPED: torch/transformers not available (no usable venv at $OLMOREF_VENV; run golden/parity/run_parity.sh once to create it)"
   exit 77
 fi
-OMP_NUM_THREADS=2 exec "$py" "$here/selftest.py" "$@"
+OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" exec "$py" "$here/selftest.py" "$@"

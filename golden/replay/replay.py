@@ -90,7 +90,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, grad_norm, lr}")
     ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here")
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
+                    help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
     args = ap.parse_args(argv)
 
     try:

@@ -8,7 +8,7 @@
 #   5. plot both                                                                (olmoref trace plot)
 #
 # Usage: golden/replay/run_replay.sh [WORKDIR]   (default: a temporary directory, removed on success)
-# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_VENV (the parity venv), OLMOREF_THREADS (default 2),
+# Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_VENV (the parity venv), OLMOREF_THREADS (default 2), OLMOREF_PEER_THREADS (torch's CPU threads, default OLMOREF_THREADS),
 #   OLMOREF_REPLAY_STEPS (default 50), OLMOREF_REPLAY_SET (extra `--set k=v` overrides for the run, space-separated;
 #   tests only), OLMOREF_KEEP=1 (keep the work directory).
 # Exit: 0 the replay agrees; 1 a rule failed; 2 an error; 77 with "SKIPPED: replay: ..." when the Python packages
@@ -52,8 +52,9 @@ echo "run_replay: 1/5 $bin train --config configs/small.toml --steps $steps --ou
 echo "run_replay: 2/5 $bin golden export --run $run --out $bundle"
 "$bin" golden export --run "$run" --out "$bundle" || { echo "run_replay: export failed" >&2; exit 2; }
 echo "run_replay: 3/5 replay.py --bundle $bundle --out $work/replay.jsonl"
-OMP_NUM_THREADS="$threads" "$py" "$here/replay.py" --bundle "$bundle" --out "$work/replay.jsonl" \
-  --steploss "$work/replay.txt" --threads "$threads" || { echo "run_replay: replay failed" >&2; exit 2; }
+peer_threads="${OLMOREF_PEER_THREADS:-$threads}"
+OMP_NUM_THREADS="$peer_threads" "$py" "$here/replay.py" --bundle "$bundle" --out "$work/replay.jsonl" \
+  --steploss "$work/replay.txt" --threads "$peer_threads" || { echo "run_replay: replay failed" >&2; exit 2; }
 echo "run_replay: 4/5 $bin trace compare $bundle/trace.jsonl $work/replay.jsonl --rules $here/rules-fp32.toml"
 "$bin" trace compare "$bundle/trace.jsonl" "$work/replay.jsonl" --rules "$here/rules-fp32.toml" --report "$work/compare.txt"
 rc=$?

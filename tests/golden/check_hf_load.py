@@ -5,6 +5,7 @@ and a config that reproduces our layer types, window, rope theta, eps and head_d
 Usage: check_hf_load.py CHECKPOINT_DIR   (exit 0 = pass, 1 = a mismatch, printed)
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -32,7 +33,7 @@ def canonical_hf_names():
 
 def main():
     ckpt = sys.argv[1]
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OLMOREF_PEER_THREADS", "2")))
     failures = []
 
     def check(ok, what):

@@ -15,4 +15,4 @@ fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-hf-load.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 "$exporter" "$tmp/hf"
-OMP_NUM_THREADS=2 "$py" "$check" "$tmp/hf"
+OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$check" "$tmp/hf"

@@ -197,7 +197,7 @@ def check_generate(export_dir):
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OLMOREF_PEER_THREADS", "2")))
     transformers.utils.logging.disable_progress_bar()
     records = []
 

@@ -25,7 +25,7 @@ if [ ! -d /usr/share/games/fortunes ] || ! command -v bible >/dev/null 2>&1; the
   echo "SKIPPED: the demo corpus needs the Debian packages fortunes and bible-kjv (tools/install_deps.sh)"
   exit 77
 fi
-export OMP_NUM_THREADS=2
+export OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-hf.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
