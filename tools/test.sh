@@ -5,9 +5,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
-bash tools/build.sh || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
-# The Python peers (torch, transformers, ...) are installed before any test starts, so no test skips for them.
-bash tools/setup_python.sh || echo "test.sh: the Python environment could not be set up; the parity tests will skip" >&2
+# The Python peers (torch, transformers, ...) are installed before any test starts, so no test skips for them. They
+# download while the build compiles: the build is bound by the 2 cores, pip by the network and the disk.
+bash tools/setup_python.sh &
+python_setup=$!
+bash tools/build.sh || { echo "build failed"; kill $python_setup 2>/dev/null; echo "0 passed, 1 failed"; exit 1; }
+wait $python_setup || echo "test.sh: the Python environment could not be set up; the parity tests will skip" >&2
 meson test -C build --print-errorlogs --num-processes "${OLMOREF_TEST_JOBS:-2}" "$@"
 status=$?
 python3 tools/count_tests.py build/meson-logs/testlog.json
