@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ref/gemm.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 namespace {
 

@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "ref/init.h"
+#include "model/init.h"
 #include "model/olmo3.h"
 #include "ref/ops.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 

@@ -9,7 +9,7 @@
 // fsynced. A directory named stepNNNNNNNN therefore always holds a complete checkpoint; anything
 // else (a .tmp-* directory left by a crash) is ignored and cleaned up by the next save.
 //
-// Shards hold ranges of the canonical flat vectors (ref/params.h), so a checkpoint written by one
+// Shards hold ranges of the canonical flat vectors (core/params.h), so a checkpoint written by one
 // data-parallel layout can be read by any other: the reader assembles the ranges it needs.
 #pragma once
 
@@ -90,7 +90,7 @@ struct CheckpointMeta {
   nlohmann::json data_layout;       // seq_len, micro-batch, global batch, world layout
   std::string precision, executor;
   nlohmann::json extra;             // anything else (build facts)
-  // Optimizer state besides the flat vectors (SkipStepAdamW's windows and step count, ref/skip_step.h); null when
+  // Optimizer state besides the flat vectors (SkipStepAdamW's windows and step count, core/skip_step.h); null when
   // the optimizer has none. Written only when not null, so other manifests are as they were; older checkpoints
   // read as null.
   nlohmann::json optimizer_state;

@@ -138,7 +138,7 @@ class Reference {
   std::map<int64_t, std::unique_ptr<GlobalOrder>> orders_;
 };
 
-// Any split the trainer accepts (ref/instance_tree.h BatchSplit): ceil(G / mb) micro-batches, the last one shorter,
+// Any split the trainer accepts (core/instance_tree.h BatchSplit): ceil(G / mb) micro-batches, the last one shorter,
 // over at most that many ranks, whose runs may differ by one.
 void require_shape(const StreamExpectation& e) {
   const int64_t M = e.microbatch_instances > 0 ? (e.global_batch_instances + e.microbatch_instances - 1) / e.microbatch_instances : 0;

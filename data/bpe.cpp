@@ -1,7 +1,5 @@
 #include "data/bpe.h"
 
-#include "interop/hf_tokenizer.h"
-
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -335,17 +333,10 @@ BpeTokenizer BpeTokenizer::load(const std::string& path) {
   } catch (const std::exception& e) {
     throw std::runtime_error("tokenizer '" + path + "': not valid JSON (" + e.what() + ")");
   }
-  // Told apart by content, not by name: the demo's olmoref tokenizer is called tokenizer.json too.
-  if (j.is_object() && !j.contains("format") && j.contains("model") && j["model"].is_object()) {
-    const BpeTokenizer::Spec spec = interop::hf_tokenizer_spec(j, path);
-    try {
-      return BpeTokenizer(spec);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("tokenizer '" + path + "': " + e.what() +
-                               " (olmoref applies merges by rank and needs the parts of every merge to exist before "
-                               "it, as BPE training makes them)");
-    }
-  }
+  return from_json(j, path);
+}
+
+BpeTokenizer BpeTokenizer::from_json(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object() || j.value("format", "") != "olmoref-bpe-v1" || j.value("pretokenizer", "") != "olmoref-bytes-v1") {
     throw std::runtime_error("tokenizer '" + path + "': expected format olmoref-bpe-v1 with pretokenizer "
                              "olmoref-bytes-v1; it was written by something else");

@@ -22,14 +22,15 @@
 //    "pretokenizer": "olmoref-bytes-v1", "merges": [[116, 104], [32, 116], ...]}
 // merges[i] = [left, right] creates id 258 + i.
 //
-// load() also reads a Hugging Face byte-level BPE tokenizer.json (told apart by content: it has a "model"
-// object) whose pre-tokenizer is olmoref-bytes-v1 as interop/hf_tokenizer.h writes it; its ids need not follow
-// the layout above (any id per byte, per merge and per special token), so a Spec carries them explicitly.
+// A Hugging Face byte-level BPE tokenizer.json whose pre-tokenizer is olmoref-bytes-v1, as interop/hf_tokenizer.h
+// writes it, is read by interop::load_tokenizer (which takes either file); its ids need not follow the layout above
+// (any id per byte, per merge and per special token), so a Spec carries them explicitly.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -55,8 +56,10 @@ class BpeTokenizer {
     int64_t min_pair_count = 2;
   };
   static BpeTokenizer train(std::span<const std::string_view> documents, const TrainOptions& options);
-  // olmoref-bpe-v1 or a Hugging Face tokenizer.json (interop/hf_tokenizer.h); throws naming the file.
+  // olmoref-bpe-v1; throws naming the file (a Hugging Face tokenizer.json: interop::load_tokenizer).
   static BpeTokenizer load(const std::string& path);
+  // The same from the parsed file (`path` names it in errors).
+  static BpeTokenizer from_json(const nlohmann::json& j, const std::string& path);
   // Writes olmoref-bpe-v1; throws when the ids do not follow its layout (see has_olmoref_layout()).
   void save(const std::string& path) const;
 

@@ -20,7 +20,7 @@
 #include "data/audit_check.h"
 #include "data/leak_match.h"
 #include "data/ngram.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 namespace olmoref::data {
 

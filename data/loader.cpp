@@ -1,6 +1,6 @@
 #include "data/loader.h"
 
-#include "ref/instance_tree.h"
+#include "core/instance_tree.h"
 
 #include <nlohmann/json.hpp>
 #include <stdexcept>

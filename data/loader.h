@@ -7,7 +7,7 @@
 // Micro-batches and ranks. The global batch of G instances is cut into M = ceil(G/mb) micro-batches:
 // micro-batch m is instances [m*mb, min((m+1)*mb, G)) of the row (contiguous). With W data-parallel
 // ranks, rank r computes a contiguous run of micro-batches (the first M%W ranks one more;
-// ref/instance_tree.h). OLMo-core instead gives rank r the strided instances row[r::W]; the *set* of
+// core/instance_tree.h). OLMo-core instead gives rank r the strided instances row[r::W]; the *set* of
 // instances per step is identical, only who computes which differs, and the instance tree of the
 // gradient (docs/canonical/step.md) makes that assignment irrelevant to the result.
 //

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "ref/moe.h"
+#include "core/moe_plan.h"
 
 namespace olmoref::dist {
 

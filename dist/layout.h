@@ -4,7 +4,7 @@
 // replicate group) own the same range of the canonical flat vector: its parameters (fp32 master),
 // reduced gradient and AdamW moments. Ranges are whole 65,536-float chunks (the gradient-norm and
 // digest chunks), so per-chunk scalars never straddle ranks. Instances: rank r computes a contiguous run
-// of the step's micro-batches (ref/instance_tree.h: BatchSplit); any world size works, since ranks only
+// of the step's micro-batches (core/instance_tree.h: BatchSplit); any world size works, since ranks only
 // change who computes which nodes of the instance tree (docs/canonical/step.md).
 #pragma once
 

@@ -13,8 +13,8 @@
 #include <optional>
 #include <string>
 
-#include "ref/model_config.h"
-#include "ref/params.h"
+#include "core/model_config.h"
+#include "core/params.h"
 
 namespace olmoref {
 

@@ -339,4 +339,25 @@ data::BpeTokenizer::Spec hf_tokenizer_spec(const json& j, const std::string& pat
   }
 }
 
+data::BpeTokenizer load_tokenizer(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("tokenizer '" + path + "': cannot open; train one with `olmoref tokenize --vocab-size N`");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("tokenizer '" + path + "': not valid JSON (" + e.what() + ")");
+  }
+  if (!(j.is_object() && !j.contains("format") && j.contains("model") && j["model"].is_object()))
+    return data::BpeTokenizer::from_json(j, path);
+  const data::BpeTokenizer::Spec spec = hf_tokenizer_spec(j, path);
+  try {
+    return data::BpeTokenizer(spec);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("tokenizer '" + path + "': " + e.what() +
+                             " (olmoref applies merges by rank and needs the parts of every merge to exist before "
+                             "it, as BPE training makes them)");
+  }
+}
+
 }  // namespace olmoref::interop

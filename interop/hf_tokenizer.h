@@ -14,7 +14,7 @@
 // literal text "<|endoftext|>" is encoded as its bytes; the bare `tokenizers` library does not read that flag and
 // would turn the literal text into EOS unless `tokenizer.encode_special_tokens = True`).
 //
-// Read (hf_tokenizer_spec, used by BpeTokenizer::load when a file has a "model" object): a byte-level BPE whose
+// Read (hf_tokenizer_spec, used by load_tokenizer when a file has a "model" object): a byte-level BPE whose
 // pre-tokenizer is exactly the one written here; any other normalizer, pre-tokenizer, post-processor or model
 // option is refused with an error naming it, since olmoref has no general regex engine.
 #pragma once
@@ -50,5 +50,9 @@ void write_hf_tokenizer(const std::string& dir, const data::BpeTokenizer& tok, i
 // The tokenizer in a parsed tokenizer.json at `path`. EOS and PAD come from tokenizer_config.json beside it when
 // that names them (eos_token / pad_token), else from the added tokens <|endoftext|> / <|pad|>; no EOS is an error.
 data::BpeTokenizer::Spec hf_tokenizer_spec(const nlohmann::json& tokenizer_json, const std::string& path);
+
+// A tokenizer file of either kind, told apart by content (the demo's olmoref tokenizer is called tokenizer.json
+// too): olmoref-bpe-v1 (data::BpeTokenizer::load) or a Hugging Face tokenizer.json; throws naming the file.
+data::BpeTokenizer load_tokenizer(const std::string& path);
 
 }  // namespace olmoref::interop

@@ -18,9 +18,9 @@
 #include <cstdint>
 
 #include "kernels/block.h"
-#include "ref/bf16.h"
-#include "ref/hd.h"
-#include "ref/mathfn_impl.h"
+#include "core/bf16.h"
+#include "core/hd.h"
+#include "core/mathfn_impl.h"
 
 namespace olmoref::kernels {
 

@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "ref/hd.h"
+#include "core/hd.h"
 
 namespace olmoref::kernels {
 
@@ -38,7 +38,7 @@ struct DeviceBlock {
 };
 #endif
 
-// The canonical 32-lane tree (ref/reduce.h lane_tree) over lane[0..32) in shared memory, one level per phase:
+// The canonical 32-lane tree (core/reduce.h lane_tree) over lane[0..32) in shared memory, one level per phase:
 // for w = 16, 8, 4, 2, 1: lane[j] = lane[j] + lane[j + w] for j < w. The result is in lane[0].
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable

@@ -3,7 +3,7 @@
 // gradient scaling (clipping), embedding forward/backward and RoPE (docs/canonical/norm-rope-swiglu.md,
 // step.md, bf16.md).
 //
-// Each kernel is an op object whose operator()(i) computes element i with ref/elementwise.h's and ref/bf16.h's
+// Each kernel is an op object whose operator()(i) computes element i with core/elementwise.h's and core/bf16.h's
 // arithmetic (the functions the CPU loops call). On the device one thread runs one i (grid ceil(n / 256) x 256,
 // kernels/elementwise.cu); on the host run_host runs i = 0, 1, ..., n-1. No element reads another's output,
 // so both give the same bits. Pointers are executor memory.
@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "ref/bf16.h"
-#include "ref/elementwise.h"
-#include "ref/hd.h"
+#include "core/bf16.h"
+#include "core/elementwise.h"
+#include "core/hd.h"
 
 namespace olmoref::kernels {
 
@@ -64,7 +64,7 @@ struct EmbeddingForwardOp {
   int64_t d;
   OLMOREF_HD void operator()(int64_t i) const { x[i] = table[static_cast<int64_t>(tokens[i / d]) * d + i % d]; }
 };
-// dtable[v, c] over token v's positions in position order (start/order: ref/ops.h embedding_position_order);
+// dtable[v, c] over token v's positions in position order (start/order: core/embedding_order.h);
 // element i = v·d + c; rows of absent tokens +0.
 struct EmbeddingBackwardOp {
   const int64_t *start, *order;

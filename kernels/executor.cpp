@@ -11,7 +11,8 @@
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
 #include "kernels/rmsnorm_exact.h"
-#include "ref/optim.h"
+#include "core/embedding_order.h"
+#include "core/optim.h"
 
 // The device calls exist only in a CUDA build; elsewhere a KernelExecutor(true) cannot be made (make_executor
 // refuses it at start), so the branch is unreachable.
@@ -212,7 +213,7 @@ void KernelExecutor::round_bf16(float* x, int64_t n) { elements(RoundBf16Op{x, x
 void KernelExecutor::copy_round_bf16(const float* in, float* out, int64_t n) { elements(RoundBf16Op{in, out}, n); }
 void KernelExecutor::tree_add(float* dst, const float* src, int64_t n) { elements(AddOp{dst, src, dst}, n); }
 void KernelExecutor::scale(float* x, float c, int64_t n) {
-  if (c != 1.0f) elements(ScaleOp{x, c}, n);  // as ref/optim.h scale_inplace: clip 1 leaves the gradient alone
+  if (c != 1.0f) elements(ScaleOp{x, c}, n);  // as core/optim.h scale_inplace: clip 1 leaves the gradient alone
 }
 int64_t KernelExecutor::count_zeros(const float* x, int64_t n) {
   const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;

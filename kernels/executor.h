@@ -1,4 +1,4 @@
-// kernels/executor.h — the CUDA exact executor: model/executor.h's ops as the kernels of kernels/*.h.
+// kernels/executor.h — the CUDA exact executor: core/executor.h's ops as the kernels of kernels/*.h.
 //
 // One class, two ways to run the same kernels: on the device (executor "cuda": device memory, CUDA launches)
 // or executed on the host (executor "cuda-host": host memory, each kernel's blocks run thread by thread
@@ -7,7 +7,7 @@
 // reference's golden traces.
 #pragma once
 
-#include "model/executor.h"
+#include "core/executor.h"
 
 namespace olmoref::kernels {
 

@@ -13,8 +13,8 @@
 #include <cstdint>
 
 #include "kernels/block.h"
-#include "ref/elementwise.h"
-#include "ref/hd.h"
+#include "core/elementwise.h"
+#include "core/hd.h"
 
 namespace olmoref::kernels {
 

@@ -11,8 +11,8 @@
 #include <cstdint>
 
 #include "kernels/block.h"
-#include "ref/hd.h"
-#include "ref/mathfn_impl.h"
+#include "core/hd.h"
+#include "core/mathfn_impl.h"
 
 namespace olmoref::kernels {
 

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ref/mathfn_impl.h"
+#include "core/mathfn_impl.h"
 
 namespace olmoref::kernels {
 

@@ -1,4 +1,4 @@
-// kernels/mathfn_device.h — ref/mathfn_impl.h evaluated on the device, for the GPU tests (the same source as
+// kernels/mathfn_device.h — core/mathfn_impl.h evaluated on the device, for the GPU tests (the same source as
 // the CPU's det:: functions, so the bits must agree on every input).
 #pragma once
 

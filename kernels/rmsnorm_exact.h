@@ -6,7 +6,7 @@
 // split over the same 32 threads by column. The weight gradient is a column kernel: one thread per column, a
 // chain over the rows in order (the model calls it per instance: the leaf of the instance tree).
 //
-// The fused ops (model/executor.h) are these kernels with an epilogue or prologue, chosen by the arguments:
+// The fused ops (core/executor.h) are these kernels with an epilogue or prologue, chosen by the arguments:
 // rmsnorm_residual_forward and rmsnorm_rope_forward end the forward row kernel's final phase with the residual
 // add, or with RoPE by a thread per rotate-half pair (both of a pair's normed values are that thread's own, so
 // there is no barrier and no intermediate tensor); rope_rmsnorm_backward puts a RoPE-backward phase on dy, in
@@ -16,8 +16,8 @@
 #include <cstdint>
 
 #include "kernels/block.h"
-#include "ref/elementwise.h"
-#include "ref/hd.h"
+#include "core/elementwise.h"
+#include "core/hd.h"
 
 namespace olmoref::kernels {
 

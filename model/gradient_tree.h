@@ -1,5 +1,5 @@
 // model/gradient_tree.h — the float side of the instance tree: stack slots holding partial gradients (full
-// flat-vector length, in executor memory) and the adds the TreePlan prescribes (ref/instance_tree.h), run by the
+// flat-vector length, in executor memory) and the adds the TreePlan prescribes (core/instance_tree.h), run by the
 // executor's tree_add.
 #pragma once
 
@@ -7,9 +7,9 @@
 #include <functional>
 #include <vector>
 
-#include "model/executor.h"
+#include "core/executor.h"
 #include "ref/cpu_executor.h"
-#include "ref/instance_tree.h"
+#include "core/instance_tree.h"
 
 namespace olmoref {
 

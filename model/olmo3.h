@@ -1,5 +1,5 @@
 // model/olmo3.h — Olmo 3 forward and backward for one micro-batch, written once over the executor interface
-// (model/executor.h): the same code drives the CPU reference and the CUDA kernels.
+// (core/executor.h): the same code drives the CPU reference and the CUDA kernels.
 //
 // data -> embedding -> L × [h = x + RMSNorm(Attn(x)); out = h + RMSNorm(SwiGLU(h))] -> RMSNorm -> LM head
 //      -> cross-entropy + z-loss over shifted labels, divided by the *global* target count.
@@ -12,13 +12,13 @@
 #include <utility>
 #include <vector>
 
-#include "model/executor.h"
+#include "core/executor.h"
 #include "model/gradient_tree.h"
 #include "ref/cpu_executor.h"
-#include "ref/model_config.h"
+#include "core/model_config.h"
 #include "ref/moe.h"
 #include "ref/ops.h"
-#include "ref/params.h"
+#include "core/params.h"
 
 namespace olmoref {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "model/executor.h"
+#include "core/executor.h"
 
 namespace olmoref {
 

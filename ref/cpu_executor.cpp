@@ -5,10 +5,11 @@
 #include <new>
 #include <stdexcept>
 
-#include "ref/bf16.h"
+#include "core/bf16.h"
 #include "ref/gemm.h"
-#include "ref/optim.h"
-#include "ref/parallel.h"
+#include "ref/ops.h"
+#include "core/optim.h"
+#include "core/parallel.h"
 
 namespace olmoref {
 

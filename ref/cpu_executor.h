@@ -1,8 +1,8 @@
-// ref/cpu_executor.h — the CPU executor: model/executor.h's ops as the canonical-order CPU kernels of ref/,
+// ref/cpu_executor.h — the CPU executor: core/executor.h's ops as the canonical-order CPU kernels of ref/,
 // threaded over non-reduction dimensions by a ThreadPool. Its memory is host memory.
 #pragma once
 
-#include "model/executor.h"
+#include "core/executor.h"
 
 namespace olmoref {
 

@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "ref/gemm_kernels.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 namespace olmoref {
 

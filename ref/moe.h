@@ -1,6 +1,7 @@
 // ref/moe.h — the mixture-of-experts feed-forward's routing, dispatch and combine, as docs/canonical/moe.md
 // defines them. The experts themselves are SwiGLU feed-forwards run by the executor's GEMMs over the dispatched
-// rows; everything here is index work and per-row arithmetic on host memory, in one fixed order, with no atomics.
+// rows; everything here is per-row arithmetic on host memory over the plan of core/moe_plan.h, in one fixed order,
+// with no atomics.
 //
 // Shapes: R token rows of one micro-batch (instance-major: row = b·T + t), E experts, k choices per token
 // (top_k), d the model width. A "slot" is one (row r, choice j) pair, r·k + j.
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "core/moe_plan.h"
 
 namespace olmoref {
 
@@ -27,19 +30,6 @@ namespace moe {
 void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
            float* weight, ThreadPool* pool, double normalize_p = 0);
 
-// The dispatch order of a micro-batch: every slot sorted by (expert, row, j). Rows are instance-major, so the
-// slots of one instance for one expert are contiguous, in token order (the weight-gradient leaves need that).
-struct Plan {
-  int64_t R = 0, k = 0, E = 0;
-  std::vector<int64_t> expert_begin;  // [E + 1]: expert e's slots are positions [expert_begin[e], expert_begin[e+1])
-  std::vector<int64_t> row_of;        // [R·k]: the token row of position p
-  std::vector<int64_t> position;      // [R·k]: the position of slot r·k + j
-
-  int64_t count(int64_t e) const { return expert_begin[static_cast<size_t>(e) + 1] - expert_begin[static_cast<size_t>(e)]; }
-  // Positions of expert e whose rows lie in [row_begin, row_end): [first, last).
-  std::pair<int64_t, int64_t> segment(int64_t e, int64_t row_begin, int64_t row_end) const;
-};
-Plan make_plan(const int32_t* top, int64_t R, int64_t k, int64_t E);
 
 // xg [R·k, d]: position p holds x's row row_of[p].
 void gather(const float* x, const Plan& plan, int64_t d, float* xg, ThreadPool* pool);
@@ -69,7 +59,6 @@ void shared_combine_backward(const float* dout, int64_t k, float* dshared, float
 //   lb_b = lb_coef · Σ_e c_e · (Σ_{r in b} scores[r, e]) / n_unit      (fp64, r then e in order)
 //   z_b  = z_coef · Σ_{r in b} lse_r²                                   (fp64, r in order)
 // Both are sums: the step divides them by its global target count N, as the cross-entropy.
-std::vector<int64_t> counts(const int32_t* top, int64_t row_begin, int64_t row_end, int64_t k, int64_t E);
 double lb_value(const float* scores, int64_t row_begin, int64_t row_end, int64_t E, const std::vector<int64_t>& unit_counts,
                 int64_t n_unit, double lb_coef);
 double z_value(const float* lse, int64_t row_begin, int64_t row_end, double z_coef);
@@ -84,24 +73,6 @@ void router_backward(const float* scores, const float* lse, const int32_t* top, 
                      const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
                      float* dlogits, double normalize_p = 0);
 
-// ---- Expert parallelism (docs/canonical/moe.md "Expert parallelism") ----
-// The experts rank i of an EP group of n owns: [first, last), E split as evenly as possible, the first E mod n
-// ranks one expert more. A rank's slots for those experts are one contiguous run of its plan's positions,
-// [expert_begin[first], expert_begin[last]), so what it sends each owner is a plain slice of xg.
-std::pair<int64_t, int64_t> ep_experts(int64_t E, int n, int i);
-
-// An owner's received rows, width w, between two orders:
-//   source-major: source 0's rows for experts first..last-1 (expert, then its row order), then source 1's, ...
-//                 (what the all-to-all delivers and takes back);
-//   expert-major: expert first's rows from source 0, source 1, ..., then expert first+1's ... (one GEMM per expert).
-// counts [n_src, E]: the rows source s sent for expert e. Pure data movement: the bits of every row are kept.
-void ep_to_expert_major(const float* source_major, const int64_t* counts, int n_src, int64_t E, int64_t first,
-                        int64_t last, int64_t w, float* expert_major);
-void ep_to_source_major(const float* expert_major, const int64_t* counts, int n_src, int64_t E, int64_t first,
-                        int64_t last, int64_t w, float* source_major);
-
-// A 64-bit digest of rows' expert choices (top [rows, k]), chained from `seed`: the routing fingerprint's leaf.
-uint64_t routing_digest(const int32_t* top, int64_t rows, int64_t k, uint64_t seed);
 
 }  // namespace moe
 }  // namespace olmoref

@@ -5,11 +5,11 @@
 #include <cstring>
 #include <limits>
 
-#include "ref/elementwise.h"
+#include "core/elementwise.h"
 #include "ref/gemm.h"
-#include "ref/mathfn.h"
-#include "ref/parallel.h"
-#include "ref/reduce.h"
+#include "core/mathfn.h"
+#include "core/parallel.h"
+#include "core/reduce.h"
 #include "ref/simd_ops.h"
 
 namespace olmoref {
@@ -528,17 +528,6 @@ void embedding_forward(const float* table, const uint32_t* tokens, float* x, int
   run(pool, R, 64, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) std::memcpy(x + r * d, table + static_cast<int64_t>(tokens[r]) * d, d * sizeof(float));
   });
-}
-
-void embedding_position_order(const uint32_t* tokens, int64_t R, int64_t V, std::vector<int64_t>& start,
-                              std::vector<int64_t>& order) {
-  // A stable counting sort, so each row sums its positions in order.
-  start.assign(static_cast<size_t>(V + 1), 0);
-  order.assign(static_cast<size_t>(R), 0);
-  for (int64_t r = 0; r < R; ++r) ++start[tokens[r] + 1];
-  for (int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
-  std::vector<int64_t> fill(start.begin(), start.end() - 1);
-  for (int64_t r = 0; r < R; ++r) order[fill[tokens[r]]++] = r;
 }
 
 void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "ref/bf16.h"
+#include "core/bf16.h"
+#include "core/embedding_order.h"
+#include "core/op_types.h"
 
 namespace olmoref {
 
@@ -75,17 +77,7 @@ void matmul_forward_swiglu(const float* X, const float* W3, const float* g, floa
 void matmul_backward_input_swiglu(const float* dY, const float* W2, const float* g, const float* u, float* dg, float* du,
                                   int64_t M, int64_t N, int64_t K, bool bf16, ThreadPool* pool);
 
-// ---- Causal (sliding-window) attention with GQA ----
-// q: [B*T, H*hd], k, v: [B*T, KV*hd] (after QK-norm and RoPE), out: [B*T, H*hd].
-// window: keys per query counting the query itself (0 = full causal).
-// Saves the softmax row max and denominator: row_max, row_sum [B, H, T].
-struct AttentionShape {
-  int64_t B, T, H, KV, hd, window;
-  float scale;  // 1/sqrt(hd)
-  // bf16: q, k, v, dout are bf16-valued; P and dS are rounded to bf16 as matmul operands, dq/dk/dv are
-  // rounded to bf16 (docs/canonical/bf16.md). The caller rounds `out`. fp32: none of this happens.
-  Precision precision = Precision::fp32;
-};
+// ---- Causal (sliding-window) attention with GQA (the shape: core/op_types.h AttentionShape) ----
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
                        float* row_max, float* row_sum, ThreadPool* pool);
 // dq [B*T, H*hd], dk, dv [B*T, KV*hd] overwritten.
@@ -95,10 +87,6 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
 
 // ---- Embedding ----
 void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d, ThreadPool* pool);
-// The positions of each token in order (a stable counting sort): token v's positions are
-// order[start[v] .. start[v+1]). Every executor's embedding backward sums in this order.
-void embedding_position_order(const uint32_t* tokens, int64_t R, int64_t V, std::vector<int64_t>& start,
-                              std::vector<int64_t>& order);
 // dtable [V, d] overwritten: row v = Σ over positions with token v, in position order (plain adds).
 void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
                         ThreadPool* pool);
@@ -107,12 +95,6 @@ void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, 
 // logits [B*T, V] are replaced by ∂loss/∂logits, where loss = Σ_valid (ce + z_coef·lse²) / n_targets.
 // Position t of an instance predicts token t+1; the last position of each instance has no target.
 // Returns the fp64 sums Σ ce and Σ z_coef·lse² over this micro-batch's valid positions.
-struct LossSums {
-  double ce = 0.0, z = 0.0;
-  int64_t n_targets = 0;
-  // Mixture of experts: the weighted load-balancing and router z-loss sums (docs/canonical/moe.md), 0 when dense.
-  double moe_lb = 0.0, moe_z = 0.0;
-};
 LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
                                         float z_coef, int64_t global_n_targets, ThreadPool* pool);
 

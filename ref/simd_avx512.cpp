@@ -28,7 +28,7 @@ struct Avx512 {
   static V add_first(V acc, V x, int64_t cnt) { return _mm512_mask_add_ps(acc, first(cnt), acc, x); }
   static V blend_first(V old, V now, int64_t cnt) { return _mm512_mask_blend_ps(first(cnt), old, now); }
   // (x > m) ? x : m per lane: m is kept on NaN x and on ties, as the sequential (m < x) ? x : m.
-  // ref/bf16.h's round_bf16 per lane: u + 0x7fff + bit 16 of u, low 16 bits cleared; NaN -> 0x7FC00000.
+  // core/bf16.h's round_bf16 per lane: u + 0x7fff + bit 16 of u, low 16 bits cleared; NaN -> 0x7FC00000.
   static V round_bf16(V x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));

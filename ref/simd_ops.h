@@ -1,5 +1,5 @@
 // ref/simd_ops.h — the AVX-512 and AVX2 paths of the CPU reference's non-GEMM ops (attention, softmax over the
-// vocabulary, RMSNorm, SwiGLU, expf/logf/sigmoid/SiLU). The scalar code in ref/ops.cpp and ref/mathfn_impl.h is the
+// vocabulary, RMSNorm, SwiGLU, expf/logf/sigmoid/SiLU). The scalar code in ref/ops.cpp and core/mathfn_impl.h is the
 // definition; these paths perform the same IEEE operations in the same order per output element, only many
 // outputs at once (one per SIMD lane: 16 keys, queries or columns in a zmm register), so every result is
 // bit-identical to the scalar one (tests/ref/test_simd.cpp: each path against the scalar code; golden-traces and
@@ -45,7 +45,7 @@ struct SimdOps {
   void (*sigmoidf)(const float* x, float* y, int64_t n);
   void (*siluf)(const float* x, float* y, int64_t n);
 
-  // ---- reductions (ref/reduce.h's canonical order) ----
+  // ---- reductions (core/reduce.h's canonical order) ----
   float (*canonical_sum)(const float* x, int64_t n);
   float (*canonical_dot)(const float* a, const float* b, int64_t n);
   // The sequential max of x[0..n) (first occurrence of the largest value; NaN ignored, -inf when n = 0).

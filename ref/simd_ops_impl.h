@@ -5,7 +5,7 @@
 //   scores s_j = (chain over d of q_d·k_jd)·scale   lanes = keys j, rows of the tile = queries (kt is K transposed)
 //   P·V, dS·K (dq) chains over keys j ascending      lanes = head dims d, one register row per query
 //   dk, dv chains over queries i ascending           lanes = head dims d, one register row per key
-//   canonical_sum / canonical_dot                    ref/reduce.h's 32 lanes = 2 zmm (4 ymm), then its tree
+//   canonical_sum / canonical_dot                    core/reduce.h's 32 lanes = 2 zmm (4 ymm), then its tree
 //
 // A chain over a band is never padded with zero terms (fma(0, v, acc) is not always acc: -0, inf, NaN): each
 // output row starts and stops at its own bounds. Tails are masked so lanes past the end are neither read into a
@@ -21,8 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ref/elementwise.h"
-#include "ref/mathfn_impl.h"
+#include "core/elementwise.h"
+#include "core/mathfn_impl.h"
 #include "ref/simd_ops.h"
 
 namespace olmoref::simd {
@@ -42,7 +42,7 @@ struct Kernels {
   static constexpr int kLaneRegs = 32 / W;  // registers holding reduce.h's 32 lanes
 
   // ---- canonical reductions ----
-  // ref/reduce.h's lane tree over the 32 lanes held in acc[0 .. kLaneRegs): lane[j] = lane[j] + lane[j + w] for
+  // core/reduce.h's lane tree over the 32 lanes held in acc[0 .. kLaneRegs): lane[j] = lane[j] + lane[j + w] for
   // w = 16, 8, 4, 2, 1 (restated here: reduce.h's lane_tree<float> instantiated in this ISA's file could be picked
   // by the linker for a baseline caller).
   static float tree32(const V* acc) {
@@ -116,7 +116,7 @@ struct Kernels {
     if (j < n) S::store_first(x + j, ((S::load_first(x + j, n - j) / sv) * cv) * nv, n - j);
   }
 
-  // x = round_bf16(x) over n lanes (ref/bf16.h's rounding: nearest-even on the 16 dropped bits, NaN -> 0x7FC0).
+  // x = round_bf16(x) over n lanes (core/bf16.h's rounding: nearest-even on the 16 dropped bits, NaN -> 0x7FC0).
   static void round_bf16_row(float* x, int64_t n) {
     int64_t j = 0;
     for (; j + W <= n; j += W) S::store(x + j, S::round_bf16(S::load(x + j)));

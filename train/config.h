@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "ref/model_config.h"
-#include "ref/optim.h"
+#include "core/model_config.h"
+#include "core/optim.h"
 
 namespace olmoref {
 
@@ -18,7 +18,7 @@ struct TrainLoopConfig {
   int64_t steps = 1;
   double z_loss = 1e-5;
   std::string precision = "fp32";      // fp32, or bf16 (the Olmo 3 recipe: docs/canonical/bf16.md)
-  std::string executor = "cpu";        // cpu | cuda | cuda-host (model/executor.h); every one gives the same bits
+  std::string executor = "cpu";        // cpu | cuda | cuda-host (core/executor.h); every one gives the same bits
   int64_t log_every = 1;
 };
 
@@ -86,7 +86,7 @@ struct TrainConfig {
   std::string source_path;   // the TOML file it came from (empty when built in code)
   std::vector<std::string> overrides;
 
-  // The last micro-batch of a step may be shorter (ref/instance_tree.h: BatchSplit).
+  // The last micro-batch of a step may be shorter (core/instance_tree.h: BatchSplit).
   int64_t micro_batches_per_step() const {
     return (train.global_batch_instances + train.micro_batch_instances - 1) / train.micro_batch_instances;
   }

@@ -14,11 +14,11 @@
 #include "data/holdout.h"
 #include "data/mix.h"
 #include "golden/trace.h"
-#include "ref/bf16.h"
-#include "ref/mathfn.h"
-#include "ref/parallel.h"
-#include "ref/reduce.h"
-#include "ref/rng.h"
+#include "core/bf16.h"
+#include "core/mathfn.h"
+#include "core/parallel.h"
+#include "core/reduce.h"
+#include "core/rng.h"
 #include "train/batch_source.h"
 
 namespace olmoref {

@@ -11,7 +11,7 @@
 //   - the holdout-minus-fresh gap with a percentile bootstrap confidence interval: the documents
 //     touched by each subset are resampled with replacement within their set (a cluster bootstrap,
 //     unpaired: the sets hold different documents; instances when no EOS id is known), the draws
-//     from the counter-based RNG (ref/rng.h, RngPurpose::bootstrap), so the report is a pure
+//     from the counter-based RNG (core/rng.h, RngPurpose::bootstrap), so the report is a pure
 //     function of the losses;
 //   - flag = the whole interval lies below zero (holdout significantly below fresh at level alpha);
 //   - per-document losses on the holdout subset, lowest first, so memorized documents stand out.

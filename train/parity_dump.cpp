@@ -8,7 +8,7 @@
 #include "interop/hf_export.h"
 #include "train/weights.h"
 #include "interop/safetensors.h"
-#include "ref/rng.h"
+#include "core/rng.h"
 #include "train/trainer.h"
 
 namespace olmoref {

@@ -20,9 +20,10 @@
 
 #include "golden/digest.h"
 #include "ref/gemm.h"
-#include "ref/init.h"
-#include "ref/optim.h"
-#include "model/executor.h"
+#include "model/init.h"
+#include "core/optim.h"
+#include "core/executor.h"
+#include "model/executors.h"
 #include "model/profiled_executor.h"
 #include "ckpt/checkpoint.h"
 #include "train/eval.h"
@@ -790,7 +791,7 @@ StepResult Trainer::train_step() {
                  m_.data() + q.begin, v_.data() + q.begin, q.n);
   } else {
     // SkipStepAdamW: the decision from the global CE and the pre-clip norm (the same on every rank), then OLMo-core's
-    // foreach update with the step factor in its scalars. The arithmetic runs on the host (ref/skip_step.h); a device
+    // foreach update with the step factor in its scalars. The arithmetic runs on the host (core/skip_step.h); a device
     // executor's state makes the round trip until the executor has the op.
     const float sf = skip_step_observe(cfg_.optim, skip_, ce_loss, static_cast<float>(norm));
     std::vector<elem::SkipStepScalars> sc;

@@ -13,11 +13,11 @@
 #include "dist/expert_placement.h"
 #include "dist/layout.h"
 #include "golden/trace.h"
-#include "ref/instance_tree.h"
+#include "core/instance_tree.h"
 #include "model/olmo3.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 #include "train/batch_source.h"
-#include "ref/skip_step.h"
+#include "core/skip_step.h"
 #include "train/config.h"
 
 namespace olmoref {
@@ -128,7 +128,7 @@ class Trainer {
   void dump_optim_state(const std::string& dir, const std::string& name, const Buffer<float>& b) const;  // TEST ONLY
   // b on the host: b itself for host-memory executors, else its copy in `staging`.
   const float* host_view(const Buffer<float>& b, std::vector<float>& staging) const;
-  // Who computes which instances of a step (ref/instance_tree.h: BatchSplit).
+  // Who computes which instances of a step (core/instance_tree.h: BatchSplit).
   BatchSplit batch_split() const;
   // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
   // per_instance[i] receives global instance i's loss totals for this rank's instances.
@@ -178,7 +178,7 @@ class Trainer {
   class UnitGather;
   std::unique_ptr<UnitGather> unit_gather_;
   float* full_view_ = nullptr;
-  std::vector<ParamGroup> groups_;  // OLMo-core's param groups (ref/optim.h)
+  std::vector<ParamGroup> groups_;  // OLMo-core's param groups (core/optim.h)
   std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
   GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients

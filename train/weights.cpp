@@ -6,8 +6,8 @@
 
 #include "ckpt/checkpoint.h"
 #include "interop/hf_export.h"
-#include "ref/init.h"
-#include "ref/params.h"
+#include "model/init.h"
+#include "core/params.h"
 
 namespace olmoref {
 

@@ -13,7 +13,7 @@ namespace olmoref {
 
 struct RunWeights {
   TrainConfig config;         // the run's resolved configuration (overrides applied)
-  std::vector<float> params;  // the flat canonical parameter vector (ref/params.h)
+  std::vector<float> params;  // the flat canonical parameter vector (core/params.h)
   int64_t step = 0;           // optimizer steps completed (0: step-0 weights)
 };
 

@@ -10,7 +10,7 @@ the step-1 batch; then it re-runs every step k in float64 from our weights after
 clipping and torch AdamW, and checks our loss, grad norm and updated weights against it (teacher_forced: one step's
 rounding, never a trajectory's amplification of it). HF fp32 also trains the steps freely, for the report.
 
-A *logits bundle* (written by `olmoref golden logits`, golden/logits.h) holds our logits for long real-text
+A *logits bundle* (written by `olmoref golden logits`, train/golden_logits.h) holds our logits for long real-text
 windows, at trained weights, in fp32 or bf16. For it the script loads the same weights into HF in the bundle's
 precision (`--precision` must agree) and in fp32, and compares logits only: per-token KL and top-1 agreement of ours
 against HF at the same precision (gated, LOGITS_THRESHOLDS), plus both against HF fp32 (reported: the bf16 noise

@@ -3,7 +3,7 @@
 // behaviour as `olmoref tokenize` / `olmoref data ...`.
 #include <CLI/CLI.hpp>
 
-#include "data/cli_data.h"
+#include "cli/data_commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"olmoref-data: the data commands of olmoref"};

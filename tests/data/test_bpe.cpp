@@ -13,7 +13,7 @@
 #include <set>
 
 #include "data/bpe.h"
-#include "data/cli_data.h"
+#include "cli/data_commands.h"
 #include "data/holdout.h"
 #include "data/mix.h"
 #include "data/token_file.h"

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "kernels/executor.h"
-#include "ref/bf16.h"
+#include "core/bf16.h"
 #include "ref/cpu_executor.h"
 #include "ref/gemm.h"
-#include "ref/mathfn.h"
+#include "core/mathfn.h"
 #include "ref/ops.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 #include "tests/kernels/swiglu_cases.h"
 
 using namespace olmoref;

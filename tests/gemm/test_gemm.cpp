@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ref/gemm.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 

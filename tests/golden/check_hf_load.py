@@ -20,7 +20,7 @@ LAYER_TYPES = ["sliding_attention", "full_attention", "full_attention"]  # the l
 
 
 def canonical_hf_names():
-    """Our canonical parameter order (ref/params.h), spelled with the HF names the spec maps them to."""
+    """Our canonical parameter order (core/params.h), spelled with the HF names the spec maps them to."""
     names = ["model.embed_tokens.weight"]
     for i in range(L):
         p = f"model.layers.{i}."

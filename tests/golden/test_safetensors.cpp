@@ -14,8 +14,8 @@
 
 #include "interop/hf_export.h"
 #include "interop/safetensors.h"
-#include "ref/model_config.h"
-#include "ref/params.h"
+#include "core/model_config.h"
+#include "core/params.h"
 
 using namespace olmoref;
 namespace fs = std::filesystem;

@@ -19,11 +19,11 @@
 #include "kernels/mathfn_device.h"
 #include "kernels/rmsnorm_exact.h"
 #include "ref/gemm.h"
-#include "ref/mathfn.h"
+#include "core/mathfn.h"
 #include "ref/ops.h"
-#include "ref/optim.h"
+#include "core/optim.h"
 #include "model/gradient_tree.h"
-#include "ref/params.h"
+#include "core/params.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
@@ -197,7 +197,7 @@ int check_elementwise() {
            bits_equal(from_device(dA, n), a) && bits_equal(from_device(dDG, n), dg) && bits_equal(from_device(dDU, n), du));
     for (float* p : {dG, dU, dDA, dA, dDG, dDU}) cudaFree(p);
   }
-  {  // AdamW over the tiny model's layout: decay per tensor as ref/optim.cpp applies it
+  {  // AdamW over the tiny model's layout: decay per tensor as core/optim.cpp applies it
     ModelConfig mc;
     mc.vocab_size = 97, mc.d_model = 32, mc.n_layers = 2, mc.n_heads = 4, mc.n_kv_heads = 2, mc.head_dim = 8;
     mc.ffn_hidden = 64, mc.swa_pattern = {4, -1};

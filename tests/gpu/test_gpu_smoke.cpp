@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/device_info.h"
-#include "ref/reduce.h"
+#include "core/reduce.h"
 
 int main() {
   const olmoref::cuda::DeviceInfo dev = olmoref::cuda::query_device();

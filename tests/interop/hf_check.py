@@ -27,7 +27,7 @@ def fail(msg):
 
 
 def trim_document(d):
-    # data/cli_data.cpp trim_document: leading \n/\r, trailing \n \r space tab.
+    # cli/data_commands.cpp trim_document: leading \n/\r, trailing \n \r space tab.
     i, j = 0, len(d)
     while i < j and d[i] in b"\n\r":
         i += 1
@@ -37,7 +37,7 @@ def trim_document(d):
 
 
 def split_documents(text, separator):
-    """data/cli_data.cpp split_documents_text, format separator."""
+    """cli/data_commands.cpp split_documents_text, format separator."""
     docs, doc_start, pos = [], 0, 0
     sep = separator.encode()
 

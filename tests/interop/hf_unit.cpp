@@ -110,7 +110,7 @@ TEST_CASE("tokenizer.json: written, read back by olmoref, same ids on any bytes"
   CHECK(cfg["bos_token"].is_null());
   CHECK(cfg["model_max_length"] == 256);
 
-  const BpeTokenizer back = BpeTokenizer::load(d.file("tokenizer.json"));
+  const BpeTokenizer back = interop::load_tokenizer(d.file("tokenizer.json"));
   CHECK(back.eos_id() == 256);
   CHECK(back.pad_id() == std::optional<uint32_t>(257));
   CHECK(back.n_merges() == tok.n_merges());
@@ -124,7 +124,7 @@ TEST_CASE("tokenizer.json: written, read back by olmoref, same ids on any bytes"
     json k = j;
     k["model"]["merges"].erase(k["model"]["merges"].end() - 1);
     write(d.file("fewer.json"), k.dump());
-    const BpeTokenizer fewer = BpeTokenizer::load(d.file("fewer.json"));
+    const BpeTokenizer fewer = interop::load_tokenizer(d.file("fewer.json"));
     int differ = 0;
     for (int r = 0; r < 20; ++r)
       for (const char* t : kDocs) differ += fewer.encode(t) != tok.encode(t);
@@ -143,7 +143,7 @@ TEST_CASE("tokenizer.json with ids in another layout (EOS first, bytes after)") 
   for (auto& t : j["added_tokens"]) t["id"] = remap(t["id"].get<uint32_t>());
   write(d.file("tokenizer.json"), j.dump());
   std::filesystem::remove(d.file("tokenizer_config.json"));  // EOS/PAD from the usual added-token names
-  const BpeTokenizer back = BpeTokenizer::load(d.file("tokenizer.json"));
+  const BpeTokenizer back = interop::load_tokenizer(d.file("tokenizer.json"));
   CHECK(back.eos_id() == 0);
   CHECK(back.pad_id() == std::optional<uint32_t>(1));
   CHECK_FALSE(back.has_olmoref_layout());
@@ -169,7 +169,7 @@ TEST_CASE("tokenizer.json refusals name the unsupported part and the file") {
     edit(j);
     const std::string p = d.file("edited.json");
     write(p, j.dump());
-    const std::string m = message_of([&] { BpeTokenizer::load(p); });
+    const std::string m = message_of([&] { interop::load_tokenizer(p); });
     CHECK(m.find(p) != std::string::npos);
     return m;
   };
@@ -210,7 +210,7 @@ TEST_CASE("export refuses a tokenizer whose two ids stand for the same bytes") {
   // "ab"+"c" and "a"+"bc" both make "abc": a Hugging Face vocabulary cannot hold both ids.
   write(d.file("dup.json"), R"({"format": "olmoref-bpe-v1", "vocab_size": 300, "eos_id": 256, "pad_id": 257,
     "pretokenizer": "olmoref-bytes-v1", "merges": [[97, 98], [98, 99], [258, 99], [97, 259]]})");
-  const BpeTokenizer tok = BpeTokenizer::load(d.file("dup.json"));
+  const BpeTokenizer tok = interop::load_tokenizer(d.file("dup.json"));
   const std::string m = message_of([&] { interop::hf_tokenizer_json(tok); });
   CHECK(m.find("ids 260 and 261 both stand for 'abc'") != std::string::npos);
 }

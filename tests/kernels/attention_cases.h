@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/attention_exact.h"
-#include "ref/bf16.h"
+#include "core/bf16.h"
 #include "ref/ops.h"
 
 namespace olmoref::testing {

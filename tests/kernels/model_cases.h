@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "model/executor.h"
+#include "core/executor.h"
 #include "model/gradient_tree.h"
 #include "model/olmo3.h"
-#include "ref/init.h"
+#include "model/init.h"
 
 namespace olmoref::testing {
 

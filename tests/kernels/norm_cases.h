@@ -1,6 +1,6 @@
 // tests/kernels/norm_cases.h — RMSNorm shapes and operands shared by the host-decomposition test, the GPU test and
 // the fused-form test (tests/ref/test_fused.cpp): rows shorter and longer than a warp, widths that are not
-// multiples of 8, 16 or 32, more columns than a block; and the fused forms of model/executor.h run on any executor
+// multiples of 8, 16 or 32, more columns than a block; and the fused forms of core/executor.h run on any executor
 // next to the unfused op sequences they replace.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/rmsnorm_exact.h"
-#include "model/executor.h"
+#include "core/executor.h"
 #include "ref/ops.h"
 
 namespace olmoref::testing {

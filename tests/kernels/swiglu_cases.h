@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "model/executor.h"
-#include "ref/bf16.h"
-#include "ref/mathfn.h"
+#include "core/executor.h"
+#include "core/bf16.h"
+#include "core/mathfn.h"
 
 namespace olmoref::testing {
 

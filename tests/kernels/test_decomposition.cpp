@@ -15,7 +15,7 @@
 #include "ref/cpu_executor.h"
 #include "ref/gemm.h"
 #include "ref/ops.h"
-#include "ref/optim.h"
+#include "core/optim.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"

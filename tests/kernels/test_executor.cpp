@@ -3,9 +3,10 @@
 // run of the same cases is in tests/gpu; whole training traces through cuda-host are tests/e2e/executors.sh.
 #include <doctest.h>
 
+#include "core/parallel.h"
 #include "kernels/executor.h"
+#include "model/executors.h"
 #include "ref/cpu_executor.h"
-#include "ref/parallel.h"
 #include "tests/kernels/model_cases.h"
 
 using namespace olmoref;

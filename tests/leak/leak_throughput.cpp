@@ -31,7 +31,7 @@
 
 #include "data/ngram.h"
 #include "data/token_file.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 using namespace olmoref::data;

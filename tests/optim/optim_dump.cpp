@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "ref/optim.h"
-#include "ref/skip_step.h"
-#include "ref/params.h"
+#include "core/optim.h"
+#include "core/skip_step.h"
+#include "core/params.h"
 #include "train/config.h"
 
 using namespace olmoref;

@@ -7,10 +7,10 @@
 #include <limits>
 #include <stdexcept>
 
-#include "ref/optim.h"
-#include "ref/params.h"
-#include "ref/schedule.h"
-#include "ref/skip_step.h"
+#include "core/optim.h"
+#include "core/params.h"
+#include "core/schedule.h"
+#include "core/skip_step.h"
 #include "train/config.h"
 
 using namespace olmoref;

@@ -9,8 +9,8 @@
 #include <functional>
 #include <vector>
 
-#include "ref/model_config.h"
-#include "ref/params.h"
+#include "core/model_config.h"
+#include "core/params.h"
 
 namespace olmoref::testing {
 

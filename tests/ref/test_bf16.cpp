@@ -19,13 +19,13 @@
 #include <random>
 #include <vector>
 
-#include "ref/bf16.h"
+#include "core/bf16.h"
 #include "ref/gemm.h"
-#include "ref/init.h"
-#include "ref/mathfn.h"
+#include "model/init.h"
+#include "core/mathfn.h"
 #include "model/olmo3.h"
 #include "ref/ops.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 #include "tests/ref/reference_f64.h"
 #include "tests/ref/synthetic.h"
 #include "train/trainer.h"

@@ -1,4 +1,4 @@
-// The fused forms of RMSNorm (model/executor.h rmsnorm_residual_forward, rmsnorm_rope_forward and its backward
+// The fused forms of RMSNorm (core/executor.h rmsnorm_residual_forward, rmsnorm_rope_forward and its backward
 // rope_rmsnorm_backward) against the op sequences they replace, bit for bit: on every CPU path this machine has
 // (scalar, AVX2, AVX-512: the SIMD row kernel carries the fused tail), fp32 and bf16, with and without threads, on
 // widths that are no multiple of the register or warp widths and on single rows. Negative controls: the bf16
@@ -10,7 +10,7 @@
 
 #include "ref/cpu_executor.h"
 #include "ref/gemm.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 #include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "ref/gemm.h"
-#include "ref/init.h"
+#include "model/init.h"
 #include "model/olmo3.h"
 #include "ref/ops.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 #include "tests/ref/reference_f64.h"
 #include "train/trainer.h"
 

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "ref/init.h"
-#include "ref/parallel.h"
+#include "model/init.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 

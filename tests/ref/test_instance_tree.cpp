@@ -1,4 +1,4 @@
-// The instance tree (ref/instance_tree.h, model/gradient_tree.h; docs/canonical/step.md): its shape, the
+// The instance tree (core/instance_tree.h, model/gradient_tree.h; docs/canonical/step.md): its shape, the
 // maximal-subtree decomposition of a rank's range, the stack plan and its memory bound, the float adds,
 // the batch split, and micro-batch invariance of the model's gradient (tier T6 at the model level).
 #include <doctest.h>
@@ -7,10 +7,10 @@
 #include <random>
 
 #include "model/gradient_tree.h"
-#include "ref/init.h"
-#include "ref/instance_tree.h"
+#include "model/init.h"
+#include "core/instance_tree.h"
 #include "model/olmo3.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <random>
 
-#include "ref/mathfn.h"
-#include "ref/reduce.h"
-#include "ref/rng.h"
+#include "core/mathfn.h"
+#include "core/reduce.h"
+#include "core/rng.h"
 
 using namespace olmoref;
 

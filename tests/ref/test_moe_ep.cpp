@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "model/olmo3.h"
-#include "ref/init.h"
+#include "model/init.h"
 #include "ref/moe.h"
-#include "ref/parallel.h"
+#include "core/parallel.h"
 
 using namespace olmoref;
 

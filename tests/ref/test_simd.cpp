@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "ref/gemm.h"
-#include "ref/mathfn.h"
+#include "core/mathfn.h"
 #include "ref/ops.h"
-#include "ref/parallel.h"
-#include "ref/reduce.h"
+#include "core/parallel.h"
+#include "core/reduce.h"
 #include "ref/simd_ops.h"
 
 using namespace olmoref;

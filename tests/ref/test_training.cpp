@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "ref/optim.h"
+#include "core/optim.h"
 #include "tests/ref/synthetic.h"
 #include "train/trainer.h"
 

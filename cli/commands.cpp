@@ -1,0 +1,398 @@
+#include "cli/commands.h"
+
+#include <limits>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ref/gemm.h"
+#include "core/parallel.h"
+#include "train/batch_source.h"
+#include "train/config.h"
+#include "train/parity_dump.h"
+#include "train/resume_check.h"
+#include "ckpt/checkpoint.h"
+#include "golden/plot.h"
+#include <fstream>
+#include "data/bpe.h"
+#include "interop/hf_export.h"
+#include "interop/hf_tokenizer.h"
+#include <nlohmann/json.hpp>
+#include <optional>
+#include "model/init.h"
+#include "core/params.h"
+#include "train/trainer.h"
+#include "train/weights.h"
+
+namespace olmoref {
+
+namespace {
+// --cpu-isa: one switch for the GEMM and the other ops' SIMD paths (ref/gemm.h, ref/simd_ops.h).
+void select_cpu_isa(const std::string& name) {
+  const GemmIsa isa = name == "scalar" ? GemmIsa::scalar
+                      : name == "avx2" ? GemmIsa::avx2
+                      : name == "avx512" ? GemmIsa::avx512
+                                         : GemmIsa::best;
+  if (!gemm_isa_supported(isa))
+    throw std::runtime_error("--cpu-isa " + name + ": this CPU (or this build) has no " + name +
+                             " path; use --cpu-isa best, or one of the paths it has (scalar always exists)");
+  set_gemm_isa(isa);
+}
+}  // namespace
+
+namespace {
+
+int g_exit_code = 0;
+
+// A TOML basic string holding `s` (for a path handed to load_config as an override).
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--config", path, "Run configuration (TOML), e.g. configs/tiny.toml")->required();
+    cmd->add_option("--set", overrides, "Override a config key: --set section.key=value (repeatable)");
+  }
+  TrainConfig load() const { return load_config(path, overrides); }
+};
+
+void print_config_summary(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  std::printf("model            %s\n", m.name.c_str());
+  if (!m.moe.enabled()) {
+    std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), ffn %lld, vocab %lld\n",
+                (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
+                (long long)m.head_dim, (long long)m.ffn_hidden, (long long)m.vocab_size);
+  } else {
+    const MoEConfig& e = m.moe;
+    std::printf("shape            d_model %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), vocab %lld\n",
+                (long long)m.d_model, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
+                (long long)m.head_dim, (long long)m.vocab_size);
+    std::printf("experts          %lld routed (hidden %lld), top-%lld%s, shared expert %s; dropless, softmax router\n",
+                (long long)e.n_experts, (long long)e.hidden, (long long)e.top_k,
+                e.normalize_expert_weights == 1   ? " (weights / their sum)"
+                : e.normalize_expert_weights == 2 ? " (weights / their L2 norm)"
+                                                  : "",
+                e.shared_hidden > 0 ? ("hidden " + std::to_string(e.shared_hidden)).c_str() : "none");
+    std::printf("aux losses       load balancing %g, router z %g%s; granularity %s\n", e.lb_loss_weight, e.z_loss_weight,
+                e.scale_loss_by_num_layers ? " (each / n_layers)" : "",
+                e.lb_granularity == MoELbGranularity::instance ? "instance (layout-free)"
+                                                               : "local_batch (OLMo-core's; depends on the layout)");
+  }
+  std::string windows;
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const int64_t w = m.window(l);
+    windows += (l ? "," : "") + (w > 0 ? std::to_string(w) : std::string("full"));
+    if (l >= 11 && l + 1 < m.n_layers) {
+      windows += ",...";
+      break;
+    }
+  }
+  std::printf("attention        [%s]\n", windows.c_str());
+  std::printf("parameters       %lld (%.3f B); non-embedding %lld\n", (long long)m.n_params(), m.n_params() / 1e9,
+              (long long)m.n_params_non_embedding());
+  if (m.moe.enabled())
+    std::printf("active/token     %lld (%.3f B) of them: top-%lld of %lld experts per layer\n", (long long)m.n_params_active(),
+                m.n_params_active() / 1e9, (long long)m.moe.top_k, (long long)m.moe.n_experts);
+  std::printf("FLOPs/token      %.0f at seq_len %lld (ai2-olmo-core 3.0.0's num_flops_per_token)\n", m.flops_per_token(c.train.seq_len),
+              (long long)c.train.seq_len);
+  std::printf("batch            %lld instances x %lld tokens = %lld micro-batches of %lld\n",
+              (long long)c.train.global_batch_instances, (long long)c.train.seq_len,
+              (long long)c.micro_batches_per_step(), (long long)c.train.micro_batch_instances);
+  std::printf("state (fp32)     params+grad+adam %.3f GiB\n", 4.0 * 4.0 * m.n_params() / (1024.0 * 1024 * 1024));
+}
+
+}  // namespace
+
+int command_exit_code() { return g_exit_code; }
+void set_command_exit_code(int code) { g_exit_code = code; }
+
+void register_commands(CLI::App& app) {
+  // ---- train ----
+  {
+    auto* cmd = app.add_subcommand("train", "Train a model: trace.jsonl, manifest.json, checkpoints/");
+    auto cfg = std::make_shared<ConfigArgs>();
+    cfg->add(cmd);
+    auto o = std::make_shared<RunOptions>();
+    auto steps = std::make_shared<int64_t>(-1);
+    auto executor = std::make_shared<std::string>();
+    cmd->add_option("--out", o->out_dir, "Run directory (created)")->required();
+    cmd->add_option("--executor", *executor,
+                    "cpu, cuda (the GPU) or cuda-host (the CUDA kernels run on the host: a slow check); overrides "
+                    "train.executor. Every executor gives the same bits, and checkpoints move between them")
+        ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
+    cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores); results do not depend on it")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    auto cpu_isa = std::make_shared<std::string>("best");
+    cmd->add_option("--cpu-isa", *cpu_isa,
+                    "The CPU executor's instruction-set path: best (the widest this CPU has), scalar, avx2 or avx512; "
+                    "results do not depend on it (tier T4), only speed")
+        ->check(CLI::IsMember({"best", "scalar", "avx2", "avx512"}));
+    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_flag("--resume", o->resume, "Continue from the newest complete checkpoint in OUT/checkpoints");
+    cmd->add_option("--resume-from", o->resume_from, "Continue from this checkpoint directory");
+    cmd->add_flag("--ignore-fingerprint-mismatch", o->resume_opts.ignore_fingerprint_mismatch,
+                  "Resume even though the data files differ from the checkpoint's");
+    cmd->add_flag("--allow-config-change", o->resume_opts.allow_config_change,
+                  "Resume even though the run configuration differs from the checkpoint's");
+    cmd->add_flag("--new-records", o->new_records,
+                  "Resume even though OUT's trace or audit logs lack steps up to the checkpoint's (deleted, cut "
+                  "short, or a checkpoint copied into a new directory): the records begin again after the checkpoint, "
+                  "and the trace's first new record says so (\"records_begin\")");
+    auto skip = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("--debug-skip-restore", *skip,
+                    "TEST ONLY: leave part of the state unrestored on resume (moments, loader, step); resume-check must fail")
+        ->check(CLI::IsMember({"moments", "loader", "step"}));
+    auto init_hf = std::make_shared<std::string>();
+    cmd->add_option("--init-from-hf", *init_hf,
+                    "Start from the weights of this Hugging Face Olmo 3 checkpoint directory instead of the init "
+                    "(sets init.hf_dir; the weights' SHA-256 becomes init.hf_sha256, part of resume_hash)");
+    cmd->add_flag("--quiet", o->quiet, "No progress output");
+    cmd->add_option("--dp-shard", o->parallel.dp_shard,
+                    "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun");
+    cmd->add_option("--dp-replicate", o->parallel.dp_replicate, "HSDP: replicate groups (DDP across groups)");
+    cmd->add_option("--ep", o->parallel.ep,
+                    "Expert parallelism (MoE): groups of N consecutive ranks exchange tokens so each rank runs only its "
+                    "share of the experts; N divides the world size; the trace is the same for every N")
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--comm-timeout", o->comm_timeout_s,
+                    "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
+    cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
+    cmd->add_flag("--no-checkpoint", o->no_checkpoint,
+                  "Write no checkpoint, not even at the end (benchmarks); the run cannot be resumed");
+    cmd->add_flag("--profile-ops", o->parallel.profile_ops,
+                  "Time every executor op (synchronizing around each) and print calls, seconds, share and GFLOP/s at "
+                  "the end; the values computed do not change");
+    cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
+                  "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
+    cmd->add_flag("--debug-moe-unordered-combine", o->parallel.debug_moe_unordered_combine,
+                  "TEST ONLY: add each token's experts in arrival order, as an atomic scatter does, not in rank order "
+                  "(mixture-of-experts models); must change the trace");
+    auto tree_shape = std::make_shared<std::string>("balanced");
+    cmd->add_option("--debug-tree-shape", *tree_shape,
+                    "TEST ONLY: 'microbatch-chain' sums each micro-batch as a chain and the micro-batches by the tree "
+                    "(the old order, single process); must break micro-batch invariance (T6)")
+        ->check(CLI::IsMember({"balanced", "microbatch-chain"}));
+    cmd->callback([=] {
+      select_cpu_isa(*cpu_isa);
+      std::vector<std::string> ov = cfg->overrides;
+      if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
+      if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
+      if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
+      TrainConfig c = load_config(cfg->path, ov);
+      check_evaluation_data_separate(c);  // before the run directory is touched
+      resolve_hf_init(c);
+      if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
+        // A run that started from Hugging Face weights keeps recording them when resumed without naming them again
+        // (its weights come from the checkpoint either way).
+        std::string dir = o->resume_from;
+        if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");
+        if (!dir.empty()) c.init.hf_sha256 = load_checkpoint_config(dir).init.hf_sha256;
+      }
+      RunOptions run = *o;
+      run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;
+      for (const auto& what : *skip) {
+        run.resume_opts.skip_moments |= what == "moments";
+        run.resume_opts.skip_loader |= what == "loader";
+        run.resume_opts.skip_step |= what == "step";
+      }
+      run_training(c, run);
+    });
+  }
+  // ---- resume-check ----
+  {
+    auto* cmd = app.add_subcommand("resume-check",
+                                   "Run N steps straight and with stop+resume at each K (fresh processes); compare every step");
+    auto o = std::make_shared<ResumeCheckOptions>();
+    auto at = std::make_shared<std::string>();
+    auto skip = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("--config", o->config_path, "Run configuration (TOML)")->required();
+    cmd->add_option("--set", o->overrides, "Override a config key (repeatable)");
+    cmd->add_option("--steps", o->steps, "Steps of the run")->required()->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--at", *at, "Steps to stop and resume at, comma separated (e.g. 3,7)")->required();
+    cmd->add_option("--threads", o->threads, "Worker threads per run")->check(CLI::Range(0, 65536));
+    cmd->add_option("--work", o->work_dir, "Keep the runs here (default: a temporary directory, removed when identical)");
+    cmd->add_option("--debug-skip-restore", *skip, "TEST ONLY: negative control passed to the resumed runs")
+        ->check(CLI::IsMember({"moments", "loader", "step"}));
+    cmd->add_option("--resume-set", o->resume_overrides,
+                    "Override a config key in the resumed runs only (repeatable), e.g. train.micro_batch_instances=2");
+    auto layout = std::make_shared<std::string>("1x1"), resume_layout = std::make_shared<std::string>();
+    cmd->add_option("--layout", *layout, "dp_shard x dp_replicate of the uninterrupted run and the runs up to K (mpirun)");
+    cmd->add_option("--resume-layout", *resume_layout, "dp_shard x dp_replicate of the resumed runs (default: --layout)");
+    cmd->add_option("--ep", o->ep, "Expert parallelism (train --ep) of the uninterrupted run and the runs up to K")
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--resume-ep", o->resume_ep, "Expert parallelism of the resumed runs (default: --ep)")
+        ->check(CLI::Range(1, 65536));
+    cmd->callback([=] {
+      ResumeCheckOptions opts = *o;
+      auto parse_layout = [](const std::string& s, const char* flag, int& shard, int& rep) {
+        const auto x = s.find('x');
+        try {
+          if (x == std::string::npos) throw std::invalid_argument(s);
+          shard = std::stoi(s.substr(0, x));
+          rep = std::stoi(s.substr(x + 1));
+        } catch (const std::exception&) {
+          throw std::invalid_argument(std::string(flag) + " '" + s + "': expected SHARDxREPLICATE, e.g. 3x1");
+        }
+        if (shard < 1 || rep < 1) throw std::invalid_argument(std::string(flag) + " '" + s + "': both factors must be >= 1");
+      };
+      parse_layout(*layout, "--layout", opts.dp_shard, opts.dp_replicate);
+      if (!resume_layout->empty()) parse_layout(*resume_layout, "--resume-layout", opts.resume_dp_shard, opts.resume_dp_replicate);
+      std::stringstream ss(*at);
+      for (std::string item; std::getline(ss, item, ',');) opts.at.push_back(std::stoll(item));
+      for (const auto& s : *skip) {
+        opts.extra_resume_args.push_back("--debug-skip-restore");
+        opts.extra_resume_args.push_back(s);
+      }
+      g_exit_code = resume_check(opts);
+    });
+  }
+  // ---- trace (compare, plot, convert) and golden: cli/golden_commands.cpp ----
+  // ---- ckpt ----
+  {
+    auto* cmd = app.add_subcommand("ckpt", "Inspect or verify checkpoints");
+    cmd->require_subcommand(1);
+    auto* ins = cmd->add_subcommand("inspect", "What is inside a checkpoint: step, config, shards, sizes, digests");
+    auto dir = std::make_shared<std::string>();
+    auto tensors = std::make_shared<bool>(false);
+    ins->add_option("DIR", *dir, "Checkpoint directory (stepNNNNNNNN) or a run's checkpoints/ folder")->required();
+    ins->add_flag("--tensors", *tensors, "List every tensor with its size and checksum");
+    ins->callback([=] {
+      std::string d = *dir;
+      if (!std::filesystem::exists(d + "/manifest.json"))
+        if (auto newest = ckpt::newest_complete(d)) d = *newest;
+      std::printf("%s", ckpt::inspect(d, *tensors).c_str());
+    });
+    auto* ver = cmd->add_subcommand("verify", "Check every byte of a checkpoint; exit 0 only if intact");
+    auto vdir = std::make_shared<std::string>();
+    ver->add_option("DIR", *vdir, "Checkpoint directory")->required();
+    ver->callback([=] {
+      const auto problems = ckpt::verify(*vdir);
+      for (const auto& p : problems) std::printf("FAILED: %s\n", p.c_str());
+      if (problems.empty()) std::printf("OK: %s is intact\n", vdir->c_str());
+      g_exit_code = problems.empty() ? 0 : 1;
+    });
+  }
+  // ---- parity-dump ----
+  {
+    auto* cmd = app.add_subcommand("parity-dump", "Write a parity bundle for golden/parity/hf_parity.py");
+    auto cfg = std::make_shared<ConfigArgs>();
+    cfg->add(cmd);
+    auto out = std::make_shared<std::string>();
+    auto steps = std::make_shared<int64_t>(10);
+    auto threads = std::make_shared<int>(0);
+    cmd->add_option("--out", *out, "Bundle directory (created)")->required();
+    cmd->add_option("--steps", *steps, "AdamW steps to record (>= 1)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--threads", *threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 65536));
+    cmd->callback([=] { write_parity_bundle(cfg->load(), *out, *steps, *threads); });
+  }
+  // ---- export-hf ----
+  {
+    auto* cmd = app.add_subcommand(
+        "export-hf", "Write a checkpoint's weights (or step-0 weights) as a Hugging Face Olmo3 checkpoint directory");
+    auto config = std::make_shared<std::string>(), checkpoint = std::make_shared<std::string>();
+    auto overrides = std::make_shared<std::vector<std::string>>();
+    auto out = std::make_shared<std::string>(), tokenizer = std::make_shared<std::string>();
+    auto max_pos = std::make_shared<int64_t>(0);
+    cmd->add_option("--config", *config, "Run configuration (TOML): export its step-0 weights");
+    cmd->add_option("--checkpoint", *checkpoint,
+                    "Checkpoint directory written by olmoref train (stepNNNNNNNN, or a checkpoints/ folder: its newest "
+                    "complete one): export its weights, with the config it records");
+    cmd->add_option("--set", *overrides, "Override a config key: --set section.key=value (repeatable)");
+    cmd->add_option("--out", *out,
+                    "Directory for model.safetensors, config.json, generation_config.json (+ the tokenizer files)")
+        ->required();
+    cmd->add_option("--tokenizer", *tokenizer,
+                    "The run's tokenizer (olmoref BPE JSON, or a tokenizer.json): also write tokenizer.json, "
+                    "tokenizer_config.json and special_tokens_map.json, and take eos/pad/bos ids from it");
+    cmd->add_option("--max-position-embeddings", *max_pos,
+                    "config.json's max_position_embeddings (default: the run's train.seq_len)")
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+    cmd->callback([=] {
+      if (config->empty() == checkpoint->empty())
+        throw std::invalid_argument("export-hf: give exactly one of --config FILE (step-0 weights) and --checkpoint DIR");
+      std::string ckpt_dir = *checkpoint;
+      if (!ckpt_dir.empty() && !std::filesystem::exists(ckpt_dir + "/manifest.json")) {
+        auto newest = ckpt::newest_complete(ckpt_dir);
+        if (!newest) newest = ckpt::newest_complete(ckpt_dir + "/checkpoints");  // a run directory
+        if (!newest)
+          throw std::runtime_error(ckpt_dir + ": neither a checkpoint (no manifest.json) nor a folder holding "
+                                   "complete checkpoints; pass a stepNNNNNNNN directory of `olmoref train`");
+        ckpt_dir = *newest;
+      }
+      // A model Hugging Face cannot hold is refused from its config, naming the file, before weights are read.
+      RunWeights w;
+      if (!ckpt_dir.empty()) {
+        require_hf_form(load_checkpoint_config(ckpt_dir, *overrides), "Hugging Face export");
+        w = load_checkpoint_weights(ckpt_dir, *overrides);
+      } else {
+        const TrainConfig c0 = load_config(*config, *overrides);
+        require_hf_form(c0, "Hugging Face export");
+        w = initial_weights(c0);
+      }
+      const TrainConfig& c = w.config;
+      const ParamLayout layout(c.model);
+      std::optional<data::BpeTokenizer> tok;
+      if (!tokenizer->empty()) tok = interop::load_tokenizer(*tokenizer);
+      HfExportOptions opts;
+      opts.max_position_embeddings = *max_pos > 0 ? *max_pos : c.train.seq_len;
+      std::string ids_from;
+      if (tok) {
+        // The token files of the run end every document in data.eos_id: a tokenizer with another EOS is not the one
+        // the run was trained on.
+        if (c.data.eos_id >= 0 && c.data.eos_id != tok->eos_id())
+          throw std::invalid_argument("--tokenizer " + *tokenizer + " has EOS " + std::to_string(tok->eos_id()) +
+                                      " but the run's data.eos_id is " + std::to_string(c.data.eos_id) +
+                                      "; pass the tokenizer the run's token files were made with");
+        opts.tokenizer = &*tok;
+        ids_from = "the tokenizer";
+      } else if (c.data.eos_id == data::BpeTokenizer::kEos && c.model.vocab_size > data::BpeTokenizer::kPad) {
+        // EOS 256 is olmoref's BPE (data/bpe.h), whose PAD is 257 and which has no BOS.
+        opts.eos_token_id = data::BpeTokenizer::kEos;
+        opts.pad_token_id = data::BpeTokenizer::kPad;
+        ids_from = "olmoref's BPE (data.eos_id 256)";
+      } else if (c.data.eos_id >= 0) {
+        opts.eos_token_id = c.data.eos_id;
+        ids_from = "data.eos_id";
+      } else {
+        ids_from = "the dolma2 defaults";
+      }
+      opts.metadata["olmoref.step"] = std::to_string(w.step);
+      opts.metadata["olmoref.weights"] = ckpt_dir.empty() ? "step-0 of " + *config : ckpt_dir;
+      export_hf_checkpoint(*out, c.model, layout, w.params.data(), opts);
+      const auto cfg_json = nlohmann::json::parse(hf_config_json(c.model, opts));
+      std::printf("wrote %s: model.safetensors (%lld parameters, step %lld), config.json (max_position_embeddings %lld; "
+                  "eos %s, pad %s, bos %s from %s), generation_config.json%s\n",
+                  out->c_str(), static_cast<long long>(layout.total), static_cast<long long>(w.step),
+                  static_cast<long long>(opts.max_position_embeddings), cfg_json["eos_token_id"].dump().c_str(),
+                  cfg_json["pad_token_id"].dump().c_str(), cfg_json["bos_token_id"].dump().c_str(), ids_from.c_str(),
+                  tok ? ", tokenizer.json, tokenizer_config.json, special_tokens_map.json" : "");
+    });
+  }
+  // ---- config ----
+  {
+    auto* cmd = app.add_subcommand("config", "Validate a config and report parameters and FLOPs/token");
+    auto cfg = std::make_shared<ConfigArgs>();
+    cfg->add(cmd);
+    auto resolved = std::make_shared<bool>(false);
+    cmd->add_flag("--resolved", *resolved, "Also print the fully resolved TOML");
+    cmd->callback([=] {
+      const TrainConfig c = cfg->load();
+      print_config_summary(c);
+      if (*resolved) std::printf("\n%s\n", c.to_toml().c_str());
+    });
+  }
+}
+
+}  // namespace olmoref

@@ -1,0 +1,33 @@
+// olmoref — one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli/data_commands.h"
+#include "cli/leakcheck_command.h"
+#include "dist/comm.h"
+#include "cli/golden_commands.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"olmoref: a deterministic, reproducibility-first reference trainer for Olmo 3"};
+  app.require_subcommand(1);
+  olmoref::register_commands(app);
+  olmoref::data::register_data_commands(app);
+  olmoref::register_golden_commands(app);
+  olmoref::data::register_leak_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    // In a multi-rank job one rank's error must end the whole job, not leave the others waiting.
+    if (olmoref::dist::launched_by_mpirun()) olmoref::dist::world().abort(e.what());
+    std::fprintf(stderr, "olmoref: error: %s\n", e.what());
+    return 2;
+  }
+  olmoref::dist::finalize();
+  return olmoref::command_exit_code();
+}

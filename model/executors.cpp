@@ -1,0 +1,31 @@
+#include "model/executors.h"
+
+#include <stdexcept>
+
+#include "kernels/executor.h"
+#include "ref/cpu_executor.h"
+#if OLMOREF_HAVE_CUDA
+#include "kernels/device_memory.h"
+#endif
+
+namespace olmoref {
+
+std::string executor_unavailable(const std::string& name) {
+  if (name == "cpu" || name == "cuda-host") return "";
+  if (name != "cuda") return "unknown executor \"" + name + "\" (choose cpu, cuda or cuda-host)";
+#if OLMOREF_HAVE_CUDA
+  return kernels::device_unavailable_reason();
+#else
+  return "this olmoref was built without CUDA (no nvcc when it was configured); rebuild on a machine with the CUDA "
+         "toolkit, or use --executor cpu";
+#endif
+}
+
+std::unique_ptr<Executor> make_executor(const std::string& name, ThreadPool* pool) {
+  const std::string why = executor_unavailable(name);
+  if (!why.empty()) throw std::runtime_error("executor " + name + ": " + why);
+  if (name == "cpu") return std::make_unique<CpuExecutor>(pool);
+  return std::make_unique<kernels::KernelExecutor>(name == "cuda");
+}
+
+}  // namespace olmoref

@@ -1,0 +1,303 @@
+#include "train/golden_export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include "data/audit.h"
+#include "data/dataset.h"
+#include "data/mix.h"
+#include "golden/digest.h"
+#include "interop/hf_export.h"
+#include "golden/trace.h"
+#include "model/init.h"
+#include "core/optim.h"
+#include "train/batch_source.h"
+#include "core/params.h"
+#include "train/batch_source.h"
+#include "train/config.h"
+#include "train/manifest.h"
+#include "train/weights.h"
+
+namespace olmoref {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;  // keys in the order written, for readers
+
+namespace {
+
+constexpr const char* kBundleFormat = "olmoref-golden-bundle/1";
+
+std::string read_text(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open (" + what + ")");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw std::runtime_error(path + ": write failed (disk full?)");
+}
+
+std::string hex_of_double(double x) {
+  uint64_t u;
+  std::memcpy(&u, &x, 8);
+  return hex64(u);
+}
+
+json model_json(const ModelConfig& m) {
+  return {{"name", m.name}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"n_layers", m.n_layers},
+          {"n_heads", m.n_heads}, {"n_kv_heads", m.n_kv_heads}, {"head_dim", m.head_dim},
+          {"ffn_hidden", m.ffn_hidden}, {"rope_theta", m.rope_theta}, {"norm_eps", static_cast<double>(m.norm_eps)},
+          {"swa_pattern", m.swa_pattern}, {"init_std", m.init_std}, {"init_seed", m.init_seed},
+          {"n_params", m.n_params()}};
+}
+
+struct InstanceRef {
+  int64_t instance = 0, file = 0, token_start = 0, token_end = 0;
+  std::string xxh3;
+  bool operator<(const InstanceRef& o) const {
+    return std::tie(instance, file, token_start) < std::tie(o.instance, o.file, o.token_start);
+  }
+  bool operator==(const InstanceRef& o) const {
+    return instance == o.instance && file == o.file && token_start == o.token_start && token_end == o.token_end &&
+           xxh3 == o.xxh3;
+  }
+};
+
+const char* kReadme = R"(# olmoref golden bundle
+
+Everything needed to replay an olmoref training run in another framework and compare the per-step loss.
+Format `olmoref-golden-bundle/1` (docs/formats/golden-bundle.md in the olmoref repository).
+
+| file | what |
+|---|---|
+| `bundle.json` | model shape, batch shape, loss definition, AdamW hyperparameters with the exact lr of every step, schedule, precision, the token files (path, size, dtype) and the dataset fingerprint, the resolved run config |
+| `hf/` | the step-0 weights as a Hugging Face `Olmo3ForCausalLM` checkpoint (`model.safetensors`, fp32, and `config.json`) |
+| `batches.jsonl` | one line per step: the global batch in order, each instance as its id, the index of its token file, its token range `[token_start, token_end)` in that file and the XXH3-64 of its token ids; `token_sum`/`token_wsum` are numpy-checkable checksums of the whole batch |
+| `trace.jsonl` | the golden trace: loss, grad norm, lr of every step with exact IEEE bits (`olmoref-trace/1`) |
+| `run_manifest.json` | how the run was made (build, machine, threads) |
+| `data/` | the token files, when exported with `--copy-data` (otherwise `bundle.json` references them by path) |
+
+Training step s (1-based) uses batch s: loss = (sum of cross-entropy + 1e-5 * sum of logsumexp^2) over every
+position but each instance's last, divided by the global target count (`loss.targets_per_step`), summed over
+micro-batches of `micro_batch_instances` instances; then clip to `max_grad_norm` (coefficient
+min(1, max_grad_norm / (norm + 1e-6))), set lr = `optim.lr_per_step[s-1]`, and take an AdamW step (decoupled decay,
+none on `model.embed_tokens.weight`). `trace.jsonl` step s holds the loss computed before that update.
+
+Replay with olmoref's `golden/replay/replay.py --bundle DIR --out replay.jsonl`, then
+`olmoref trace compare DIR/trace.jsonl replay.jsonl --rules golden/replay/rules-fp32.toml`.
+)";
+
+}  // namespace
+
+GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
+  const std::string run = opts.run_dir, out = opts.out_dir;
+  if (!fs::is_directory(run)) throw std::runtime_error(run + ": not a run directory (expected what `olmoref train --out` wrote)");
+  if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
+    throw std::runtime_error(out + ": exists and is not empty; remove it or pick another --out");
+
+  // ---- the run: config, trace ----
+  const json manifest = json::parse(read_text(run + "/manifest.json", "the run manifest"));
+  if (!manifest.contains("config_toml")) throw std::runtime_error(run + "/manifest.json: no config_toml");
+  const TrainConfig cfg =
+      parse_config_text(manifest.at("config_toml").get<std::string>(), run + "/manifest.json (config_toml)", opts.overrides);
+  // The bundle describes the optimizer as plain AdamW with the default groups, which is what the replays run.
+  if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
+    throw std::runtime_error(run + "/manifest.json: golden export: " + why);
+  require_hf_form(cfg, "golden export (its step-0 weights are a Hugging Face Olmo 3 checkpoint)");
+  const std::vector<TraceRecord> trace = read_trace(run + "/trace.jsonl");
+  int64_t S = static_cast<int64_t>(trace.size());
+  if (opts.steps >= 0) {
+    if (opts.steps > S)
+      throw std::runtime_error(run + "/trace.jsonl has " + std::to_string(S) + " steps; cannot export " +
+                               std::to_string(opts.steps));
+    S = opts.steps;
+  }
+  if (S < 1) throw std::runtime_error(run + "/trace.jsonl: no steps to export");
+  for (int64_t s = 0; s < S; ++s)
+    if (trace[static_cast<size_t>(s)].step != s + 1)
+      throw std::runtime_error(run + "/trace.jsonl: record " + std::to_string(s + 1) + " is step " +
+                               std::to_string(trace[static_cast<size_t>(s)].step) + "; expected steps 1, 2, ... in order");
+  const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len;
+
+  // ---- the batches, recomputed with the run's loader and checked against the trace ----
+  const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
+  auto source = make_batch_source(cfg);
+  if (source->fingerprint() != ds.fingerprint())
+    throw std::runtime_error("internal: loader and dataset fingerprints differ");
+  std::vector<std::vector<InstanceRef>> refs(static_cast<size_t>(S));
+  std::string batches_jsonl;
+  for (int64_t s = 1; s <= S; ++s) {
+    const StepBatch b = source->next();
+    const TraceRecord& r = trace[static_cast<size_t>(s - 1)];
+    const std::string dd = hex64(data_digest(b.tokens.data(), static_cast<int64_t>(b.tokens.size())));
+    if (dd != r.data_digest)
+      throw std::runtime_error("step " + std::to_string(s) + ": the recomputed batch has data digest " + dd +
+                               " but the run's trace says " + r.data_digest +
+                               "; the data files or their paths changed since the run (fix with --set data.train_mix=...)");
+    json inst = json::array();
+    uint64_t sum = 0, wsum = 0;
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      sum += b.tokens[i];
+      wsum += static_cast<uint64_t>(i + 1) * b.tokens[i];
+    }
+    for (int64_t k = 0; k < G; ++k) {
+      const int64_t id = b.instance_ids[static_cast<size_t>(k)];
+      const auto loc = ds.locate(id);
+      InstanceRef ir{id, loc.file, loc.token_start, loc.token_start + T,
+                     data::hex64(data::xxh3_tokens(std::span<const uint32_t>(b.tokens.data() + k * T, static_cast<size_t>(T))))};
+      inst.push_back({{"instance", ir.instance}, {"file", ir.file}, {"token_start", ir.token_start},
+                      {"token_end", ir.token_end}, {"xxh3", ir.xxh3}});
+      refs[static_cast<size_t>(s - 1)].push_back(ir);
+    }
+    const json line = {{"step", s}, {"epoch", b.epoch}, {"data_digest", dd}, {"token_sum", sum},
+                       {"token_wsum", wsum}, {"instances", inst}};
+    batches_jsonl += line.dump() + "\n";
+  }
+
+  // ---- the run's audit log, when it wrote one, must list the same instances ----
+  GoldenExportSummary summary;
+  if (fs::exists(run + "/audit.jsonl")) {
+    std::map<int64_t, std::vector<InstanceRef>> audit;
+    std::ifstream in(run + "/audit.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const data::AuditRecord a = data::parse_audit_record(line);
+      if (a.step < 1 || a.step > S) continue;
+      audit[a.step].push_back({a.instance, a.file_index, a.token_start, a.token_end, data::hex64(a.xxh3)});
+    }
+    for (int64_t s = 1; s <= S; ++s) {
+      auto mine = refs[static_cast<size_t>(s - 1)];
+      auto theirs = audit[s];
+      std::sort(mine.begin(), mine.end());
+      std::sort(theirs.begin(), theirs.end());
+      if (!(mine == theirs))
+        throw std::runtime_error(run + "/audit.jsonl: step " + std::to_string(s) + " lists " +
+                                 std::to_string(theirs.size()) + " instances that differ from the recomputed batch (" +
+                                 std::to_string(mine.size()) + " instances)");
+    }
+    summary.audit_checked = true;
+  }
+
+  // ---- the learning rates: the trace's exact values, which the schedule must reproduce ----
+  json lrs = json::array(), lrs_hex = json::array();
+  for (int64_t s = 1; s <= S; ++s) {
+    const double lr = trace[static_cast<size_t>(s - 1)].lr;
+    // Tokens-unit schedules read the tokens seen including this step's batch (the trace's cumulative count).
+    const SchedulePosition pos =
+        schedule_position(cfg.schedule, s, cfg.train.steps, trace[static_cast<size_t>(s - 1)].tokens,
+                          cfg.train.global_batch_instances * cfg.train.seq_len);
+    if (schedule_get_lr(cfg.schedule, cfg.optim.lr, pos.current, pos.t_max) != lr)
+      throw std::runtime_error("step " + std::to_string(s) + ": the trace's lr differs from the config's schedule");
+    lrs.push_back(lr);
+    lrs_hex.push_back(hex_of_double(lr));
+  }
+
+  // ---- write ----
+  fs::create_directories(out);
+  const ParamLayout layout(cfg.model);
+  {
+    std::vector<float> params(static_cast<size_t>(layout.total));
+    init_params(cfg.model, layout, params.data());  // a pure function of (init_seed, parameter, index)
+    HfExportOptions hf;
+    hf.max_position_embeddings = T;
+    if (cfg.data.eos_id >= 0 && cfg.data.eos_id < cfg.model.vocab_size) hf.eos_token_id = cfg.data.eos_id;
+    hf.metadata = {{"olmoref_step", "0"}, {"olmoref_bundle", kBundleFormat}};
+    export_hf_checkpoint(out + "/hf", cfg.model, layout, params.data(), hf);
+  }
+  write_text(out + "/batches.jsonl", batches_jsonl);
+  {
+    // The first S records of the run's trace, byte for byte.
+    std::ifstream in(run + "/trace.jsonl");
+    std::string line, text;
+    for (int64_t n = 0; n < S && std::getline(in, line);) {
+      if (line.empty()) continue;
+      text += line + "\n";
+      ++n;
+    }
+    write_text(out + "/trace.jsonl", text);
+  }
+  fs::copy_file(run + "/manifest.json", out + "/run_manifest.json", fs::copy_options::overwrite_existing);
+
+  json files = json::array();
+  for (size_t i = 0; i < ds.n_files(); ++i) {
+    const auto& f = ds.file(i);
+    json e = {{"index", i}, {"path", fs::absolute(f.path()).lexically_normal().string()}, {"bytes", f.size_bytes()},
+              {"tokens", f.n_tokens()}, {"instances", ds.file_instances(i)},
+              {"first_instance", ds.file_first_instance(i)}, {"bundle_path", nullptr}};
+    if (opts.copy_data) {
+      char name[32];
+      std::snprintf(name, sizeof name, "%05zu-", i);
+      const std::string rel = std::string("data/") + name + fs::path(f.path()).filename().string();
+      fs::create_directories(out + "/data");
+      fs::copy_file(f.path(), out + "/" + rel, fs::copy_options::overwrite_existing);
+      e["bundle_path"] = rel;
+    }
+    files.push_back(e);
+  }
+
+  json b;
+  b["format"] = kBundleFormat;
+  b["source_run"] = fs::absolute(run).lexically_normal().string();
+  b["precision"] = cfg.train.precision;
+  b["model"] = model_json(cfg.model);
+  b["hf_dir"] = "hf";
+  b["steps"] = S;
+  b["run_steps"] = cfg.train.steps;
+  b["seq_len"] = T;
+  b["global_batch_instances"] = G;
+  b["micro_batch_instances"] = cfg.train.micro_batch_instances;
+  b["loss"] = {{"z_loss", cfg.train.z_loss},
+               {"targets_per_step", cfg.targets_per_step()},
+               {"definition",
+                "(sum over targets of cross-entropy + z_loss * logsumexp^2) / targets_per_step; targets are the "
+                "instance tokens shifted left by one (the last position of each instance has none)"}};
+  b["optim"] = {{"kind", "adamw"},
+                {"betas", {cfg.optim.beta1, cfg.optim.beta2}},
+                {"eps", cfg.optim.eps},
+                {"weight_decay", cfg.optim.weight_decay},
+                {"no_decay", {"model.embed_tokens.weight"}},
+                {"max_grad_norm", cfg.optim.max_grad_norm},
+                {"clip", "grads *= min(1, max_grad_norm / (total_norm + 1e-6)) before the update"},
+                {"update", "decoupled decay p *= 1 - lr*wd first, then Adam with bias correction (PyTorch AdamW)"},
+                {"lr_per_step", lrs},
+                {"lr_per_step_hex", lrs_hex}};
+  b["schedule"] = {{"kind", cfg.schedule.kind}, {"peak_lr", cfg.optim.lr}, {"warmup", cfg.schedule.warmup},
+                   {"alpha_f", cfg.schedule.alpha_f}, {"t_max", cfg.schedule.t_max > 0 ? cfg.schedule.t_max : cfg.train.steps}};
+  b["data"] = {{"fingerprint", ds.fingerprint()},
+               {"fingerprint_text", ds.fingerprint_text()},
+               {"dtype", data::dtype_name(ds.dtype())},
+               {"seed", cfg.data.seed},
+               {"eos_id", cfg.data.eos_id},
+               {"files", files},
+               {"batches", "batches.jsonl"},
+               {"audit_checked", summary.audit_checked}};
+  b["trace"] = "trace.jsonl";
+  b["config_toml"] = cfg.to_toml();
+  b["build"] = build_facts();
+  write_text(out + "/bundle.json", b.dump(2) + "\n");
+  write_text(out + "/README.md", kReadme);
+
+  summary.steps = S;
+  summary.instances_per_step = G;
+  summary.seq_len = T;
+  summary.n_files = static_cast<int64_t>(ds.n_files());
+  summary.n_params = layout.total;
+  summary.fingerprint = ds.fingerprint();
+  return summary;
+}
+
+}  // namespace olmoref

@@ -1,0 +1,40 @@
+// train/golden_export.h — golden bundles: everything another framework needs to replay an olmoref run
+// (docs/formats/golden-bundle.md). `olmoref golden export --run DIR --out BUNDLE` writes one.
+//
+//   BUNDLE/bundle.json      format "olmoref-golden-bundle/1": model, batch shape, loss, optimizer (per-step lr),
+//                           schedule, precision, data files with sizes and the dataset fingerprint, resolved config
+//   BUNDLE/hf/              step-0 weights as a Hugging Face Olmo3ForCausalLM checkpoint (model.safetensors,
+//                           config.json)
+//   BUNDLE/batches.jsonl    per step, the global batch in order: instance id, file index, token range, XXH3
+//   BUNDLE/trace.jsonl      the run's trace (the golden losses), steps 1..S
+//   BUNDLE/run_manifest.json  the run's manifest, as written by `olmoref train`
+//   BUNDLE/data/            (with copy_data) the token files themselves
+//   BUNDLE/README.md        what the files are, for whoever receives the bundle
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace olmoref {
+
+struct GoldenExportOptions {
+  std::string run_dir;                  // a directory written by `olmoref train`
+  std::string out_dir;                  // created; must be empty or absent
+  std::vector<std::string> overrides;   // config overrides (e.g. data.train_mix=... when the run's paths moved)
+  int64_t steps = -1;                   // export steps 1..steps (default: every step of the trace)
+  bool copy_data = false;               // copy the token files into BUNDLE/data/
+};
+
+struct GoldenExportSummary {
+  int64_t steps = 0, instances_per_step = 0, seq_len = 0, n_files = 0, n_params = 0;
+  bool audit_checked = false;  // the run's audit.jsonl agreed with the recomputed batches
+  std::string fingerprint;
+};
+
+// Recomputes the run's batches with the loader from the run's resolved config, checks every step's token
+// digest against the trace (and the audit log when the run wrote one), and writes the bundle. Throws
+// std::runtime_error naming what disagrees.
+GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts);
+
+}  // namespace olmoref
