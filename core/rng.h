@@ -1,6 +1,6 @@
 // core/rng.h — counter-based randomness: every random number is a pure function of
 // (seed, purpose, stream, index). No generator state exists, so initialisation does not depend on
-// sharding, thread count or call order (DESIGN.md §1 "Randomness").
+// sharding, thread count or call order.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
-// data/audit.h — the per-step data audit log (research/determinism-and-contamination.md §5).
+// data/audit.h — the per-step data audit log: which bytes of which file every instance of every step came from,
+// so a leakage or duplication claim can be checked after the fact (docs/formats/leakcheck.md).
 //
 // One JSON line per instance of every audited micro-batch:
 //   {"step":12,"epoch":1,"batch":11,"microbatch":3,"rank":1,"instance":40213,

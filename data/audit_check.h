@@ -1,5 +1,5 @@
 // data/audit_check.h — checks over audit logs (data/audit.h): what the loader delivered, step by step
-// (research/determinism-and-contamination.md §5, "What a loader leakage detector should check", 2-5).
+// (partition, coverage, no repeats within an epoch, resume continuity: what a loader-leakage detector must check).
 //
 //   check_partition     per global batch: the ranks' micro-batches partition it exactly (each
 //                       micro-batch index once, from the rank that owns it, mb instances, no instance

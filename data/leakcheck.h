@@ -1,5 +1,4 @@
-// data/leakcheck.h — the holdout leakage detector (`olmoref leakcheck`;
-// research/determinism-and-contamination.md §5, docs/formats/leakcheck.md).
+// data/leakcheck.h — the holdout leakage detector (`olmoref leakcheck`; docs/formats/leakcheck.md).
 //
 // It answers "which holdout documents did the model see, how much of each, from where, and since when". It drives
 // the real Loader (data/loader.h) with the run's configuration and reads the training stream exactly as the loader

@@ -1,5 +1,5 @@
 // data/ngram.h — token n-gram hashing and the holdout n-gram set the leakage detector probes
-// (research/determinism-and-contamination.md §5: 13-gram overlap as lm-eval-harness; an exact set,
+// (13-gram overlap, as lm-eval-harness measures contamination; an exact set,
 // or a Bloom filter with exact re-verification of every hit as Dolma).
 //
 // Hash. Token ids are first spread to 64 random-looking bits, x = mix(t) (a bijection of uint32),

@@ -1,6 +1,5 @@
 // data/planted_bugs.h — TEST-ONLY switches that make the real Loader misbehave the way real loaders
-// have misbehaved (research/determinism-and-contamination.md §5, "Loader bugs that cause leakage,
-// duplication or skipping"), so the leakage detector (data/leakcheck.h, data/audit_check.h) can be
+// have misbehaved (leakage, duplication or skipping after a resume, a reshard or a bad mix), so the leakage detector (data/leakcheck.h, data/audit_check.h) can be
 // shown to catch every class. Set through LoaderConfig::debug_bug; the default (none) leaves every
 // code path of the loader as it is. Nothing outside tests and `olmoref leakcheck --debug-plant-bug`
 // may set it.

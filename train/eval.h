@@ -1,5 +1,5 @@
-// train/eval.h — the in-loop memorization backstop (research/determinism-and-contamination.md §5,
-// "Membership and memorization signals"; issue: holdout leakage detector).
+// train/eval.h — the in-loop memorization backstop: a membership signal (holdout loss against a sealed fresh
+// split) that catches leakage the data checks cannot see.
 //
 // Every eval.interval steps the current parameters are evaluated on a fixed subset of the holdout
 // (data.holdout_*) and of a sealed fresh split of the same distribution that no mix the loader sees

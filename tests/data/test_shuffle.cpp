@@ -1,5 +1,5 @@
-// tests/data/test_shuffle.cpp — OLMo-core's global order against the spec's numpy test vectors
-// (research/olmo3-spec.md §5). numpy itself is compared in numpy_shuffle_check.py (test data-numpy).
+// tests/data/test_shuffle.cpp — OLMo-core's global order (numpy's SeedSequence, PCG64 and permutation) against
+// values numpy gives for the same seeds; numpy itself is run against ours in numpy_shuffle_check.py (test data-numpy).
 #include <doctest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Tests for golden/safetensors and golden/hf_export: round trips, every malformed-file error, and the HF export.
+// Tests for interop/safetensors and interop/hf_export: round trips, every malformed-file error, and the HF export.
 #include <doctest.h>
 #include <unistd.h>
 

@@ -126,7 +126,7 @@ def schedules(olmoref, dump):
             fail(f"{type(sched).__name__} {sets}: {len(bad)} steps differ, first {bad[:3]}")
 
     # Olmo 3 7B's stage 1 as its scripts ran it, every step: CosWithWarmup(warmup=2000) over t_max = 1,192,093, then
-    # part 2's HalfCosWithWarmup(warmup=597,046) over 1,668,931 (research/olmo3-spec.md §4). get_lr is what set_lr calls.
+    # part 2's HalfCosWithWarmup(warmup=597,046) over 1,668,931 (OLMo-core's Olmo 3 7B stage-1 schedule). get_lr is what set_lr calls.
     for sets, sched, steps7b in [
             (["schedule.kind=\"cos_with_warmup\"", "schedule.warmup=2000"], CosWithWarmup(warmup=2000), 1192093),
             (["schedule.kind=\"half_cos_with_warmup\"", "schedule.warmup=597046"], HalfCosWithWarmup(warmup=597046),
