@@ -1,6 +1,6 @@
 // core/schedule.h — learning-rate schedules as OLMo-core 3.0.0 computes them (olmo_core/optim/scheduler.py), in fp64
 // on the host with the same operation order, so the lr of every step is OLMo-core's bit for bit
-// (docs/canonical/optimizers.md; tests/optim/olmo_core_optim_check.py checks every step against OLMo-core's get_lr).
+// (docs/canonical/optimizers.md; tests/core/olmo_core_optim_check.py checks every step against OLMo-core's get_lr).
 #pragma once
 
 #include <cstdint>

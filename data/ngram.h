@@ -15,7 +15,7 @@
 //    16 bytes per distinct n-gram. No false positives on the 64-bit hash.
 //  - bloom: a blocked Bloom filter, 512-bit blocks, 16 bits per key (one bit in each 32-bit word
 //    of the block), 32 bits per key by default: 4 bytes per n-gram, false-positive rate about 6e-6
-//    (measured: tests/leak). Positives are candidates that the detector verifies exactly.
+//    (measured: tests/data). Positives are candidates that the detector verifies exactly.
 // probe() looks up a whole array of hashes with software prefetching, so a scan keeps many
 // cache misses in flight (the table of a large holdout does not fit in cache); the table asks for
 // transparent huge pages, so the probes do not also miss the TLB.

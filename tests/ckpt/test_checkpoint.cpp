@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
-#include "tests/ref/synthetic.h"
+#include "tests/model/synthetic.h"
 #include "train/trainer.h"
 
 using namespace olmoref;

@@ -2,7 +2,7 @@
 # Whole training runs on the GPU (executor cuda), exit 77 without a usable device:
 #   - the golden traces (golden/traces/check.sh with --executor cuda: tiny and small, fp32 and bf16, and the
 #     mixture-of-experts tiny-moe-fp32 (its routing on the host, its experts on the device GEMMs), every byte);
-#   - tests/e2e/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
+#   - tests/cli/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
 #     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
@@ -24,7 +24,7 @@ rc=$?
 # 77: the small traces could not be checked (no demo corpus packages here); the tiny ones passed.
 [ $rc -eq 0 ] || [ $rc -eq 77 ] || failed=1
 echo "== executors on cuda"
-OLMOREF_TEST_EXECUTOR=cuda bash tests/e2e/executors.sh || failed=1
+OLMOREF_TEST_EXECUTOR=cuda bash tests/cli/executors.sh || failed=1
 echo "== T0 and MPI on one GPU"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,5 +1,5 @@
 // tests/kernels/swiglu_cases.h — the SwiGLU fusions (matmul_forward_swiglu, matmul_backward_input_swiglu) and their
-// unfused sequence on any executor, for the CPU/cuda-host test (tests/gemm/test_epilogue.cpp) and the device
+// unfused sequence on any executor, for the CPU/cuda-host test (tests/ref/test_epilogue.cpp) and the device
 // check (tests/gpu/test_gpu_kernels.cpp).
 #pragma once
 

@@ -1,6 +1,6 @@
 // The CUDA executor (kernels/executor.h) running its kernels on the host ("cuda-host") drives the one model
 // (model/olmo3.h) to the CPU executor's bits: whole micro-batches on awkward shapes, fp32 and bf16. The device
-// run of the same cases is in tests/gpu; whole training traces through cuda-host are tests/e2e/executors.sh.
+// run of the same cases is in tests/gpu; whole training traces through cuda-host are tests/cli/executors.sh.
 #include <doctest.h>
 
 #include "core/parallel.h"

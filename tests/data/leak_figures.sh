@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# tests/leak/leak_figures.sh — the leakage detector's figures (not a test; run by hand after
+# tests/data/leak_figures.sh — the leakage detector's figures (not a test; run by hand after
 # `ninja -C build`): n-gram scan throughput, memory per million holdout n-grams, the split over
 # processes, and `olmoref leakcheck` end to end on a synthetic corpus.
 #
-#   bash tests/leak/leak_figures.sh [TOKENS=1e9] [CORPUS_TOKENS=5e8] [WORKDIR=/tmp/olmoref-leak-figures]
+#   bash tests/data/leak_figures.sh [TOKENS=1e9] [CORPUS_TOKENS=5e8] [WORKDIR=/tmp/olmoref-leak-figures]
 #
 # Needs about 4 GB of memory for the 1e9-token stream and 1 GB of disk for the corpus. Numbers on a
 # shared machine move with its load; the script prints `uptime` next to them.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-tp="$root/build/tests/leak/leak_throughput"
+tp="$root/build/tests/data/leak_throughput"
 bin="$root/build/olmoref"
 tokens="${1:-1e9}"
 corpus_tokens="${2:-5e8}"

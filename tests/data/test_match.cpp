@@ -1,4 +1,4 @@
-// tests/leak/test_match.cpp — seed-and-extend matching (data/leak_match.h) on hand-built cases: what a verbatim
+// tests/data/test_match.cpp — seed-and-extend matching (data/leak_match.h) on hand-built cases: what a verbatim
 // copy, an edited copy, a copy that crosses documents and a repetitive document each leave in the cover bits.
 #include <doctest.h>
 

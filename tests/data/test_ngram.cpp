@@ -1,4 +1,4 @@
-// tests/leak/test_ngram.cpp — the pieces under the leakage detector: the rolling n-gram hash, the
+// tests/data/test_ngram.cpp — the pieces under the leakage detector: the rolling n-gram hash, the
 // exact n-gram set and the Bloom filter (false-positive rate), the audit-log checks on hand-made
 // streams, and the report's shape (docs/formats/leakcheck.md).
 #include <doctest.h>

@@ -1,4 +1,4 @@
-// tests/leak/test_contamination.cpp — the leakage detector's benchmark: a generator plants holdout text in the
+// tests/data/test_contamination.cpp — the leakage detector's benchmark: a generator plants holdout text in the
 // training files at known places, by class (verbatim copies shorter and longer than seq_len, spliced without EOS,
 // partial spans of several lengths, copies with a token changed / inserted / deleted every k tokens, duplicates
 // across files, the holdout file in the mix) and plants what must NOT count (holdout text in dropped file tails, in

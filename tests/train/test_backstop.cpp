@@ -1,4 +1,4 @@
-// tests/leak/test_backstop.cpp — the in-loop memorization backstop (train/eval.h): a small training
+// tests/train/test_backstop.cpp — the in-loop memorization backstop (train/eval.h): a small training
 // run on data where a holdout slice is repeated is flagged (holdout loss significantly below the
 // sealed fresh split's); the same run with a non-holdout slice repeated instead is not. Also: the
 // bootstrap, the [eval] config keys, and that evaluation leaves training bit-identical.
@@ -12,7 +12,7 @@
 #include "train/config.h"
 #include "train/eval.h"
 #include "train/trainer.h"
-#include "leak_fixture.h"
+#include "tests/data/leak_fixture.h"
 
 using namespace olmoref;
 using olmoref::leaktest::TempDir;

@@ -1,4 +1,4 @@
-// TEST ONLY (tests/e2e/records.sh): sets one key of a checkpoint manifest and recomputes its manifest_xxh3 with
+// TEST ONLY (tests/cli/records.sh): sets one key of a checkpoint manifest and recomputes its manifest_xxh3 with
 // olmoref's own ckpt::manifest_checksum, so the checksum passes and only the cross-checks of the values can refuse
 // it. Not part of the olmoref binary: a user-facing way to re-hash a manifest would defeat the checksum's purpose.
 //

@@ -1,7 +1,7 @@
 // Expert parallelism (docs/canonical/moe.md "Expert parallelism"): who owns which experts, the owner's two row
 // orders, and the model's forward/backward with its experts spread over an EP group, against the same model
 // running every expert itself, bit for bit. The group here is threads in one process exchanging through shared
-// memory (the trainer's MPI path is covered by tests/e2e/moe.sh); the model code under test is the same.
+// memory (the trainer's MPI path is covered by tests/cli/moe.sh); the model code under test is the same.
 #include <doctest.h>
 
 #include <barrier>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# meson test optim-resume-skip-windows: SkipStepAdamW's loss and grad-norm windows are part of the checkpoint.
+# meson test train-resume-skip-windows: SkipStepAdamW's loss and grad-norm windows are part of the checkpoint.
 #   1. a run that skips steps right after the resume point: resume-check at two points says IDENTICAL;
 #   2. the checkpoint records the windows (manifest optimizer_state, covered by its checksum; ckpt verify passes);
 #   3. negative control: OLMOREF_TEST_DROP_SKIP_WINDOWS=1 (TEST ONLY) makes the resumed runs forget the windows, as

@@ -6,7 +6,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cat > "$work/log.json" <<'J'
 {"name": "ref", "result": "OK", "stdout": "[doctest] test cases:  5 |  5 passed | 0 failed | 0 skipped"}
-{"name": "e2e-cli-train", "result": "OK", "stdout": "cli_train: ok"}
+{"name": "cli-train", "result": "OK", "stdout": "cli_train: ok"}
 {"name": "gpu-kernels", "result": "SKIP", "stdout": "SKIPPED: no CUDA device"}
 {"name": "golden-parity", "result": "SKIP", "stdout": "SKIPPED: parity: torch missing"}
 J

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "core/optim.h"
-#include "tests/ref/synthetic.h"
+#include "tests/model/synthetic.h"
 #include "train/trainer.h"
 
 using namespace olmoref;

@@ -1,4 +1,4 @@
-// tests/ref/reference_f64.h — an independent, naive fp64 implementation of the Olmo 3 forward pass
+// tests/model/reference_f64.h — an independent, naive fp64 implementation of the Olmo 3 forward pass
 // and loss, written straight from the spec (no shared code with ref/ beyond the parameter layout).
 // Gradient checks take central finite differences of it in double precision.
 #pragma once

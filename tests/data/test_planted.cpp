@@ -1,4 +1,4 @@
-// tests/leak/test_planted.cpp — the planted-bug suite: every loader bug class of data/planted_bugs.h,
+// tests/data/test_planted.cpp — the planted-bug suite: every loader bug class of data/planted_bugs.h,
 // switched on in the real Loader, must be caught by the check named here with the right first
 // offending step (and micro-batch, rank, instance where the class has them); the clean loader must
 // pass every check. The expected positions are computed here from OLMo-core's order directly, not

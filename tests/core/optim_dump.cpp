@@ -1,5 +1,5 @@
-// tests/optim/optim_dump.cpp — what olmoref's schedule and param groups make of a config, for OLMo-core's own code
-// to be compared with (tests/optim/olmo_core_optim_check.py). The same functions the trainer calls.
+// tests/core/optim_dump.cpp — what olmoref's schedule and param groups make of a config, for OLMo-core's own code
+// to be compared with (tests/core/olmo_core_optim_check.py). The same functions the trainer calls.
 //
 //   optim_dump schedule CONFIG [section.key=value ...]   one JSON line per step: current, t_max, lr (fp64 hex)
 //   optim_dump groups CONFIG [section.key=value ...]     one JSON line per param group: lr, weight_decay, names

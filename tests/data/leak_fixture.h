@@ -1,4 +1,4 @@
-// tests/leak/leak_fixture.h — a synthetic corpus for the leakage detector tests: documents of
+// tests/data/leak_fixture.h — a synthetic corpus for the leakage detector tests: documents of
 // uniformly random tokens (no n-gram is shared between two documents by chance), so every overlap
 // the detector finds was put there by a test.
 #pragma once

@@ -9,7 +9,7 @@
 #  - the audit switched off on resume is noted; switched on for a run that had none, the missing records refuse.
 set -euo pipefail
 BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-REHASH="${OLMOREF_BUILD_ROOT:?}/tests/e2e/rehash_manifest"
+REHASH="${OLMOREF_BUILD_ROOT:?}/tests/cli/rehash_manifest"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -26,8 +26,8 @@
 #include "model/olmo3.h"
 #include "ref/ops.h"
 #include "core/parallel.h"
-#include "tests/ref/reference_f64.h"
-#include "tests/ref/synthetic.h"
+#include "tests/model/reference_f64.h"
+#include "tests/model/synthetic.h"
 #include "train/trainer.h"
 
 using namespace olmoref;

@@ -1,8 +1,8 @@
-// tests/leak/leak_throughput.cpp — figures for the n-gram check of `olmoref leakcheck`: scan
+// tests/data/leak_throughput.cpp — figures for the n-gram check of `olmoref leakcheck`: scan
 // throughput on a large synthetic stream, memory per million holdout n-grams, and how the scan
 // splits over processes. Not a test (it asserts nothing but its own hit count); run it by hand:
 //
-//   build/tests/leak/leak_throughput [--tokens 1e9] [--holdout-ngrams 1e6] [--threads 2] [--bloom]
+//   build/tests/data/leak_throughput [--tokens 1e9] [--holdout-ngrams 1e6] [--threads 2] [--bloom]
 //                                    [--seq-len 2048] [--n 8] [--part K --parts P]
 //
 // The stream is `--tokens` uniformly random token ids (vocabulary 100352, Olmo 3's), cut into
@@ -13,7 +13,7 @@
 // With --parts P the process scans only part K of the stream (the split a rank of a P-rank job
 // scans: its own micro-batches); under mpirun the part comes from OMPI_COMM_WORLD_RANK/SIZE, e.g.
 //   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4
-//     build/tests/leak/leak_throughput --tokens 1e9 --threads 1
+//     build/tests/data/leak_throughput --tokens 1e9 --threads 1
 // Each process prints one line; the job's throughput is the total tokens over the slowest process.
 //
 // End to end (through the loader, every check): --write-corpus DIR writes `--tokens` tokens of

@@ -1,4 +1,4 @@
-// tests/gemm/test_gemm.cpp — every GEMM path (scalar, AVX2, AVX-512) x thread count (1..4) must equal the
+// tests/ref/test_gemm.cpp — every GEMM path (scalar, AVX2, AVX-512) x thread count (1..4) must equal the
 // normative triple loop (gemm_reference) bit for bit, for all three linear-layer products, accumulate on/off,
 // a generic strided view, and shapes that hit every tile / block edge (MR, NR, KC = 256, MC, NC = 2048).
 // The negative controls at the bottom prove the inputs are sensitive enough that a reordered or unfused

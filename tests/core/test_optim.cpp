@@ -1,5 +1,5 @@
 // OLMo-core's optimizers and schedulers in olmoref (docs/canonical/optimizers.md): the parts that need no OLMo-core.
-// Bit-for-bit agreement with OLMo-core's own code is tests/optim/olmo_core_optim_check.py.
+// Bit-for-bit agreement with OLMo-core's own code is tests/core/olmo_core_optim_check.py.
 #include <doctest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// tests/ref/synthetic.h — a small learnable token task for tests: documents that are arithmetic
+// tests/model/synthetic.h — a small learnable token task for tests: documents that are arithmetic
 // progressions modulo 500 (random start, step 1, 2 or 3, 20-59 tokens) ending in EOS = 511. A model
 // that learns the rule predicts everything but each document's first two tokens; one that only
 // learns token frequencies stays near ln(500) = 6.2 nats.
