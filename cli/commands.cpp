@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <memory>
@@ -207,6 +208,12 @@ void register_commands(CLI::App& app) {
         run.resume_opts.skip_loader |= what == "loader";
         run.resume_opts.skip_step |= what == "step";
       }
+      // TEST ONLY controls: the tests set them in the environment of the processes they start (resume-check's runs
+      // too); read here and carried in the options, nothing below cli/ reads the environment for them.
+      if (const char* fault = std::getenv("OLMOREF_TEST_FAULT")) run.fault = FaultInjection::parse(fault);
+      if (const char* dump = std::getenv("OLMOREF_TEST_OPTIM_DUMP")) run.optim_dump_dir = dump;
+      if (const char* drop = std::getenv("OLMOREF_TEST_DROP_SKIP_WINDOWS"); drop && std::string(drop) == "1")
+        run.resume_opts.drop_skip_windows = true;
       run_training(c, run);
     });
   }

@@ -1,5 +1,6 @@
 // train/trainer.h — one training run: batch -> micro-batch forward/backward -> canonical gradient
-// reduction -> clipping -> AdamW -> fingerprint and trace record.
+// reduction -> clipping -> AdamW -> fingerprint and trace record. train/trainer.cpp holds the trainer and its step;
+// train/run.cpp where a run starts (resume) and the loop of `olmoref train`.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,9 @@
 #include "dist/comm.h"
 #include "dist/expert_placement.h"
 #include "dist/layout.h"
+#include "dist/state_pieces.h"
+#include "dist/unit_gather.h"
+#include "golden/state_digest.h"
 #include "golden/trace.h"
 #include "core/instance_tree.h"
 #include "model/olmo3.h"
@@ -61,8 +65,8 @@ class Trainer {
   const float* params() const { return params_.data(); }
   // The same on the host: the buffer itself for host-memory executors, else a copy made now.
   const float* host_params();
-  std::vector<float> adam_m() const { return host_copy(m_); }
-  std::vector<float> adam_v() const { return host_copy(v_); }
+  std::vector<float> adam_m() const { return dist::host_copy(m_); }
+  std::vector<float> adam_v() const { return dist::host_copy(v_); }
   // optim.kind = "skip_step_adamw": the loss and gradient-norm windows and the step count (checkpointed).
   const SkipStepState& skip_state() const { return skip_; }
   const dist::Layout& layout() const { return layout_; }
@@ -104,8 +108,14 @@ class Trainer {
     // Test-only negative controls: each leaves part of the state at its fresh-start value, which
     // resume-check must then detect.
     bool skip_moments = false, skip_loader = false, skip_step = false;
+    // TEST ONLY (tests/optim): forget SkipStepAdamW's windows, as OLMo-core's own resume does (cli/ sets it from
+    // OLMOREF_TEST_DROP_SKIP_WINDOWS=1).
+    bool drop_skip_windows = false;
   };
   void resume(const std::string& dir, const ResumeOptions& opts);
+  // TEST ONLY (tests/optim), single process: every step appends what the optimizer is fed and gives back to
+  // DIR (params0.f32, grads.f32, params.f32, steps.jsonl), for OLMo-core's own optimizer to be driven with it.
+  void dump_optimizer_to(const std::string& dir) { optim_dump_dir_ = dir; }
   // Replaces the step-0 parameters with `full` (the whole flat vector; each rank keeps its range): a run that
   // starts from other weights than the init ([init] hf_dir). Before the first step only.
   void set_initial_params(const float* full);
@@ -124,12 +134,24 @@ class Trainer {
   const std::vector<std::vector<int32_t>>& last_routing() const { return routing_choices_; }
 
  private:
-  static std::vector<float> host_copy(const Buffer<float>& b);
-  void dump_optim_state(const std::string& dir, const std::string& name, const Buffer<float>& b) const;  // TEST ONLY
-  // b on the host: b itself for host-memory executors, else its copy in `staging`.
-  const float* host_view(const Buffer<float>& b, std::vector<float>& staging) const;
+  // What the step's named parts hand on (train_step reads as the loop).
+  struct StepLoss;
+  struct ClippedGradient;
+  struct OptimizerOutcome;
+  dist::ShardedState sharded_state();
   // Who computes which instances of a step (core/instance_tree.h: BatchSplit).
   BatchSplit batch_split() const;
+  std::vector<LossSums> gradients(const StepBatch& batch);
+  std::vector<LossSums> float_allreduce_gradient(const StepBatch& batch);  // TEST ONLY negative control
+  StepLoss loss(const std::vector<LossSums>& mine);
+  ClippedGradient clip();
+  OptimizerOutcome optimizer(int64_t batch_tokens, float ce_loss, const ClippedGradient& g);
+  void adamw_update(int64_t step, const std::vector<double>& group_lr);
+  float skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr);
+  StepResult fingerprint(const StepBatch& batch, const StepLoss& loss, const ClippedGradient& g,
+                         const OptimizerOutcome& opt);
+  void dump_optim_state(const std::string& name, const Buffer<float>& b) const;  // TEST ONLY
+  void dump_optim_step(const OptimizerOutcome& opt, float ce_loss, const ClippedGradient& g) const;  // TEST ONLY
   // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
   // per_instance[i] receives global instance i's loss totals for this rank's instances.
   void compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out);
@@ -137,15 +159,6 @@ class Trainer {
   // gathers, expert exchanges) without instances of their own (Olmo3::idle_pass).
   void join_longer_runs(int64_t my_runs, const float* params);
   void release_transients();           // frees the gradient buffers of a sharded step
-  // Whole-vector Merkle root of a state vector (collective over the world): sharded_digest when every rank holds
-  // its whole range, else each rank hashes its chunks (StatePlacement::hashed_chunks) after collect().
-  std::string state_digest(const Buffer<float>& state, uint64_t& pieces_sent);
-  // Whole-vector Merkle root from the shards (leaves exchanged within the shard group).
-  std::string sharded_digest(const Buffer<float>& state);
-  // Collective over the world: rank q receives, on the host, `want[q]` (ranges inside its shard's range) of the
-  // state, concatenated in order; what q does not hold comes from StatePlacement::source. Adds the bytes this rank
-  // sent to pieces_sent.
-  std::vector<float> collect(const Buffer<float>& state, const std::vector<dist::Ranges>& want, uint64_t& pieces_sent);
   // Writes a host copy of this rank's whole shard range into the parts of b this rank holds.
   void upload_held(Buffer<float>& b, const float* shard);
   // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
@@ -161,12 +174,11 @@ class Trainer {
   dist::Comm* comm_;
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
   std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
-  class EpExchange;
-  std::unique_ptr<EpExchange> ep_exchange_;
+  std::unique_ptr<dist::CommExpertExchange> ep_exchange_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
   uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()
-  std::vector<std::vector<int64_t>> digest_chunks_;  // every rank's StatePlacement::hashed_chunks, made on first use
+  std::unique_ptr<StateDigest> state_digest_;  // the whole-vector roots of params_, m_ and v_
   // This rank's range, in executor memory. Under expert-resident state params, m and v are indexed as the whole
   // range but only the held parts are ever written (host memory: the rest takes no pages).
   Buffer<float> params_, m_, v_, grad_shard_;
@@ -175,8 +187,7 @@ class Trainer {
   // unit (embedding, block, head) is all-gathered into it just before use and its pages are returned
   // to the OS right after (ParamGate), so a rank never holds more than a unit or two of other ranks'
   // parameters.
-  class UnitGather;
-  std::unique_ptr<UnitGather> unit_gather_;
+  std::unique_ptr<dist::UnitGather> unit_gather_;
   float* full_view_ = nullptr;
   std::vector<ParamGroup> groups_;  // OLMo-core's param groups (core/optim.h)
   std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
@@ -185,8 +196,8 @@ class Trainer {
   std::vector<std::vector<int32_t>> routing_choices_;  // MoE: see last_routing()
   bool capture_choices_ = false;                        // set by compute_gradient only
   std::vector<uint64_t> routing_;  // MoE: each global instance's routing digest of this step (this rank's range)
-  // MoE: the step's expert load [L, E] over every rank, and the step routing digest (hex) from routing_.
-  void moe_step_record(TraceRecord& r, std::vector<uint64_t> routing);
+  // MoE: the step's expert load [L, E] over every rank, and the step routing digest (hex) of every instance's.
+  void moe_step_record(TraceRecord& r, const std::vector<uint64_t>& routing);
   void keep_routing(int64_t first, int64_t last);  // instances [first, last) of the model's last forward
   std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
   // Where each step's batch came from (the manifest's data_history): extended before every draw; unknown after a
@@ -196,6 +207,16 @@ class Trainer {
   void note_data_position();
   int64_t step_ = 0;
   int64_t tokens_ = 0;
+  std::string optim_dump_dir_;  // dump_optimizer_to
+};
+
+// TEST ONLY (tests/dist, tests/e2e): a rank that dies or hangs just before a step, for the rank-failure tests.
+struct FaultInjection {
+  int rank = -1;       // -1: none
+  int64_t step = -1;   // the step it would have computed
+  std::string kind;    // "die" or "hang"
+  // "rank:step:die|hang" (cli/ reads it from OLMOREF_TEST_FAULT); throws naming the variable on a malformed spec.
+  static FaultInjection parse(const std::string& spec);
 };
 
 struct RunOptions {
@@ -213,6 +234,10 @@ struct RunOptions {
   bool new_records = false;
   bool report_comm = false;    // print bytes sent per rank per step at the end
   bool no_checkpoint = false;  // benchmarks: write no checkpoint, not even at the end
+  // TEST ONLY controls, set by cli/ alone (from OLMOREF_TEST_FAULT and OLMOREF_TEST_OPTIM_DUMP), never read
+  // from the environment below it.
+  FaultInjection fault;
+  std::string optim_dump_dir;  // Trainer::dump_optimizer_to
 };
 
 // `olmoref train`: runs to cfg.train.steps writing out_dir/trace.jsonl (one record per step),

@@ -1,0 +1,94 @@
+#include "dist/unit_gather.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+namespace olmoref::dist {
+
+UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
+                       Comm& shard_group)
+    : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group) {
+  bytes_ = static_cast<size_t>(layout.total) * sizeof(float);
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("cannot reserve address space for the parameter view");
+  base_ = static_cast<float*>(p);
+  // A device executor reads the units from device memory: they are gathered on the host, then copied into a
+  // device view of the whole vector (the state, gradients and moments stay sharded).
+  if (!ex.host_memory()) device_view_.reset(ex, layout.total, "FSDP parameter view (the units are gathered into it)");
+}
+
+UnitGather::~UnitGather() { ::munmap(base_, bytes_); }
+
+// The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
+// of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
+// reads only its own experts). Exact pieces, no padding; the pages of experts a rank never reads are never
+// written, so they take no memory.
+void UnitGather::acquire(int unit) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  const auto [a, b] = model_.unit_range(unit);
+  const Layout& L = layout_;
+  const int S = L.dp_shard, me = L.shard_index();
+  std::vector<Ranges> reads(static_cast<size_t>(S));
+  for (int q = 0; q < S; ++q) {
+    const int world_rank = L.replicate_index() * S + q;
+    reads[static_cast<size_t>(q)] = model_.unit_reads(unit, ep_, world_rank % ep_);
+  }
+  // The pieces of shard s's part of the unit that rank q reads, in order.
+  auto pieces = [&](int s, int q) {
+    const int64_t lo = std::max(a, L.begin(s)), hi = std::min(b, L.end(s));
+    Ranges out;
+    for (const auto& [r0, r1] : reads[static_cast<size_t>(q)])
+      if (std::max(lo, r0) < std::min(hi, r1)) out.push_back({std::max(lo, r0), std::min(hi, r1)});
+    return out;
+  };
+  std::vector<int64_t> send_counts(static_cast<size_t>(S), 0), recv_counts(static_cast<size_t>(S), 0);
+  std::vector<float> send;
+  for (int q = 0; q < S; ++q)
+    for (const auto& [p0, p1] : pieces(me, q)) {
+      const size_t at = send.size();
+      send.resize(at + static_cast<size_t>(p1 - p0));
+      ex_.to_host(send.data() + at, params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+      send_counts[static_cast<size_t>(q)] += p1 - p0;
+    }
+  int64_t total = 0;
+  for (int s = 0; s < S; ++s) {
+    for (const auto& [p0, p1] : pieces(s, me)) recv_counts[static_cast<size_t>(s)] += p1 - p0;
+    total += recv_counts[static_cast<size_t>(s)];
+  }
+  std::vector<float> recv(static_cast<size_t>(total));
+  const float none = 0.0f;
+  shard_group_.alltoallv(send.empty() ? &none : send.data(), send_counts, recv.data(), recv_counts,
+                         "gather parameters of a unit");
+  const float* next = recv.data();
+  for (int s = 0; s < S; ++s)
+    for (const auto& [p0, p1] : pieces(s, me)) {
+      std::copy(next, next + (p1 - p0), base_ + p0);
+      next += p1 - p0;
+    }
+  if (device_view_.size() > 0)
+    for (const auto& [r0, r1] : reads[static_cast<size_t>(me)]) device_view_.upload(base_ + r0, r1 - r0, r0);
+}
+
+// Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).
+void UnitGather::release(int unit) {
+  const auto [a, b] = model_.unit_range(unit);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(base_ + a) + page - 1) / page * page;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(base_ + b) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+void CommExpertExchange::allgather(const int64_t* mine, int64_t n, int64_t* all) {
+  group_.allgather(mine, static_cast<size_t>(n) * sizeof(int64_t), all, "all-gather expert row counts");
+}
+
+void CommExpertExchange::alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                   const std::vector<int64_t>& recv_counts) {
+  group_.alltoallv(send, send_counts, recv, recv_counts, "all-to-all of expert rows");
+}
+
+}  // namespace olmoref::dist

@@ -1,0 +1,421 @@
+// train/run.cpp — one run around the trainer: where its state and data start (a fresh start, Hugging Face weights,
+// an OLMo-core loader position, or a checkpoint: Trainer::resume) and the loop of `olmoref train` with its records,
+// checkpoints and progress.
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <thread>
+
+#include "ckpt/checkpoint.h"
+#include "interop/olmo_core_data.h"
+#include "model/executors.h"
+#include "train/eval.h"
+#include "train/manifest.h"
+#include "train/records.h"
+#include "train/run_lock.h"
+#include "train/trainer.h"
+#include "train/weights.h"
+
+namespace olmoref {
+
+void Trainer::start_data_at(const nlohmann::json& loader_state) {
+  if (step_ != 0) throw std::logic_error("Trainer::start_data_at after step " + std::to_string(step_));
+  if (!source_) throw std::logic_error("Trainer::start_data_at without a batch source");
+  source_->restore(loader_state, false);
+  history_.seed_from = "data.olmo_core_state";  // the order's seed is that run's, not necessarily data.seed
+}
+
+void Trainer::note_data_position() {
+  if (!history_known_) return;
+  const int64_t B = source_->batches_per_epoch();
+  const nlohmann::json st = B > 0 ? source_->state() : nlohmann::json();
+  if (B <= 0 || !st.is_object() || !st.contains("epoch")) {
+    history_known_ = false;
+    return;
+  }
+  const int64_t e = st.at("epoch").get<int64_t>(), bp = st.at("batches_processed").get<int64_t>();
+  const int64_t G = st.at("global_batch_instances").get<int64_t>(), L = st.at("sequence_length").get<int64_t>();
+  const uint64_t seed = st.at("seed").get<uint64_t>();
+  if (history_.segments.empty()) {
+    history_.seed = seed;
+    if (history_.seed_from.empty()) history_.seed_from = "data.seed";
+  } else if (seed != history_.seed) {
+    throw std::logic_error("the data loader's seed changed from " + std::to_string(history_.seed) + " to " +
+                           std::to_string(seed) + " during the run");
+  }
+  if (!history_.segments.empty()) {
+    ckpt::DataSegment& last = history_.segments.back();
+    if (last.global_batch_instances == G && last.sequence_length == L && last.batches_per_epoch == B &&
+        last.end() == std::pair<int64_t, int64_t>{e, bp}) {
+      ++last.steps;
+      return;
+    }
+  }
+  // A resume that changed the global batch (or the data) continues from here: a new segment.
+  ckpt::DataSegment seg;
+  seg.steps = 1, seg.global_batch_instances = G, seg.sequence_length = L, seg.batches_per_epoch = B;
+  seg.epoch = e, seg.batches_processed = bp;
+  history_.segments.push_back(seg);
+}
+
+void Trainer::set_initial_params(const float* full) {
+  if (step_ != 0) throw std::logic_error("Trainer::set_initial_params after step " + std::to_string(step_));
+  upload_held(params_, full + layout_.lo());
+}
+
+namespace {
+// A resume with --allow-config-change may change the global batch size, as OLMo-core allows: the loader continues
+// at tokens_processed // the new batch (data/loader.h rebatched_state). Other sources' states pass unchanged.
+nlohmann::json loader_state_for_resume(const nlohmann::json& saved, const TrainConfig& cfg, bool allow_config_change) {
+  if (!allow_config_change || !saved.is_object() || !saved.contains("global_batch_instances")) return saved;
+  const data::LoaderState s = saved.get<data::LoaderState>();
+  if (s.global_batch_instances == cfg.train.global_batch_instances) return saved;
+  return nlohmann::json(data::rebatched_state(s, cfg.train.global_batch_instances));
+}
+}  // namespace
+
+void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
+  ckpt::CheckpointMeta expect;
+  expect.model_hash = cfg_.model_hash();
+  expect.resume_hash = cfg_.resume_hash();
+  expect.dataset_fingerprint = source_ ? source_->fingerprint() : "";
+  ckpt::LoadOptions lo;
+  lo.ignore_fingerprint_mismatch = opts.ignore_fingerprint_mismatch;
+  lo.allow_config_change = opts.allow_config_change;
+  const std::vector<float> m_fresh = dist::host_copy(m_), v_fresh = dist::host_copy(v_);
+  // Each rank reads only its range, whatever layout (or executor) wrote the checkpoint (resharding).
+  const int64_t n = layout_.hi() - layout_.lo();
+  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
+  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
+  const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
+  upload_held(params_, hp.data());
+  upload_held(m_, hm.data());
+  upload_held(v_, hv.data());
+  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
+  // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest. Each is a
+  // collective, so every rank computes all three before any throws.
+  StateDigest& digest = *state_digest_;
+  const bool same_p = digest(params_, checkpoint_pieces_sent_) == meta.digests.params,
+             same_m = digest(m_, checkpoint_pieces_sent_) == meta.digests.adam_m,
+             same_v = digest(v_, checkpoint_pieces_sent_) == meta.digests.adam_v;
+  if (!same_p || !same_m || !same_v)
+    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
+  if (opts.skip_moments) {
+    upload_held(m_, m_fresh.data());
+    upload_held(v_, v_fresh.data());
+  }
+  if (!opts.skip_step) step_ = meta.step;
+  // load_range refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
+  // before it unknown, so this run's checkpoints record none either.
+  history_ = meta.data_history.is_object() ? ckpt::DataHistory::from_json(meta.data_history) : ckpt::DataHistory{};
+  history_known_ = meta.data_history.is_object() || meta.step == 0;
+  if (cfg_.optim.skip_step()) {
+    // A checkpoint of a plain AdamW run (a resume with --allow-config-change) took every step and has no windows.
+    if (meta.optimizer_state.is_object()) {
+      try {
+        skip_ = SkipStepState::from_json(meta.optimizer_state);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(dir + "/manifest.json: " + e.what());
+      }
+    } else {
+      skip_ = SkipStepState{};
+      skip_.step = static_cast<float>(meta.step);
+    }
+    // TEST ONLY negative control (tests/optim): forgetting the windows, as OLMo-core's own resume does, must make
+    // resume-check report the steps that follow as different.
+    if (opts.drop_skip_windows) {
+      skip_.losses.clear();
+      skip_.grad_norms.clear();
+    }
+  }
+  tokens_ = meta.tokens;
+  if (source_ && !opts.skip_loader)
+    source_->restore(loader_state_for_resume(meta.loader_state, cfg_, opts.allow_config_change),
+                     opts.ignore_fingerprint_mismatch);
+}
+
+FaultInjection FaultInjection::parse(const std::string& spec) {
+  const auto a = spec.find(':'), b = a == std::string::npos ? a : spec.find(':', a + 1);
+  FaultInjection f;
+  try {
+    if (b == std::string::npos) throw std::invalid_argument(spec);
+    f.rank = std::stoi(spec.substr(0, a));
+    f.step = std::stoll(spec.substr(a + 1, b - a - 1));
+  } catch (const std::exception&) {
+    throw std::invalid_argument("OLMOREF_TEST_FAULT='" + spec + "': expected RANK:STEP:die or RANK:STEP:hang "
+                                "(e.g. 1:3:die); unset it to run without a fault");
+  }
+  f.kind = spec.substr(b + 1);
+  return f;
+}
+
+namespace {
+// The rank dies (SIGKILL, no clean-up, as a crashed node) or hangs (the others' watchdog must abort the job).
+[[noreturn]] void inject_fault(const FaultInjection& f) {
+  std::fprintf(stderr, "rank %d: test fault '%s' at step %lld\n", f.rank, f.kind.c_str(), static_cast<long long>(f.step));
+  if (f.kind == "die") ::raise(SIGKILL);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // hang
+}
+
+// A resume is checked in full before anything is touched (the manifest against this run's config and data, the
+// loader state against the data, the records against the checkpoint), then the records past the checkpoint are cut.
+// Returns the step the records begin again at (--new-records), else 0. Collective.
+int64_t check_resume(const TrainConfig& cfg, const RunOptions& opts, const std::string& resume_dir, dist::Comm& comm,
+                     bool quiet) {
+  const std::string& out_dir = opts.out_dir;
+  const int world = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0;
+  int64_t records_begin = 0;
+  // A refused resume leaves the run directory as it was.
+  std::unique_ptr<BatchSource> probe = make_batch_source(cfg, "", false, world, rank);
+  ckpt::CheckpointMeta expect;
+  expect.model_hash = cfg.model_hash();
+  expect.resume_hash = cfg.resume_hash();
+  expect.dataset_fingerprint = probe->fingerprint();
+  ckpt::LoadOptions lo;
+  lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
+  lo.allow_config_change = opts.resume_opts.allow_config_change;
+  const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
+  // The loader keeps the checkpoint's seed (as OLMo-core does): another data.seed, allowed as a config change, would
+  // change nothing, and every later manifest would record a config whose seed is not its data order's.
+  if (const nlohmann::json& h = meta.data_history;
+      h.is_object() && h.value("seed_from", "") == "data.seed" && h.value("seed", cfg.data.seed) != cfg.data.seed)
+    throw std::runtime_error("config key 'data.seed' is " + std::to_string(cfg.data.seed) + " but " + resume_dir +
+                             "/manifest.json has 'loader_state.seed' " + h.at("seed").dump() + ", the seed of the "
+                             "data order a resume continues (the checkpoint's wins): set data.seed = " +
+                             h.at("seed").dump() + ", or start a new run for another order");
+  if (!opts.resume_opts.skip_loader) {
+    try {
+      const nlohmann::json st = loader_state_for_resume(meta.loader_state, cfg, opts.resume_opts.allow_config_change);
+      probe->restore(st, opts.resume_opts.ignore_fingerprint_mismatch);
+      if (lead && !quiet && st != meta.loader_state)
+        std::fprintf(stderr, "resume: global batch %lld -> %lld instances: the data order continues at batch %lld of "
+                             "epoch %lld (tokens seen // the new batch, as OLMo-core resumes)\n",
+                     static_cast<long long>(meta.loader_state.value("global_batch_instances", int64_t{0})),
+                     static_cast<long long>(cfg.train.global_batch_instances),
+                     static_cast<long long>(st.value("batches_processed", int64_t{0})),
+                     static_cast<long long>(st.value("epoch", int64_t{0})));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(resume_dir + "/manifest.json: loader_state: " + e.what());
+    }
+  }
+  // The records must hold every step up to the checkpoint's, and their step K must be the checkpoint's (records
+  // past K, from a run killed after it, are cut below): a resume would otherwise append to records with steps
+  // missing, or to another run's, and nothing would say so.
+  if (lead) {
+    const std::string digest =
+        opts.resume_opts.skip_loader ? "" : checkpoint_batch_digest(cfg, meta, opts.resume_opts.ignore_fingerprint_mismatch);
+    const RecordsCheck rc = check_run_records(out_dir, resume_dir, meta, cfg.data.audit, digest);
+    if (!rc.missing.empty()) {
+      std::string what;
+      for (const std::string& m : rc.missing) what += "\n  " + m;
+      const std::string next = std::to_string(meta.step + 1);
+      if (!opts.new_records)
+        throw std::runtime_error("cannot resume from " + resume_dir + " into " + out_dir + ": its records lack steps" +
+                                 what + "\nrestore them, or pass --new-records to continue with records that begin at "
+                                 "step " + next + " (the trace's record of step " + next + " then says so: "
+                                 "\"records_begin\":" + next + ")");
+      records_begin = meta.step + 1;
+      std::fprintf(stderr, "olmoref train: --new-records: the records lack steps%s\nolmoref train: --new-records: the "
+                           "records begin again at step %s (trace.jsonl's record of step %s carries "
+                           "\"records_begin\":%s)\n", what.c_str(), next.c_str(), next.c_str(), next.c_str());
+    }
+    if (!cfg.data.audit && !audit_logs(out_dir).empty())
+      std::fprintf(stderr, "olmoref train: note: data.audit is off in this run: the audit logs of %s get no records "
+                           "after step %lld\n", out_dir.c_str(), static_cast<long long>(meta.step));
+  }
+  // Records past the checkpoint are rewritten by this run; cut them before any log is reopened.
+  if (lead) {
+    truncate_step_records(out_dir + "/trace.jsonl", meta.step);
+    // Every audit log of the directory, also those of ranks the new layout does not have (a resume at fewer
+    // ranks): records past the checkpoint belong to steps this run computes again.
+    cut_audit_logs(out_dir, meta);
+  }
+  comm.barrier("resume: logs cut to the checkpoint");  // before any rank reopens its audit log
+  return records_begin;
+}
+
+// Where the run's state and data start: the init, Hugging Face weights, an OLMo-core loader position, or a checkpoint.
+void start_state(Trainer& trainer, const TrainConfig& cfg, const RunOptions& opts, const std::string& resume_dir,
+                 bool quiet) {
+  // [init] hf_dir: the run starts from those weights (their SHA-256 is in the config, so in every manifest and in
+  // resume_hash); a resume takes the checkpoint's weights instead.
+  if (resume_dir.empty() && !cfg.init.hf_dir.empty()) trainer.set_initial_params(initial_weights(cfg).params.data());
+  // data.olmo_core_state: the data order continues where that OLMo-core run's loader stopped (seed, epoch and
+  // tokens_processed from its checkpoint, checked against OLMo-core's fingerprint of the configured files). The trace
+  // still counts this run's steps from 1. A resume takes the checkpoint's loader state instead.
+  if (resume_dir.empty() && !cfg.data.olmo_core_state.empty()) {
+    const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
+    const data::LoaderState s = interop::olmo_core_loader_state(interop::read_olmo_core_checkpoint(cfg.data.olmo_core_state),
+                                                                ds, cfg.train.global_batch_instances, cfg.data.pad_id,
+                                                                cfg.data.bos_id);
+    trainer.start_data_at(nlohmann::json(s));
+    if (!quiet)
+      std::fprintf(stderr, "data: continuing OLMo-core's order from %s: epoch %lld after %lld batches (%lld tokens)\n",
+                   cfg.data.olmo_core_state.c_str(), static_cast<long long>(s.epoch),
+                   static_cast<long long>(s.batches_processed), static_cast<long long>(s.tokens_processed));
+  }
+  if (!resume_dir.empty()) {
+    trainer.resume(resume_dir, opts.resume_opts);
+    if (!quiet)
+      std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
+                   static_cast<long long>(trainer.step()));
+  }
+}
+
+// What this run is and where it starts, on stderr.
+void print_run_start(Trainer& trainer, const TrainConfig& cfg, const std::string& out_dir, int64_t stop,
+                     dist::Comm& comm) {
+  const int64_t total = cfg.train.steps;
+  const int world = comm.size(), rank = comm.rank();
+  std::fprintf(stderr, "olmoref train: %s, %.3fM params, executor %s, steps %lld..%lld of %lld (%lld tokens each), %d thread(s), data %s, out %s\n",
+               cfg.model.name.c_str(), static_cast<double>(trainer.n_params()) / 1e6, cfg.train.executor.c_str(),
+               static_cast<long long>(trainer.step() + 1), static_cast<long long>(stop), static_cast<long long>(total),
+               static_cast<long long>(cfg.train.global_batch_instances * cfg.train.seq_len), trainer.pool().size(),
+               trainer.source().describe().c_str(), out_dir.c_str());
+  if (world > 1)
+    std::fprintf(stderr, "olmoref train: HSDP dp_shard %d x dp_replicate %d over %s; state per rank %.2f MiB\n",
+                 trainer.layout().dp_shard, trainer.layout().dp_replicate, comm.backend().c_str(),
+                 static_cast<double>(trainer.state_bytes()) / (1 << 20));
+  if (trainer.ep() > 1) {
+    const auto [e0, e1] = moe::ep_experts(cfg.model.moe.n_experts, trainer.ep(), rank % trainer.ep());
+    std::fprintf(stderr, "olmoref train: expert parallelism over groups of %d ranks; rank 0 runs experts %lld..%lld\n",
+                 trainer.ep(), static_cast<long long>(e0), static_cast<long long>(e1 - 1));
+  }
+}
+
+// Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
+void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
+  const int world = comm.size(), rank = comm.rank();
+  const double n = static_cast<double>(trainer.n_params()) * 4.0;
+  const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
+  const double steps = static_cast<double>(std::max<int64_t>(done, 1));
+  char ep_part[200] = "", resident[48] = "";  // one write per rank, so the ranks' lines do not interleave
+  if (trainer.ep() > 1)
+    std::snprintf(ep_part, sizeof ep_part,
+                  "; state pieces for step digests %.3f MiB/step, for checkpoints and evals %.3f MiB/step; "
+                  "expert all-to-all %.3f MiB/step",
+                  static_cast<double>(trainer.digest_pieces_sent()) / steps / (1 << 20),
+                  static_cast<double>(trainer.checkpoint_pieces_sent()) / steps / (1 << 20),
+                  static_cast<double>(trainer.ep_bytes_sent()) / steps / (1 << 20));
+  if (const int64_t r = trainer.state_resident_bytes(); r >= 0)
+    std::snprintf(resident, sizeof resident, " (%.2f MiB resident)", static_cast<double>(r) / (1 << 20));
+  std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s%s\n",
+               rank, static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
+               static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, ep_part);
+}
+
+}  // namespace
+
+std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
+  namespace fs = std::filesystem;
+  const std::string& out_dir = opts.out_dir;
+  // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
+  if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())
+    throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
+  check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr));
+  fs::create_directories(out_dir);
+  const std::string ckpt_root = out_dir + "/checkpoints";
+  const int64_t total = cfg.train.steps;
+  const int64_t stop = opts.stop_after >= 0 ? std::min(opts.stop_after, total) : total;
+  std::string resume_dir = opts.resume_from;
+  // A fresh run into a directory that holds a resumable run would overwrite its trace and, by retention, its
+  // checkpoints: refused before anything is touched.
+  if (!opts.resume && resume_dir.empty())
+    if (const auto newest = ckpt::newest_complete(ckpt_root))
+      throw std::runtime_error(out_dir + " already holds a run (checkpoint " + *newest +
+                               "): pass --resume to continue it, or choose another --out; to start over, delete " +
+                               out_dir + " first");
+  if (opts.resume && resume_dir.empty()) {
+    const auto newest = ckpt::newest_complete(ckpt_root);
+    if (!newest)
+      throw std::runtime_error(ckpt_root + ": no complete checkpoint to resume from (run without --resume to start fresh)");
+    resume_dir = *newest;
+  }
+  dist::Comm& comm = opts.parallel.comm ? *opts.parallel.comm : dist::world(opts.comm_timeout_s);
+  const int world = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0;  // rank 0 writes the trace and manifest and reports progress
+  const RunDirLock run_lock(out_dir, comm);  // one writer per run directory, before anything in it is touched
+  const bool quiet = opts.quiet || !lead;
+  // One audit log per rank process: each holds the micro-batches that rank computed.
+  char audit_name[64];
+  std::snprintf(audit_name, sizeof audit_name, world == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", rank);
+  const std::string audit_path = cfg.data.audit ? out_dir + "/" + audit_name : "";
+  // > 0: --new-records, written on the first trace record (docs/formats/trace.md)
+  int64_t records_begin = resume_dir.empty() ? 0 : check_resume(cfg, opts, resume_dir, comm, quiet);
+  Parallelism par = opts.parallel;
+  par.comm = &comm;
+  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
+  if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
+  start_state(trainer, cfg, opts, resume_dir, quiet);
+  TraceWriter trace;
+  if (lead) {
+    write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size(), trainer.layout().dp_shard,
+                       trainer.layout().dp_replicate, trainer.ep());
+    trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
+  }
+  // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the
+  // parameters only, so training is the same with or without it; run by rank 0 when it holds them all.
+  // Under expert parallelism rank 0 may hold only its own experts: every rank then sends it the rest when due.
+  std::unique_ptr<EvalBackstop> backstop;
+  const bool eval_gathers = cfg.eval.interval > 0 && trainer.layout().dp_shard == 1 && !trainer.holds_whole_shard(0);
+  if (lead && cfg.eval.interval > 0 && trainer.layout().dp_shard == 1)
+    backstop = make_eval_backstop(cfg, out_dir, resume_dir.empty() ? -1 : trainer.step(), quiet);
+  else if (lead && cfg.eval.interval > 0 && !quiet)
+    std::fprintf(stderr, "olmoref train: [eval] backstop not run: it needs the whole parameters on rank 0 (dp_shard 1)\n");
+  if (!quiet) print_run_start(trainer, cfg, opts.out_dir, stop, comm);
+  std::vector<TraceRecord> records;
+  double elapsed = 0.0;
+  int64_t done = 0;
+  while (trainer.step() < stop) {
+    if (rank == opts.fault.rank && trainer.step() + 1 == opts.fault.step) inject_fault(opts.fault);
+    const StepResult res = trainer.train_step();
+    if (lead && records_begin > 0) {
+      TraceRecord first = res.record;
+      first.records_begin = records_begin;
+      trace.write(first);
+      records_begin = 0;
+    } else if (lead) {
+      trace.write(res.record);
+    }
+    records.push_back(res.record);
+    elapsed += res.seconds;
+    ++done;
+    const int64_t s = res.record.step;
+    if (!quiet && (s % cfg.train.log_every == 0 || s == stop)) {
+      const double tps = static_cast<double>(cfg.train.global_batch_instances * cfg.train.seq_len) / res.seconds;
+      std::fprintf(stderr, "step %5lld/%lld  loss %.4f  grad_norm %.4f  lr %.3e  %.0f tok/s  %s\n",
+                   static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
+                   res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
+    }
+    if (eval_gathers && eval_due(cfg.eval, s)) {
+      const std::vector<float> whole = trainer.params_on_rank0();
+      if (backstop) backstop->after_step(whole.data(), trainer.pool(), s);
+    } else if (backstop && backstop->due(s)) {
+      backstop->after_step(trainer.host_params(), trainer.pool(), s);
+    }
+    const bool periodic = cfg.checkpoint.interval > 0 && s % cfg.checkpoint.interval == 0;
+    if ((periodic || s == stop) && !opts.no_checkpoint) {
+      trainer.source_mut().flush_audit();
+      if (lead) trace.sync();
+      const std::string dir = trainer.save_checkpoint(ckpt_root);
+      if (!quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
+    }
+  }
+  if (!quiet && done > 0)
+    std::fprintf(stderr, "done: %lld steps in %.1f s (%.0f tok/s); trace %s/trace.jsonl\n", static_cast<long long>(done),
+                 elapsed, static_cast<double>(done * cfg.train.global_batch_instances * cfg.train.seq_len) / elapsed,
+                 out_dir.c_str());
+  if (opts.parallel.profile_ops && lead)
+    std::fprintf(stderr, "per-op time over %lld steps (each op timed between device synchronizations):\n%s",
+                 static_cast<long long>(done), trainer.op_profile().c_str());
+  if (opts.report_comm) print_comm_report(trainer, comm, done);
+  return records;
+}
+
+}  // namespace olmoref
