@@ -59,7 +59,7 @@ std::string StateDigest::operator()(const Buffer<float>& state, uint64_t& pieces
   std::vector<Digest128> all(widest * static_cast<size_t>(W));
   s_.world.allgather(leaves.data(), leaves.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
   const int64_t chunks = (layout.total + kDigestChunk - 1) / kDigestChunk;
-  // hashed_chunks gives every chunk to exactly one rank (ref-moe-ep checks it), so this fills every leaf once.
+  // hashed_chunks gives every chunk to exactly one rank (model-moe-ep checks it), so this fills every leaf once.
   std::vector<Digest128> ordered(static_cast<size_t>(chunks));
   for (int q = 0; q < W; ++q)
     for (size_t i = 0; i < chunks_of[static_cast<size_t>(q)].size(); ++i)

@@ -126,7 +126,7 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
       skip_ = SkipStepState{};
       skip_.step = static_cast<float>(meta.step);
     }
-    // TEST ONLY negative control (tests/optim): forgetting the windows, as OLMo-core's own resume does, must make
+    // TEST ONLY negative control (tests/train): forgetting the windows, as OLMo-core's own resume does, must make
     // resume-check report the steps that follow as different.
     if (opts.drop_skip_windows) {
       skip_.losses.clear();

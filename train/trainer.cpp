@@ -672,7 +672,7 @@ void Trainer::dump_optim_state(const std::string& name, const Buffer<float>& b) 
   if (!out) throw std::runtime_error(optim_dump_dir_ + "/" + name + ": cannot write the optimizer dump");
 }
 
-// TEST ONLY (tests/optim): what the optimizer was fed and gave back this step, for OLMo-core's own optimizer.
+// TEST ONLY (tests/core): what the optimizer was fed and gave back this step, for OLMo-core's own optimizer.
 void Trainer::dump_optim_step(const OptimizerOutcome& opt, float ce_loss, const ClippedGradient& g) const {
   dump_optim_state("grads.f32", grad_shard_);
   dump_optim_state("params.f32", params_);

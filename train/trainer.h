@@ -108,12 +108,12 @@ class Trainer {
     // Test-only negative controls: each leaves part of the state at its fresh-start value, which
     // resume-check must then detect.
     bool skip_moments = false, skip_loader = false, skip_step = false;
-    // TEST ONLY (tests/optim): forget SkipStepAdamW's windows, as OLMo-core's own resume does (cli/ sets it from
+    // TEST ONLY (tests/train): forget SkipStepAdamW's windows, as OLMo-core's own resume does (cli/ sets it from
     // OLMOREF_TEST_DROP_SKIP_WINDOWS=1).
     bool drop_skip_windows = false;
   };
   void resume(const std::string& dir, const ResumeOptions& opts);
-  // TEST ONLY (tests/optim), single process: every step appends what the optimizer is fed and gives back to
+  // TEST ONLY (tests/core), single process: every step appends what the optimizer is fed and gives back to
   // DIR (params0.f32, grads.f32, params.f32, steps.jsonl), for OLMo-core's own optimizer to be driven with it.
   void dump_optimizer_to(const std::string& dir) { optim_dump_dir_ = dir; }
   // Replaces the step-0 parameters with `full` (the whole flat vector; each rank keeps its range): a run that
@@ -210,7 +210,7 @@ class Trainer {
   std::string optim_dump_dir_;  // dump_optimizer_to
 };
 
-// TEST ONLY (tests/dist, tests/e2e): a rank that dies or hangs just before a step, for the rank-failure tests.
+// TEST ONLY (tests/dist, tests/cli): a rank that dies or hangs just before a step, for the rank-failure tests.
 struct FaultInjection {
   int rank = -1;       // -1: none
   int64_t step = -1;   // the step it would have computed
