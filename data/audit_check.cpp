@@ -66,6 +66,19 @@ nlohmann::json CheckResult::to_json() const {
   return j;
 }
 
+StreamPosition position_of(const AuditRecord& r, int64_t index) {
+  StreamPosition p;
+  p.step = r.step;
+  p.epoch = r.epoch;
+  p.microbatch = r.microbatch;
+  p.rank = r.rank;
+  p.instance = r.instance;
+  p.index = index;
+  p.file = r.file;
+  p.token_start = r.token_start;
+  return p;
+}
+
 namespace {
 
 using StepRecords = std::map<int64_t, std::vector<const AuditRecord*>>;
@@ -81,19 +94,6 @@ StepRecords by_step(const std::vector<AuditRecord>& records) {
                      [](const AuditRecord* a, const AuditRecord* b) { return a->microbatch < b->microbatch; });
   }
   return m;
-}
-
-StreamPosition position_of(const AuditRecord& r, int64_t index) {
-  StreamPosition p;
-  p.step = r.step;
-  p.epoch = r.epoch;
-  p.microbatch = r.microbatch;
-  p.rank = r.rank;
-  p.instance = r.instance;
-  p.index = index;
-  p.file = r.file;
-  p.token_start = r.token_start;
-  return p;
 }
 
 // Positions inside micro-batches for a step's records (already in micro-batch order).

@@ -82,6 +82,9 @@ struct StreamExpectation {
   int64_t last_step = -1;
 };
 
+// Where an audit record's instance was delivered (index: its place in the micro-batch, -1 unknown).
+StreamPosition position_of(const AuditRecord& r, int64_t index = -1);
+
 CheckResult check_partition(const std::vector<AuditRecord>& records, const StreamExpectation& e);
 CheckResult check_exactly_once(const std::vector<AuditRecord>& records, const StreamExpectation& e);
 // One global batch of a stream as the trainer saw it: `step` is the trainer's step, `records` the

@@ -135,7 +135,7 @@ void match_piece(const SeedIndex& index, const HoldoutText& text, int ngram, con
       for (int64_t q = b; q < f; ++q) sink.cover[static_cast<size_t>(q)] |= MatchSink::kCovered;
       for (int64_t q = b; q + ngram <= f; ++q) sink.cover[static_cast<size_t>(q)] |= MatchSink::kNgramStart;
       // A run does not continue into this MEM from the left, unless the left end is a cut between two instances
-      // that bridge_boundaries (leakcheck.cpp) finds was delivered on both sides; it clears the bit then.
+      // that bridge_boundaries (data/leakcheck_scan.cpp) finds was delivered on both sides; it clears the bit then.
       if (b > db) sink.cover[static_cast<size_t>(b)] |= MatchSink::kBreak;
       if (!at.file.empty() && at.token_start >= 0) {
         if (e == len && f < de) sink.boundary.push_back({f, de, true, at.file, at.token_start + len});

@@ -96,7 +96,7 @@ struct DocMatches {
 
 // A MEM that reaches the end (forward) or the start of its piece while the document goes on: up to k - 1 more of
 // the document's tokens may have been delivered at the start (end) of the neighbouring instance of the same file,
-// too few to seed a match there. The detector checks those afterwards (leakcheck.cpp, bridge_boundaries).
+// too few to seed a match there. The detector checks those afterwards (data/leakcheck_scan.cpp, bridge_boundaries).
 struct BoundaryMem {
   int64_t doc_pos = 0;    // forward: the first document token after the MEM; backward: the MEM's first token
   int64_t doc_limit = 0;  // forward: the document's end; backward: its start

@@ -1,5 +1,7 @@
 // train/config.h — the run configuration, read from TOML (TorchTitan's convention) with
 // `--set section.key=value` overrides. Unknown keys and inconsistent values are errors that name the key.
+// Every key is one entry of the table in train/config_keys.cpp: reading, validation, the resolved TOML and the
+// hashes all come from it.
 #pragma once
 
 #include <cstdint>

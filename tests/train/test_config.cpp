@@ -121,6 +121,45 @@ TEST_CASE("to_toml round-trips the resolved configuration") {
   CHECK(b.model.n_params() == a.model.n_params());
 }
 
+TEST_CASE("every key of the table round-trips; the resume hash sees only what shapes the numbers") {
+  const std::string tiny = root() + "/configs/tiny.toml";
+  // Every key written only when set, set: each must come back from the resolved TOML as it went in.
+  const std::vector<std::string> all_set = {
+      "model.moe_experts=4", "model.moe_top_k=2", "model.moe_hidden=64", "model.moe_shared_hidden=32",
+      "model.moe_lb_loss_weight=0.01", "model.moe_z_loss_weight=0.001", "model.moe_scale_loss_by_num_layers=false",
+      "model.moe_normalize_expert_weights=1.0", "model.moe_lb_granularity=local_batch",
+      "optim.kind=skip_step_adamw", "optim.rolling_interval_length=64", "optim.sigma_factor=3.0",
+      "optim.step_increment_bugfix=false",
+      "optim.group_overrides=[{params=[\"embeddings.weight\"],opts={weight_decay=0.0,lr=1e-4}}]",
+      "schedule.kind=wsd", "schedule.units=tokens", "schedule.warmup=0", "schedule.warmup_fraction=0.1",
+      "schedule.warmup_min_lr=1e-6", "schedule.decay=100", "schedule.decay_min_lr=1e-7",
+      "data.max_target_sequence_length=256", "data.mix_base_dir=/corpus", "data.mix_tokenizer=dolma2",
+      "data.pad_id=1", "data.bos_id=2", "data.olmo_core_state=/ckpt/step10", "data.audit=true",
+      "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+  const TrainConfig a = load_config(tiny, all_set);
+  const TrainConfig b = parse_config_text(a.to_toml(), "resolved");
+  CHECK(b.to_toml() == a.to_toml());
+  CHECK(b.resume_hash() == a.resume_hash());
+  CHECK(b.model_hash() == a.model_hash());
+  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "decay = 100", "pad_id = 1",
+                          "olmo_core_state", "hf_sha256", "step_increment_bugfix = false"})
+    CHECK_MESSAGE(a.to_toml().find(key) != std::string::npos, key);
+
+  // The values published before the key table: traces and checkpoints carry them.
+  const TrainConfig base = load_config(tiny);
+  CHECK(base.model_hash() == "22dac2a576dc3094");
+  CHECK(base.resume_hash() == "9023839de8696e09");
+  // Paths, logging, checkpointing, micro-batch size, executor, the model's name and [eval] never change a bit.
+  const TrainConfig neutral = load_config(
+      tiny, {"data.audit=true", "checkpoint.interval=7", "checkpoint.keep_last=1", "train.log_every=5",
+             "train.micro_batch_instances=1", "train.executor=cuda-host", "model.name=other",
+             "data.mix_base_dir=/elsewhere", "data.pad_id=3", "data.holdout_files=[\"h.npy\"]", "eval.interval=5",
+             "eval.fresh_files=[\"f.npy\"]", "eval.alpha=0.05", "init.hf_dir=/hf"});
+  CHECK(neutral.resume_hash() == base.resume_hash());
+  for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16"})
+    CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
+}
+
 namespace {
 // A scratch directory for the data-separation tests (removed at the end).
 struct Scratch {
