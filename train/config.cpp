@@ -113,7 +113,7 @@ std::string TrainConfig::resume_hash() const {
 std::string TrainConfig::pytorch_replay_unsupported() const {
   if (optim.skip_step())
     return "optim.kind = \"skip_step_adamw\": the PyTorch replays run plain AdamW (SkipStepAdamW is checked against "
-           "OLMo-core's own optimizer by tests/optim)";
+           "OLMo-core's own optimizer by tests/core)";
   if (optim.group_overrides_set)
     return "optim.group_overrides is set: the PyTorch replays use the Olmo 3 default groups (embeddings.weight "
            "without weight decay); remove the key to use them";
