@@ -103,7 +103,11 @@ struct RopeView {
   PRE int64_t count_zeros(const float* x, int64_t n) POST;                                                           \
   /* AdamW on one tensor's elements [0, n) (core/elementwise.h adamw); decay is 1 for tensors without decay. */       \
   PRE void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,          \
-                 int64_t n) POST;                                                                                   
+                 int64_t n) POST;                                                                                   \
+  /* SkipStepAdamW on one group's elements [0, n) (core/elementwise.h skip_step_adamw): the scalars of */            \
+  /* core/skip_step.h skip_step_scalars carry the group's lr, decay and the step factor (0: a skipped step). */     \
+  PRE void skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,         \
+                           int64_t n) POST;
 
 class Executor {
  public:

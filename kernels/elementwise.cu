@@ -27,6 +27,7 @@ void launch(const Op& op, int64_t n, const char* name) {
 void run_device(const SwigluForwardOp& op, int64_t n) { launch(op, n, "swiglu_forward"); }
 void run_device(const SwigluBackwardOp& op, int64_t n) { launch(op, n, "swiglu_backward"); }
 void run_device(const AdamWOp& op, int64_t n) { launch(op, n, "adamw"); }
+void run_device(const SkipStepAdamWOp& op, int64_t n) { launch(op, n, "skip_step_adamw"); }
 void run_device(const RoundBf16Op& op, int64_t n) { launch(op, n, "round_bf16"); }
 void run_device(const AddOp& op, int64_t n) { launch(op, n, "add"); }
 void run_device(const ScaleOp& op, int64_t n) { launch(op, n, "scale"); }

@@ -1,5 +1,5 @@
 // kernels/elementwise.h — the exact-mode elementwise kernels, one source for the device and the host:
-// SwiGLU (fp32 and the bf16 recipe), AdamW on one tensor, bf16 rounding, residual add, the instance tree's add,
+// SwiGLU (fp32 and the bf16 recipe), AdamW and SkipStepAdamW on one tensor, bf16 rounding, residual add, the instance tree's add,
 // gradient scaling (clipping), embedding forward/backward and RoPE (docs/canonical/norm-rope-swiglu.md,
 // step.md, bf16.md).
 //
@@ -40,6 +40,12 @@ struct AdamWOp {
   const float* grad;
   float *p, *m, *v;
   OLMOREF_HD void operator()(int64_t i) const { elem::adamw(s, decay, grad[i], p[i], m[i], v[i]); }
+};
+struct SkipStepAdamWOp {
+  elem::SkipStepScalars s;
+  const float* grad;
+  float *p, *m, *v;
+  OLMOREF_HD void operator()(int64_t i) const { elem::skip_step_adamw(s, grad[i], p[i], m[i], v[i]); }
 };
 struct RoundBf16Op {
   const float* in;
@@ -96,6 +102,7 @@ void run_host(const Op& op, int64_t n) {
 void run_device(const SwigluForwardOp& op, int64_t n);
 void run_device(const SwigluBackwardOp& op, int64_t n);
 void run_device(const AdamWOp& op, int64_t n);
+void run_device(const SkipStepAdamWOp& op, int64_t n);
 void run_device(const RoundBf16Op& op, int64_t n);
 void run_device(const AddOp& op, int64_t n);
 void run_device(const ScaleOp& op, int64_t n);

@@ -233,6 +233,10 @@ void KernelExecutor::adamw(const elem::AdamWScalars& s, float decay, const float
                            int64_t n) {
   elements(AdamWOp{s, decay, grad, p, m, v}, n);
 }
+void KernelExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                     int64_t n) {
+  elements(SkipStepAdamWOp{s, grad, p, m, v}, n);
+}
 
 // ---- attention ----
 namespace {

@@ -172,5 +172,9 @@ void ProfiledExecutor::adamw(const elem::AdamWScalars& s, float decay, const flo
                              int64_t n) {
   timed("adamw", 0, [&](Executor& e) { e.adamw(s, decay, grad, p, m, v, n); });
 }
+void ProfiledExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                       int64_t n) {
+  timed("skip_step_adamw", 0, [&](Executor& e) { e.skip_step_adamw(s, grad, p, m, v, n); });
+}
 
 }  // namespace olmoref

@@ -9,6 +9,7 @@
 #include "ref/gemm.h"
 #include "ref/ops.h"
 #include "core/optim.h"
+#include "core/skip_step.h"
 #include "core/parallel.h"
 
 namespace olmoref {
@@ -145,6 +146,10 @@ int64_t CpuExecutor::count_zeros(const float* x, int64_t n) { return olmoref::co
 void CpuExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                         int64_t n) {
   adamw_elements(s, decay, grad, p, m, v, n, pool_);
+}
+void CpuExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                  int64_t n) {
+  skip_step_elements(s, grad, p, m, v, n, pool_);
 }
 
 }  // namespace olmoref

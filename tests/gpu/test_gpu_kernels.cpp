@@ -22,6 +22,7 @@
 #include "core/mathfn.h"
 #include "ref/ops.h"
 #include "core/optim.h"
+#include "core/skip_step.h"
 #include "model/gradient_tree.h"
 #include "core/params.h"
 #include "tests/kernels/attention_cases.h"
@@ -163,7 +164,7 @@ int check_gemm_swiglu() {
   return failed;
 }
 
-// SwiGLU (fp32 and bf16), AdamW over a real parameter layout, bf16 rounding, the tree add and clipping scale,
+// SwiGLU (fp32 and bf16), AdamW over a real parameter layout, SkipStepAdamW, bf16 rounding, the tree add and clipping scale,
 // against the CPU loops that call the same element functions.
 int check_elementwise() {
   const int64_t n = 100003;
@@ -217,6 +218,21 @@ int check_elementwise() {
     cudaDeviceSynchronize();
     report("adamw", bits_equal(from_device(dP, L.total), p) && bits_equal(from_device(dM, L.total), m) &&
                         bits_equal(from_device(dV, L.total), v));
+    for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
+  }
+  for (const float sf : {1.0f, 0.0f}) {  // SkipStepAdamW, a stepping and a skipped step, specials in the gradient
+    AdamWConfig oc;
+    oc.lr = 3e-3, oc.weight_decay = 0.1;
+    std::vector<float> p(n), m(n), v(n), gr(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = u(rng), m[i] = 1e-3f * u(rng), v[i] = 1e-6f * std::fabs(u(rng)), gr[i] = 1e-2f * u(rng);
+    gr[0] = -0.0f, gr[1] = std::numeric_limits<float>::quiet_NaN(), gr[2] = std::numeric_limits<float>::infinity();
+    float *dP = to_device(p), *dM = to_device(m), *dV = to_device(v), *dGR = to_device(gr);
+    const elem::SkipStepScalars sc = skip_step_scalars(oc, 2.5e-3, oc.weight_decay, 6.0f, sf);
+    skip_step_elements(sc, gr.data(), p.data(), m.data(), v.data(), n, nullptr);
+    kernels::run_device(kernels::SkipStepAdamWOp{sc, dGR, dP, dM, dV}, n);
+    cudaDeviceSynchronize();
+    report(sf == 1.0f ? "skip_step_adamw (step)" : "skip_step_adamw (skipped)",
+           bits_equal(from_device(dP, n), p) && bits_equal(from_device(dM, n), m) && bits_equal(from_device(dV, n), v));
     for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
   }
   {  // bf16 rounding (with specials), the tree add, the clipping scale
