@@ -34,5 +34,10 @@ void run_device(const ScaleOp& op, int64_t n) { launch(op, n, "scale"); }
 void run_device(const EmbeddingForwardOp& op, int64_t n) { launch(op, n, "embedding_forward"); }
 void run_device(const EmbeddingBackwardOp& op, int64_t n) { launch(op, n, "embedding_backward"); }
 void run_device(const RopeOp& op, int64_t n) { launch(op, n, "rope"); }
+void run_device(const MoEDispatchOp& op, int64_t n) { launch(op, n, "moe_dispatch"); }
+void run_device(const MoECombineOp& op, int64_t n) { launch(op, n, "moe_combine"); }
+void run_device(const MoEScatterAddOp& op, int64_t n) { launch(op, n, "moe_scatter_add"); }
+void run_device(const MoESharedCombineOp& op, int64_t n) { launch(op, n, "moe_shared_combine"); }
+void run_device(const MoESharedCombineBackwardOp& op, int64_t n) { launch(op, n, "moe_shared_combine_backward"); }
 
 }  // namespace olmoref::kernels

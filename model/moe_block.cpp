@@ -3,7 +3,8 @@
 // in each row's rank order, the optional shared expert, the auxiliary losses and the router's backward.
 //
 // Shapes: R = n_inst·T rows, d the model width, E experts, k choices per row, S = R·k dispatched slots, h an expert's
-// hidden width, Fs the shared expert's. The routing, dispatch and combine run on the host (ref/moe.h) over host
+// hidden width, Fs the shared expert's. The dispatch, combine, input-gradient gather and shared-expert mix are executor
+// ops; the routing, the combine's backward and the router's backward still run on the host (ref/moe.h) over host
 // copies of the executor's tensors (mirror_, empty on host-memory executors).
 #include <stdexcept>
 
@@ -95,6 +96,20 @@ void Olmo3::experts_backward(const float* params, const BlockOffsets& o, const E
   }
 }
 
+void Olmo3::place_routing(LayerActs& A) {
+  if (ex_->host_memory()) {
+    A.dispatch = moe::dispatch_of(A.plan);
+    A.route_weight = A.weight.data();
+    return;
+  }
+  const int64_t S = A.plan.R * A.plan.k;
+  A.plan_row_of.upload(A.plan.row_of.data(), S);
+  A.plan_position.upload(A.plan.position.data(), S);
+  A.weight_copy.upload(A.weight.data(), S);
+  A.dispatch = {A.plan.R, A.plan.k, A.plan_row_of.data(), A.plan_position.data()};
+  A.route_weight = A.weight_copy.data();
+}
+
 void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst) {
   Executor& e = *ex_;
   const MoEConfig& m = cfg_.moe;
@@ -111,6 +126,7 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   moe::route(logits, R, E, k, A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), pool_,
              m.normalize_expert_weights);
   A.plan = moe::make_plan(A.top.data(), R, k, E);
+  place_routing(A);
   if (expert_load_.size() != static_cast<size_t>(cfg_.n_layers * E))
     expert_load_.assign(static_cast<size_t>(cfg_.n_layers * E), 0);
   for (int64_t x = 0; x < E; ++x) expert_load_[static_cast<size_t>(layer * E + x)] += A.plan.count(x);
@@ -132,12 +148,10 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
     mi.routing = moe::routing_digest(A.top.data() + r0 * k, T_, k, mi.routing ^ static_cast<uint64_t>(layer));
   }
 
-  // xg [S, d] = h's rows in (expert, row) order; then each expert's SwiGLU over its contiguous rows.
-  const float* h_rows = host_read(A.h.data(), R * d, mirror_.h);
-  float* xg = host_target(A.xg.data(), S * d, mirror_.xg);
-  moe::gather(h_rows, A.plan, d, xg, pool_);
-  host_write(A.xg.data(), xg, S * d);
+  // xg [S, d] = h [R, d]'s rows in (expert, row) order; then each expert's SwiGLU over its contiguous rows.
+  e.moe_dispatch(A.dispatch, A.h.data(), A.xg.data(), d);
   if (ep_now_) {  // the experts run on their owners; ey [S, d] and ea [S, h] come back in plan order
+    const float* xg = host_read(A.xg.data(), S * d, mirror_.xg);
     float* ey = host_target(A.ey.data(), S * d, mirror_.ey);
     float* ea = host_target(A.ea.data(), S * h, mirror_.ea);
     ep_forward(params, o, layer, &A.plan, xg, ey, ea);
@@ -149,22 +163,21 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   }
   // f [R, d] = Σ_j weight[r, j] · ey[position(r, j)], each row's k choices in rank order; with a shared expert,
   // mixed with it as OLMo-core does.
-  const float* ey = host_read(A.ey.data(), S * d, mirror_.ey);
-  float* f = host_target(A.f.data(), R * d, mirror_.f);
-  if (debug_unordered_combine_)
-    moe::combine_unordered_for_test(ey, A.weight.data(), A.plan, d, f);
-  else
-    moe::combine(ey, A.weight.data(), A.plan, d, f, pool_);
+  if (debug_unordered_combine_) {
+    float* f = host_target(A.f.data(), R * d, mirror_.f);
+    moe::combine_unordered_for_test(host_read(A.ey.data(), S * d, mirror_.ey), A.weight.data(), A.plan, d, f);
+    host_write(A.f.data(), f, R * d);
+  } else {
+    e.moe_combine(A.dispatch, A.ey.data(), A.route_weight, A.f.data(), d);
+  }
   if (Fs > 0) {
     // sg [R, Fs] = h · Ws1ᵀ; su [R, Fs] = h · Ws3ᵀ with sa = SwiGLU(sg, su); sy [R, d] = sa · Ws2ᵀ
     e.matmul_forward(A.h.data(), params + o.shared_w1, A.sg.data(), R, Fs, d);
     e.matmul_forward_swiglu(A.h.data(), params + o.shared_w3, A.sg.data(), A.su.data(), A.sa.data(), R, Fs, d, false);
     e.matmul_forward(A.sa.data(), params + o.shared_w2, A.sy.data(), R, d, Fs);
     // f [R, d] = sy / (k+1) + f · fl(k/(k+1))
-    const float* sy = host_read(A.sy.data(), R * d, mirror_.sy);
-    moe::shared_combine(sy, f, k, f, R * d, pool_);
+    e.moe_shared_combine(A.sy.data(), A.f.data(), k, A.f.data(), R * d);
   }
-  host_write(A.f.data(), f, R * d);
 }
 
 void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst,
@@ -175,16 +188,11 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   const int64_t S = R * k, T = T_;
   const moe::Plan& plan = A.plan;
   float* dx = bw_.dx.data();
-  // ∂f [R, d] splits into the shared expert's ∂sy [R, d] and the routed part ∂routed [R, d] (host).
-  const float* df = host_read(bw_.df.data(), R * d, mirror_.df);
-  std::vector<float> drouted_store;
-  const float* drouted = df;
+  // ∂f [R, d] splits into the shared expert's ∂sy [R, d] and the routed part ∂routed [R, d] (∂f itself without one).
+  const float* drouted = bw_.df.data();
   if (Fs > 0) {
-    drouted_store.resize(static_cast<size_t>(R * d));
-    float* dsy = host_target(bw_.dsy.data(), R * d, mirror_.dsy);
-    moe::shared_combine_backward(df, k, dsy, drouted_store.data(), R * d, pool_);
-    host_write(bw_.dsy.data(), dsy, R * d);
-    drouted = drouted_store.data();
+    e.moe_shared_combine_backward(bw_.df.data(), k, bw_.dsy.data(), bw_.drouted.data(), R * d);
+    drouted = bw_.drouted.data();
     // ∂Ws2_b [d, Fs] = ∂sy_bᵀ · sa_b
     instance_weight_grads(grads, n_inst, o.shared_w2, bw_.dsy.data(), A.sa.data(), d, Fs);
     // ∂sa [R, Fs] = ∂sy · Ws2, then the SwiGLU backward into ∂sg, ∂su [R, Fs]
@@ -238,15 +246,14 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
     e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, false);
   });
   // ∂h [R, d] += the dispatched rows' input gradients ∂xg [S, d], each row's k choices in rank order.
-  {
+  if (debug_unordered_combine_) {
     const float* dxg = host_read(bw_.dxg.data(), S * d, mirror_.dxg);
     float* dh = host_target(dx, R * d, mirror_.dh);
     if (!e.host_memory()) e.to_host(dh, dx, static_cast<size_t>(R * d) * sizeof(float));
-    if (debug_unordered_combine_)
-      moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
-    else
-      moe::scatter_add(dxg, plan, d, dh, pool_);
+    moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
     host_write(dx, dh, R * d);
+  } else {
+    e.moe_scatter_add(A.dispatch, bw_.dxg.data(), dx, d);
   }
   moe_router_backward(A, dweight.data(), n_inst, global_n_targets);
   // ∂Wr_b [E, d] = ∂logits_bᵀ · h_b; ∂h [R, d] += ∂logits [R, E] · Wr [E, d]
@@ -258,8 +265,9 @@ const float* Olmo3::moe_combine_backward(LayerActs& A, const float* drouted, flo
   const int64_t S = n_inst * T_ * cfg_.moe.top_k, d = cfg_.d_model;
   // dy [S, d] at position(r, j) = weight[r, j] · ∂routed[r]; dweight [R, k] = dot32(∂routed[r], ey[position(r, j)])
   const float* ey = host_read(A.ey.data(), S * d, mirror_.ey);
+  const float* dr = host_read(drouted, n_inst * T_ * d, mirror_.drouted);
   float* dy = host_target(bw_.dy.data(), S * d, mirror_.dy);
-  moe::combine_backward(drouted, ey, A.weight.data(), A.plan, d, dy, dweight, pool_);
+  moe::combine_backward(dr, ey, A.weight.data(), A.plan, d, dy, dweight, pool_);
   host_write(bw_.dy.data(), dy, S * d);
   return dy;
 }

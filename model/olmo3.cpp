@@ -117,13 +117,19 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
       a.u.reset(e, R * F, "activation u (up)" + at);
       a.a.reset(e, R * F, "activation a (SwiGLU)" + at);
     } else {
-      const int64_t E = cfg_.moe.n_experts, S = R * cfg_.moe.top_k, h = cfg_.moe.hidden, Fs = cfg_.moe.shared_hidden;
+      const int64_t E = cfg_.moe.n_experts, k = cfg_.moe.top_k, S = R * k, h = cfg_.moe.hidden;
+      const int64_t Fs = cfg_.moe.shared_hidden;
       a.router_logits.reset(e, R * E, "router logits" + at);
       a.xg.reset(e, S * d, "dispatched expert inputs" + at);
       a.eg.reset(e, S * h, "expert gate" + at);
       a.eu.reset(e, S * h, "expert up" + at);
       a.ea.reset(e, S * h, "expert SwiGLU" + at);
       a.ey.reset(e, S * d, "expert outputs" + at);
+      if (!e.host_memory()) {
+        a.plan_row_of.reset(e, S, "dispatch plan rows" + at);
+        a.plan_position.reset(e, S, "dispatch plan positions" + at);
+        a.weight_copy.reset(e, R * k, "expert weights" + at);
+      }
       if (Fs > 0) {
         a.sg.reset(e, R * Fs, "shared expert gate" + at);
         a.su.reset(e, R * Fs, "shared expert up" + at);
@@ -150,7 +156,8 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
     // g, u, a [R, Fs] and output [R, d]; backward: ∂logits, ∂y, ∂xg, ∂a, ∂g, ∂u and the shared expert's.
     const int64_t E = cfg.moe.n_experts, S = R * cfg.moe.top_k, h = cfg.moe.hidden, Fs = cfg.moe.shared_hidden;
     ffn = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 3 * R * Fs + R * d : 0);
-    ffn_bw = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? R * d + 2 * R * Fs : 0);
+    ffn_bw = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 2 * R * d + 2 * R * Fs : 0);
+    if (kernel_scratch) ffn += 5 * S;  // the plan's two int64 arrays and the weights [S] on a device executor
   }
   const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;
   int64_t floats = cfg.n_layers * per_layer + R * (2 * d + 1) + R * V + T * cfg.head_dim;  // + x_final, hn, logits
@@ -347,6 +354,7 @@ void Olmo3::allocate_backward_buffers() {
       bw_.dsy.reset(e, Rm * d, "gradient of the shared expert output");
       bw_.dsg.reset(e, Rm * Fs, "gradient of the shared expert gate");
       bw_.dsu.reset(e, Rm * Fs, "gradient of the shared expert up");
+      bw_.drouted.reset(e, Rm * d, "gradient of the routed experts' combined output");
     }
   }
 }

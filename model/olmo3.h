@@ -46,6 +46,12 @@ struct LayerActs {
   std::vector<float> scores, lse, weight;
   std::vector<int32_t> top;
   moe::Plan plan;
+  // The plan and the expert weights where the executor's MoE ops read them: on a host-memory executor the host
+  // vectors above; else these copies, row_of and position [S] and weight [R, k].
+  MoEDispatch dispatch;
+  const float* route_weight = nullptr;
+  Buffer<int64_t> plan_row_of, plan_position;
+  Buffer<float> weight_copy;
 };
 
 // Gradient temporaries of backward (allocated at the first backward), one buffer per tensor.
@@ -58,23 +64,22 @@ struct BackwardBuffers {
   Buffer<float> dk, dk_raw;   // [R, kd]  ∂k (likewise), ∂k_raw
   Buffer<float> dv;           // [R, kd]
   Buffer<float> dg, du;       // [R, F] (dg first holds ∂a, the SwiGLU output's gradient: inside the fused op)
-  // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs].
-  Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu;
+  // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs]
+  // and the routed part's ∂ [R, d] (with a shared expert; without one it is ∂f itself).
+  Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu, drouted;
 };
 
-// Host copies of executor tensors for the MoE work that runs on the host (routing, dispatch, combine): on a
-// host-memory executor they stay empty (the host reads the tensors themselves). One vector per tensor.
+// Host copies of executor tensors for the MoE work that still runs on the host (routing, the combine's backward,
+// the router's backward, the expert-parallel exchange, the test-only unordered sums): on a host-memory executor
+// they stay empty (the host reads the tensors themselves). One vector per tensor.
 struct MoEHostMirrors {
   std::vector<float> router_logits;  // [R, E]
-  std::vector<float> h;              // [R, d]   the MoE input
   std::vector<float> xg, ey, ea;     // [S, d], [S, d], [S, h]
-  std::vector<float> sy;             // [R, d]   the shared expert's output
-  std::vector<float> f;              // [R, d]   the combined output
-  std::vector<float> df;             // [R, d]   ∂f
-  std::vector<float> dsy;            // [R, d]   the shared expert's ∂y
+  std::vector<float> f;              // [R, d]   the combined output (unordered negative control)
+  std::vector<float> drouted;        // [R, d]   the routed part's ∂
   std::vector<float> dy;             // [S, d]
   std::vector<float> dxg, deg, deu;  // [S, d], [S, h], [S, h]
-  std::vector<float> dh;             // [R, d]   ∂h, into which the dispatched rows' gradients gather
+  std::vector<float> dh;             // [R, d]   ∂h (unordered negative control)
   std::vector<float> dlogits;        // [R, E]
 };
 
@@ -199,6 +204,9 @@ class Olmo3 {
   void round_act(float* x, int64_t n) const;
   AttentionShape attention_shape(int64_t layer, int64_t n_instances) const;
   void allocate_backward_buffers();
+  // Points A.dispatch and A.route_weight at the plan and the expert weights in executor memory (copies them there
+  // on a device executor: index work and the host-computed weights [R, k]).
+  void place_routing(LayerActs& A);
 
   // One block's sublayers over R = n_instances·T rows. Forward (model/dense_block.cpp, model/moe_block.cpp): the
   // attention sublayer A.x -> A.h, the feed-forward A.h -> A.f (the block's residual is the walk's, olmo3.cpp).
@@ -226,8 +234,8 @@ class Olmo3 {
                   float* ey, float* ea);
   void ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* dy,
                    float* dxg, float* deg, float* deu);
-  // The experts' forward and input-gradient products over expert-major rows (expert x's rows at row_begin[x]), on
-  // whichever rank runs them: the local loop and the EP owner call the same code, so every row gets the same ops.
+  // The experts' forward and input-gradient products over expert-major rows (ExpertRows), on whichever rank runs
+  // them: the local loop and the EP owner call the same code, so every row gets the same ops.
   // Forward: g, u, a [n, h] and y [n, d] from X [n, d]. Backward: ∂a, ∂g, ∂u [n, h] and ∂X [n, d] from ∂y [n, d].
   void experts_forward(const float* params, const BlockOffsets& o, const ExpertRows& rows, const float* X, float* g,
                        float* u, float* a, float* y);

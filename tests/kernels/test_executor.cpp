@@ -15,7 +15,9 @@
 #include "kernels/executor.h"
 #include "model/executors.h"
 #include "ref/cpu_executor.h"
+#include "ref/moe.h"
 #include "tests/kernels/model_cases.h"
+#include "tests/kernels/moe_cases.h"
 
 using namespace olmoref;
 
@@ -74,6 +76,39 @@ TEST_CASE("executor cuda-host: adamw and skip_step_adamw equal the CPU executor'
       CHECK(same_bits([&](Executor& ex, float* pe, float* me, float* ve) { ex.skip_step_adamw(ss, g.data(), pe, me, ve, n); }));
     }
   }
+}
+
+// The mixture of experts' dispatch, combine, input-gradient gather and shared-expert mix (tests/kernels/moe_cases.h),
+// the mix written over its routed input as the model does.
+TEST_CASE("executor cuda-host: the MoE ops equal the CPU executor's bit for bit") {
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  int cases = 0;
+  for (const testing::MoECase& c : testing::moe_cases()) {
+    CAPTURE(c.E);
+    CAPTURE(c.k);
+    CAPTURE(c.R);
+    CAPTURE(c.d);
+    const MoEDispatch view = moe::dispatch_of(c.plan);
+    const int64_t R = c.R, d = c.d, k = c.k;
+    auto run = [&](Executor& ex) {
+      std::vector<float> xg(c.y.size()), out(c.x.size()), dx = c.dx0, dshared(c.x.size()), drouted(c.x.size());
+      ex.moe_dispatch(view, c.x.data(), xg.data(), d);
+      ex.moe_combine(view, c.y.data(), c.weight.data(), out.data(), d);
+      ex.moe_scatter_add(view, c.dxg.data(), dx.data(), d);
+      ex.moe_shared_combine(c.shared.data(), out.data(), k, out.data(), R * d);
+      ex.moe_shared_combine_backward(c.shared.data(), k, dshared.data(), drouted.data(), R * d);
+      return std::vector<std::vector<float>>{xg, out, dx, dshared, drouted};
+    };
+    const auto want = run(cpu), got = run(host);
+    for (size_t t = 0; t < want.size(); ++t) {
+      CAPTURE(t);
+      CHECK(std::memcmp(want[t].data(), got[t].data(), want[t].size() * sizeof(float)) == 0);
+    }
+    ++cases;
+  }
+  CHECK(cases == 32);
 }
 
 TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradients") {
