@@ -84,6 +84,18 @@ struct RopeView {
   /* host_tokens: the same R tokens in host memory (the fixed position order is made from them on the host). */      \
   PRE void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,     \
                               int64_t d) POST;                                                                       \
+  /* ---- mixture of experts (docs/canonical/moe.md; ref/moe.h) ---- */                                             \
+  /* xg [S, d]: position p holds x [R, d]'s row row_of[p] (data movement). */                                      \
+  PRE void moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) POST;                          \
+  /* out [R, d]: row r = Σ_j weight [R, k][r, j] · y [S, d][position(r, j)], one fma chain over j from 0. */        \
+  PRE void moe_combine(const MoEDispatch& plan, const float* y, const float* weight, float* out, int64_t d) POST;    \
+  /* dx [R, d] row r = ((dx[r] + dxg [S, d][position(r, 0)]) + dxg[position(r, 1)]) + ..., j in order. */         \
+  PRE void moe_scatter_add(const MoEDispatch& plan, const float* dxg, float* dx, int64_t d) POST;                    \
+  /* out [n] = shared / (k+1) + routed · fl32(k/(k+1)), each op rounded; out may be routed. Its backward: */       \
+  /* dshared = dout / (k+1), drouted = dout · fl32(k/(k+1)). */                                                    \
+  PRE void moe_shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n) POST;      \
+  PRE void moe_shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n)     \
+      POST;                                                                                                          \
   /* ---- loss (docs/canonical/loss.md) ---- */                                                                      \
   /* logits [B·T, V] of B instances become ∂loss/∂logits; per_instance (host) [B] receives each instance's fp64 */   \
   /* totals, which are the leaves of the loss tree. */                                                               \
@@ -103,7 +115,11 @@ struct RopeView {
   PRE int64_t count_zeros(const float* x, int64_t n) POST;                                                           \
   /* AdamW on one tensor's elements [0, n) (core/elementwise.h adamw); decay is 1 for tensors without decay. */       \
   PRE void adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,          \
-                 int64_t n) POST;                                                                                   
+                 int64_t n) POST;                                                                                   \
+  /* SkipStepAdamW on one group's elements [0, n) (core/elementwise.h skip_step_adamw): the scalars of */            \
+  /* core/skip_step.h skip_step_scalars carry the group's lr, decay and the step factor (0: a skipped step). */     \
+  PRE void skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,         \
+                           int64_t n) POST;
 
 class Executor {
  public:

@@ -19,6 +19,17 @@ struct AttentionShape {
   Precision precision = Precision::fp32;
 };
 
+// A mixture-of-experts dispatch plan (core/moe_plan.h Plan) as the MoE ops read it, in executor memory: R token
+// rows, k choices each, S = R·k slots in (expert, row) order (docs/canonical/moe.md).
+struct MoEDispatch {
+  int64_t R = 0, k = 0;
+  const int64_t* row_of = nullptr;    // [S]: the token row of position p
+  const int64_t* position = nullptr;  // [S]: the position of slot r·k + j
+};
+
+// The routed part's share in OLMo-core's shared-expert mix, fl32(k/(k+1)) (the division in fp64).
+inline float moe_routed_share(int64_t k) { return static_cast<float>(static_cast<double>(k) / static_cast<double>(k + 1)); }
+
 // The loss totals of one instance (or micro-batch), fp64, before the division by the step's target count.
 struct LossSums {
   double ce = 0.0, z = 0.0;

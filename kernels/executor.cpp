@@ -233,6 +233,26 @@ void KernelExecutor::adamw(const elem::AdamWScalars& s, float decay, const float
                            int64_t n) {
   elements(AdamWOp{s, decay, grad, p, m, v}, n);
 }
+void KernelExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
+  elements(MoEDispatchOp{plan, x, xg, d}, plan.R * plan.k * d);
+}
+void KernelExecutor::moe_combine(const MoEDispatch& plan, const float* y, const float* weight, float* out, int64_t d) {
+  elements(MoECombineOp{plan, y, weight, out, d}, plan.R * d);
+}
+void KernelExecutor::moe_scatter_add(const MoEDispatch& plan, const float* dxg, float* dx, int64_t d) {
+  elements(MoEScatterAddOp{plan, dxg, dx, d}, plan.R * d);
+}
+void KernelExecutor::moe_shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n) {
+  elements(MoESharedCombineOp{shared, routed, out, static_cast<float>(k + 1), moe_routed_share(k)}, n);
+}
+void KernelExecutor::moe_shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted,
+                                                 int64_t n) {
+  elements(MoESharedCombineBackwardOp{dout, dshared, drouted, static_cast<float>(k + 1), moe_routed_share(k)}, n);
+}
+void KernelExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                     int64_t n) {
+  elements(SkipStepAdamWOp{s, grad, p, m, v}, n);
+}
 
 // ---- attention ----
 namespace {

@@ -46,16 +46,47 @@ struct LayerActs {
   std::vector<float> scores, lse, weight;
   std::vector<int32_t> top;
   moe::Plan plan;
+  // The plan and the expert weights where the executor's MoE ops read them: on a host-memory executor the host
+  // vectors above; else these copies, row_of and position [S] and weight [R, k].
+  MoEDispatch dispatch;
+  const float* route_weight = nullptr;
+  Buffer<int64_t> plan_row_of, plan_position;
+  Buffer<float> weight_copy;
 };
 
-// Gradient temporaries of backward (allocated at the first backward).
+// Gradient temporaries of backward (allocated at the first backward), one buffer per tensor.
 struct BackwardBuffers {
-  Buffer<float> dx, dtmp;     // [R, d]
-  Buffer<float> dqd, dq;      // [R, qd]
-  Buffer<float> dkd, dk, dv;  // [R, kd]
-  Buffer<float> dg, du;       // [R, F] (dg first holds ∂a, the SwiGLU output's gradient)
-  // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs].
-  Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu;
+  Buffer<float> dx;           // [R, d]   ∂(block output), then ∂h, then ∂(block input): one chain, one tensor
+  Buffer<float> dhn;          // [R, d]   ∂hn, the final norm's output
+  Buffer<float> df, dao;      // [R, d]   ∂f (before feed_forward_norm), ∂ao (before attention_norm)
+  Buffer<float> datt;         // [R, qd]  ∂att, the attention output's gradient
+  Buffer<float> dq, dq_raw;   // [R, qd]  ∂q (rotated back in place by the RoPE backward), ∂q_raw
+  Buffer<float> dk, dk_raw;   // [R, kd]  ∂k (likewise), ∂k_raw
+  Buffer<float> dv;           // [R, kd]
+  Buffer<float> dg, du;       // [R, F] (dg first holds ∂a, the SwiGLU output's gradient: inside the fused op)
+  // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs]
+  // and the routed part's ∂ [R, d] (with a shared expert; without one it is ∂f itself).
+  Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu, drouted;
+};
+
+// Host copies of executor tensors for the MoE work that still runs on the host (routing, the combine's backward,
+// the router's backward, the expert-parallel exchange, the test-only unordered sums): on a host-memory executor
+// they stay empty (the host reads the tensors themselves). One vector per tensor.
+struct MoEHostMirrors {
+  std::vector<float> router_logits;  // [R, E]
+  std::vector<float> xg, ey, ea;     // [S, d], [S, d], [S, h]
+  std::vector<float> f;              // [R, d]   the combined output (unordered negative control)
+  std::vector<float> drouted;        // [R, d]   the routed part's ∂
+  std::vector<float> dy;             // [S, d]
+  std::vector<float> dxg, deg, deu;  // [S, d], [S, h], [S, h]
+  std::vector<float> dh;             // [R, d]   ∂h (unordered negative control)
+  std::vector<float> dlogits;        // [R, E]
+};
+
+// Expert-major rows of a run of experts [first, last): expert first + i's rows are [begin[i], begin[i] + count[i]).
+struct ExpertRows {
+  int64_t first = 0, last = 0;
+  std::vector<int64_t> count, begin;  // [last − first]
 };
 
 // What a MoE model's forward records per instance: its auxiliary-loss sums (fp64, weighted, summed over layers
@@ -171,23 +202,59 @@ class Olmo3 {
   void drop_unit(int unit);
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
   void round_act(float* x, int64_t n) const;
-  // The MoE feed-forward of layer l: A.f [R, d] from A.h [R, d]; and its backward from ∂f (dtmp), adding ∂h to dx.
-  void moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst);
-  void moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst, int64_t global_n_targets,
-                    GradientLeaves& grads, const float* dtmp, float* dx);
-  // Expert parallelism, layer `layer`: this rank's slots (plan, host rows in plan order; all nullptr in an idle
-  // pass) go to their experts' owners; the owned experts run on what arrives; the results come back to the slots.
-  // Forward sends xg [S, d] and receives ey [S, d], ea [S, h]; backward sends dy [S, d] and receives dxg [S, d],
-  // deg, deu [S, h] (the weight-gradient leaves stay with the instances, docs/canonical/moe.md).
+  AttentionShape attention_shape(int64_t layer, int64_t n_instances) const;
+  void allocate_backward_buffers();
+  // Points A.dispatch and A.route_weight at the plan and the expert weights in executor memory (copies them there
+  // on a device executor: index work and the host-computed weights [R, k]).
+  void place_routing(LayerActs& A);
+
+  // One block's sublayers over R = n_instances·T rows. Forward (model/dense_block.cpp, model/moe_block.cpp): the
+  // attention sublayer A.x -> A.h, the feed-forward A.h -> A.f (the block's residual is the walk's, olmo3.cpp).
+  void attention_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_instances);
+  void dense_ffn_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_instances);
+  void moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_instances);
+  // Backward, each from its output's gradient: the feed-forward's from ∂f (bw_.df), adding ∂h into bw_.dx; the
+  // attention sublayer's from ∂h (bw_.dx), leaving ∂x there. Leaves go to `grads` instance by instance.
+  void dense_ffn_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_instances,
+                          GradientLeaves& grads);
+  void moe_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_instances,
+                    int64_t global_n_targets, GradientLeaves& grads);
+  void attention_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_instances,
+                          GradientLeaves& grads);
+  // The MoE backward's host steps (model/moe_block.cpp): the combine backward into ∂y [S, d] (returns its host
+  // copy) and ∂weight [R, k] (host), and the router backward into ∂logits [R, E].
+  const float* moe_combine_backward(LayerActs& A, const float* drouted, float* dweight, int64_t n_instances);
+  void moe_router_backward(LayerActs& A, const float* dweight, int64_t n_instances, int64_t global_n_targets);
+
+  // Expert parallelism, layer `layer` (model/ep_exchange.cpp): this rank's slots (plan, host rows in plan order;
+  // all nullptr in an idle pass) go to their experts' owners; the owned experts run on what arrives; the results
+  // come back to the slots. Forward sends xg [S, d] and receives ey [S, d], ea [S, h]; backward sends dy [S, d] and
+  // receives dxg [S, d], deg, deu [S, h] (the weight-gradient leaves stay with the instances, docs/canonical/moe.md).
   void ep_forward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* xg,
                   float* ey, float* ea);
   void ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* dy,
                    float* dxg, float* deg, float* deu);
-  // Per-instance weight-gradient leaves of one linear layer (forward_backward and moe_backward).
+  // The experts' forward and input-gradient products over expert-major rows (ExpertRows), on whichever rank runs
+  // them: the local loop and the EP owner call the same code, so every row gets the same ops.
+  // Forward: g, u, a [n, h] and y [n, d] from X [n, d]. Backward: ∂a, ∂g, ∂u [n, h] and ∂X [n, d] from ∂y [n, d].
+  void experts_forward(const float* params, const BlockOffsets& o, const ExpertRows& rows, const float* X, float* g,
+                       float* u, float* a, float* y);
+  void experts_backward(const float* params, const BlockOffsets& o, const ExpertRows& rows, const float* dy,
+                        const float* g, const float* u, float* da, float* dg, float* du, float* dX);
+
+  // Per-instance gradient leaves (forward_backward and the blocks): of one linear layer, dW_b [N, K] from dY [R, N],
+  // X [R, K]; of an RMSNorm, dx [R, n] and the weight's leaf; of QK-norm + RoPE over n_heads heads, likewise after
+  // rotating dy [R, n_heads·hd] back in place.
   void instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* dY, const float* X,
                              int64_t N, int64_t K);
-  // Host access to executor memory: the pointer itself on host-memory executors, else a copy in `scratch`.
-  const float* host_read(const float* src, int64_t n, std::vector<float>& scratch) const;
+  void instance_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x, const float* w,
+                           const float* inv_rms, const float* dy, float* dx, int64_t n);
+  void instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x, const float* w,
+                                const float* inv_rms, float* dy, float* dx, int64_t n_heads);
+  // Host access to executor memory: the pointer itself on host-memory executors, else a copy in `mirror`.
+  const float* host_read(const float* src, int64_t n, std::vector<float>& mirror) const;
+  // Where the host writes a tensor bound for `dst`: dst itself on host-memory executors, else `mirror` resized.
+  float* host_target(float* dst, int64_t n, std::vector<float>& mirror) const;
   // Writes host data back (nothing to do when `host` is the executor memory itself).
   void host_write(float* dst, const float* host, int64_t n) const;
   double moe_lb_coef() const;
@@ -224,7 +291,7 @@ class Olmo3 {
   std::vector<OwnedExperts> owned_;           // [n_layers]
   Buffer<float> ep_x_, ep_y_, ep_a_, ep_g_, ep_u_;  // the owner's scratch, grown as needed
   ThreadPool* pool_ = nullptr;         // this call's threads, for the host-side routing work
-  std::vector<float> hs_a_, hs_b_, hs_c_, hs_d_;  // host scratch of the routing on non-host executors
+  MoEHostMirrors mirror_;              // the host side of the routing on non-host executors
 };
 
 }  // namespace olmoref

@@ -172,5 +172,25 @@ void ProfiledExecutor::adamw(const elem::AdamWScalars& s, float decay, const flo
                              int64_t n) {
   timed("adamw", 0, [&](Executor& e) { e.adamw(s, decay, grad, p, m, v, n); });
 }
+void ProfiledExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
+  timed("moe_dispatch", 0, [&](Executor& e) { e.moe_dispatch(plan, x, xg, d); });
+}
+void ProfiledExecutor::moe_combine(const MoEDispatch& plan, const float* y, const float* weight, float* out, int64_t d) {
+  timed("moe_combine", 0, [&](Executor& e) { e.moe_combine(plan, y, weight, out, d); });
+}
+void ProfiledExecutor::moe_scatter_add(const MoEDispatch& plan, const float* dxg, float* dx, int64_t d) {
+  timed("moe_scatter_add", 0, [&](Executor& e) { e.moe_scatter_add(plan, dxg, dx, d); });
+}
+void ProfiledExecutor::moe_shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n) {
+  timed("moe_shared_combine", 0, [&](Executor& e) { e.moe_shared_combine(shared, routed, k, out, n); });
+}
+void ProfiledExecutor::moe_shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted,
+                                                   int64_t n) {
+  timed("moe_shared_combine_backward", 0, [&](Executor& e) { e.moe_shared_combine_backward(dout, k, dshared, drouted, n); });
+}
+void ProfiledExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                       int64_t n) {
+  timed("skip_step_adamw", 0, [&](Executor& e) { e.skip_step_adamw(s, grad, p, m, v, n); });
+}
 
 }  // namespace olmoref

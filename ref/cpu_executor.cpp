@@ -7,8 +7,10 @@
 
 #include "core/bf16.h"
 #include "ref/gemm.h"
+#include "ref/moe.h"
 #include "ref/ops.h"
 #include "core/optim.h"
+#include "core/skip_step.h"
 #include "core/parallel.h"
 
 namespace olmoref {
@@ -145,6 +147,25 @@ int64_t CpuExecutor::count_zeros(const float* x, int64_t n) { return olmoref::co
 void CpuExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                         int64_t n) {
   adamw_elements(s, decay, grad, p, m, v, n, pool_);
+}
+void CpuExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
+  moe::gather(x, plan, d, xg, pool_);
+}
+void CpuExecutor::moe_combine(const MoEDispatch& plan, const float* y, const float* weight, float* out, int64_t d) {
+  moe::combine(y, weight, plan, d, out, pool_);
+}
+void CpuExecutor::moe_scatter_add(const MoEDispatch& plan, const float* dxg, float* dx, int64_t d) {
+  moe::scatter_add(dxg, plan, d, dx, pool_);
+}
+void CpuExecutor::moe_shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n) {
+  moe::shared_combine(shared, routed, k, out, n, pool_);
+}
+void CpuExecutor::moe_shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n) {
+  moe::shared_combine_backward(dout, k, dshared, drouted, n, pool_);
+}
+void CpuExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float* grad, float* p, float* m, float* v,
+                                  int64_t n) {
+  skip_step_elements(s, grad, p, m, v, n, pool_);
 }
 
 }  // namespace olmoref

@@ -67,13 +67,13 @@ void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, 
   });
 }
 
-void gather(const float* x, const Plan& plan, int64_t d, float* xg, ThreadPool* pool) {
+void gather(const float* x, const MoEDispatch& plan, int64_t d, float* xg, ThreadPool* pool) {
   for_rows(pool, plan.R * plan.k, 256, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) std::copy_n(x + plan.row_of[static_cast<size_t>(p)] * d, d, xg + p * d);
+    for (int64_t p = p0; p < p1; ++p) std::copy_n(x + plan.row_of[p] * d, d, xg + p * d);
   });
 }
 
-void combine(const float* y, const float* weight, const Plan& plan, int64_t d, float* out, ThreadPool* pool) {
+void combine(const float* y, const float* weight, const MoEDispatch& plan, int64_t d, float* out, ThreadPool* pool) {
   const int64_t k = plan.k;
   for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -81,7 +81,7 @@ void combine(const float* y, const float* weight, const Plan& plan, int64_t d, f
       std::fill_n(o, d, 0.0f);
       for (int64_t j = 0; j < k; ++j) {
         const float w = weight[r * k + j];
-        const float* yr = y + plan.position[static_cast<size_t>(r * k + j)] * d;
+        const float* yr = y + plan.position[r * k + j] * d;
         for (int64_t c = 0; c < d; ++c) o[c] = std::fma(w, yr[c], o[c]);
       }
     }
@@ -104,12 +104,12 @@ void combine_backward(const float* dout, const float* y, const float* weight, co
   });
 }
 
-void scatter_add(const float* dxg, const Plan& plan, int64_t d, float* dx, ThreadPool* pool) {
+void scatter_add(const float* dxg, const MoEDispatch& plan, int64_t d, float* dx, ThreadPool* pool) {
   const int64_t k = plan.k;
   for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < k; ++j) {
-        const float* src = dxg + plan.position[static_cast<size_t>(r * k + j)] * d;
+        const float* src = dxg + plan.position[r * k + j] * d;
         for (int64_t c = 0; c < d; ++c) dx[r * d + c] = dx[r * d + c] + src[c];
       }
   });
@@ -134,19 +134,16 @@ void scatter_add_unordered_for_test(const float* dxg, const Plan& plan, int64_t 
   }
 }
 
-static float routed_share(int64_t k) {
-  return static_cast<float>(static_cast<double>(k) / static_cast<double>(k + 1));
-}
 
 void shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n, ThreadPool* pool) {
-  const float div = static_cast<float>(k + 1), alpha = routed_share(k);
+  const float div = static_cast<float>(k + 1), alpha = moe_routed_share(k);
   for_rows(pool, n, 1 << 14, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) out[i] = shared[i] / div + routed[i] * alpha;
   });
 }
 
 void shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n, ThreadPool* pool) {
-  const float div = static_cast<float>(k + 1), alpha = routed_share(k);
+  const float div = static_cast<float>(k + 1), alpha = moe_routed_share(k);
   for_rows(pool, n, 1 << 14, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
       const float g = dout[i];

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/moe_plan.h"
+#include "core/op_types.h"
 
 namespace olmoref {
 
@@ -31,15 +32,19 @@ void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, 
            float* weight, ThreadPool* pool, double normalize_p = 0);
 
 
+// The plan as the executor's MoE ops read it (host memory: the plan's own vectors).
+inline MoEDispatch dispatch_of(const Plan& plan) { return {plan.R, plan.k, plan.row_of.data(), plan.position.data()}; }
+
+// gather, combine and scatter_add are the CPU executor's moe_dispatch, moe_combine and moe_scatter_add.
 // xg [R·k, d]: position p holds x's row row_of[p].
-void gather(const float* x, const Plan& plan, int64_t d, float* xg, ThreadPool* pool);
+void gather(const float* x, const MoEDispatch& plan, int64_t d, float* xg, ThreadPool* pool);
 // out [R, d]: row r = Σ_j weight[r, j] · y[position(r, j)], one fma chain over j = 0..k-1 from 0.
-void combine(const float* y, const float* weight, const Plan& plan, int64_t d, float* out, ThreadPool* pool);
+void combine(const float* y, const float* weight, const MoEDispatch& plan, int64_t d, float* out, ThreadPool* pool);
 // Its backward: dy [R·k, d] at position(r, j) = weight[r, j] · dout[r]; dweight [R, k] = canonical_dot(dout[r], y[p]).
 void combine_backward(const float* dout, const float* y, const float* weight, const Plan& plan, int64_t d, float* dy,
                       float* dweight, ThreadPool* pool);
 // dx [R, d] row r = (((dx[r] + dxg[position(r, 0)]) + dxg[position(r, 1)]) + ...), j in order.
-void scatter_add(const float* dxg, const Plan& plan, int64_t d, float* dx, ThreadPool* pool);
+void scatter_add(const float* dxg, const MoEDispatch& plan, int64_t d, float* dx, ThreadPool* pool);
 
 // TEST ONLY negative controls (`train --debug-moe-unordered-combine`): the combine and the input-gradient scatter
 // as an atomic scatter kernel would order them, each expert's outputs added into their rows as the experts are

@@ -8,7 +8,7 @@
 # and builds otherwise. Then, each bounded in time:
 #   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM with its SwiGLU epilogues, RMSNorm
 #     and its fused forms (residual add, QK-norm + RoPE both ways), attention forward/
-#     backward, cross-entropy, grad-norm chunks, zero counts, embedding, RoPE, SwiGLU, AdamW, bf16 rounding, tree
+#     backward, cross-entropy, grad-norm chunks, zero counts, embedding, RoPE, SwiGLU, AdamW, SkipStepAdamW, the MoE dispatch, combine, input-gradient gather and shared-expert mix, bf16 rounding, tree
 #     add, scale)
 #     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor
 #     (tests/kernels/model_cases.h), and the math functions over a dense fp32 sample, bit for bit against the CPU;

@@ -1,4 +1,4 @@
-// GPU kernels against the CPU reference, bit for bit: the exact GEMM (plain and with its SwiGLU epilogues) and RMSNorm (plain and fused) on the shapes of
+// GPU kernels against the CPU reference, bit for bit: the exact GEMM (plain and with its SwiGLU epilogues), RMSNorm (plain and fused), the elementwise kernels (SkipStepAdamW and the MoE ops included) on the shapes of
 // tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
 // functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
@@ -22,6 +22,7 @@
 #include "core/mathfn.h"
 #include "ref/ops.h"
 #include "core/optim.h"
+#include "core/skip_step.h"
 #include "model/gradient_tree.h"
 #include "core/params.h"
 #include "tests/kernels/attention_cases.h"
@@ -30,7 +31,9 @@
 #include "tests/kernels/norm_cases.h"
 #include "tests/kernels/swiglu_cases.h"
 #include "tests/kernels/model_cases.h"
+#include "tests/kernels/moe_cases.h"
 #include "ref/cpu_executor.h"
+#include "ref/moe.h"
 
 using namespace olmoref;
 
@@ -163,7 +166,7 @@ int check_gemm_swiglu() {
   return failed;
 }
 
-// SwiGLU (fp32 and bf16), AdamW over a real parameter layout, bf16 rounding, the tree add and clipping scale,
+// SwiGLU (fp32 and bf16), AdamW over a real parameter layout, SkipStepAdamW, bf16 rounding, the tree add and clipping scale,
 // against the CPU loops that call the same element functions.
 int check_elementwise() {
   const int64_t n = 100003;
@@ -217,6 +220,21 @@ int check_elementwise() {
     cudaDeviceSynchronize();
     report("adamw", bits_equal(from_device(dP, L.total), p) && bits_equal(from_device(dM, L.total), m) &&
                         bits_equal(from_device(dV, L.total), v));
+    for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
+  }
+  for (const float sf : {1.0f, 0.0f}) {  // SkipStepAdamW, a stepping and a skipped step, specials in the gradient
+    AdamWConfig oc;
+    oc.lr = 3e-3, oc.weight_decay = 0.1;
+    std::vector<float> p(n), m(n), v(n), gr(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = u(rng), m[i] = 1e-3f * u(rng), v[i] = 1e-6f * std::fabs(u(rng)), gr[i] = 1e-2f * u(rng);
+    gr[0] = -0.0f, gr[1] = std::numeric_limits<float>::quiet_NaN(), gr[2] = std::numeric_limits<float>::infinity();
+    float *dP = to_device(p), *dM = to_device(m), *dV = to_device(v), *dGR = to_device(gr);
+    const elem::SkipStepScalars sc = skip_step_scalars(oc, 2.5e-3, oc.weight_decay, 6.0f, sf);
+    skip_step_elements(sc, gr.data(), p.data(), m.data(), v.data(), n, nullptr);
+    kernels::run_device(kernels::SkipStepAdamWOp{sc, dGR, dP, dM, dV}, n);
+    cudaDeviceSynchronize();
+    report(sf == 1.0f ? "skip_step_adamw (step)" : "skip_step_adamw (skipped)",
+           bits_equal(from_device(dP, n), p) && bits_equal(from_device(dM, n), m) && bits_equal(from_device(dV, n), v));
     for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
   }
   {  // bf16 rounding (with specials), the tree add, the clipping scale
@@ -465,6 +483,47 @@ int check_model() {
 
 }  // namespace
 
+// The mixture of experts' dispatch, combine, input-gradient gather and shared-expert mix (kernels/elementwise.h)
+// against ref/moe.cpp on the cases of tests/kernels/moe_cases.h.
+int check_moe() {
+  int failed = 0, n_cases = 0;
+  for (const testing::MoECase& c : testing::moe_cases()) {
+    const int64_t R = c.R, d = c.d, k = c.k, S = R * k;
+    std::vector<float> xg(c.y.size()), out(c.x.size()), dx = c.dx0, dsh(c.x.size()), drt(c.x.size());
+    const MoEDispatch host_view = moe::dispatch_of(c.plan);
+    moe::gather(c.x.data(), host_view, d, xg.data(), nullptr);
+    moe::combine(c.y.data(), c.weight.data(), host_view, d, out.data(), nullptr);
+    moe::scatter_add(c.dxg.data(), host_view, d, dx.data(), nullptr);
+    moe::shared_combine(c.shared.data(), out.data(), k, out.data(), R * d, nullptr);
+    moe::shared_combine_backward(c.shared.data(), k, dsh.data(), drt.data(), R * d, nullptr);
+    int64_t *dRow = to_device(c.plan.row_of), *dPos = to_device(c.plan.position);
+    const MoEDispatch view{R, k, dRow, dPos};
+    float *dX = to_device(c.x), *dY = to_device(c.y), *dW = to_device(c.weight), *dDXG = to_device(c.dxg);
+    float *dDX = to_device(c.dx0), *dSH = to_device(c.shared), *dXG = to_device(std::vector<float>(xg.size()));
+    float *dOut = to_device(std::vector<float>(out.size())), *dDSH = to_device(std::vector<float>(out.size()));
+    float* dDRT = to_device(std::vector<float>(out.size()));
+    const float div = static_cast<float>(k + 1), alpha = moe_routed_share(k);
+    kernels::run_device(kernels::MoEDispatchOp{view, dX, dXG, d}, S * d);
+    kernels::run_device(kernels::MoECombineOp{view, dY, dW, dOut, d}, R * d);
+    kernels::run_device(kernels::MoEScatterAddOp{view, dDXG, dDX, d}, R * d);
+    kernels::run_device(kernels::MoESharedCombineOp{dSH, dOut, dOut, div, alpha}, R * d);
+    kernels::run_device(kernels::MoESharedCombineBackwardOp{dSH, dDSH, dDRT, div, alpha}, R * d);
+    cudaDeviceSynchronize();
+    const bool ok = bits_equal(from_device(dXG, xg.size()), xg) && bits_equal(from_device(dOut, out.size()), out) &&
+                    bits_equal(from_device(dDX, dx.size()), dx) && bits_equal(from_device(dDSH, dsh.size()), dsh) &&
+                    bits_equal(from_device(dDRT, drt.size()), drt);
+    if (!ok)
+      std::printf("moe ops E=%lld k=%lld R=%lld d=%lld: DIFFERENT\n", static_cast<long long>(c.E),
+                  static_cast<long long>(k), static_cast<long long>(R), static_cast<long long>(d));
+    failed += !ok, ++n_cases;
+    cudaFree(dRow), cudaFree(dPos);
+    for (float* q : {dX, dY, dW, dDXG, dDX, dSH, dXG, dOut, dDSH, dDRT}) cudaFree(q);
+  }
+  std::printf("moe dispatch, combine, scatter_add, shared_combine: %d of %d cases bitwise equal\n", n_cases - failed,
+              n_cases);
+  return failed;
+}
+
 int main(int argc, char** argv) {
   const bool no_math_sweep = argc > 1 && std::strcmp(argv[1], "--no-math-sweep") == 0;  // for the sanitizers
   const cuda::DeviceInfo dev = cuda::query_device();
@@ -474,7 +533,7 @@ int main(int argc, char** argv) {
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
   const int failed = check_gemm() + check_gemm_swiglu() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
-                     check_embed_rope() + check_attention() + check_model() + (no_math_sweep ? 0 : check_math());
+                     check_embed_rope() + check_attention() + check_moe() + check_model() + (no_math_sweep ? 0 : check_math());
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

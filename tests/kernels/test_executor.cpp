@@ -3,11 +3,21 @@
 // run of the same cases is in tests/gpu; whole training traces through cuda-host are tests/cli/executors.sh.
 #include <doctest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/optim.h"
 #include "core/parallel.h"
+#include "core/skip_step.h"
 #include "kernels/executor.h"
 #include "model/executors.h"
 #include "ref/cpu_executor.h"
+#include "ref/moe.h"
 #include "tests/kernels/model_cases.h"
+#include "tests/kernels/moe_cases.h"
 
 using namespace olmoref;
 
@@ -26,6 +36,79 @@ TEST_CASE("executor cuda-host: every case's loss, logits and gradients equal the
     ++cases;
   }
   CHECK(cases == 4);
+}
+
+// The optimizer updates on lengths that fill no launch evenly, with specials (zeros of both signs, NaN, inf) in the
+// gradient and a stepping and a skipped step (step factor 1 and 0) for SkipStepAdamW.
+TEST_CASE("executor cuda-host: adamw and skip_step_adamw equal the CPU executor's bit for bit") {
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  AdamWConfig oc;
+  oc.lr = 3e-3, oc.weight_decay = 0.1;
+  for (const int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{70001}}) {
+    CAPTURE(n);
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    std::vector<float> p(n), m(n), v(n), g(n);
+    for (int64_t i = 0; i < n; ++i) p[i] = u(rng), m[i] = 1e-3f * u(rng), v[i] = 1e-6f * std::fabs(u(rng)), g[i] = 1e-2f * u(rng);
+    const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()};
+    for (int64_t i = 0; i < n && i < 4; ++i) g[i * (n / 4)] = specials[i];
+    // One update on each executor from the same state; the executor memory of both is host memory.
+    auto run = [&](Executor& ex, auto&& update) {
+      std::vector<float> pe = p, me = m, ve = v;
+      update(ex, pe.data(), me.data(), ve.data());
+      return std::vector<std::vector<float>>{pe, me, ve};
+    };
+    const elem::AdamWScalars as = adamw_scalars(oc, 7, 2.5e-3);
+    auto adamw = [&](Executor& ex, float* pe, float* me, float* ve) { ex.adamw(as, 0.99975f, g.data(), pe, me, ve, n); };
+    // p, m, v after the update, bit for bit (NaN included).
+    auto same_bits = [&](auto&& update) {
+      const auto want = run(cpu, update), got = run(host, update);
+      for (size_t t = 0; t < want.size(); ++t)
+        if (std::memcmp(want[t].data(), got[t].data(), static_cast<size_t>(n) * sizeof(float)) != 0) return false;
+      return true;
+    };
+    CHECK(same_bits(adamw));
+    for (const float sf : {1.0f, 0.0f}) {
+      CAPTURE(sf);
+      const elem::SkipStepScalars ss = skip_step_scalars(oc, 2.5e-3, oc.weight_decay, 6.0f, sf);
+      CHECK(same_bits([&](Executor& ex, float* pe, float* me, float* ve) { ex.skip_step_adamw(ss, g.data(), pe, me, ve, n); }));
+    }
+  }
+}
+
+// The mixture of experts' dispatch, combine, input-gradient gather and shared-expert mix (tests/kernels/moe_cases.h),
+// the mix written over its routed input as the model does.
+TEST_CASE("executor cuda-host: the MoE ops equal the CPU executor's bit for bit") {
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  int cases = 0;
+  for (const testing::MoECase& c : testing::moe_cases()) {
+    CAPTURE(c.E);
+    CAPTURE(c.k);
+    CAPTURE(c.R);
+    CAPTURE(c.d);
+    const MoEDispatch view = moe::dispatch_of(c.plan);
+    const int64_t R = c.R, d = c.d, k = c.k;
+    auto run = [&](Executor& ex) {
+      std::vector<float> xg(c.y.size()), out(c.x.size()), dx = c.dx0, dshared(c.x.size()), drouted(c.x.size());
+      ex.moe_dispatch(view, c.x.data(), xg.data(), d);
+      ex.moe_combine(view, c.y.data(), c.weight.data(), out.data(), d);
+      ex.moe_scatter_add(view, c.dxg.data(), dx.data(), d);
+      ex.moe_shared_combine(c.shared.data(), out.data(), k, out.data(), R * d);
+      ex.moe_shared_combine_backward(c.shared.data(), k, dshared.data(), drouted.data(), R * d);
+      return std::vector<std::vector<float>>{xg, out, dx, dshared, drouted};
+    };
+    const auto want = run(cpu), got = run(host);
+    for (size_t t = 0; t < want.size(); ++t) {
+      CAPTURE(t);
+      CHECK(std::memcmp(want[t].data(), got[t].data(), want[t].size() * sizeof(float)) == 0);
+    }
+    ++cases;
+  }
+  CHECK(cases == 32);
 }
 
 TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradients") {
