@@ -6,9 +6,9 @@
 
 namespace olmoref {
 
-LossSums loss_tree_sums(const std::vector<LossSums>& per_instance) {
-  const size_t n = per_instance.size();
-  if (n == 0) throw std::logic_error("loss_tree_sums: a step has at least one instance");
+LossSums loss_tree_sums(const LossSums* per_instance, int64_t count) {
+  const size_t n = static_cast<size_t>(count);
+  if (count <= 0) throw std::logic_error("loss_tree_sums: a step has at least one instance");
   // tree_sum_range reads one field as an array: the fields are split out once.
   std::vector<double> ce(n), z(n), lb(n), rz(n);
   LossSums sums;

@@ -3,15 +3,19 @@
 // instance.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "core/op_types.h"
 
 namespace olmoref {
 
-// per_instance [N] (N >= 1, global instance order) -> the sums over [0, N): ce, z and the MoE auxiliary sums
+// per_instance [n] (n >= 1, global instance order) -> the sums over [0, n): ce, z and the MoE auxiliary sums
 // (moe_lb, moe_z: 0 for a dense model, whose sums then stay 0) each by the instance tree; n_targets is the plain
 // sum of the instances' counts (integers: any order).
-LossSums loss_tree_sums(const std::vector<LossSums>& per_instance);
+LossSums loss_tree_sums(const LossSums* per_instance, int64_t n);
+inline LossSums loss_tree_sums(const std::vector<LossSums>& per_instance) {
+  return loss_tree_sums(per_instance.data(), static_cast<int64_t>(per_instance.size()));
+}
 
 }  // namespace olmoref

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/loss_tree.h"
+
 namespace olmoref {
 
 std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
@@ -215,23 +217,6 @@ void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst)
 }
 
 
-// Loss totals of instances [0, n) by the instance tree (fp64).
-static LossSums tree_totals(const std::vector<LossSums>& per, int64_t n) {
-  std::vector<double> ce(static_cast<size_t>(n)), z(static_cast<size_t>(n)), lb(static_cast<size_t>(n)),
-      rz(static_cast<size_t>(n));
-  LossSums sums;
-  for (int64_t b = 0; b < n; ++b) {
-    const LossSums& p = per[static_cast<size_t>(b)];
-    ce[static_cast<size_t>(b)] = p.ce, z[static_cast<size_t>(b)] = p.z;
-    lb[static_cast<size_t>(b)] = p.moe_lb, rz[static_cast<size_t>(b)] = p.moe_z;
-    sums.n_targets += p.n_targets;
-  }
-  sums.ce = tree_sum_range(ce.data(), 0, n);
-  sums.z = tree_sum_range(z.data(), 0, n);
-  sums.moe_lb = tree_sum_range(lb.data(), 0, n);
-  sums.moe_z = tree_sum_range(rz.data(), 0, n);
-  return sums;
-}
 
 LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, ThreadPool* pool, float* logits_out) {
   const uint32_t* tokens = begin_call(host_tokens, B_, pool);
@@ -243,7 +228,7 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, T
   ex_->cross_entropy(logits_.data(), tokens, B_, T_, cfg_.vocab_size, 1e-5f, B_ * (T_ - 1), per_scratch_.data());
   for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
     per_scratch_[b].moe_lb = moe_inst_[b].lb, per_scratch_[b].moe_z = moe_inst_[b].z;
-  return tree_totals(per_scratch_, B_);
+  return loss_tree_sums(per_scratch_.data(), B_);
 }
 
 LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, int64_t global_n_targets, float* grad,
@@ -254,7 +239,7 @@ LossSums Olmo3::forward_backward(const float* params, const uint32_t* tokens, in
   std::vector<LossSums> per(static_cast<size_t>(B_));
   forward_backward(params, tokens, B_, global_n_targets, tree, per.data(), pool, logits_out);
   ex_->copy(grad, tree.slot(0), static_cast<size_t>(layout_.total) * sizeof(float));
-  return tree_totals(per, B_);
+  return loss_tree_sums(per.data(), B_);
 }
 
 void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, int64_t n_inst,

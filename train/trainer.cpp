@@ -594,27 +594,16 @@ void Trainer::adamw_update(int64_t step, const std::vector<double>& group_lr) {
 }
 
 // SkipStepAdamW: the decision from the global CE and the pre-clip norm (the same on every rank), then OLMo-core's
-// foreach update with the step factor in its scalars. The arithmetic runs on the host (core/skip_step.h); a device
-// executor's state makes the round trip until the executor has the op. Returns the step factor (0: skipped).
+// foreach update with the step factor in its scalars, as the executor's op on the state where it lives (core/skip_step.h
+// holds the scalars; the element update is the op's). Returns the step factor (0: skipped).
 float Trainer::skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr) {
-  const int64_t len = layout_.hi() - layout_.lo();
   const float sf = skip_step_observe(cfg_.optim, skip_, ce_loss, norm);
   std::vector<elem::SkipStepScalars> sc;
   for (size_t g = 0; g < groups_.size(); ++g)
     sc.push_back(skip_step_scalars(cfg_.optim, group_lr[g], groups_[g].weight_decay, skip_.step, sf));
-  std::vector<float> hg, hp, hm, hv;
-  // host_view hands out the buffers themselves on a host executor: the update writes them in place.
-  float* g_host = const_cast<float*>(dist::host_view(grad_shard_, *ex_, hg));
-  float* p_host = const_cast<float*>(dist::host_view(params_, *ex_, hp));
-  float* m_host = const_cast<float*>(dist::host_view(m_, *ex_, hm));
-  float* v_host = const_cast<float*>(dist::host_view(v_, *ex_, hv));
   for (const GroupPiece& q : pieces_)
-    skip_step_elements(sc[q.group], g_host + q.begin, p_host + q.begin, m_host + q.begin, v_host + q.begin, q.n, &pool_);
-  if (!ex_->host_memory()) {
-    params_.upload(p_host, len);
-    m_.upload(m_host, len);
-    v_.upload(v_host, len);
-  }
+    ex_->skip_step_adamw(sc[q.group], grad_shard_.data() + q.begin, params_.data() + q.begin, m_.data() + q.begin,
+                         v_.data() + q.begin, q.n);
   skip_.step = skip_step_next_count(cfg_.optim, skip_.step, sf);
   return sf;
 }
