@@ -1,4 +1,4 @@
-"""OLMo-core's own optimizer and schedulers against olmoref (meson tests optim-olmo-core-*; docs/canonical/optimizers.md).
+"""OLMo-core's own optimizer and schedulers against olmoref (meson tests core-optim-olmo-core-*; docs/canonical/optimizers.md).
 
   olmo_core_optim_check.py schedules OLMOREF OPTIM_DUMP
       Every scheduler the Olmo 3 scripts use, in step and token units: olmoref's lr of every step (optim_dump schedule,
