@@ -169,6 +169,12 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
   return floats * static_cast<int64_t>(sizeof(float)) + R * 24;  // + tokens and the loss's fp64 row terms
 }
 
+void Olmo3::set_z_loss(double z_loss) {
+  if (!(z_loss >= 0) || !std::isfinite(z_loss))
+    throw std::invalid_argument("z_loss " + std::to_string(z_loss) + " must be finite and >= 0 (train.z_loss)");
+  z_loss_ = static_cast<float>(z_loss);
+}
+
 const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, ThreadPool* pool) {
   if (own_ex_) own_ex_->set_pool(pool);
   pool_ = pool;
@@ -225,7 +231,7 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, T
   forward(params, tokens, B_);
   if (logits_out) logits_.download(logits_out, logits_.size());
   per_scratch_.assign(static_cast<size_t>(B_), LossSums{});
-  ex_->cross_entropy(logits_.data(), tokens, B_, T_, cfg_.vocab_size, 1e-5f, B_ * (T_ - 1), per_scratch_.data());
+  ex_->cross_entropy(logits_.data(), tokens, B_, T_, cfg_.vocab_size, z_loss_, B_ * (T_ - 1), per_scratch_.data());
   for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
     per_scratch_[b].moe_lb = moe_inst_[b].lb, per_scratch_[b].moe_z = moe_inst_[b].z;
   return loss_tree_sums(per_scratch_.data(), B_);
@@ -263,7 +269,7 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   forward(params, tokens, n_inst);
   if (logits_out) logits_.download(logits_out, R * V);
   // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
-  e.cross_entropy(logits_.data(), tokens, n_inst, T, V, 1e-5f, global_n_targets, per_instance);
+  e.cross_entropy(logits_.data(), tokens, n_inst, T, V, z_loss_, global_n_targets, per_instance);
   for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
     per_instance[b].moe_lb = moe_inst_[b].lb, per_instance[b].moe_z = moe_inst_[b].z;
   // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).

@@ -141,6 +141,10 @@ class Olmo3 {
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
+  // The z-loss multiplier of the cross-entropy (train.z_loss): loss = Σ CE + z_loss · Σ logsumexp². Model-level
+  // callers that have no training config get Olmo 3's 1e-5; every caller that has one must pass its value.
+  void set_z_loss(double z_loss);
+  float z_loss() const { return z_loss_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
@@ -262,6 +266,7 @@ class Olmo3 {
 
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
+  float z_loss_ = 1e-5f;  // the op takes fp32; (float)1e-5 is 1e-5f, so the default's bits are those of old
   std::unique_ptr<CpuExecutor> own_ex_;  // when no executor was given
   Executor* ex_;
   Buffer<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)

@@ -69,6 +69,7 @@ LogitsBundleSummary write_logits_bundle(const LogitsBundleOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   ThreadPool pool(opts.threads);
   Olmo3 model(cfg.model, N, T, precision);
+  model.set_z_loss(cfg.train.z_loss);
   std::vector<float> logits(static_cast<size_t>(N * T * V));
   const LossSums sums = model.forward_loss(params.data(), tokens.data(), &pool, logits.data());
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -103,7 +104,7 @@ LogitsBundleSummary write_logits_bundle(const LogitsBundleOptions& opts) {
   j["weights"] = opts.checkpoint.empty() ? "step-0 (" + opts.config_path + ")" : opts.checkpoint;
   j["step"] = summary.step;
   j["tokens_from"] = summary.tokens_from;
-  j["z_loss"] = 1e-5;
+  j["z_loss"] = cfg.train.z_loss;
   j["loss"] = summary.loss;
   j["ce"] = summary.ce;
   j["z"] = summary.z;

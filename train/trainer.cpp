@@ -117,6 +117,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       tree_(cfg.train.global_batch_instances, model_.layout().total, *ex_, par.debug_tree_shape,
             cfg.train.micro_batch_instances) {
   cfg_.validate();
+  model_.set_z_loss(cfg_.train.z_loss);
   model_.set_debug_unordered_combine(par.debug_moe_unordered_combine);
   layout_.dp_shard = par.dp_shard;
   layout_.dp_replicate = par.dp_replicate;
