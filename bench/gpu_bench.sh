@@ -22,6 +22,28 @@ trap 'rm -rf "$work"' EXIT
 rows=()
 failed=0
 : > "$out/bench.txt"
+# Rewrites bench.json from the rows so far (called after every run, so a run cut short still leaves the rows
+# before it) and prints the newest row's line.
+write_rows() {
+  printf '%s\n' "${rows[@]}" | python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+out = []
+for r in rows:
+    t = r["tokens_per_second_each"]
+    if t:
+        r["tokens_per_second"] = len(t) / sum(1.0 / x for x in t)  # the mean step time, as tokens/s
+        r["achieved_tflops"] = r["tokens_per_second"] * r["flops_per_token"] / 1e12
+        r["share_of_fp32_simt_peak"] = r["achieved_tflops"] / r["peak_tflops"]
+    out.append(r)
+json.dump(out, open(sys.argv[1] + ".tmp", "w"), indent=1)
+r = out[-1]
+if "tokens_per_second" in r:
+    print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak" % (r["config"], r["precision"],
+          r["tokens_per_second"], r["achieved_tflops"], 100 * r["share_of_fp32_simt_peak"], r["peak_tflops"]))
+' "$out/bench.json" | tee -a "$out/bench.txt"
+  mv "$out/bench.json.tmp" "$out/bench.json"
+}
 executor=${BENCH_EXECUTOR:-cuda}  # another executor only to try the script where there is no GPU
 for config in ${BENCH_CONFIGS:-configs/olmo3-100m.toml configs/olmo3-1b.toml}; do
   name=$(basename "$config" .toml)
@@ -48,26 +70,10 @@ print(json.dumps({"config": name, "precision": precision, "steps_timed": len(tps
                   "flops_per_token": flops, "peak_tflops": peak}))
 PY
 )")
+    write_rows
   done
   "$bin" train --config "$config" --executor "$executor" --steps 2 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" \
     --out "$work/$name-profile" --no-checkpoint --quiet --profile-ops 2> "$work/$name-profile.err" || true
   { echo "== $name fp32, per-op time (--profile-ops, 2 steps)"; sed -n '/^per-op time/,$p' "$work/$name-profile.err"; } >> "$out/bench.txt"
 done
-printf '%s\n' "${rows[@]}" | python3 -c '
-import json, sys
-rows = [json.loads(l) for l in sys.stdin if l.strip()]
-out = []
-for r in rows:
-    t = r["tokens_per_second_each"]
-    if t:
-        r["tokens_per_second"] = len(t) / sum(1.0 / x for x in t)  # the mean step time, as tokens/s
-        r["achieved_tflops"] = r["tokens_per_second"] * r["flops_per_token"] / 1e12
-        r["share_of_fp32_simt_peak"] = r["achieved_tflops"] / r["peak_tflops"]
-    out.append(r)
-json.dump(out, open(sys.argv[1], "w"), indent=1)
-for r in out:
-    if "tokens_per_second" in r:
-        print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak" % (r["config"], r["precision"],
-              r["tokens_per_second"], r["achieved_tflops"], 100 * r["share_of_fp32_simt_peak"], r["peak_tflops"]))
-' "$out/bench.json" | tee -a "$out/bench.txt"
 exit $failed

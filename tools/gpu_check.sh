@@ -1,100 +1,174 @@
 #!/usr/bin/env bash
-# tools/gpu_check.sh — the one script a machine with a GPU runs: every device check, results under $OUT.
+# tools/gpu_check.sh — the one script a machine with a GPU runs: every device check, results streamed into $OUT.
 #
-#   bash tools/gpu_check.sh [OUT_DIR]        (default: $OUT, else ./gpu-check)
+#   bash tools/gpu_check.sh [OUT_DIR]              on the device (default OUT_DIR: $OUT, else ./gpu-check)
+#   OUT=DIR bash tools/gpu_check.sh --dry-run      here, without a GPU: the same steps in the same order with the
+#                                                  kernels' host execution (executor cuda-host) in place of the device
+#                                                  and small sizes (meson test tools-gpu-check-dry-run runs it)
 #
-# It uses the build in ./build when one is there (the device machines reach no package registry and lack this
-# project's Debian packages: build here, run `bash tools/gpu_carry.sh`, and carry what it lists), and configures
-# and builds otherwise. Then, each bounded in time:
-#   - gpu-smoke (one fma chain) and gpu-kernels: every kernel in kernels/ (GEMM with its SwiGLU epilogues, RMSNorm
-#     and its fused forms (residual add, QK-norm + RoPE both ways), attention forward/
-#     backward, cross-entropy, grad-norm chunks, zero counts, embedding, RoPE, SwiGLU, AdamW, SkipStepAdamW, the MoE dispatch, combine, input-gradient gather and shared-expert mix, bf16 rounding, tree
-#     add, scale)
-#     on the cases the host execution checks in CI, whole micro-batches of the model through the device executor
-#     (tests/kernels/model_cases.h), and the math functions over a dense fp32 sample, bit for bit against the CPU;
-#   - gpu-training (tests/gpu/training.sh): the golden traces through --executor cuda (tiny and small, fp32 and
-#     bf16, and tiny-moe-fp32; the small ones need the demo corpus's Debian packages and are skipped without them), a checkpoint
-#     continued cpu -> cuda -> cpu equal to the golden trace, T0 on the GPU, and two MPI processes sharing the GPU
-#     (dp_replicate 2, dp_shard 2) equal to one;
-#   - compute-sanitizer memcheck and racecheck on every kernel (without the long math sweep) and on one tiny
-#     training step through the executor;
-#   - the benchmark (bench/gpu_bench.sh): tokens/s, FLOP/s against the fp32 SIMT peak, per-op shares.
-# Checks run in this order, most important first, within GPU_CHECK_BUDGET seconds (default 540).
-# Files under OUT (at most 8): summary.txt (one line per check), summary.json (name, exit status, seconds),
-# device.txt, checks.log (every check's output, in order), bench.json, bench.txt. Exit 0 only if every check passed.
+# A device session is about 15 minutes in all, the machine's start included, so the script must return something
+# useful even when a step crashes, hangs or the time runs out:
+#   - binaries: GPU_CHECK_BINARIES (a build folder) when set, else gpu-carry/ (tools/gpu_carry.sh: built for
+#     x86-64-v3, every library they load, Open MPI) when it is there, else ./build (built when missing);
+#   - steps, most telling first, each with its own time limit cut to what is left of GPU_CHECK_BUDGET (default 420 s,
+#     so a rerun fits one device lease); a step with under 15 s left is recorded as not run (exit 125):
+#       preflight  nvidia-smi, every carried binary's libraries resolve (the loader's own trace), mpirun answers,
+#                  gpu-smoke (one fma chain, bitwise); a failure here stops the script, its reason in summary.txt;
+#       kernels    test_gpu_kernels: every kernel bit for bit against the CPU (launches synchronised, so a fault
+#                  names its kernel);
+#       bench      bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
+#       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
+#                  processes on one GPU equal to one;
+#       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
+#       racecheck  compute-sanitizer racecheck on the GEMM and attention kernels (the ones with shared memory);
+#   - every step's output goes straight into OUT/checks.log, line-buffered, under a header; summary.txt gets a line
+#     and summary.json is rewritten as each step ends. GPU_CHECK_PLANT=STEP (TEST ONLY) makes STEP fail after
+#     printing a line, to prove the logs before a failure come back.
+# Files under OUT (at most 8; names of letters, digits, '.', '_', '-'): summary.txt, summary.json, device.txt,
+# checks.log, bench.json, bench.txt. Exit 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+dry=0
+if [ "${1:-}" = --dry-run ]; then dry=1; shift; fi
 out="${1:-${OUT:-gpu-check}}"
 mkdir -p "$out"
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-if [ ! -x build/tests/gpu/test_gpu_kernels ]; then
-  { bash tools/build.sh; } > "$out/checks.log" 2>&1 || { echo "build failed (see checks.log)" | tee "$out/summary.txt"; exit 1; }
+out=$(cd "$out" && pwd)
+: > "$out/summary.txt"
+: > "$out/checks.log"
+if [ -n "${GPU_CHECK_BINARIES:-}" ]; then  # a build folder to use as it is (the suite's dry run: the build under test)
+  bin_root=$(cd "$GPU_CHECK_BINARIES" && pwd)
+elif [ -x gpu-carry/olmoref ]; then
+  bin_root=$PWD/gpu-carry
+else
+  if [ ! -x build/olmoref ] || { [ $dry = 0 ] && [ ! -x build/tests/gpu/test_gpu_kernels ]; }; then
+    bash tools/build.sh >> "$out/checks.log" 2>&1 || { echo "build failed (see checks.log)" | tee "$out/summary.txt"; exit 1; }
+  fi
+  bin_root=$PWD/build
 fi
-export OLMOREF_BUILD_ROOT=$PWD/build OLMOREF_SOURCE_ROOT=$PWD
-# Libraries carried by tools/gpu_carry.sh for a machine without this project's Debian packages.
-[ -d build/gpu-libs ] && export LD_LIBRARY_PATH="$PWD/build/gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1 || true
+# shellcheck source=/dev/null
+[ -f "$bin_root/env.sh" ] && source "$bin_root/env.sh"
+export OLMOREF_BUILD_ROOT=$bin_root OLMOREF_SOURCE_ROOT=$PWD
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ $dry = 1 ]; then
+  export GPU_EXECUTOR=cuda-host GPU_TRAINING_QUICK=1 BENCH_EXECUTOR=cuda-host BENCH_CONFIGS=configs/tiny.toml \
+    BENCH_STEPS=2
+  sanitizer=()  # compute-sanitizer needs a device: the dry run runs what it would wrap
+else
+  export GPU_EXECUTOR=cuda OLMOREF_CUDA_SYNC_LAUNCHES=1
+  command -v compute-sanitizer > /dev/null || PATH="$PATH:/usr/local/cuda/bin"
+  sanitizer=(compute-sanitizer --error-exitcode 9 --tool)
+fi
+
+budget=${GPU_CHECK_BUDGET:-420}
 declare -a names=() statuses=() seconds=()
-# The whole script stays within GPU_CHECK_BUDGET seconds (default 540: one device call may run 600): each check's
-# limit is cut to what is left, and a check with under 20 s left is not started (recorded as exit 125).
-budget=${GPU_CHECK_BUDGET:-540}
-check() {  # check NAME TIMEOUT_S COMMAND...: runs it, its output to the log
+write_summary_json() {
+  {
+    echo "["
+    for i in "${!names[@]}"; do
+      local sep=","
+      [ "$i" -eq $((${#names[@]} - 1)) ] && sep=""
+      echo "  {\"check\": \"${names[$i]}\", \"exit\": ${statuses[$i]}, \"seconds\": ${seconds[$i]}}$sep"
+    done
+    echo "]"
+  } > "$out/summary.json.tmp" && mv "$out/summary.json.tmp" "$out/summary.json"
+}
+record() {  # record NAME STATUS SECONDS LINE
+  names+=("$1"); statuses+=("$2"); seconds+=("$3")
+  echo "$4" | tee -a "$out/summary.txt"
+  write_summary_json
+}
+step() {  # step NAME LIMIT_S COMMAND...: runs it with its output streamed into checks.log
   local name=$1 limit=$2 start=$SECONDS
   shift 2
-  local left=$((budget - SECONDS - 10))
-  if [ "$left" -lt 20 ]; then
-    names+=("$name"); statuses+=(125); seconds+=(0)
-    printf "%-22s not run: the time budget (%ss) is spent\n" "$name" "$budget" | tee -a "$out/summary.txt"
-    return
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 15 ]; then
+    record "$name" 125 0 "$(printf "%-10s not run: the time budget (%ss) is spent" "$name" "$budget")"
+    return 125
   fi
   [ "$limit" -gt "$left" ] && limit=$left
-  local log
-  log="$logs/$(printf %02d ${#names[@]})-$name.log"
-  if declare -F "$1" > /dev/null; then  # a function of this script: timeout needs a process
-    timeout "$limit" bash -c "$(declare -f "$1"); $*" > "$log" 2>&1
+  printf '\n===== %s (limit %ss) %s\n' "$name" "$limit" "$(date -u +%H:%M:%S)" >> "$out/checks.log"
+  local rc
+  if [ "${GPU_CHECK_PLANT:-}" = "$name" ]; then
+    echo "planted failure (GPU_CHECK_PLANT=$name)" >> "$out/checks.log"
+    rc=3
+  elif declare -F "$1" > /dev/null; then  # a function of this script: timeout needs a process
+    timeout --kill-after=5 "$limit" stdbuf -oL -eL bash -c "$(declare -f); $(declare -p sanitizer bin_root dry); $*" \
+      >> "$out/checks.log" 2>&1
+    rc=$?
   else
-    timeout "$limit" "$@" > "$log" 2>&1
+    timeout --kill-after=5 "$limit" stdbuf -oL -eL "$@" >> "$out/checks.log" 2>&1
+    rc=$?
   fi
-  local rc=$?
-  names+=("$name"); statuses+=("$rc"); seconds+=("$((SECONDS - start))")
-  printf "%-22s exit %-3s %4ss\n" "$name" "$rc" "$((SECONDS - start))" | tee -a "$out/summary.txt"
+  local why=""
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && why=" (timed out)"
+  record "$name" "$rc" "$((SECONDS - start))" "$(printf "%-10s exit %-3s %4ss%s" "$name" "$rc" "$((SECONDS - start))" "$why")"
+  return $rc
 }
-sanitize_step() {  # one tiny training step through the device executor under a sanitizer tool
+
+preflight() {
+  if [ "$GPU_EXECUTOR" = cuda ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || return 1
+  else
+    echo "dry run: no device; the kernels run on the host (executor $GPU_EXECUTOR)"
+  fi
+  uname -m; nproc; head -n 30 /proc/cpuinfo | grep -m 1 "model name" || true
+  local b missing=0
+  for b in "$bin_root/olmoref" "$bin_root"/tests/gpu/test_gpu_*; do
+    [ -f "$b" ] && [ -x "$b" ] || continue
+    # The loader's own trace (what ldd prints, without needing ldd): a library it cannot find is "not found".
+    local libs
+    libs=$(LD_TRACE_LOADED_OBJECTS=1 "$b")
+    if [[ "$libs" == *"not found"* ]]; then echo "$libs"; echo "FAILED: $b cannot load a library"; missing=1; fi
+  done
+  [ $missing = 0 ] || return 1
+  "$bin_root/olmoref" --help | head -n 1
+  mpirun --version | head -n 1 || { echo "FAILED: no mpirun (carry gpu-carry/ from tools/gpu_carry.sh)"; return 1; }
+  if [ "$GPU_EXECUTOR" = cuda ]; then
+    "$bin_root/tests/gpu/test_gpu_smoke"
+  else
+    "$bin_root/olmoref" config --config configs/tiny.toml > /dev/null && echo "olmoref runs"
+  fi
+}
+kernels() {  # kernels [ARGS]: the device kernels against the CPU; in the dry run their decomposition on the host
+  if [ "$dry" = 1 ]; then
+    "$bin_root/tests/kernels/test_decomposition" && "$bin_root/tests/kernels/test_executor"
+  else
+    "${sanitizer[@]}" "$bin_root/tests/gpu/test_gpu_kernels" "$@"
+  fi
+}
+memcheck() {
+  [ "$dry" = 1 ] || sanitizer+=(memcheck)
+  kernels --no-math-sweep || return $?
   local w rc
   w=$(mktemp -d)
   python3 golden/traces/make_tiny_corpus.py "$w/tiny.u16" || return 2
-  compute-sanitizer --tool "$1" --error-exitcode 9 build/olmoref train --config configs/tiny.toml --steps 1 \
-    --set "data.train_files=[\"$w/tiny.u16\"]" --set train.precision=\"bf16\" --executor cuda --out "$w/run" --quiet
+  "${sanitizer[@]}" "$bin_root/olmoref" train --config configs/tiny.toml --steps 1 \
+    --set "data.train_files=[\"$w/tiny.u16\"]" --set train.precision=\"bf16\" --executor "$GPU_EXECUTOR" --out "$w/run" --quiet
   rc=$?
   rm -rf "$w"
   return $rc
 }
-: > "$out/summary.txt"
-check gpu-smoke 60 build/tests/gpu/test_gpu_smoke
-check gpu-kernels 240 build/tests/gpu/test_gpu_kernels
-check gpu-training 300 bash tests/gpu/training.sh
-command -v compute-sanitizer > /dev/null || PATH="$PATH:/usr/local/cuda/bin"
-if ! command -v compute-sanitizer > /dev/null; then
-  names+=(sanitizers); statuses+=(127); seconds+=(0)
-  echo "sanitizers             not run: compute-sanitizer not found" | tee -a "$out/summary.txt"
-else
-  check sanitizer-memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_gpu_kernels --no-math-sweep
-  check sanitizer-racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/gpu/test_gpu_kernels --no-math-sweep
-  check sanitizer-step 120 sanitize_step memcheck
-fi
-check bench 300 bash bench/gpu_bench.sh "$out" build/olmoref
-for f in "$logs"/*.log; do echo "===== $(basename "$f" .log)"; cat "$f"; done >> "$out/checks.log"
+racecheck() {
+  [ "$dry" = 1 ] || sanitizer+=(racecheck)
+  kernels --no-math-sweep --only gemm,attention
+}
+
 {
-  echo "["
-  for i in "${!names[@]}"; do
-    sep=","; [ "$i" -eq $((${#names[@]} - 1)) ] && sep=""
-    echo "  {\"check\": \"${names[$i]}\", \"exit\": ${statuses[$i]}, \"seconds\": ${seconds[$i]}}$sep"
-  done
-  echo "]"
-} > "$out/summary.json"
-for i in "${!names[@]}"; do
-  s=${statuses[$i]}
-  [ "$s" -eq 0 ] || exit 1
-done
-exit 0
+  echo "gpu_check $(date -u +%FT%TZ) $([ $dry = 1 ] && echo dry-run) commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown)"
+  echo "binaries: $bin_root"
+} > "$out/device.txt"
+if ! step preflight 60 preflight; then
+  sed -n '/===== preflight/,$p' "$out/checks.log" >> "$out/device.txt"
+  record stopped 1 0 "stopped after the preflight: see device.txt and checks.log; nothing else was run"
+  exit 1
+fi
+sed -n '/===== preflight/,$p' "$out/checks.log" >> "$out/device.txt"
+step kernels 100 kernels
+step bench 130 bash bench/gpu_bench.sh "$out" "$bin_root/olmoref"
+step training 150 bash tests/gpu/training.sh
+step memcheck 60 memcheck
+step racecheck 60 racecheck
+failed=0
+for s in "${statuses[@]}"; do [ "$s" -eq 0 ] || failed=1; done
+echo "gpu_check: $([ $failed = 0 ] && echo "every step passed" || echo "a step failed") in ${SECONDS}s" | tee -a "$out/summary.txt"
+exit $failed

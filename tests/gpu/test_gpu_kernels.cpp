@@ -8,6 +8,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_exact.h"
@@ -39,11 +42,17 @@ using namespace olmoref;
 
 namespace {
 
+// Every CUDA call is checked: a fault must name where it surfaced, not show up later as a wrong bit.
+void check_cuda(cudaError_t err, int line) {
+  if (err != cudaSuccess)
+    throw std::runtime_error("test_gpu_kernels.cpp:" + std::to_string(line) + ": " + cudaGetErrorString(err));
+}
+
 template <typename T>
 T* to_device(const std::vector<T>& v) {
   T* d = nullptr;
-  cudaMalloc(&d, v.size() * sizeof(T));
-  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), __LINE__);
+  check_cuda(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), __LINE__);
   return d;
 }
 
@@ -59,7 +68,7 @@ int check_gemm() {
     kernels::gemm_exact_device(testing::gemm_args(c, da, db, dc));
     std::vector<float> got(o.c.size());
     const cudaError_t err = cudaDeviceSynchronize();
-    cudaMemcpy(got.data(), dc, got.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    check_cuda(cudaMemcpy(got.data(), dc, got.size() * sizeof(float), cudaMemcpyDeviceToHost), __LINE__);
     cudaFree(da);
     cudaFree(db);
     cudaFree(dc);
@@ -76,7 +85,7 @@ int check_gemm() {
 template <typename T>
 std::vector<T> from_device(const T* d, size_t n) {
   std::vector<T> v(n);
-  cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  check_cuda(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), __LINE__);
   return v;
 }
 
@@ -195,7 +204,7 @@ int check_elementwise() {
     float *dA = to_device(std::vector<float>(n)), *dDG = to_device(std::vector<float>(n)), *dDU = to_device(std::vector<float>(n));
     kernels::run_device(kernels::SwigluForwardOp{dG, dU, dA, bf16}, n);
     kernels::run_device(kernels::SwigluBackwardOp{dG, dU, dDA, dDG, dDU, bf16}, n);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     report(bf16 ? "swiglu bf16" : "swiglu fp32",
            bits_equal(from_device(dA, n), a) && bits_equal(from_device(dDG, n), dg) && bits_equal(from_device(dDU, n), du));
     for (float* p : {dG, dU, dDA, dA, dDG, dDU}) cudaFree(p);
@@ -217,7 +226,7 @@ int check_elementwise() {
     for (const ParamInfo& info : L.params) {
       kernels::run_device(kernels::AdamWOp{sc, adamw_decay(oc, info, lr), dGR + info.offset, dP + info.offset, dM + info.offset, dV + info.offset}, info.numel);
     }
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     report("adamw", bits_equal(from_device(dP, L.total), p) && bits_equal(from_device(dM, L.total), m) &&
                         bits_equal(from_device(dV, L.total), v));
     for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
@@ -232,7 +241,7 @@ int check_elementwise() {
     const elem::SkipStepScalars sc = skip_step_scalars(oc, 2.5e-3, oc.weight_decay, 6.0f, sf);
     skip_step_elements(sc, gr.data(), p.data(), m.data(), v.data(), n, nullptr);
     kernels::run_device(kernels::SkipStepAdamWOp{sc, dGR, dP, dM, dV}, n);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     report(sf == 1.0f ? "skip_step_adamw (step)" : "skip_step_adamw (skipped)",
            bits_equal(from_device(dP, n), p) && bits_equal(from_device(dM, n), m) && bits_equal(from_device(dV, n), v));
     for (float* q : {dP, dM, dV, dGR}) cudaFree(q);
@@ -248,7 +257,7 @@ int check_elementwise() {
     kernels::run_device(kernels::RoundBf16Op{dX, dX}, static_cast<int64_t>(x.size()));
     kernels::run_device(kernels::AddOp{dT, dS, dT}, n);
     kernels::run_device(kernels::ScaleOp{dC, 0.37f}, n);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     report("round_bf16", bits_equal(from_device(dX, x.size()), r));
     report("tree_add", bits_equal(from_device(dT, n), t));
     report("scale", bits_equal(from_device(dC, n), sc));
@@ -304,7 +313,7 @@ int check_loss() {
     kernels::NormChunkArgs a;
     a.grad = dg, a.n = n, a.chunk = kNormChunk, a.out = dout;
     kernels::grad_norm_chunks_device(a);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     const std::vector<double> got = from_device(dout, want.size());
     const bool same = std::memcmp(got.data(), want.data(), want.size() * 8) == 0;
     std::printf("grad-norm chunks n=%lld: %s\n", (long long)n, same ? "bitwise equal" : "DIFFERENT");
@@ -320,7 +329,7 @@ int check_loss() {
     kernels::ZeroCountArgs za;
     za.x = dz, za.n = n, za.chunk = kNormChunk, za.out = dcount;
     kernels::zero_count_chunks_device(za);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     int64_t got_zeros = 0;
     for (double c : from_device(dcount, static_cast<size_t>(chunks))) got_zeros += static_cast<int64_t>(c);
     std::printf("zero count n=%lld: %lld (host %lld)\n", (long long)n, (long long)got_zeros, (long long)want_zeros);
@@ -354,7 +363,7 @@ int check_embed_rope() {
   int64_t *dstart = to_device(start), *dorder = to_device(order);
   kernels::run_device(kernels::EmbeddingForwardOp{dtab, dtok, dx_out, d}, R * d);
   kernels::run_device(kernels::EmbeddingBackwardOp{dstart, dorder, ddx, ddt, d}, V * d);
-  cudaDeviceSynchronize();
+  check_cuda(cudaDeviceSynchronize(), __LINE__);
   const bool emb = bits_equal(from_device(dx_out, R * d), x_ref) && bits_equal(from_device(ddt, V * d), dt_ref);
   std::printf("embedding forward/backward: %s\n", emb ? "bitwise equal" : "DIFFERENT");
   failed += !emb;
@@ -369,7 +378,7 @@ int check_embed_rope() {
     float *dq = to_device(q), *dq2 = to_device(q), *dc = to_device(rt.cos), *ds = to_device(rt.sin);
     kernels::run_device(kernels::RopeOp{dq, heads, hd, T, dc, ds, false}, kernels::rope_elements(R, heads, hd));
     kernels::run_device(kernels::RopeOp{dq2, heads, hd, T, dc, ds, true}, kernels::rope_elements(R, heads, hd));
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     const bool ok = bits_equal(from_device(dq, q.size()), fwd) && bits_equal(from_device(dq2, q.size()), bwd);
     std::printf("rope %lld heads forward/backward: %s\n", (long long)heads, ok ? "bitwise equal" : "DIFFERENT");
     failed += !ok;
@@ -508,7 +517,7 @@ int check_moe() {
     kernels::run_device(kernels::MoEScatterAddOp{view, dDXG, dDX, d}, R * d);
     kernels::run_device(kernels::MoESharedCombineOp{dSH, dOut, dOut, div, alpha}, R * d);
     kernels::run_device(kernels::MoESharedCombineBackwardOp{dSH, dDSH, dDRT, div, alpha}, R * d);
-    cudaDeviceSynchronize();
+    check_cuda(cudaDeviceSynchronize(), __LINE__);
     const bool ok = bits_equal(from_device(dXG, xg.size()), xg) && bits_equal(from_device(dOut, out.size()), out) &&
                     bits_equal(from_device(dDX, dx.size()), dx) && bits_equal(from_device(dDSH, dsh.size()), dsh) &&
                     bits_equal(from_device(dDRT, drt.size()), drt);
@@ -524,16 +533,51 @@ int check_moe() {
   return failed;
 }
 
+// test_gpu_kernels [--no-math-sweep] [--only NAME,NAME...]: every kernel family against the CPU, bit for bit.
+// Output is line-buffered (a crash or a timeout still leaves every line before it in the log) and an exception in
+// one family is reported as that family's failure, and the next family runs.
 int main(int argc, char** argv) {
-  const bool no_math_sweep = argc > 1 && std::strcmp(argv[1], "--no-math-sweep") == 0;  // for the sanitizers
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  bool no_math_sweep = false;  // for the sanitizers: the math sweep is long and has no shared memory
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-math-sweep") == 0) {
+      no_math_sweep = true;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only.append(",").append(argv[++i]).append(",");
+    } else {
+      std::fprintf(stderr, "usage: test_gpu_kernels [--no-math-sweep] [--only NAME,...]; unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
   const cuda::DeviceInfo dev = cuda::query_device();
   if (!dev.available) {
     std::printf("SKIPPED: no CUDA device (%s)\n", dev.reason.c_str());
     return 77;
   }
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
-  const int failed = check_gemm() + check_gemm_swiglu() + check_rmsnorm() + check_fused_norm() + check_elementwise() + check_loss() +
-                     check_embed_rope() + check_attention() + check_moe() + check_model() + (no_math_sweep ? 0 : check_math());
+  const std::pair<const char*, int (*)()> families[] = {
+      {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
+      {"fused_norm", check_fused_norm}, {"elementwise", check_elementwise}, {"loss", check_loss},
+      {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe},
+      {"model", check_model},     {"math", check_math}};
+  int failed = 0, ran = 0;
+  for (const auto& [name, check] : families) {
+    if (!only.empty() && only.find("," + std::string(name) + ",") == std::string::npos) continue;
+    if (no_math_sweep && std::strcmp(name, "math") == 0) continue;
+    ++ran;
+    try {
+      failed += check() != 0;
+    } catch (const std::exception& e) {
+      std::printf("%s: FAILED with an exception: %s\n", name, e.what());
+      ++failed;
+      cudaGetLastError();  // a sticky error stays; the next family reports its own
+    }
+  }
+  if (ran == 0) {
+    std::printf("FAILED: --only %s names no kernel family\n", only.c_str());
+    return 2;
+  }
   std::printf(failed ? "FAILED\n" : "OK: every kernel bitwise equal to the CPU\n");
   return failed ? 1 : 0;
 }

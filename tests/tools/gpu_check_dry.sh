@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# meson test tools-gpu-check-dry-run: the device check (tools/gpu_check.sh) proved here, without a GPU, so the first
+# device session is not spent on the script:
+#   1. what gpu_carry.sh carries loads on a machine with nothing but the C/C++ runtime (a chroot), including mpirun
+#      and two processes training like one; with one carried library taken away, the check fails;
+#   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
+#      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
+#      '_', '-'); summary.json lists the steps in order; bench.json has a row per run;
+#   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
+#      after it still run; a planted failure in the preflight stops the script at once, saying why.
+set -euo pipefail
+BUILD="${OLMOREF_BUILD_ROOT:?}"
+SRC="${OLMOREF_SOURCE_ROOT:?}"
+cd "$SRC"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== 1. the carried folder on a bare root"
+if [ "$(id -u)" = 0 ] && chroot / true 2> /dev/null; then
+  GPU_CARRY_DIR=$work/carry bash tools/gpu_carry.sh --build "$BUILD" --check
+  rm "$work/carry/lib/libzstd.so.1"
+  if GPU_CARRY_DIR=$work/carry bash tools/gpu_carry.sh --check-only > "$work/missing.log" 2>&1; then
+    cat "$work/missing.log"; echo "FAIL: the check passed with libzstd taken out of the carried libraries"; exit 1
+  fi
+  grep -q "FAILED: /carry/olmoref cannot load a library" "$work/missing.log"
+  echo "a carried library taken out: the check fails, naming the binary"
+  rm -rf "$work/carry"
+else
+  echo "NOTE: the chroot check needs root; not checked here"
+fi
+
+check_out() {  # check_out DIR: the device tool's limits on what comes back
+  python3 - "$1" <<'PY'
+import os, re, sys
+files = sorted(os.listdir(sys.argv[1]))
+assert len(files) <= 8, f"{len(files)} files under OUT: {files}"
+for f in files:
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", f), f"bad name {f!r}"
+    assert os.path.isfile(os.path.join(sys.argv[1], f)), f"{f} is not a plain file"
+print("OUT:", " ".join(files))
+PY
+}
+steps='["preflight", "kernels", "bench", "training", "memcheck", "racecheck"]'
+
+echo "== 2. the dry run"
+OUT=$work/dry GPU_CHECK_BINARIES=$BUILD bash tools/gpu_check.sh --dry-run || { cat "$work/dry/checks.log"; exit 1; }
+check_out "$work/dry"
+python3 - "$work/dry" "$steps" <<'PY'
+import json, sys
+d, steps = sys.argv[1], json.loads(sys.argv[2])
+s = json.load(open(f"{d}/summary.json"))
+assert [r["check"] for r in s] == steps, s
+assert all(r["exit"] == 0 for r in s), s
+b = json.load(open(f"{d}/bench.json"))
+assert [(r["config"], r["precision"]) for r in b] == [("tiny", "fp32"), ("tiny", "bf16")], b
+assert all(r["tokens_per_second"] > 0 for r in b), b
+log = open(f"{d}/checks.log").read()
+for step in steps:
+    assert f"===== {step} " in log, step
+print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
+PY
+
+echo "== 3. planted failures"
+if OUT=$work/plant GPU_CHECK_BINARIES=$BUILD GPU_CHECK_PLANT=training bash tools/gpu_check.sh --dry-run; then
+  echo "FAIL: a planted failure in training, and the script exits 0"; exit 1
+fi
+check_out "$work/plant"
+python3 - "$work/plant" "$steps" <<'PY'
+import json, sys
+d, steps = sys.argv[1], json.loads(sys.argv[2])
+s = {r["check"]: r["exit"] for r in json.load(open(f"{d}/summary.json"))}
+assert list(s) == steps, s
+assert s["training"] == 3 and all(s[k] == 0 for k in steps if k != "training"), s
+log = open(f"{d}/checks.log").read()
+assert "planted failure (GPU_CHECK_PLANT=training)" in log
+assert log.index("===== kernels ") < log.index("[doctest] Status: SUCCESS") < log.index("===== training "), \
+    "the kernels' log before the failure"
+assert len(json.load(open(f"{d}/bench.json"))) == 2, "the bench rows before the failure"
+print("planted training failure: the logs before it came back and the steps after it ran")
+PY
+if OUT=$work/pre GPU_CHECK_BINARIES=$BUILD GPU_CHECK_PLANT=preflight bash tools/gpu_check.sh --dry-run; then
+  echo "FAIL: a planted preflight failure, and the script exits 0"; exit 1
+fi
+check_out "$work/pre"
+grep -q "stopped after the preflight" "$work/pre/summary.txt"
+if grep -q "===== kernels" "$work/pre/checks.log"; then echo "FAIL: steps ran after a failed preflight"; exit 1; fi
+echo "planted preflight failure: stopped at once, the reason in summary.txt"
+echo "gpu check dry run: ok"
