@@ -8,6 +8,7 @@
 //   olmoref golden logits (--config FILE | --checkpoint DIR) --seq-len T --out DIR [--precision bf16]
 // Uses header-only CLI11, like cli/data_commands.cpp.
 #include "cli/golden_commands.h"
+#include "cli/golden_replay.h"
 
 #include <limits>
 #include <cstdio>
@@ -287,6 +288,7 @@ void register_golden_commands(CLI::App& app) {
                   lo->out_dir.c_str(), static_cast<long long>(lo->instances), static_cast<long long>(lo->seq_len),
                   s.tokens_from.c_str(), static_cast<long long>(s.step), s.loss, s.seconds);
     });
+    register_golden_replay(*cmd);
   }
 }
 

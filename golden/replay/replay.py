@@ -89,6 +89,7 @@ def main(argv=None):
     ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
     ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, grad_norm, lr}")
     ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here")
+    ap.add_argument("--report", help="also write what this replay is (olmoref golden replay's adapter contract) here")
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
                     help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
@@ -181,6 +182,14 @@ def main(argv=None):
     if args.steploss:
         with open(args.steploss, "w") as f:
             f.writelines(lines)
+    if args.report:
+        report = {"framework": "torch", "version": torch.__version__, "steps": S,
+                  "native": ["transformers Olmo3ForCausalLM (eager attention, fp32)", "torch.optim.AdamW",
+                             "torch.nn.utils.clip_grad_norm_"],
+                  "added": ["the loss: cross-entropy + z_loss * logsumexp^2 over the global target count (a plain "
+                            "loop, no trainer)", "lr set per step from the bundle's lr_per_step"]}
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
     return 0
 
 

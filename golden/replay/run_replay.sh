@@ -3,8 +3,8 @@
 #
 #   1. train configs/small.toml for 50 steps in fp32 on the demo corpus        (olmoref train)
 #   2. write a golden bundle from the run                                       (olmoref golden export)
-#   3. replay the bundle in PyTorch + transformers                              (golden/replay/replay.py)
-#   4. compare the per-step losses, rtol 1e-5 over >= 50 steps                  (olmoref trace compare)
+#   3. replay the bundle in PyTorch + transformers                              (olmoref golden replay --framework
+#   4. compare the per-step losses, rtol 1e-5 over >= 50 steps                   torch: replay.py, trace compare)
 #   5. plot both                                                                (olmoref trace plot)
 #
 # Usage: golden/replay/run_replay.sh [WORKDIR]   (default: a temporary directory, removed on success)
@@ -51,19 +51,18 @@ echo "run_replay: 1/5 $bin train --config configs/small.toml --steps $steps --ou
   { echo "run_replay: training failed" >&2; exit 2; }
 echo "run_replay: 2/5 $bin golden export --run $run --out $bundle"
 "$bin" golden export --run "$run" --out "$bundle" || { echo "run_replay: export failed" >&2; exit 2; }
-echo "run_replay: 3/5 replay.py --bundle $bundle --out $work/replay.jsonl"
+echo "run_replay: 3-4/5 $bin golden replay $bundle --framework torch --out $work/replay (replay.py, then trace compare with rules-fp32.toml)"
 peer_threads="${OLMOREF_PEER_THREADS:-$threads}"
-OMP_NUM_THREADS="$peer_threads" "$py" "$here/replay.py" --bundle "$bundle" --out "$work/replay.jsonl" \
-  --steploss "$work/replay.txt" --threads "$peer_threads" || { echo "run_replay: replay failed" >&2; exit 2; }
-echo "run_replay: 4/5 $bin trace compare $bundle/trace.jsonl $work/replay.jsonl --rules $here/rules-fp32.toml"
-"$bin" trace compare "$bundle/trace.jsonl" "$work/replay.jsonl" --rules "$here/rules-fp32.toml" --report "$work/compare.txt"
+OMP_NUM_THREADS="$peer_threads" "$bin" golden replay "$bundle" --framework torch --out "$work/replay" \
+  --threads "$peer_threads" --python "$py"
 rc=$?
+[ $rc -le 1 ] || { echo "run_replay: replay failed" >&2; exit 2; }
 echo "run_replay: 5/5 $bin trace plot -> $work/replay.svg"
-"$bin" trace plot "$bundle/trace.jsonl" "$work/replay.txt" --title "olmoref golden trace vs PyTorch replay" \
+"$bin" trace plot "$bundle/trace.jsonl" "$work/replay/replay.jsonl" --title "olmoref golden trace vs PyTorch replay" \
   --out "$work/replay.svg" > /dev/null
 if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP:-0}" != 1 ] && [ $# -eq 0 ]; then
   rm -rf "$work"
 else
-  echo "run_replay: kept $work (bundle, replay.jsonl, replay.txt, compare.txt, replay.svg)"
+  echo "run_replay: kept $work (bundle, replay/: replay.jsonl, report.json, compare.txt; replay.svg)"
 fi
 exit $rc

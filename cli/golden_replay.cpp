@@ -1,0 +1,167 @@
+// cli/golden_replay.cpp — `olmoref golden replay BUNDLE --framework F`: another framework's own trainer replays a golden
+// bundle, and its trace is compared with the bundle's under that framework's rules (golden/replay/rules-F.toml).
+//
+// Each framework is a short Python adapter in golden/replay/ run with the Python environment that holds that
+// framework (the table below). The adapter's contract: `PY SCRIPT --bundle DIR --out REPLAY.jsonl --report
+// REPORT.json [--steps N] --threads N` writes one JSON line per step ({"step", "loss", "ce", "z", "grad_norm",
+// "lr"}, what the framework's trainer recorded) and a report of what the framework expressed natively and what was
+// added to it, and exits 0 (replayed) or 2 (a malformed bundle, or the framework cannot be imported).
+#include "cli/golden_replay.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "golden/compare.h"
+
+#ifndef OLMOREF_SOURCE_DIR
+#error "cli/meson.build defines OLMOREF_SOURCE_DIR: where golden/replay/ is found when OLMOREF_SOURCE_ROOT is unset"
+#endif
+
+namespace olmoref {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Framework {
+  const char* name;
+  const char* script;     // under golden/replay/
+  const char* rules;      // under golden/replay/
+  const char* venv_env;   // the environment variable naming its Python environment
+  const char* venv_home;  // the default, under ~/.cache/olmoref/ (tools/setup_python.sh makes it)
+  const char* what;       // for --help
+};
+
+// The frameworks whose adapters exist. Each venv is the one the suite's checks of that framework already use.
+constexpr Framework kFrameworks[] = {
+    {"torch", "replay.py", "rules-fp32.toml", "OLMOREF_VENV", "venv",
+     "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)"},
+    {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "OLMOREF_OLMO_CORE_VENV", "venv-olmo-core",
+     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
+};
+
+const Framework& framework_named(const std::string& name) {
+  for (const Framework& f : kFrameworks)
+    if (name == f.name) return f;
+  std::string known;
+  for (const Framework& f : kFrameworks) known += std::string(known.empty() ? "" : ", ") + f.name;
+  throw std::invalid_argument("--framework " + name + ": no adapter for it; the frameworks are " + known);
+}
+
+std::string source_root() {
+  const char* env = std::getenv("OLMOREF_SOURCE_ROOT");
+  return env && *env ? env : OLMOREF_SOURCE_DIR;
+}
+
+std::string python_of(const Framework& f, const std::string& explicit_python) {
+  if (!explicit_python.empty()) return explicit_python;
+  std::string venv;
+  if (const char* env = std::getenv(f.venv_env); env && *env) {
+    venv = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    venv = std::string(home ? home : "") + "/.cache/olmoref/" + f.venv_home;
+  }
+  const std::string py = venv + "/bin/python";
+  if (access(py.c_str(), X_OK) != 0)
+    throw std::runtime_error("--framework " + std::string(f.name) + " runs in the Python environment " + venv + " (" +
+                             f.venv_env + "), which has no bin/python: run `bash tools/setup_python.sh`, set " +
+                             f.venv_env + ", or pass --python");
+  return py;
+}
+
+// Runs argv[0] with argv, its output on ours; returns its exit status (128 + signal when killed).
+int run_program(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed starting " + argv[0]);
+  if (pid == 0) {
+    execv(args[0], args.data());
+    std::fprintf(stderr, "olmoref golden replay: could not start %s\n", args[0]);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct ReplayOptions {
+  std::string bundle, framework, out, python;
+  int64_t steps = 0;
+  int threads = 1;
+};
+
+int golden_replay(const ReplayOptions& o) {
+  const Framework& f = framework_named(o.framework);
+  const fs::path bundle(o.bundle);
+  if (!fs::is_regular_file(bundle / "bundle.json") || !fs::is_regular_file(bundle / "trace.jsonl"))
+    throw std::invalid_argument(o.bundle + ": not a golden bundle (bundle.json and trace.jsonl are written by "
+                                "`olmoref golden export --run RUN --out BUNDLE`)");
+  const fs::path here = fs::path(source_root()) / "golden" / "replay";
+  const fs::path script = here / f.script, rules = here / f.rules;
+  for (const fs::path& p : {script, rules})
+    if (!fs::is_regular_file(p))
+      throw std::runtime_error(p.string() + " not found: golden replay reads its adapters from the source tree; set "
+                               "OLMOREF_SOURCE_ROOT to the olmoref checkout");
+  const fs::path out = o.out.empty() ? bundle / ("replay-" + std::string(f.name)) : fs::path(o.out);
+  fs::create_directories(out);
+  const std::string replay = (out / "replay.jsonl").string(), report = (out / "report.json").string();
+  std::vector<std::string> argv = {python_of(f, o.python), script.string(), "--bundle", o.bundle, "--out", replay,
+                                   "--report", report, "--threads", std::to_string(o.threads)};
+  if (o.steps > 0) argv.insert(argv.end(), {"--steps", std::to_string(o.steps)});
+  std::printf("olmoref golden replay: %s (%s)\n", f.name, f.what);
+  const int rc = run_program(argv);
+  if (rc != 0) {
+    std::fprintf(stderr, "olmoref golden replay: the %s adapter (%s) exited with status %d; nothing was compared\n",
+                 f.name, script.c_str(), rc);
+    return 2;
+  }
+  const LoadedTrace golden = load_trace_any((bundle / "trace.jsonl").string()), theirs = load_trace_any(replay);
+  const CompareRules r = load_rules(rules.string());
+  const CompareResult res = compare_traces(golden, theirs, r);
+  const std::string text = format_compare_report(golden, theirs, r, res);
+  std::fputs(text.c_str(), stdout);
+  std::ofstream((out / "compare.txt").string()) << text;
+  std::printf("olmoref golden replay: %s: %s (trace %s, report %s, comparison %s)\n", f.name,
+              res.pass ? "the replay holds" : "the replay differs", replay.c_str(), report.c_str(),
+              (out / "compare.txt").c_str());
+  return res.pass ? 0 : 1;
+}
+
+}  // namespace
+
+void register_golden_replay(CLI::App& golden) {
+  auto* cmd = golden.add_subcommand(
+      "replay",
+      "Replay a golden bundle with another framework's own trainer and compare its trace with the bundle's under that "
+      "framework's rules (golden/replay/rules-FRAMEWORK.toml); exit 0 when it holds, 1 when it differs, 2 when the "
+      "replay could not run");
+  auto o = std::make_shared<ReplayOptions>();
+  std::string names;
+  for (const Framework& f : kFrameworks) names += std::string(names.empty() ? "" : "; ") + f.name + ": " + f.what;
+  cmd->add_option("BUNDLE", o->bundle, "Golden bundle directory (`olmoref golden export`)")->required();
+  cmd->add_option("--framework", o->framework, "Whose trainer replays it: " + names)->required();
+  cmd->add_option("--out", o->out, "Where the replay's trace, report and comparison go (default BUNDLE/replay-FRAMEWORK)");
+  cmd->add_option("--steps", o->steps, "Replay steps 1..N only (default: every step of the bundle)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--threads", o->threads, "CPU threads of the framework (default 1)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--python", o->python, "The Python to run the adapter with (default: the framework's environment)");
+  cmd->callback([o] { set_command_exit_code(golden_replay(*o)); });
+}
+
+}  // namespace olmoref
