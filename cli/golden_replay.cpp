@@ -46,6 +46,8 @@ struct Framework {
 constexpr Framework kFrameworks[] = {
     {"torch", "replay.py", "rules-fp32.toml", "OLMOREF_VENV", "venv",
      "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)"},
+    {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "OLMOREF_VENV", "venv",
+     "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "OLMOREF_OLMO_CORE_VENV", "venv-olmo-core",
      "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
 };

@@ -1,7 +1,7 @@
 # golden/parity/venv.sh — sourced by the parity and HF-load scripts: where the Python environment lives and
 # whether it can run the checks. The venv sits outside the clone so builds and `git clean` never touch it.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -24,8 +24,9 @@ olmoref_ensure_venv() {
   fi
   # --upgrade: an existing but old transformers lacks Olmo3ForCausalLM (added in 4.57).
   # megatron-core: the interop checks build Megatron's own dataset indices with it (CPU only; no extras).
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic megatron-core ||
-    skip "pip could not install torch/transformers/safetensors/numpy/pydantic/megatron-core into $OLMOREF_VENV (no network?)"
+  # accelerate: Hugging Face's Trainer needs it (golden replay --framework hf-trainer).
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic megatron-core accelerate ||
+    skip "pip could not install torch/transformers/safetensors/numpy/pydantic/megatron-core/accelerate into $OLMOREF_VENV (no network?)"
   # torchtitan: the interop check drives its own metrics logger and loss-compare helpers. Its wheel pins training
   # extras (datasets, wandb, torchdata, torch_checkpointing) those modules never import, and installing them could
   # move torch: take the package alone, then what its metrics module imports.

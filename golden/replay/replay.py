@@ -26,62 +26,8 @@ import sys
 import time
 
 
-class BundleError(Exception):
-    pass
-
-
-def setup_torch(threads):
-    import torch
-
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
-    if hasattr(torch.backends, "fp32_precision"):
-        torch.backends.fp32_precision = "ieee"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.fp32_precision = "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    return torch
-
-
-def open_token_files(bundle, meta):
-    import numpy as np
-
-    dtype = {"uint16": "<u2", "uint32": "<u4"}.get(meta["data"]["dtype"])
-    if dtype is None:
-        raise BundleError(f"bundle.json: data.dtype {meta['data']['dtype']!r} (expected uint16 or uint32)")
-    files = []
-    for f in meta["data"]["files"]:
-        path = os.path.join(bundle, f["bundle_path"]) if f.get("bundle_path") else f["path"]
-        if not os.path.exists(path):
-            raise BundleError(f"token file {path} not found (the bundle references it by path; export with "
-                              f"--copy-data to carry the files, or place them there)")
-        if os.path.getsize(path) != f["bytes"]:
-            raise BundleError(f"{path}: {os.path.getsize(path)} bytes, the bundle says {f['bytes']}: another file")
-        files.append(np.memmap(path, dtype=dtype, mode="r"))
-    return files
-
-
-def step_tokens(files, rec, T):
-    """The global batch of one batches.jsonl record as int64 [G, T], checked against its checksums."""
-    import numpy as np
-
-    rows = []
-    for inst in rec["instances"]:
-        a, b = inst["token_start"], inst["token_end"]
-        if b - a != T:
-            raise BundleError(f"step {rec['step']}: instance {inst['instance']} spans {b - a} tokens, seq_len is {T}")
-        rows.append(np.asarray(files[inst["file"]][a:b], dtype=np.uint64))
-    flat = np.concatenate(rows)
-    with np.errstate(over="ignore"):
-        s = int(flat.sum(dtype=np.uint64))
-        ws = int((flat * np.arange(1, flat.size + 1, dtype=np.uint64)).sum(dtype=np.uint64))
-    if s != rec["token_sum"] or ws != rec["token_wsum"]:
-        raise BundleError(f"step {rec['step']}: the tokens read from the files do not match the bundle's checksums "
-                          f"(sum {s} vs {rec['token_sum']}): the token files differ from the run's")
-    return np.stack(rows).astype(np.int64)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bundle import Bundle, BundleError, recipe_loss_sums, setup_torch  # noqa: E402
 
 
 def main(argv=None):
@@ -96,50 +42,23 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     try:
-        meta = json.load(open(os.path.join(args.bundle, "bundle.json")))
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"replay: bad bundle: {args.bundle}/bundle.json: {e}", file=sys.stderr)
+        bundle = Bundle(args.bundle, args.steps)
+    except BundleError as e:
+        print(f"replay: bad bundle: {e}", file=sys.stderr)
         return 2
-    if meta.get("format") != "olmoref-golden-bundle/1":
-        print(f"replay: bad bundle: format {meta.get('format')!r}, expected olmoref-golden-bundle/1", file=sys.stderr)
-        return 2
+    meta = bundle.meta
     if meta["precision"] != "fp32":
         print(f"replay: note: the run used precision {meta['precision']}; this replay computes in fp32, so expect "
               f"bf16-sized differences", file=sys.stderr)
 
     torch = setup_torch(args.threads)
     import transformers
-    from transformers import Olmo3ForCausalLM
 
     transformers.utils.logging.disable_progress_bar()
-
-    S = meta["steps"] if args.steps is None else min(args.steps, meta["steps"])
-    G, mb, T = meta["global_batch_instances"], meta["micro_batch_instances"], meta["seq_len"]
-    N = meta["loss"]["targets_per_step"]
-    z_loss = float(meta["loss"]["z_loss"])
-    optim = meta["optim"]
-    if N != G * (T - 1) or G % mb:
-        print(f"replay: bad bundle: targets_per_step {N}, instances {G}, micro-batch {mb}, seq_len {T} disagree",
-              file=sys.stderr)
-        return 2
-    try:
-        files = open_token_files(args.bundle, meta)
-        batches = [json.loads(l) for l in open(os.path.join(args.bundle, meta["data"]["batches"])) if l.strip()]
-        if [b["step"] for b in batches[:S]] != list(range(1, S + 1)):
-            raise BundleError("batches.jsonl must hold steps 1, 2, ... in order")
-    except BundleError as e:
-        print(f"replay: bad bundle: {e}", file=sys.stderr)
-        return 2
-
-    model = Olmo3ForCausalLM.from_pretrained(os.path.join(args.bundle, meta["hf_dir"]), dtype=torch.float32,
-                                             attn_implementation="eager")
-    model.model.embed_tokens.padding_idx = None  # HF zeroes the pad row's gradient; OLMo-core trains every row
-    model.train()
-    nd = set(optim["no_decay"])
+    S, G, mb, T, N, z_loss, optim = bundle.S, bundle.G, bundle.mb, bundle.T, bundle.N, bundle.z_loss, bundle.optim
+    model = bundle.hf_model(torch)
     params = [p for _, p in model.named_parameters()]
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in nd], "weight_decay": optim["weight_decay"]},
-              {"params": [p for n, p in model.named_parameters() if n in nd], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=optim["lr_per_step"][0],
+    opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=optim["lr_per_step"][0],
                             betas=tuple(optim["betas"]), eps=optim["eps"], foreach=False, fused=False)
 
     print(f"replay: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), torch {torch.__version__}, "
@@ -149,7 +68,7 @@ def main(argv=None):
     t0 = time.time()
     for s in range(1, S + 1):
         try:
-            tokens = torch.from_numpy(step_tokens(files, batches[s - 1], T))
+            tokens = torch.from_numpy(bundle.tokens(s))
         except BundleError as e:
             print(f"replay: bad bundle: {e}", file=sys.stderr)
             return 2
@@ -157,11 +76,7 @@ def main(argv=None):
         ce_total = z_total = 0.0
         for i in range(0, G, mb):
             ids = tokens[i:i + mb]
-            logits = model(ids).logits[:, :-1, :].float()
-            target = ids[:, 1:]
-            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                   reduction="sum")
-            z = z_loss * torch.logsumexp(logits, dim=-1).pow(2).sum()
+            ce, z = recipe_loss_sums(torch, model(ids).logits, ids, z_loss)
             ((ce + z) / N).backward()
             ce_total += ce.item()
             z_total += z.item()

@@ -25,7 +25,7 @@ expect_fail() {  # expect_fail STATUS TEXT COMMAND...: COMMAND exits STATUS and 
   fi
   echo "ok: exit $rc: $(grep -F -m1 -- "$text" "$work/out.log" | cut -c1-150)"
 }
-expect_fail 2 "the frameworks are torch, olmo-core" "$BIN" golden replay "$work/bundle" --framework nosuch
+expect_fail 2 "the frameworks are torch, hf-trainer, olmo-core" "$BIN" golden replay "$work/bundle" --framework nosuch
 expect_fail 2 "olmoref golden export --run RUN --out BUNDLE" "$BIN" golden replay "$work" --framework torch
 OLMOREF_VENV=$work/novenv expect_fail 2 "run \`bash tools/setup_python.sh\`, set OLMOREF_VENV" \
   "$BIN" golden replay "$work/bundle" --framework torch

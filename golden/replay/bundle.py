@@ -1,0 +1,124 @@
+"""Reading an olmoref golden bundle (docs/formats/golden-bundle.md) for the replay adapters in this folder.
+
+Every adapter (replay.py, hf_trainer_replay.py, ...) reads the bundle the same way: the metadata, the token files,
+each step's global batch checked against its checksums, the step-0 weights as transformers' Olmo3ForCausalLM, and
+the recipe's loss terms. Only what each framework's own trainer does differs, so that is all an adapter holds.
+"""
+import json
+import os
+
+
+class BundleError(Exception):
+    pass
+
+
+def setup_torch(threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    if hasattr(torch.backends, "fp32_precision"):
+        torch.backends.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return torch
+
+
+def open_token_files(bundle, meta):
+    import numpy as np
+
+    dtype = {"uint16": "<u2", "uint32": "<u4"}.get(meta["data"]["dtype"])
+    if dtype is None:
+        raise BundleError(f"bundle.json: data.dtype {meta['data']['dtype']!r} (expected uint16 or uint32)")
+    files = []
+    for f in meta["data"]["files"]:
+        path = os.path.join(bundle, f["bundle_path"]) if f.get("bundle_path") else f["path"]
+        if not os.path.exists(path):
+            raise BundleError(f"token file {path} not found (the bundle references it by path; export with "
+                              f"--copy-data to carry the files, or place them there)")
+        if os.path.getsize(path) != f["bytes"]:
+            raise BundleError(f"{path}: {os.path.getsize(path)} bytes, the bundle says {f['bytes']}: another file")
+        files.append(np.memmap(path, dtype=dtype, mode="r"))
+    return files
+
+
+def step_tokens(files, rec, T):
+    """The global batch of one batches.jsonl record as int64 [G, T], checked against its checksums."""
+    import numpy as np
+
+    rows = []
+    for inst in rec["instances"]:
+        a, b = inst["token_start"], inst["token_end"]
+        if b - a != T:
+            raise BundleError(f"step {rec['step']}: instance {inst['instance']} spans {b - a} tokens, seq_len is {T}")
+        rows.append(np.asarray(files[inst["file"]][a:b], dtype=np.uint64))
+    flat = np.concatenate(rows)
+    with np.errstate(over="ignore"):
+        s = int(flat.sum(dtype=np.uint64))
+        ws = int((flat * np.arange(1, flat.size + 1, dtype=np.uint64)).sum(dtype=np.uint64))
+    if s != rec["token_sum"] or ws != rec["token_wsum"]:
+        raise BundleError(f"step {rec['step']}: the tokens read from the files do not match the bundle's checksums "
+                          f"(sum {s} vs {rec['token_sum']}): the token files differ from the run's")
+    return np.stack(rows).astype(np.int64)
+
+
+class Bundle:
+    """bundle.json checked for consistency, the token files opened and the batch records read (steps 1..S)."""
+
+    def __init__(self, path, steps=None):
+        self.path = path
+        try:
+            meta = json.load(open(os.path.join(path, "bundle.json")))
+        except (OSError, json.JSONDecodeError) as e:
+            raise BundleError(f"{path}/bundle.json: {e}")
+        if meta.get("format") != "olmoref-golden-bundle/1":
+            raise BundleError(f"format {meta.get('format')!r}, expected olmoref-golden-bundle/1")
+        self.meta = meta
+        self.S = meta["steps"] if steps is None else min(steps, meta["steps"])
+        self.G, self.mb, self.T = meta["global_batch_instances"], meta["micro_batch_instances"], meta["seq_len"]
+        self.N = meta["loss"]["targets_per_step"]
+        self.z_loss = float(meta["loss"]["z_loss"])
+        self.optim = meta["optim"]
+        if self.N != self.G * (self.T - 1) or self.G % self.mb:
+            raise BundleError(f"targets_per_step {self.N}, instances {self.G}, micro-batch {self.mb}, seq_len {self.T} "
+                              f"disagree")
+        self.files = open_token_files(path, meta)
+        self.batches = [json.loads(l) for l in open(os.path.join(path, meta["data"]["batches"])) if l.strip()]
+        if [b["step"] for b in self.batches[:self.S]] != list(range(1, self.S + 1)):
+            raise BundleError("batches.jsonl must hold steps 1, 2, ... in order")
+
+    def tokens(self, step):
+        """Step `step`'s (1-based) global batch as int64 [G, T]."""
+        return step_tokens(self.files, self.batches[step - 1], self.T)
+
+    def hf_model(self, torch):
+        """The step-0 weights as Olmo3ForCausalLM in fp32 with eager attention, ready to train as OLMo-core does."""
+        from transformers import Olmo3ForCausalLM
+
+        model = Olmo3ForCausalLM.from_pretrained(os.path.join(self.path, self.meta["hf_dir"]), dtype=torch.float32,
+                                                 attn_implementation="eager")
+        model.model.embed_tokens.padding_idx = None  # HF zeroes the pad row's gradient; OLMo-core trains every row
+        model.train()
+        return model
+
+    def adamw_groups(self, model):
+        """The parameter groups of the recipe's AdamW: weight decay on all but the bundle's no_decay names."""
+        nd = set(self.optim["no_decay"])
+        groups = [{"params": [p for n, p in model.named_parameters() if n not in nd],
+                   "weight_decay": self.optim["weight_decay"]},
+                  {"params": [p for n, p in model.named_parameters() if n in nd], "weight_decay": 0.0}]
+        return [g for g in groups if g["params"]]
+
+
+def recipe_loss_sums(torch, logits, ids, z_loss):
+    """(Σ cross-entropy, z_loss · Σ logsumexp²) over every position but each instance's last, as sums (the caller
+    divides by the global target count). logits [B, T, V], ids [B, T]."""
+    logits = logits[:, :-1, :].float()
+    target = ids[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+    z = z_loss * torch.logsumexp(logits, dim=-1).pow(2).sum()
+    return ce, z

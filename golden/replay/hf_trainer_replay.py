@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Replay an olmoref golden bundle with Hugging Face's own Trainer (transformers + accelerate), fp32 on the CPU.
+
+Usage: hf_trainer_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+(normally run by `olmoref golden replay BUNDLE --framework hf-trainer`, which then compares the traces)
+
+What is the Trainer's own: its training loop (gradient accumulation over the bundle's micro-batches, the global
+target count `num_items_in_batch` it counts itself, the backward, the clip through accelerate's clip_grad_norm_,
+the optimizer and scheduler steps, the logged grad norm) and transformers' Olmo3ForCausalLM (eager attention). What
+it cannot express of the recipe, and the smallest public hook that adds it (listed in the report):
+  * the loss: cross-entropy + z_loss * logsumexp^2 summed over the global batch's targets and divided by their
+    count (OLMo-core's), through `compute_loss_func` (the Trainer's own loss has no z-loss);
+  * the data order: the bundle's batches in order, as an IterableDataset (the Trainer shuffles a map-style dataset);
+  * the optimizer: torch AdamW with the bundle's no-decay group (the Trainer's default decays all but biases and
+    norms), and the lr of every step from the bundle through a LambdaLR scheduler, both passed as `optimizers=`.
+The trace records, per step, the loss terms the Trainer's forward produced (its logged loss is rounded to 4
+digits), the grad norm it logged and the lr its optimizer used.
+Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate cannot be imported.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bundle import Bundle, BundleError, recipe_loss_sums, setup_torch  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
+    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
+    ap.add_argument("--report", required=True, help="what the Trainer did natively and what was added (JSON)")
+    ap.add_argument("--steps", type=int, help="replay only the first N steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = ap.parse_args(argv)
+    try:
+        bundle = Bundle(args.bundle, args.steps)
+    except BundleError as e:
+        print(f"hf_trainer_replay: bad bundle: {e}", file=sys.stderr)
+        return 2
+    try:
+        torch = setup_torch(args.threads)
+        import accelerate
+        import transformers
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+    except ImportError as e:
+        print(f"hf_trainer_replay: {e} (the replay needs transformers and accelerate: bash tools/setup_python.sh)",
+              file=sys.stderr)
+        return 2
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+    S, G, mb, T, N, z_loss, optim = bundle.S, bundle.G, bundle.mb, bundle.T, bundle.N, bundle.z_loss, bundle.optim
+    try:
+        steps_tokens = [torch.from_numpy(bundle.tokens(s)) for s in range(1, S + 1)]  # [G, T] each
+    except BundleError as e:
+        print(f"hf_trainer_replay: bad bundle: {e}", file=sys.stderr)
+        return 2
+
+    class BundleBatches(torch.utils.data.IterableDataset):
+        """Every instance of steps 1..S in the bundle's order: the Trainer cuts them into micro-batches of mb and
+        accumulates G/mb of them per step."""
+
+        def __iter__(self):
+            for tokens in steps_tokens:
+                for row in tokens:
+                    yield {"input_ids": row, "labels": row}
+
+    step_terms = {"ce": 0.0, "z": 0.0}
+
+    def recipe_loss(outputs, labels, num_items_in_batch=None):
+        # num_items_in_batch is the Trainer's own count of the step's targets over every micro-batch: N.
+        if num_items_in_batch is None or int(num_items_in_batch) != N:
+            raise RuntimeError(f"the Trainer counted {num_items_in_batch} targets in a step; the bundle says {N}")
+        ce, z = recipe_loss_sums(torch, outputs.logits, labels, z_loss)
+        step_terms["ce"] += ce.item()
+        step_terms["z"] += z.item()
+        return (ce + z) / num_items_in_batch
+
+    model = bundle.hf_model(torch)
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=1.0, betas=tuple(optim["betas"]), eps=optim["eps"],
+                            foreach=False, fused=False)
+    lrs = optim["lr_per_step"]
+    # lr = 1.0 * lrs[k] exactly: LambdaLR multiplies the base lr by the factor.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lrs[min(k, len(lrs) - 1)])
+
+    out = open(args.out + ".tmp", "w")
+    t0 = time.time()
+
+    class Record(TrainerCallback):
+        lr = None
+
+        def on_step_begin(self, args_, state, control, **kw):
+            self.lr = opt.param_groups[0]["lr"]  # what this step's optimizer.step will use
+            step_terms["ce"] = step_terms["z"] = 0.0
+
+    class Writer(TrainerCallback):
+        # Logging happens after on_step_end; the record is written when the step's log has arrived.
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if not logs or "grad_norm" not in logs:
+                return
+            s = state.global_step
+            ce, z = step_terms["ce"] / N, step_terms["z"] / N
+            rec = {"step": s, "loss": (step_terms["ce"] + step_terms["z"]) / N, "ce": ce, "z": z,
+                   "grad_norm": float(logs["grad_norm"]), "lr": record.lr}
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+            if s % 10 == 0 or s == S:
+                print(f"hf_trainer_replay: step {s}/{S} loss {rec['loss']:.6f} grad_norm {rec['grad_norm']:.4f} "
+                      f"({time.time() - t0:.1f} s)", file=sys.stderr)
+
+    record = Record()
+    targs = TrainingArguments(
+        output_dir=os.path.join(os.path.dirname(os.path.abspath(args.out)), "hf-trainer-out"),
+        per_device_train_batch_size=mb, gradient_accumulation_steps=G // mb, max_steps=S,
+        max_grad_norm=optim["max_grad_norm"], logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False)
+    trainer = Trainer(model=model, args=targs, train_dataset=BundleBatches(), compute_loss_func=recipe_loss,
+                      optimizers=(opt, sched), callbacks=[record, Writer()])
+    trainer.remove_callback(transformers.PrinterCallback)  # its 4-digit log lines; the trace has the numbers
+    print(f"hf_trainer_replay: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), transformers "
+          f"{transformers.__version__}, accelerate {accelerate.__version__}, torch {torch.__version__}, "
+          f"{args.threads} threads", file=sys.stderr)
+    trainer.train()
+    out.close()
+    os.replace(args.out + ".tmp", args.out)
+    report = {
+        "framework": "hf-trainer", "version": f"transformers {transformers.__version__}, accelerate "
+                                             f"{accelerate.__version__}", "steps": S,
+        "native": ["Trainer.train: gradient accumulation over the micro-batches, its own global target count "
+                   "(num_items_in_batch), backward, clip_grad_norm_ through accelerate, optimizer and scheduler steps, "
+                   "the logged grad norm", "transformers Olmo3ForCausalLM (eager attention, fp32)"],
+        "added": ["compute_loss_func: cross-entropy + z_loss * logsumexp^2 over the global target count (the Trainer's "
+                  "loss has no z-loss)",
+                  "train_dataset: an IterableDataset of the bundle's batches in order (the Trainer would shuffle)",
+                  "optimizers=(torch AdamW with the bundle's no-decay group, LambdaLR returning the bundle's lr per "
+                  "step) (the Trainer's default optimizer decays all but biases and norms, its schedules are not "
+                  "the bundle's bit for bit)"]}
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

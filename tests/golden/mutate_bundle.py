@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Negative controls for the framework replays: a copy of a golden bundle with one thing changed, the trace kept.
+
+Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z
+
+  --swap-batches A B   steps A and B train on each other's batch (each record stays self-consistent: a data-loader
+                       bug that the bundle's checksums cannot see);
+  --lr-step K --lr-factor F   step K's lr multiplied by F (a schedule off by a little at one step);
+  --z-loss Z           the loss's z-loss multiplier set to Z (0: z-loss silently dropped).
+The replay of OUT must then differ from OUT/trace.jsonl (the unchanged golden trace) at the step named.
+"""
+import argparse
+import json
+import os
+import shutil
+
+ap = argparse.ArgumentParser()
+ap.add_argument("bundle")
+ap.add_argument("out")
+ap.add_argument("--swap-batches", nargs=2, type=int)
+ap.add_argument("--lr-step", type=int)
+ap.add_argument("--lr-factor", type=float)
+ap.add_argument("--z-loss", type=float)
+a = ap.parse_args()
+shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*"))
+meta = json.load(open(os.path.join(a.out, "bundle.json")))
+if a.swap_batches:
+    path = os.path.join(a.out, meta["data"]["batches"])
+    recs = [json.loads(l) for l in open(path) if l.strip()]
+    i, j = a.swap_batches[0] - 1, a.swap_batches[1] - 1
+    recs[i], recs[j] = dict(recs[j], step=recs[i]["step"]), dict(recs[i], step=recs[j]["step"])
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+if a.lr_step:
+    lrs = meta["optim"]["lr_per_step"]
+    lrs[a.lr_step - 1] *= a.lr_factor
+    meta["optim"].pop("lr_per_step_hex", None)  # the hex no longer matches; adapters read lr_per_step
+if a.z_loss is not None:
+    meta["loss"]["z_loss"] = a.z_loss
+json.dump(meta, open(os.path.join(a.out, "bundle.json"), "w"), indent=1)
