@@ -6,18 +6,42 @@
 
 namespace olmoref {
 
+namespace {
+
+// Chunks a device executor's state passes through the host at a time: 256 chunks of 64 Ki floats, 64 MiB. The digest
+// is hashed on the host, so a device copy of the whole range (29 GiB of fp32 parameters at 7B) would otherwise sit
+// there every step; by blocks the host holds one block, whatever the model's size.
+constexpr int64_t kStreamChunks = 256;
+
+// The Merkle leaves of chunks [c0, c1) of the whole vector, read from `state`, which holds [lo, hi) of it.
+std::vector<Digest128> range_leaves(const Buffer<float>& state, const Executor& ex, int64_t lo, int64_t hi, int64_t c0,
+                                    int64_t c1) {
+  // merkle_leaves indexes chunks of the whole vector; it is given a pointer as if at element 0.
+  if (ex.host_memory()) return merkle_leaves(state.data() - lo, hi, c0, c1);
+  std::vector<Digest128> leaves;
+  std::vector<float> staging;
+  for (int64_t b0 = c0; b0 < c1; b0 += kStreamChunks) {
+    const int64_t b1 = std::min(c1, b0 + kStreamChunks);
+    const int64_t x0 = std::max(lo, b0 * kDigestChunk), x1 = std::min(hi, b1 * kDigestChunk);
+    staging.resize(static_cast<size_t>(x1 - x0));
+    state.download(staging.data(), x1 - x0, x0 - lo);
+    const std::vector<Digest128> part = merkle_leaves(staging.data() - x0, x1, b0, b1);
+    leaves.insert(leaves.end(), part.begin(), part.end());
+  }
+  return leaves;
+}
+
+}  // namespace
+
 std::string StateDigest::sharded(const Buffer<float>& state) {
   const dist::Layout& layout = s_.layout;
-  std::vector<float> staging;
-  const float* shard = dist::host_view(state, s_.ex, staging);  // the digest is hashed on the host, chunk by chunk
   const int64_t lo = layout.lo(), hi = layout.hi();
-  if (layout.dp_shard == 1) return merkle_digest(shard - lo, hi).hex();  // shard == whole vector
-  const int64_t per = layout.shard_stride() / kDigestChunk;               // chunks per shard
-  std::vector<Digest128> mine(static_cast<size_t>(per));
   // An empty shard (more ranks than chunks) owns no chunk.
   const int64_t c0 = lo / kDigestChunk, c1 = hi > lo ? (hi + kDigestChunk - 1) / kDigestChunk : c0;
-  // merkle_leaves indexes chunks of the whole vector; give it a pointer as if at element 0.
-  const auto leaves = merkle_leaves(shard - lo, hi, c0, c1);
+  const std::vector<Digest128> leaves = range_leaves(state, s_.ex, lo, hi, c0, c1);
+  if (layout.dp_shard == 1) return merkle_root(leaves).hex();  // this range is the whole vector
+  const int64_t per = layout.shard_stride() / kDigestChunk;    // chunks per shard
+  std::vector<Digest128> mine(static_cast<size_t>(per));
   std::copy(leaves.begin(), leaves.end(), mine.begin());
   std::vector<Digest128> all(static_cast<size_t>(per * layout.dp_shard));
   s_.shard_group.allgather(mine.data(), mine.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
