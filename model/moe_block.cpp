@@ -224,7 +224,7 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   Executor& e = *ex_;
   const MoEConfig& m = cfg_.moe;
   const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
-  const int64_t S = R * k, T = T_;
+  const int64_t S = R * k;
   const moe::Plan& plan = A.plan;
   float* dx = bw_.dx.data();
   // ∂f [R, d] splits into the shared expert's ∂sy [R, d] and the routed part ∂routed [R, d] (∂f itself without one).
@@ -261,7 +261,29 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
     experts_backward(params, o, all_experts(plan), bw_.dy.data(), A.eg.data(), A.eu.data(), bw_.da.data(),
                      bw_.deg.data(), bw_.deu.data(), bw_.dxg.data());
   }
-  // The experts' weight-gradient leaves: instance b's rows of expert x are one contiguous run of positions.
+  expert_weight_grads(A, o, n_inst, grads);
+  // ∂h [R, d] += the dispatched rows' input gradients ∂xg [S, d], each row's k choices in rank order.
+  if (debug_unordered_combine_) {
+    const float* dxg = host_read(bw_.dxg.data(), S * d, mirror_.dxg);
+    float* dh = host_target(dx, R * d, mirror_.dh);
+    if (!e.host_memory()) e.to_host(dh, dx, static_cast<size_t>(R * d) * sizeof(float));
+    moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
+    host_write(dx, dh, R * d);
+  } else {
+    e.moe_scatter_add(A.dispatch, bw_.dxg.data(), dx, d);
+  }
+  moe_router_backward(A, dweight, n_inst, global_n_targets);
+  // ∂Wr_b [E, d] = ∂logits_bᵀ · h_b; ∂h [R, d] += ∂logits [R, E] · Wr [E, d]
+  instance_weight_grads(grads, n_inst, o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
+  e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
+}
+
+// The experts' weight-gradient leaves from ∂g, ∂u [S, h] and ∂y [S, d] of the backward buffers: instance b's rows of
+// expert x are one contiguous run of positions, so each leaf is one product over that run (zero where it is empty).
+void Olmo3::expert_weight_grads(const LayerActs& A, const BlockOffsets& o, int64_t n_inst, GradientLeaves& grads) {
+  Executor& e = *ex_;
+  const int64_t d = cfg_.d_model, E = cfg_.moe.n_experts, h = cfg_.moe.hidden, T = T_;
+  const moe::Plan& plan = A.plan;
   auto expert_grad = [&](int64_t offset, auto&& one) {
     for (int64_t b = 0; b < n_inst; ++b) {
       float* leaf = grads.leaf(b, offset, E * h * d);
@@ -285,20 +307,6 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   expert_grad(o.moe_w2, [&](int64_t q, int64_t n, float* dW) {  // ∂W2ₓ [h, d] = aᵀ · ∂y
     e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, false);
   });
-  // ∂h [R, d] += the dispatched rows' input gradients ∂xg [S, d], each row's k choices in rank order.
-  if (debug_unordered_combine_) {
-    const float* dxg = host_read(bw_.dxg.data(), S * d, mirror_.dxg);
-    float* dh = host_target(dx, R * d, mirror_.dh);
-    if (!e.host_memory()) e.to_host(dh, dx, static_cast<size_t>(R * d) * sizeof(float));
-    moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
-    host_write(dx, dh, R * d);
-  } else {
-    e.moe_scatter_add(A.dispatch, bw_.dxg.data(), dx, d);
-  }
-  moe_router_backward(A, dweight, n_inst, global_n_targets);
-  // ∂Wr_b [E, d] = ∂logits_bᵀ · h_b; ∂h [R, d] += ∂logits [R, E] · Wr [E, d]
-  instance_weight_grads(grads, n_inst, o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
-  e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
 }
 
 void Olmo3::moe_router_backward(LayerActs& A, const float* dweight, int64_t n_inst, int64_t global_n_targets) {

@@ -237,6 +237,8 @@ class Olmo3 {
                     int64_t global_n_targets, GradientLeaves& grads);
   void attention_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_instances,
                           GradientLeaves& grads);
+  // The routed experts' weight-gradient leaves of the instances, from the backward buffers (model/moe_block.cpp).
+  void expert_weight_grads(const LayerActs& A, const BlockOffsets& o, int64_t n_instances, GradientLeaves& grads);
   // The router backward into ∂logits [R, E] from ∂weight [R, k] (executor memory) and the auxiliary losses' terms.
   void moe_router_backward(LayerActs& A, const float* dweight, int64_t n_instances, int64_t global_n_targets);
 
