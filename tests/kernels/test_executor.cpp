@@ -35,7 +35,7 @@ TEST_CASE("executor cuda-host: every case's loss, logits and gradients equal the
     CHECK(testing::model_runs_differ(want, got, ParamLayout(mc.cfg)) == "");
     ++cases;
   }
-  CHECK(cases == 4);
+  CHECK(cases == 6);
 }
 
 // The optimizer updates on lengths that fill no launch evenly, with specials (zeros of both signs, NaN, inf) in the
