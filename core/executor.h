@@ -85,12 +85,22 @@ struct RopeView {
   PRE void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,     \
                               int64_t d) POST;                                                                       \
   /* ---- mixture of experts (docs/canonical/moe.md; ref/moe.h) ---- */                                             \
+  /* scores [R, E] = softmax(logits [R, E]), lse [R] its log-sum-exp, top [R, k] the k best experts in rank */     \
+  /* order (ties to the lower index), weight [R, k] their scores, normalised by L1 / L2 with normalize_p 1 / 2. */    \
+  PRE void moe_route(const float* logits, int64_t R, int64_t E, int64_t k, int normalize_p, float* scores,          \
+                     float* lse, int32_t* top, float* weight) POST;                                                  \
   /* xg [S, d]: position p holds x [R, d]'s row row_of[p] (data movement). */                                      \
   PRE void moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) POST;                          \
   /* out [R, d]: row r = Σ_j weight [R, k][r, j] · y [S, d][position(r, j)], one fma chain over j from 0. */        \
   PRE void moe_combine(const MoEDispatch& plan, const float* y, const float* weight, float* out, int64_t d) POST;    \
   /* dx [R, d] row r = ((dx[r] + dxg [S, d][position(r, 0)]) + dxg[position(r, 1)]) + ..., j in order. */         \
+  /* moe_combine's backward: dy [S, d] at position(r, j) = weight[r, j] · dout [R, d][r]; */                        \
+  /* dweight [R, k][r, j] = canonical_dot(dout[r], y [S, d][position(r, j)]) over d. */                             \
+  PRE void moe_combine_backward(const MoEDispatch& plan, const float* dout, const float* y, const float* weight,    \
+                                float* dy, float* dweight, int64_t d) POST;                                          \
   PRE void moe_scatter_add(const MoEDispatch& plan, const float* dxg, float* dx, int64_t d) POST;                    \
+  /* dlogits [R, E] from the routing, ∂weight, the load-balancing and z-loss terms (core/op_types.h; ref/moe.h). */ \
+  PRE void moe_router_backward(const MoERouterBackward& a, float* dlogits) POST;                                     \
   /* out [n] = shared / (k+1) + routed · fl32(k/(k+1)), each op rounded; out may be routed. Its backward: */       \
   /* dshared = dout / (k+1), drouted = dout · fl32(k/(k+1)). */                                                    \
   PRE void moe_shared_combine(const float* shared, const float* routed, int64_t k, float* out, int64_t n) POST;      \

@@ -27,6 +27,23 @@ struct MoEDispatch {
   const int64_t* position = nullptr;  // [S]: the position of slot r·k + j
 };
 
+// The router backward's operands (docs/canonical/moe.md), executor memory: the forward's routing of R rows over E
+// experts with k choices, the combine's ∂weight, and the load-balancing loss's gradient per unit of rows, which is
+// one row of E values for each instance (lb granularity "instance": lb_rows = T) or for the micro-batch ("local_batch":
+// lb_rows = R), so only [R / lb_rows, E] floats of it are made on the host.
+struct MoERouterBackward {
+  int64_t R = 0, E = 0, k = 0;
+  int normalize_p = 0;              // 0, 1 or 2: as the forward's moe_route normalised the weights
+  const float* scores = nullptr;    // [R, E]  softmax of the router logits
+  const float* lse = nullptr;       // [R]     log-sum-exp of the router logits
+  const int32_t* top = nullptr;     // [R, k]  chosen experts, rank order
+  const float* weight = nullptr;    // [R, k]  their (normalised) weights
+  const float* dweight = nullptr;   // [R, k]  ∂loss/∂weight from moe_combine_backward
+  const float* lb_grad = nullptr;   // [R / lb_rows, E]: row r reads row r / lb_rows
+  int64_t lb_rows = 1;
+  float z_grad = 0.0f;              // fl32(2 · z_coef / N); 0 without a router z-loss
+};
+
 // The routed part's share in OLMo-core's shared-expert mix, fl32(k/(k+1)) (the division in fp64).
 inline float moe_routed_share(int64_t k) { return static_cast<float>(static_cast<double>(k) / static_cast<double>(k + 1)); }
 

@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm_exact.h"
 #include "kernels/loss_exact.h"
+#include "kernels/moe_exact.h"
 #include "kernels/rmsnorm_exact.h"
 #include "core/embedding_order.h"
 #include "core/optim.h"
@@ -232,6 +233,26 @@ int64_t KernelExecutor::count_zeros(const float* x, int64_t n) {
 void KernelExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* grad, float* p, float* m, float* v,
                            int64_t n) {
   elements(AdamWOp{s, decay, grad, p, m, v}, n);
+}
+void KernelExecutor::moe_route(const float* logits, int64_t R, int64_t E, int64_t k, int normalize_p, float* scores,
+                               float* lse, int32_t* top, float* weight) {
+  MoERouteArgs a;
+  a.R = R, a.E = E, a.k = k, a.normalize_p = normalize_p;
+  a.logits = logits, a.scores = scores, a.lse = lse, a.top = top, a.weight = weight;
+  if (on_device_) OLMOREF_DEVICE(moe_route_device(a));
+  else moe_route_host(a);
+}
+void KernelExecutor::moe_combine_backward(const MoEDispatch& plan, const float* dout, const float* y,
+                                          const float* weight, float* dy, float* dweight, int64_t d) {
+  MoECombineBackwardArgs a;
+  a.plan = plan, a.d = d, a.dout = dout, a.y = y, a.weight = weight, a.dy = dy, a.dweight = dweight;
+  if (on_device_) OLMOREF_DEVICE(moe_combine_backward_device(a));
+  else moe_combine_backward_host(a);
+}
+void KernelExecutor::moe_router_backward(const MoERouterBackward& in, float* dlogits) {
+  const MoERouterBackwardArgs a{in, dlogits};
+  if (on_device_) OLMOREF_DEVICE(moe_router_backward_device(a));
+  else moe_router_backward_host(a);
 }
 void KernelExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
   elements(MoEDispatchOp{plan, x, xg, d}, plan.R * plan.k * d);

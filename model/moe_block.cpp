@@ -3,10 +3,15 @@
 // in each row's rank order, the optional shared expert, the auxiliary losses and the router's backward.
 //
 // Shapes: R = n_inst·T rows, d the model width, E experts, k choices per row, S = R·k dispatched slots, h an expert's
-// hidden width, Fs the shared expert's. The dispatch, combine, input-gradient gather and shared-expert mix are executor
-// ops; the routing, the combine's backward and the router's backward still run on the host (ref/moe.h) over host
-// copies of the executor's tensors (mirror_, empty on host-memory executors).
+// hidden width, Fs the shared expert's. Every float tensor op is an executor op (routing, dispatch, combine and its
+// backward, input-gradient gather, shared-expert mix, router backward), so on `cuda` the [R, d] and [S, d] tensors
+// stay on the device. The host keeps only the bookkeeping that is its job: the expert choices top [R, k] (the
+// dispatch plan, the expert loads, the routing digest) and what the fp64 auxiliary losses read (lse [R] and scores
+// [R, E]; E is small next to d, so these are a few floats per row against the d or more an [R, d] tensor moves).
+// Two paths still stage rows on the host (mirror_): expert parallelism, whose exchange is host memory
+// (model/ep_exchange.cpp), and the TEST-ONLY unordered-combine negative control.
 #include <stdexcept>
+#include <string>
 
 #include "model/olmo3.h"
 
@@ -96,18 +101,55 @@ void Olmo3::experts_backward(const float* params, const BlockOffsets& o, const E
   }
 }
 
+// A buffer of at least n elements in executor memory, made at its first use.
+template <class T>
+static T* sized(Executor& e, Buffer<T>& b, int64_t n, const std::string& what) {
+  if (b.size() < n) b.reset(e, n, what);
+  return b.data();
+}
+
+// Host copy n elements of executor memory into `host` (resized).
+template <class T>
+static void download(Executor& e, std::vector<T>& host, const T* src, int64_t n) {
+  host.resize(static_cast<size_t>(n));
+  e.to_host(host.data(), src, static_cast<size_t>(n) * sizeof(T));
+}
+
+void Olmo3::place_route_outputs(LayerActs& A, int64_t R) {
+  Executor& e = *ex_;
+  const int64_t E = cfg_.moe.n_experts, k = cfg_.moe.top_k;
+  if (e.host_memory()) {
+    A.scores.resize(static_cast<size_t>(R * E));
+    A.lse.resize(static_cast<size_t>(R));
+    A.top.resize(static_cast<size_t>(R * k));
+    A.weight.resize(static_cast<size_t>(R * k));
+    A.route = {A.scores.data(), A.lse.data(), A.top.data(), A.weight.data()};
+    return;
+  }
+  const std::string at = " of block " + std::to_string(&A - acts_.data());
+  A.route = {sized(e, A.route_scores, R_ * E, "router scores" + at), sized(e, A.route_lse, R_, "router lse" + at),
+             sized(e, A.route_top, R_ * k, "expert choices" + at), A.weight_copy.data()};
+}
+
+void Olmo3::routing_to_host(LayerActs& A, int64_t R) {
+  if (ex_->host_memory()) return;
+  const MoEConfig& m = cfg_.moe;
+  const int64_t E = m.n_experts, k = m.top_k;
+  download(*ex_, A.top, A.route.top, R * k);
+  if (m.lb_loss_weight > 0) download(*ex_, A.scores, A.route.scores, R * E);
+  if (m.z_loss_weight > 0) download(*ex_, A.lse, A.route.lse, R);
+  if (debug_unordered_combine_) download(*ex_, A.weight, A.route.weight, R * k);
+}
+
 void Olmo3::place_routing(LayerActs& A) {
   if (ex_->host_memory()) {
     A.dispatch = moe::dispatch_of(A.plan);
-    A.route_weight = A.weight.data();
     return;
   }
   const int64_t S = A.plan.R * A.plan.k;
   A.plan_row_of.upload(A.plan.row_of.data(), S);
   A.plan_position.upload(A.plan.position.data(), S);
-  A.weight_copy.upload(A.weight.data(), S);
   A.dispatch = {A.plan.R, A.plan.k, A.plan_row_of.data(), A.plan_position.data()};
-  A.route_weight = A.weight_copy.data();
 }
 
 void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst) {
@@ -115,16 +157,13 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   const MoEConfig& m = cfg_.moe;
   const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
   const int64_t S = R * k, layer = &A - acts_.data();
-  // router_logits [R, E] = h [R, d] · Wrᵀ [d, E] on the executor, then softmax and top-k on the host.
+  // router_logits [R, E] = h [R, d] · Wrᵀ [d, E]
   e.matmul_forward(A.h.data(), params + o.moe_router, A.router_logits.data(), R, E, d);
-  const float* logits = host_read(A.router_logits.data(), R * E, mirror_.router_logits);
-  A.scores.resize(static_cast<size_t>(R * E));
-  A.lse.resize(static_cast<size_t>(R));
-  A.top.resize(static_cast<size_t>(R * k));
-  A.weight.resize(static_cast<size_t>(R * k));
-  // scores [R, E], lse [R], top, weight [R, k] = route(logits [R, E])
-  moe::route(logits, R, E, k, A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), pool_,
-             m.normalize_expert_weights);
+  // scores [R, E], lse [R], top, weight [R, k] = route(router_logits)
+  place_route_outputs(A, R);
+  e.moe_route(A.router_logits.data(), R, E, k, static_cast<int>(m.normalize_expert_weights), A.route.scores,
+              A.route.lse, A.route.top, A.route.weight);
+  routing_to_host(A, R);
   A.plan = moe::make_plan(A.top.data(), R, k, E);
   place_routing(A);
   if (expert_load_.size() != static_cast<size_t>(cfg_.n_layers * E))
@@ -168,7 +207,7 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
     moe::combine_unordered_for_test(host_read(A.ey.data(), S * d, mirror_.ey), A.weight.data(), A.plan, d, f);
     host_write(A.f.data(), f, R * d);
   } else {
-    e.moe_combine(A.dispatch, A.ey.data(), A.route_weight, A.f.data(), d);
+    e.moe_combine(A.dispatch, A.ey.data(), A.route.weight, A.f.data(), d);
   }
   if (Fs > 0) {
     // sg [R, Fs] = h · Ws1ᵀ; su [R, Fs] = h · Ws3ᵀ with sa = SwiGLU(sg, su); sy [R, d] = sa · Ws2ᵀ
@@ -185,7 +224,7 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   Executor& e = *ex_;
   const MoEConfig& m = cfg_.moe;
   const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
-  const int64_t S = R * k, T = T_;
+  const int64_t S = R * k;
   const moe::Plan& plan = A.plan;
   float* dx = bw_.dx.data();
   // ∂f [R, d] splits into the shared expert's ∂sy [R, d] and the routed part ∂routed [R, d] (∂f itself without one).
@@ -205,10 +244,11 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
     e.matmul_backward_input(bw_.dsg.data(), params + o.shared_w1, dx, R, Fs, d, true);
     e.matmul_backward_input(bw_.dsu.data(), params + o.shared_w3, dx, R, Fs, d, true);
   }
-  // ∂y [S, d] per slot and ∂weight [R, k] per choice (host).
-  std::vector<float> dweight(static_cast<size_t>(R * k));
-  const float* dy = moe_combine_backward(A, drouted, dweight.data(), n_inst);
+  // ∂y [S, d] per slot and ∂weight [R, k] per choice.
+  float* dweight = sized(e, bw_.dweight, R_ * k, "gradient of the expert weights");
+  e.moe_combine_backward(A.dispatch, drouted, A.ey.data(), A.route.weight, bw_.dy.data(), dweight, d);
   if (ep_now_) {  // the experts' backward runs on their owners; ∂xg, ∂g, ∂u come back in plan order
+    const float* dy = host_read(bw_.dy.data(), S * d, mirror_.dy);
     float* dxg = host_target(bw_.dxg.data(), S * d, mirror_.dxg);
     float* deg = host_target(bw_.deg.data(), S * h, mirror_.deg);
     float* deu = host_target(bw_.deu.data(), S * h, mirror_.deu);
@@ -221,7 +261,29 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
     experts_backward(params, o, all_experts(plan), bw_.dy.data(), A.eg.data(), A.eu.data(), bw_.da.data(),
                      bw_.deg.data(), bw_.deu.data(), bw_.dxg.data());
   }
-  // The experts' weight-gradient leaves: instance b's rows of expert x are one contiguous run of positions.
+  expert_weight_grads(A, o, n_inst, grads);
+  // ∂h [R, d] += the dispatched rows' input gradients ∂xg [S, d], each row's k choices in rank order.
+  if (debug_unordered_combine_) {
+    const float* dxg = host_read(bw_.dxg.data(), S * d, mirror_.dxg);
+    float* dh = host_target(dx, R * d, mirror_.dh);
+    if (!e.host_memory()) e.to_host(dh, dx, static_cast<size_t>(R * d) * sizeof(float));
+    moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
+    host_write(dx, dh, R * d);
+  } else {
+    e.moe_scatter_add(A.dispatch, bw_.dxg.data(), dx, d);
+  }
+  moe_router_backward(A, dweight, n_inst, global_n_targets);
+  // ∂Wr_b [E, d] = ∂logits_bᵀ · h_b; ∂h [R, d] += ∂logits [R, E] · Wr [E, d]
+  instance_weight_grads(grads, n_inst, o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
+  e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
+}
+
+// The experts' weight-gradient leaves from ∂g, ∂u [S, h] and ∂y [S, d] of the backward buffers: instance b's rows of
+// expert x are one contiguous run of positions, so each leaf is one product over that run (zero where it is empty).
+void Olmo3::expert_weight_grads(const LayerActs& A, const BlockOffsets& o, int64_t n_inst, GradientLeaves& grads) {
+  Executor& e = *ex_;
+  const int64_t d = cfg_.d_model, E = cfg_.moe.n_experts, h = cfg_.moe.hidden, T = T_;
+  const moe::Plan& plan = A.plan;
   auto expert_grad = [&](int64_t offset, auto&& one) {
     for (int64_t b = 0; b < n_inst; ++b) {
       float* leaf = grads.leaf(b, offset, E * h * d);
@@ -245,54 +307,31 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   expert_grad(o.moe_w2, [&](int64_t q, int64_t n, float* dW) {  // ∂W2ₓ [h, d] = aᵀ · ∂y
     e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, false);
   });
-  // ∂h [R, d] += the dispatched rows' input gradients ∂xg [S, d], each row's k choices in rank order.
-  if (debug_unordered_combine_) {
-    const float* dxg = host_read(bw_.dxg.data(), S * d, mirror_.dxg);
-    float* dh = host_target(dx, R * d, mirror_.dh);
-    if (!e.host_memory()) e.to_host(dh, dx, static_cast<size_t>(R * d) * sizeof(float));
-    moe::scatter_add_unordered_for_test(dxg, plan, d, dh);
-    host_write(dx, dh, R * d);
-  } else {
-    e.moe_scatter_add(A.dispatch, bw_.dxg.data(), dx, d);
-  }
-  moe_router_backward(A, dweight.data(), n_inst, global_n_targets);
-  // ∂Wr_b [E, d] = ∂logits_bᵀ · h_b; ∂h [R, d] += ∂logits [R, E] · Wr [E, d]
-  instance_weight_grads(grads, n_inst, o.moe_router, bw_.dlogits.data(), A.h.data(), E, d);
-  e.matmul_backward_input(bw_.dlogits.data(), params + o.moe_router, dx, R, E, d, true);
-}
-
-const float* Olmo3::moe_combine_backward(LayerActs& A, const float* drouted, float* dweight, int64_t n_inst) {
-  const int64_t S = n_inst * T_ * cfg_.moe.top_k, d = cfg_.d_model;
-  // dy [S, d] at position(r, j) = weight[r, j] · ∂routed[r]; dweight [R, k] = dot32(∂routed[r], ey[position(r, j)])
-  const float* ey = host_read(A.ey.data(), S * d, mirror_.ey);
-  const float* dr = host_read(drouted, n_inst * T_ * d, mirror_.drouted);
-  float* dy = host_target(bw_.dy.data(), S * d, mirror_.dy);
-  moe::combine_backward(dr, ey, A.weight.data(), A.plan, d, dy, dweight, pool_);
-  host_write(bw_.dy.data(), dy, S * d);
-  return dy;
 }
 
 void Olmo3::moe_router_backward(LayerActs& A, const float* dweight, int64_t n_inst, int64_t global_n_targets) {
   const MoEConfig& m = cfg_.moe;
   const int64_t R = n_inst * T_, E = m.n_experts, k = m.top_k;
-  // ∂logits [R, E] from the combine's ∂weight, the load-balancing and z-loss terms.
-  float* dl = host_target(bw_.dlogits.data(), R * E, mirror_.dlogits);
+  // The load-balancing gradient of each unit of rows [units, E], from the expert counts (host bookkeeping): one row
+  // per instance, or one for the micro-batch.
   const double lb_coef = m.lb_loss_weight > 0 ? moe_lb_coef() : 0.0;
-  const float z_grad =
-      m.z_loss_weight > 0 ? static_cast<float>(2.0 * moe_z_coef() / static_cast<double>(global_n_targets)) : 0.0f;
-  const std::vector<float> mb_grad =
-      m.lb_granularity == MoELbGranularity::local_batch
-          ? moe::lb_grad(moe::counts(A.top.data(), 0, R, k, E), R, lb_coef, global_n_targets)
-          : std::vector<float>{};
-  for (int64_t b = 0; b < n_inst; ++b) {
-    const int64_t r0 = b * T_, r1 = r0 + T_;
-    const std::vector<float> g = m.lb_granularity == MoELbGranularity::instance
-                                     ? moe::lb_grad(moe::counts(A.top.data(), r0, r1, k, E), T_, lb_coef, global_n_targets)
-                                     : mb_grad;
-    moe::router_backward(A.scores.data(), A.lse.data(), A.top.data(), A.weight.data(), dweight, g.data(), z_grad, r0,
-                         r1, E, k, dl, m.normalize_expert_weights);
+  const bool per_instance = m.lb_granularity == MoELbGranularity::instance;
+  const int64_t unit_rows = per_instance ? T_ : R, units = R / unit_rows;
+  std::vector<float> lb_grad;
+  for (int64_t u = 0; u < units; ++u) {
+    const std::vector<float> g =
+        moe::lb_grad(moe::counts(A.top.data(), u * unit_rows, (u + 1) * unit_rows, k, E), unit_rows, lb_coef, global_n_targets);
+    lb_grad.insert(lb_grad.end(), g.begin(), g.end());
   }
-  host_write(bw_.dlogits.data(), dl, R * E);
+  float* lb_grad_ex = sized(*ex_, bw_.lb_grad, B_ * E, "load-balancing gradient");
+  ex_->to_device(lb_grad_ex, lb_grad.data(), lb_grad.size() * sizeof(float));
+  MoERouterBackward a;
+  a.R = R, a.E = E, a.k = k, a.normalize_p = static_cast<int>(m.normalize_expert_weights);
+  a.scores = A.route.scores, a.lse = A.route.lse, a.top = A.route.top, a.weight = A.route.weight, a.dweight = dweight;
+  a.lb_grad = lb_grad_ex, a.lb_rows = unit_rows;
+  a.z_grad = m.z_loss_weight > 0 ? static_cast<float>(2.0 * moe_z_coef() / static_cast<double>(global_n_targets)) : 0.0f;
+  // ∂logits [R, E] from the combine's ∂weight, the load-balancing and z-loss terms.
+  ex_->moe_router_backward(a, bw_.dlogits.data());
 }
 
 }  // namespace olmoref

@@ -24,6 +24,14 @@ namespace olmoref {
 
 class ThreadPool;
 
+// moe_route's outputs in executor memory (core/executor.h): scores [R, E], lse [R], top [R, k], weight [R, k].
+struct MoERouteTensors {
+  float* scores = nullptr;
+  float* lse = nullptr;
+  int32_t* top = nullptr;
+  float* weight = nullptr;
+};
+
 // Activations kept from forward for backward, sized for one micro-batch shape (B instances × T).
 struct LayerActs {
   Buffer<float> x;                 // [R, d]   block input
@@ -42,16 +50,22 @@ struct LayerActs {
   Buffer<float> eg, eu, ea;        // [S, h]   each expert's gate, up, SwiGLU
   Buffer<float> ey;                // [S, d]   each expert's output
   Buffer<float> sg, su, sa, sy;    // [R, Fs], [R, Fs], [R, Fs], [R, d]  the shared expert
-  // Host side of the routing (host memory on every executor): scores [R, E], lse [R], top, weight [R, k].
+  // The routing (moe_route's outputs) where the executor's ops read it: scores [R, E], lse [R], top [R, k], weight
+  // [R, k]. On a host-memory executor these point into the host vectors below; else into route_scores, route_lse,
+  // route_top (made at the first forward) and weight_copy (the weights [R, k] on the device; olmo3.cpp allocates it).
+  MoERouteTensors route;
+  Buffer<float> route_scores, route_lse;
+  Buffer<int32_t> route_top;
+  Buffer<float> weight_copy;
+  // The routing's host side: top always (the plan, the expert loads, the routing digest); scores and lse for the
+  // fp64 auxiliary losses; weight for the unordered negative control. Device executors copy only what is read.
   std::vector<float> scores, lse, weight;
   std::vector<int32_t> top;
   moe::Plan plan;
-  // The plan and the expert weights where the executor's MoE ops read them: on a host-memory executor the host
-  // vectors above; else these copies, row_of and position [S] and weight [R, k].
+  // The plan where the executor's MoE ops read it: on a host-memory executor the plan's own vectors; else these
+  // copies of row_of and position [S].
   MoEDispatch dispatch;
-  const float* route_weight = nullptr;
   Buffer<int64_t> plan_row_of, plan_position;
-  Buffer<float> weight_copy;
 };
 
 // Gradient temporaries of backward (allocated at the first backward), one buffer per tensor.
@@ -67,20 +81,19 @@ struct BackwardBuffers {
   // Mixture of experts: ∂logits [R, E]; ∂y, ∂xg [S, d]; ∂a, ∂g, ∂u [S, h]; the shared expert's ∂y [R, d], ∂g, ∂u [R, Fs]
   // and the routed part's ∂ [R, d] (with a shared expert; without one it is ∂f itself).
   Buffer<float> dlogits, dy, dxg, da, deg, deu, dsy, dsg, dsu, drouted;
+  // ∂weight [R, k] and the load-balancing gradient [units, E] of the router backward (made at the first MoE backward).
+  Buffer<float> dweight, lb_grad;
 };
 
-// Host copies of executor tensors for the MoE work that still runs on the host (routing, the combine's backward,
-// the router's backward, the expert-parallel exchange, the test-only unordered sums): on a host-memory executor
-// they stay empty (the host reads the tensors themselves). One vector per tensor.
+// Host copies of executor tensors for the MoE paths that stage rows on the host (the expert-parallel exchange, the
+// test-only unordered sums): on a host-memory executor they stay empty (the host reads the tensors themselves).
+// One vector per tensor.
 struct MoEHostMirrors {
-  std::vector<float> router_logits;  // [R, E]
   std::vector<float> xg, ey, ea;     // [S, d], [S, d], [S, h]
   std::vector<float> f;              // [R, d]   the combined output (unordered negative control)
-  std::vector<float> drouted;        // [R, d]   the routed part's ∂
   std::vector<float> dy;             // [S, d]
   std::vector<float> dxg, deg, deu;  // [S, d], [S, h], [S, h]
   std::vector<float> dh;             // [R, d]   ∂h (unordered negative control)
-  std::vector<float> dlogits;        // [R, E]
 };
 
 // Expert-major rows of a run of experts [first, last): expert first + i's rows are [begin[i], begin[i] + count[i]).
@@ -208,8 +221,11 @@ class Olmo3 {
   void round_act(float* x, int64_t n) const;
   AttentionShape attention_shape(int64_t layer, int64_t n_instances) const;
   void allocate_backward_buffers();
-  // Points A.dispatch and A.route_weight at the plan and the expert weights in executor memory (copies them there
-  // on a device executor: index work and the host-computed weights [R, k]).
+  // Points A.route at where moe_route writes R rows (executor memory).
+  void place_route_outputs(LayerActs& A, int64_t R);
+  // Copies to the host what of the routing the host reads (nothing on a host-memory executor): LayerActs::top etc.
+  void routing_to_host(LayerActs& A, int64_t R);
+  // Points A.dispatch at the plan in executor memory (copies its index arrays there on a device executor).
   void place_routing(LayerActs& A);
 
   // One block's sublayers over R = n_instances·T rows. Forward (model/dense_block.cpp, model/moe_block.cpp): the
@@ -225,9 +241,9 @@ class Olmo3 {
                     int64_t global_n_targets, GradientLeaves& grads);
   void attention_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_instances,
                           GradientLeaves& grads);
-  // The MoE backward's host steps (model/moe_block.cpp): the combine backward into ∂y [S, d] (returns its host
-  // copy) and ∂weight [R, k] (host), and the router backward into ∂logits [R, E].
-  const float* moe_combine_backward(LayerActs& A, const float* drouted, float* dweight, int64_t n_instances);
+  // The routed experts' weight-gradient leaves of the instances, from the backward buffers (model/moe_block.cpp).
+  void expert_weight_grads(const LayerActs& A, const BlockOffsets& o, int64_t n_instances, GradientLeaves& grads);
+  // The router backward into ∂logits [R, E] from ∂weight [R, k] (executor memory) and the auxiliary losses' terms.
   void moe_router_backward(LayerActs& A, const float* dweight, int64_t n_instances, int64_t global_n_targets);
 
   // Expert parallelism, layer `layer` (model/ep_exchange.cpp): this rank's slots (plan, host rows in plan order;
@@ -295,8 +311,8 @@ class Olmo3 {
   };
   std::vector<OwnedExperts> owned_;           // [n_layers]
   Buffer<float> ep_x_, ep_y_, ep_a_, ep_g_, ep_u_;  // the owner's scratch, grown as needed
-  ThreadPool* pool_ = nullptr;         // this call's threads, for the host-side routing work
-  MoEHostMirrors mirror_;              // the host side of the routing on non-host executors
+  ThreadPool* pool_ = nullptr;         // set by begin_call; unread since the routing became executor ops
+  MoEHostMirrors mirror_;              // rows the expert-parallel exchange and the negative control stage on the host
 };
 
 }  // namespace olmoref

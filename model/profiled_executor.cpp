@@ -172,6 +172,17 @@ void ProfiledExecutor::adamw(const elem::AdamWScalars& s, float decay, const flo
                              int64_t n) {
   timed("adamw", 0, [&](Executor& e) { e.adamw(s, decay, grad, p, m, v, n); });
 }
+void ProfiledExecutor::moe_route(const float* logits, int64_t R, int64_t E, int64_t k, int normalize_p, float* scores,
+                                 float* lse, int32_t* top, float* weight) {
+  timed("moe_route", 0, [&](Executor& e) { e.moe_route(logits, R, E, k, normalize_p, scores, lse, top, weight); });
+}
+void ProfiledExecutor::moe_combine_backward(const MoEDispatch& plan, const float* dout, const float* y,
+                                            const float* weight, float* dy, float* dweight, int64_t d) {
+  timed("moe_combine_backward", 0, [&](Executor& e) { e.moe_combine_backward(plan, dout, y, weight, dy, dweight, d); });
+}
+void ProfiledExecutor::moe_router_backward(const MoERouterBackward& a, float* dlogits) {
+  timed("moe_router_backward", 0, [&](Executor& e) { e.moe_router_backward(a, dlogits); });
+}
 void ProfiledExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
   timed("moe_dispatch", 0, [&](Executor& e) { e.moe_dispatch(plan, x, xg, d); });
 }

@@ -148,6 +148,17 @@ void CpuExecutor::adamw(const elem::AdamWScalars& s, float decay, const float* g
                         int64_t n) {
   adamw_elements(s, decay, grad, p, m, v, n, pool_);
 }
+void CpuExecutor::moe_route(const float* logits, int64_t R, int64_t E, int64_t k, int normalize_p, float* scores,
+                            float* lse, int32_t* top, float* weight) {
+  moe::route(logits, R, E, k, scores, lse, top, weight, pool_, normalize_p);
+}
+void CpuExecutor::moe_combine_backward(const MoEDispatch& plan, const float* dout, const float* y, const float* weight,
+                                       float* dy, float* dweight, int64_t d) {
+  moe::combine_backward(dout, y, weight, plan, d, dy, dweight, pool_);
+}
+void CpuExecutor::moe_router_backward(const MoERouterBackward& a, float* dlogits) {
+  moe::router_backward(a, dlogits, pool_);
+}
 void CpuExecutor::moe_dispatch(const MoEDispatch& plan, const float* x, float* xg, int64_t d) {
   moe::gather(x, plan, d, xg, pool_);
 }

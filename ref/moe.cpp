@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/mathfn.h"
+#include "core/moe_row.h"
 #include "core/parallel.h"
 #include "core/reduce.h"
 
@@ -24,45 +25,21 @@ void for_rows(ThreadPool* pool, int64_t n, int64_t grain, const std::function<vo
 
 }  // namespace
 
-// n of the chosen scores w [k] (normalize_p 1 or 2), j in rank order.
-static float topk_norm(const float* w, int64_t k, double normalize_p) {
-  float acc = 0.0f;
-  for (int64_t j = 0; j < k; ++j) acc = normalize_p == 1 ? acc + w[j] : acc + w[j] * w[j];
-  return normalize_p == 1 ? acc : std::sqrt(acc);
-}
-
 void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
-           float* weight, ThreadPool* pool, double normalize_p) {
+           float* weight, ThreadPool* pool, int normalize_p) {
   if (normalize_p != 0 && normalize_p != 1 && normalize_p != 2)
-    throw std::invalid_argument("moe::route: normalize_p must be 0, 1 or 2");
+    throw std::invalid_argument("moe::route: normalize_p must be 0, 1 or 2 (model.moe_normalize_expert_weights)");
   for_rows(pool, R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* l = logits + r * E;
       float* s = scores + r * E;
-      float m = l[0];
-      for (int64_t e = 1; e < E; ++e) m = l[e] > m ? l[e] : m;
+      const float m = moe_row::row_max(l, E);
       for (int64_t e = 0; e < E; ++e) s[e] = det::expf(l[e] - m);
       const float sum = canonical_sum(s, E);
       for (int64_t e = 0; e < E; ++e) s[e] = s[e] / sum;
       lse[r] = m + det::logf(sum);
-      // Top-k by repeated scans: strictly greater wins, so of equal scores the lower expert index ranks first.
-      int32_t* t = top + r * k;
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || t[i] == e;
-          if (taken) continue;
-          if (best < 0 || s[e] > s[best]) best = e;
-        }
-        t[j] = static_cast<int32_t>(best);
-        weight[r * k + j] = s[best];
-      }
-      if (normalize_p != 0) {
-        float* w = weight + r * k;
-        const float n = topk_norm(w, k, normalize_p);
-        for (int64_t j = 0; j < k; ++j) w[j] = w[j] / n;
-      }
+      moe_row::select_top_k(s, E, k, top + r * k, weight + r * k);
+      moe_row::normalize_weights(s, top + r * k, k, normalize_p, weight + r * k);
     }
   });
 }
@@ -88,14 +65,14 @@ void combine(const float* y, const float* weight, const MoEDispatch& plan, int64
   });
 }
 
-void combine_backward(const float* dout, const float* y, const float* weight, const Plan& plan, int64_t d, float* dy,
-                      float* dweight, ThreadPool* pool) {
+void combine_backward(const float* dout, const float* y, const float* weight, const MoEDispatch& plan, int64_t d,
+                      float* dy, float* dweight, ThreadPool* pool) {
   const int64_t k = plan.k;
   for_rows(pool, plan.R, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* g = dout + r * d;
       for (int64_t j = 0; j < k; ++j) {
-        const int64_t p = plan.position[static_cast<size_t>(r * k + j)];
+        const int64_t p = plan.position[r * k + j];
         const float w = weight[r * k + j];
         for (int64_t c = 0; c < d; ++c) dy[p * d + c] = w * g[c];
         dweight[r * k + j] = canonical_dot(g, y + p * d, d);
@@ -178,37 +155,21 @@ std::vector<float> lb_grad(const std::vector<int64_t>& c, int64_t n_unit, double
   return g;
 }
 
-void router_backward(const float* scores, const float* lse, const int32_t* top, const float* weight, const float* dweight,
-                     const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
-                     float* dlogits, double normalize_p) {
-  std::vector<float> ds(static_cast<size_t>(E)), dchosen(static_cast<size_t>(k)), chosen(static_cast<size_t>(k));
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const float* s = scores + r * E;
-    const float* dw = dweight + r * k;
-    const float* w = weight + r * k;
-    for (int64_t j = 0; j < k; ++j) dchosen[static_cast<size_t>(j)] = dw[j];
-    if (normalize_p != 0) {
-      // w_j = s_j / n:  ∂L/∂s_j = (dw_j − w_j^(p−1) · Σ_i dw_i·w_i) / n.
-      for (int64_t j = 0; j < k; ++j) chosen[static_cast<size_t>(j)] = s[top[r * k + j]];
-      const float n = topk_norm(chosen.data(), k, normalize_p);
-      float dot = 0.0f;
-      for (int64_t j = 0; j < k; ++j) dot = dot + dw[j] * w[j];
-      for (int64_t j = 0; j < k; ++j)
-        dchosen[static_cast<size_t>(j)] = (dw[j] - (normalize_p == 1 ? dot : w[j] * dot)) / n;
+void router_backward(const MoERouterBackward& a, float* dlogits, ThreadPool* pool) {
+  const int64_t E = a.E, k = a.k;
+  for_rows(pool, a.R, 64, [&](int64_t r0, int64_t r1) {
+    std::vector<float> ds(static_cast<size_t>(E));
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* s = a.scores + r * E;
+      const float* lb = a.lb_grad + (r / a.lb_rows) * E;
+      std::copy_n(lb, E, ds.data());
+      moe_row::add_chosen_grad(s, a.top + r * k, a.weight + r * k, a.dweight + r * k, k, a.normalize_p, ds.data());
+      const float dot = canonical_dot(s, ds.data(), E);
+      const float zl = a.z_grad * a.lse[r];
+      float* dl = dlogits + r * E;
+      for (int64_t e = 0; e < E; ++e) dl[e] = moe_row::logit_grad(s[e], ds[static_cast<size_t>(e)], dot, zl, a.z_grad);
     }
-    for (int64_t e = 0; e < E; ++e) ds[static_cast<size_t>(e)] = lb_grad_row[e];
-    for (int64_t j = 0; j < k; ++j) {
-      float& slot = ds[static_cast<size_t>(top[r * k + j])];
-      slot = slot + dchosen[static_cast<size_t>(j)];
-    }
-    const float dot = canonical_dot(s, ds.data(), E);
-    const float zl = z_grad * lse[r];
-    float* dl = dlogits + r * E;
-    for (int64_t e = 0; e < E; ++e) {
-      const float soft = s[e] * (ds[static_cast<size_t>(e)] - dot);
-      dl[e] = z_grad != 0.0f ? soft + zl * s[e] : soft;
-    }
-  }
+  });
 }
 
 }  // namespace olmoref::moe

@@ -28,8 +28,9 @@ namespace moe {
 //   weight [R, k]  their scores (OLMo-core's expert weights), or with normalize_p = 1 or 2 (OLMo-core's
 //                  normalize_expert_weights) those scores divided by their L1 / L2 norm over the k choices:
 //                  n = Σ_j s_j, or sqrtf(Σ_j s_j·s_j), j in rank order.
+// The CPU executor's moe_route; the serial steps of a row are core/moe_row.h's, which the CUDA kernel runs too.
 void route(const float* logits, int64_t R, int64_t E, int64_t k, float* scores, float* lse, int32_t* top,
-           float* weight, ThreadPool* pool, double normalize_p = 0);
+           float* weight, ThreadPool* pool, int normalize_p = 0);
 
 
 // The plan as the executor's MoE ops read it (host memory: the plan's own vectors).
@@ -40,9 +41,10 @@ inline MoEDispatch dispatch_of(const Plan& plan) { return {plan.R, plan.k, plan.
 void gather(const float* x, const MoEDispatch& plan, int64_t d, float* xg, ThreadPool* pool);
 // out [R, d]: row r = Σ_j weight[r, j] · y[position(r, j)], one fma chain over j = 0..k-1 from 0.
 void combine(const float* y, const float* weight, const MoEDispatch& plan, int64_t d, float* out, ThreadPool* pool);
-// Its backward: dy [R·k, d] at position(r, j) = weight[r, j] · dout[r]; dweight [R, k] = canonical_dot(dout[r], y[p]).
-void combine_backward(const float* dout, const float* y, const float* weight, const Plan& plan, int64_t d, float* dy,
-                      float* dweight, ThreadPool* pool);
+// Its backward (the CPU executor's moe_combine_backward): dy [R·k, d] at p = position(r, j) = weight[r, j] · dout[r];
+// dweight [R, k] = canonical_dot(dout[r], y[p]) over d.
+void combine_backward(const float* dout, const float* y, const float* weight, const MoEDispatch& plan, int64_t d,
+                      float* dy, float* dweight, ThreadPool* pool);
 // dx [R, d] row r = (((dx[r] + dxg[position(r, 0)]) + dxg[position(r, 1)]) + ...), j in order.
 void scatter_add(const float* dxg, const MoEDispatch& plan, int64_t d, float* dx, ThreadPool* pool);
 
@@ -70,14 +72,12 @@ double z_value(const float* lse, int64_t row_begin, int64_t row_end, double z_co
 // ∂(lb / N)/∂scores[r, e] for every row of the unit: fl32(lb_coef · c_e / (n_unit · N)), the products in fp64.
 std::vector<float> lb_grad(const std::vector<int64_t>& unit_counts, int64_t n_unit, double lb_coef, int64_t global_n);
 
-// Router backward of rows [row_begin, row_end): ds = lb_grad (per row, of its unit) + the combine's dweight at
-// each chosen expert (with normalize_p, first through the normalisation: ds_j = (dw_j − w_j^(p−1)·dot) / n,
-// dot = Σ_j dw_j·w_j in rank order, w the normalised weights); then the softmax backward dl_e = s_e · (ds_e − canonical_dot(s, ds)) and the z-loss term
-// + fl32(z_grad · lse_r) · s_e, z_grad = fl32(2 · z_coef / N). dlogits [R, E].
-void router_backward(const float* scores, const float* lse, const int32_t* top, const float* weight, const float* dweight,
-                     const float* lb_grad_row, float z_grad, int64_t row_begin, int64_t row_end, int64_t E, int64_t k,
-                     float* dlogits, double normalize_p = 0);
-
+// Router backward (the CPU executor's moe_router_backward), row r of a.R: ds = a.lb_grad's row of r's unit + the
+// combine's dweight at each chosen expert (with normalize_p, first through the normalisation: ds_j = (dw_j −
+// w_j^(p−1)·dot) / n, dot = Σ_j dw_j·w_j in rank order, w the normalised weights); then the softmax backward
+// dl_e = s_e · (ds_e − canonical_dot(s, ds)) and the z-loss term + fl32(z_grad · lse_r) · s_e, z_grad =
+// fl32(2 · z_coef / N). dlogits [R, E].
+void router_backward(const MoERouterBackward& a, float* dlogits, ThreadPool* pool);
 
 }  // namespace moe
 }  // namespace olmoref

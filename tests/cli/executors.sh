@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tier T5 without a GPU: the CUDA executor's kernels executed on the host (--executor cuda-host) train the tiny
-# golden runs (fp32 and bf16, 50 steps each) to the committed golden traces bit for bit; a checkpoint moves
+# golden runs (fp32 and bf16, 50 steps each; the mixture of experts, fp32, 30 steps) to the committed golden traces
+# bit for bit; a checkpoint moves
 # cpu -> cuda-host -> cpu and the continued trace is still the golden one; --executor cuda on a machine without a
 # usable GPU fails at start with one line and touches nothing; a bad train.executor names the key.
 # OLMOREF_TEST_EXECUTOR=cuda (tools/gpu_check.sh) runs the same checks on the device.
@@ -14,7 +15,7 @@ source golden/traces/runs.sh
 ex=${OLMOREF_TEST_EXECUTOR:-cuda-host}
 python3 golden/traces/make_tiny_corpus.py "$work/tiny.u16"
 
-# 1. Whole golden traces through the kernels (the two tiny runs in parallel: one thread each).
+# 1. Whole golden traces through the kernels (the tiny runs in parallel: one thread each).
 pids=()
 for run in "${GOLDEN_RUNS[@]}"; do
   read -r name config steps precision data <<< "$run"
@@ -23,12 +24,12 @@ for run in "${GOLDEN_RUNS[@]}"; do
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
-for name in tiny-fp32 tiny-bf16; do
+for name in tiny-fp32 tiny-bf16 tiny-moe-fp32; do
   "$BIN" trace compare "golden/traces/$name.jsonl" "$work/$name/trace.jsonl" > "$work/$name.cmp" ||
     { cat "$work/$name.cmp"; echo "FAILED: $name through $ex differs from the golden trace"; exit 1; }
   cmp "golden/traces/$name.jsonl" "$work/$name/trace.jsonl"
   grep -q "\"executor\": \"$ex\"" "$work/$name/manifest.json"
-  echo "ok: $name through $ex equals golden/traces/$name.jsonl (50 steps, every byte)"
+  echo "ok: $name through $ex equals golden/traces/$name.jsonl ($(wc -l < "$work/$name/trace.jsonl") steps, every byte)"
 done
 
 # 2. Checkpoint continuation across executors: cpu to step 4, $ex to 8, cpu to 12.

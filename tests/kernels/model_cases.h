@@ -1,7 +1,8 @@
 // Whole-model cases shared by the host-execution test (tests/kernels/test_executor.cpp) and the GPU test
 // (tests/gpu/test_gpu_kernels.cpp): one micro-batch's forward/backward through two executors, compared bit for bit
-// (loss totals, logits, every parameter gradient). Shapes are awkward on purpose: odd vocabulary and widths, GQA
-// 5:1, window 1, a window longer than the sequence, full attention, and a micro-batch whose last call is shorter.
+// (loss totals with the MoE auxiliary losses, logits, every parameter gradient). Shapes are awkward on purpose: odd
+// vocabulary and widths, GQA 5:1, window 1, a window longer than the sequence, full attention, a micro-batch whose
+// last call is shorter, and two mixtures of experts.
 #pragma once
 
 #include <cstring>
@@ -45,6 +46,14 @@ inline std::vector<ModelCase> model_cases() {
     out.push_back({c, 2, 3, 13, p});
     out.push_back({wide, 3, 3, 70, p});
   }
+  // Mixture of experts (fp32 only: bf16 MoE is refused). E past the warp width, top-3, L2-normalised weights, the lb
+  // loss per micro-batch and a router z-loss; then 5 experts, top-2, L1-normalised weights, a shared expert, the lb
+  // loss per instance and no z-loss.
+  ModelConfig moe_wide = c, moe_shared = c;
+  moe_wide.moe = {33, 3, 24, 0, 0.01, 0.001, true, 2, MoELbGranularity::local_batch};
+  moe_shared.moe = {5, 2, 16, 20, 0.01, 0.0, true, 1, MoELbGranularity::instance};
+  out.push_back({moe_wide, 2, 3, 13, Precision::fp32});
+  out.push_back({moe_shared, 2, 3, 13, Precision::fp32});
   return out;
 }
 
@@ -85,7 +94,9 @@ inline ModelRun run_model_case(const ModelCase& mc, Executor& ex) {
 inline std::string model_runs_differ(const ModelRun& a, const ModelRun& b, const ParamLayout& L) {
   for (size_t i = 0; i < a.per_instance.size(); ++i)
     if (std::memcmp(&a.per_instance[i].ce, &b.per_instance[i].ce, 8) != 0 ||
-        std::memcmp(&a.per_instance[i].z, &b.per_instance[i].z, 8) != 0)
+        std::memcmp(&a.per_instance[i].z, &b.per_instance[i].z, 8) != 0 ||
+        std::memcmp(&a.per_instance[i].moe_lb, &b.per_instance[i].moe_lb, 8) != 0 ||
+        std::memcmp(&a.per_instance[i].moe_z, &b.per_instance[i].moe_z, 8) != 0)
       return "loss totals of instance " + std::to_string(i);
   if (std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) != 0) return "logits";
   for (const ParamInfo& p : L.params)

@@ -35,7 +35,7 @@ TEST_CASE("executor cuda-host: every case's loss, logits and gradients equal the
     CHECK(testing::model_runs_differ(want, got, ParamLayout(mc.cfg)) == "");
     ++cases;
   }
-  CHECK(cases == 4);
+  CHECK(cases == 6);
 }
 
 // The optimizer updates on lengths that fill no launch evenly, with specials (zeros of both signs, NaN, inf) in the
@@ -94,12 +94,15 @@ TEST_CASE("executor cuda-host: the MoE ops equal the CPU executor's bit for bit"
     const int64_t R = c.R, d = c.d, k = c.k;
     auto run = [&](Executor& ex) {
       std::vector<float> xg(c.y.size()), out(c.x.size()), dx = c.dx0, dshared(c.x.size()), drouted(c.x.size());
+      std::vector<float> dy(c.y.size()), dweight(c.weight.size());
       ex.moe_dispatch(view, c.x.data(), xg.data(), d);
       ex.moe_combine(view, c.y.data(), c.weight.data(), out.data(), d);
+      // The combine's backward with x as its output gradient dout [R, d].
+      ex.moe_combine_backward(view, c.x.data(), c.y.data(), c.weight.data(), dy.data(), dweight.data(), d);
       ex.moe_scatter_add(view, c.dxg.data(), dx.data(), d);
       ex.moe_shared_combine(c.shared.data(), out.data(), k, out.data(), R * d);
       ex.moe_shared_combine_backward(c.shared.data(), k, dshared.data(), drouted.data(), R * d);
-      return std::vector<std::vector<float>>{xg, out, dx, dshared, drouted};
+      return std::vector<std::vector<float>>{xg, out, dx, dshared, drouted, dy, dweight};
     };
     const auto want = run(cpu), got = run(host);
     for (size_t t = 0; t < want.size(); ++t) {
@@ -109,6 +112,50 @@ TEST_CASE("executor cuda-host: the MoE ops equal the CPU executor's bit for bit"
     ++cases;
   }
   CHECK(cases == 32);
+}
+
+// The routing and the router backward on the logits of moe_route_cases (tests/kernels/moe_cases.h: ties, signed
+// zeros, underflow), each executor's backward reading its own routing, as in the model.
+TEST_CASE("executor cuda-host: moe_route and moe_router_backward equal the CPU executor's bit for bit") {
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  int cases = 0;
+  for (const testing::MoERouteCase& c : testing::moe_route_cases()) {
+    CAPTURE(c.E);
+    CAPTURE(c.k);
+    CAPTURE(c.normalize_p);
+    CAPTURE(c.lb_rows);
+    CAPTURE(c.z_grad);
+    const int64_t R = c.R, E = c.E, k = c.k;
+    auto run = [&](Executor& ex) {
+      std::vector<float> scores(static_cast<size_t>(R * E)), lse(static_cast<size_t>(R)), weight(static_cast<size_t>(R * k));
+      std::vector<float> dlogits(static_cast<size_t>(R * E));
+      std::vector<int32_t> top(static_cast<size_t>(R * k));
+      ex.moe_route(c.logits.data(), R, E, k, c.normalize_p, scores.data(), lse.data(), top.data(), weight.data());
+      MoERouterBackward a;
+      a.R = R, a.E = E, a.k = k, a.normalize_p = c.normalize_p;
+      a.scores = scores.data(), a.lse = lse.data(), a.top = top.data(), a.weight = weight.data();
+      a.dweight = c.dweight.data(), a.lb_grad = c.lb_grad.data(), a.lb_rows = c.lb_rows, a.z_grad = c.z_grad;
+      ex.moe_router_backward(a, dlogits.data());
+      std::vector<float> top_bits(top.size());
+      std::memcpy(top_bits.data(), top.data(), top.size() * sizeof(int32_t));
+      return std::vector<std::vector<float>>{scores, lse, top_bits, weight, dlogits};
+    };
+    const auto want = run(cpu), got = run(host);
+    for (size_t t = 0; t < want.size(); ++t) {
+      CAPTURE(t);
+      CHECK(std::memcmp(want[t].data(), got[t].data(), want[t].size() * sizeof(float)) == 0);
+    }
+    // The ties resolve to the lower expert: row 0 (all equal) chooses experts 0, 1, ..., k-1 in that order.
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t chosen = -1;
+      std::memcpy(&chosen, &want[2][static_cast<size_t>(j)], sizeof chosen);
+      CHECK(chosen == j);
+    }
+    ++cases;
+  }
+  CHECK(cases == 33);
 }
 
 TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradients") {
