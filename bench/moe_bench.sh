@@ -13,17 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads_list="1 2"; repeats=2; configs="tiny-moe small-moe"; build=build
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --threads) threads_list="$2"; shift 2 ;;
-    --repeats) repeats="$2"; shift 2 ;;
-    --configs) configs="$2"; shift 2 ;;
-    --build) build="$2"; shift 2 ;;
-    *) echo "bench/moe_bench.sh: unknown argument '$1' (see the header for usage)" >&2; exit 2 ;;
-  esac
-done
-bin="$build/olmoref"
-[ -x "$bin" ] || { echo "bench/moe_bench.sh: missing $bin: run bash tools/build.sh first" >&2; exit 1; }
+source bench/args.sh
+bench_args bench/moe_bench.sh threads=threads_list repeats=repeats configs=configs build=build -- "$@"
 py="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}/bin/python"
 [ -x "$py" ] || { echo "bench/moe_bench.sh: missing $py (OLMo-core's venv): run bash tools/setup_python.sh first" >&2; exit 1; }
 work=$(mktemp -d)

@@ -18,17 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 world=4; repeats=2; configs="tiny-moe small-moe"; build=build
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --world) world="$2"; shift 2 ;;
-    --repeats) repeats="$2"; shift 2 ;;
-    --configs) configs="$2"; shift 2 ;;
-    --build) build="$2"; shift 2 ;;
-    *) echo "bench/moe_ep_bench.sh: unknown argument '$1' (see the header for usage)" >&2; exit 2 ;;
-  esac
-done
-bin="$build/olmoref"
-[ -x "$bin" ] || { echo "bench/moe_ep_bench.sh: missing $bin: run bash tools/build.sh first" >&2; exit 1; }
+source bench/args.sh
+bench_args bench/moe_ep_bench.sh world=world repeats=repeats configs=configs build=build -- "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 work=$(mktemp -d)

@@ -16,17 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads_list="1 2"; repeats=2; configs="small 29m"; build=build
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --threads) threads_list="$2"; shift 2 ;;
-    --repeats) repeats="$2"; shift 2 ;;
-    --configs) configs="$2"; shift 2 ;;
-    --build) build="$2"; shift 2 ;;
-    *) echo "bench/vs_pytorch.sh: unknown argument '$1' (see the header for usage)" >&2; exit 2 ;;
-  esac
-done
-bin="$build/olmoref"
-[ -x "$bin" ] || { echo "bench/vs_pytorch.sh: missing $bin: run bash tools/build.sh first" >&2; exit 1; }
+source bench/args.sh
+bench_args bench/vs_pytorch.sh threads=threads_list repeats=repeats configs=configs build=build -- "$@"
 py="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}/bin/python"
 [ -x "$py" ] || { echo "bench/vs_pytorch.sh: missing $py: run bash tools/setup_python.sh first" >&2; exit 1; }
 [ -f runs/demo-data/train.mix ] || bash data/demo/make_demo_corpus.sh runs/demo-data "$bin" > /dev/null

@@ -533,6 +533,13 @@ void run_split(SplitArgs& a) {
   std::printf("manifest: %s\n", r.manifest_path.c_str());
 }
 
+// The token files (or a mix) as positionals and the vocabulary flags: what inspect, batches and split all read.
+template <class Args>
+void add_corpus_options(CLI::App* c, Args& a) {
+  c->add_option("paths", a.paths, "a mix file (*.mix, *.txt) or token files")->required();
+  a.vocab.add(c);
+}
+
 }  // namespace
 
 void register_data_commands(CLI::App& app) {
@@ -568,8 +575,7 @@ void register_data_commands(CLI::App& app) {
   {
     auto a = std::make_shared<InspectArgs>();
     CLI::App* c = data->add_subcommand("inspect", "Files, tokens, documents, instances and fingerprint of a mix");
-    c->add_option("paths", a->paths, "a mix file (*.mix, *.txt) or token files")->required();
-    a->vocab.add(c);
+    add_corpus_options(c, *a);
     c->add_option("--seq-len", a->seq_len, "sequence length: count instances and compute the fingerprint");
     c->add_option("--show-instance", a->show_instance, "print (and decode, with --tokenizer) this instance");
     c->add_option("--max-target-seq-len", a->max_target_sequence_length, "OLMo-core's max_target_sequence_length");
@@ -607,8 +613,7 @@ void register_data_commands(CLI::App& app) {
   {
     auto a = std::make_shared<BatchesArgs>();
     CLI::App* c = data->add_subcommand("batches", "Instance ids (JSON lines) of the first global batches");
-    c->add_option("paths", a->paths, "a mix file (*.mix, *.txt) or token files")->required();
-    a->vocab.add(c);
+    add_corpus_options(c, *a);
     c->add_option("--seq-len", a->seq_len, "sequence length")->required();
     c->add_option("--global-batch", a->global_batch, "global batch in instances")->required();
     c->add_option("--microbatch", a->microbatch, "micro-batch in instances (default: the global batch)");
@@ -631,8 +636,7 @@ void register_data_commands(CLI::App& app) {
   {
     auto a = std::make_shared<SplitArgs>();
     CLI::App* c = data->add_subcommand("split", "Deterministic document-level train/holdout split of token files");
-    c->add_option("paths", a->paths, "a mix file (*.mix, *.txt) or token files")->required();
-    a->vocab.add(c);
+    add_corpus_options(c, *a);
     c->add_option("--out-dir,-o", a->out_dir, "writes train/, holdout/, train.mix, holdout.mix, split.json")->required();
     c->add_option("--fraction", a->options.fraction, "share of documents held out")->check(CLI::Range(0.0, 1.0));
     c->add_option("--seed", a->options.seed, "seed of the document hash");

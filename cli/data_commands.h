@@ -8,6 +8,15 @@
 //
 // Errors inside a command are printed as "error: ..." and turn into CLI::RuntimeError(1), so
 // CLI11_PARSE in main() exits with status 1.
+//
+// And (cli/leakcheck_command.cpp) `olmoref leakcheck`: the holdout leakage detector (data/leakcheck.h) on a run's
+// configuration, through the same loader configuration path as `olmoref train`.
+//
+//   olmoref leakcheck --config FILE [--set k=v ...] [--steps N | --epoch] [--ngram 13] [--bloom]
+//                     [--audit FILE ...] [--report out.json] [...]
+//
+// Prints a short summary; writes the JSON report with --report (docs/formats/leakcheck.md).
+// Exit status: 0 clean, 1 contamination or an audit failure found, 2 could not check.
 #pragma once
 
 namespace CLI {
@@ -17,5 +26,6 @@ class App;
 namespace olmoref::data {
 
 void register_data_commands(CLI::App& app);
+void register_leak_commands(CLI::App& app);
 
 }  // namespace olmoref::data

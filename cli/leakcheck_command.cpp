@@ -1,4 +1,4 @@
-#include "cli/leakcheck_command.h"
+#include "cli/data_commands.h"
 
 #include <limits>
 #include <CLI/CLI.hpp>

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "cli/data_commands.h"
-#include "cli/leakcheck_command.h"
 #include "dist/comm.h"
 #include "cli/golden_commands.h"
 #include "cli/commands.h"

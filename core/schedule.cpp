@@ -59,16 +59,36 @@ int64_t resolve_decay(const ScheduleConfig& s, int64_t t_max) {
   return s.decay >= 0 ? s.decay : py_round(dbl(t_max) * s.decay_fraction);
 }
 
-// CosWithWarmup.get_lr (also the first part of CosWithWarmupAndLinearDecay).
-double cos_with_warmup(const ScheduleConfig& s, double initial_lr, int64_t current, int64_t t_max) {
+// The frame OLMo-core's CosWithWarmup, HalfCosWithWarmup and LinearWithWarmup share: t_max (schedule.t_max when
+// set, else the run's), the floor eta_min = initial_lr * alpha_f, and a linear warmup (strict <) to
+// warmup_peak(eta_min). During the warmup and from t_max on, `lr` is the answer; otherwise the schedule decays
+// from the warmup's end, where `current` and `t_max` then count from.
+struct WarmupFrame {
+  bool decaying;
+  double lr, eta_min;
+  int64_t current, t_max;
+};
+template <class Peak>
+WarmupFrame warmup_frame(const ScheduleConfig& s, double initial_lr, int64_t current, int64_t t_max,
+                         const Peak& warmup_peak) {
   t_max = s.t_max > 0 ? s.t_max : t_max;
   const double eta_min = initial_lr * s.alpha_f;
   const int64_t warmup = resolve_warmup(s, t_max);
-  if (current < warmup) return linear_warmup(initial_lr, current, warmup, s.warmup_min_lr);
-  if (current >= t_max) return eta_min;
-  current -= warmup;
-  t_max -= warmup;
+  if (current < warmup)
+    return {false, linear_warmup(warmup_peak(eta_min), current, warmup, s.warmup_min_lr), eta_min, 0, 0};
+  if (current >= t_max) return {false, eta_min, eta_min, 0, 0};
+  return {true, 0.0, eta_min, current - warmup, t_max - warmup};
+}
+
+// From initial_lr at current = 0 down to eta_min at current = t_max along half a cosine period.
+double cosine_decay(const ScheduleConfig& s, double initial_lr, double eta_min, int64_t current, int64_t t_max) {
   return eta_min + (initial_lr - eta_min) * (1.0 + schedule_cos(s, kPi * dbl(current) / dbl(t_max))) / 2.0;
+}
+
+// CosWithWarmup.get_lr (also the first part of CosWithWarmupAndLinearDecay).
+double cos_with_warmup(const ScheduleConfig& s, double initial_lr, int64_t current, int64_t t_max) {
+  const WarmupFrame f = warmup_frame(s, initial_lr, current, t_max, [&](double) { return initial_lr; });
+  return f.decaying ? cosine_decay(s, initial_lr, f.eta_min, f.current, f.t_max) : f.lr;
 }
 
 }  // namespace
@@ -117,30 +137,16 @@ double schedule_get_lr(const ScheduleConfig& s, double initial_lr, int64_t curre
     return current <= warmup ? linear_warmup(initial_lr, current, warmup, s.warmup_min_lr) : initial_lr;
   }
   if (k == "half_cos_with_warmup") {
-    t_max = s.t_max > 0 ? s.t_max : t_max;
-    const double eta_min = initial_lr * s.alpha_f;
-    const int64_t warmup = resolve_warmup(s, t_max);
-    if (current < warmup) {
-      const double max_lr = eta_min + (initial_lr - eta_min) / 2.0;
-      return linear_warmup(max_lr, current, warmup, s.warmup_min_lr);
-    }
-    if (current >= t_max) return eta_min;
-    current -= warmup;
-    t_max -= warmup;
-    current += t_max;
-    t_max *= 2;
-    return eta_min + (initial_lr - eta_min) * (1.0 + schedule_cos(s, kPi * dbl(current) / dbl(t_max))) / 2.0;
+    // The warmup ends halfway between eta_min and the peak; the decay is the second half of a cosine.
+    const WarmupFrame f = warmup_frame(s, initial_lr, current, t_max,
+                                       [&](double eta_min) { return eta_min + (initial_lr - eta_min) / 2.0; });
+    return f.decaying ? cosine_decay(s, initial_lr, f.eta_min, f.current + f.t_max, 2 * f.t_max) : f.lr;
   }
   if (k == "linear_with_warmup") {
-    t_max = s.t_max > 0 ? s.t_max : t_max;
-    const double eta_min = initial_lr * s.alpha_f;
-    const int64_t warmup = resolve_warmup(s, t_max);
-    if (current < warmup) return linear_warmup(initial_lr, current, warmup, s.warmup_min_lr);
-    if (current >= t_max) return eta_min;
-    current -= warmup;
-    t_max -= warmup;
+    const WarmupFrame f = warmup_frame(s, initial_lr, current, t_max, [&](double) { return initial_lr; });
+    if (!f.decaying) return f.lr;
     // Python's int / int is the correctly rounded quotient: so is the IEEE division of the two exact doubles.
-    return initial_lr - (initial_lr - eta_min) * (dbl(current) / dbl(t_max));
+    return initial_lr - (initial_lr - f.eta_min) * (dbl(f.current) / dbl(f.t_max));
   }
   if (k == "wsd") {
     const int64_t warmup = resolve_warmup(s, t_max);

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "data/json_file.h"
+
 namespace olmoref::data {
 
 uint64_t xxh3_tokens(std::span<const uint32_t> tokens) {
@@ -103,22 +105,10 @@ void AuditLog::flush() {
 }
 
 std::vector<AuditRecord> read_audit_log(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("audit log '" + path + "': cannot open");
-  std::vector<AuditRecord> out;
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.empty()) continue;
-    try {
-      out.push_back(parse_audit_record(line));
-    } catch (const std::exception& e) {
-      throw std::runtime_error("audit log '" + path + "' line " + std::to_string(line_no) +
-                               ": malformed record (" + e.what() + ")");
-    }
-  }
-  return out;
+  return read_json_lines<AuditRecord>(
+      path, "audit log '" + path + "': cannot open", parse_audit_record, [&](int64_t line_no, const char* why) {
+        return "audit log '" + path + "' line " + std::to_string(line_no) + ": malformed record (" + why + ")";
+      });
 }
 
 }  // namespace olmoref::data

@@ -6,6 +6,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include "data/json_file.h"
+
 namespace olmoref::data {
 
 static uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
@@ -325,15 +327,7 @@ void BpeTokenizer::save(const std::string& path) const {
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("tokenizer '" + path + "': cannot open; train one with `olmoref tokenize --vocab-size N`");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("tokenizer '" + path + "': not valid JSON (" + e.what() + ")");
-  }
-  return from_json(j, path);
+  return from_json(read_json_file(path, "tokenizer", "; train one with `olmoref tokenize --vocab-size N`"), path);
 }
 
 BpeTokenizer BpeTokenizer::from_json(const nlohmann::json& j, const std::string& path) {

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "data/json_file.h"
+
 namespace olmoref::data {
 
 namespace fs = std::filesystem;
@@ -31,14 +33,7 @@ HoldoutSpec HoldoutSpec::separate(Mix holdout_mix) {
 }
 
 HoldoutSpec HoldoutSpec::from_manifest(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("split manifest '" + path + "': cannot open (it is written by a document split)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("split manifest '" + path + "': not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = read_json_file(path, "split manifest", " (it is written by a document split)");
   if (j.value("format", "") != "olmoref-split-v1" || j.value("kind", "") != "document-split") {
     throw std::runtime_error("split manifest '" + path + "': expected format olmoref-split-v1, kind document-split");
   }

@@ -1,6 +1,7 @@
 #include "golden/trace.h"
 
 #include <algorithm>
+#include <bit>
 
 #include <unistd.h>
 
@@ -12,31 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "data/json_file.h"
 #include "golden/digest.h"
 
 namespace olmoref {
 
 namespace {
-uint32_t fbits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-uint64_t dbits(double x) {
-  uint64_t u;
-  std::memcpy(&u, &x, 8);
-  return u;
-}
-float ffrom(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-double dfrom(uint64_t u) {
-  double x;
-  std::memcpy(&x, &u, 8);
-  return x;
-}
 // JSON has no NaN or infinity: a non-finite value is written as null, and its *_hex field keeps it exactly.
 std::string fmt(const char* f, double x) {
   if (!std::isfinite(x)) return "null";
@@ -50,26 +32,35 @@ T decimal(const nlohmann::json& j, const char* key) {
   const nlohmann::json& v = j.at(key);
   return v.is_null() ? std::numeric_limits<T>::quiet_NaN() : v.get<T>();
 }
+// `,"KEY":decimal,"KEY_hex":"exact bits"`: 9 significant digits for a float, 17 for a double.
+std::string exact_field(const char* key, float x) {
+  return std::string(",\"") + key + "\":" + fmt("%.9g", x) + ",\"" + key + "_hex\":\"" +
+         hex32(std::bit_cast<uint32_t>(x)) + "\"";
+}
+std::string exact_field(const char* key, double x) {
+  return std::string(",\"") + key + "\":" + fmt("%.17g", x) + ",\"" + key + "_hex\":\"" +
+         hex64(std::bit_cast<uint64_t>(x)) + "\"";
+}
 }  // namespace
 
 // Hand-formatted so the key order and number formatting are fixed forever (the golden traces in the
 // repository are compared byte for byte).
 std::string TraceRecord::to_json() const {
   std::string s = "{\"step\":" + std::to_string(step) + ",\"epoch\":" + std::to_string(epoch);
-  s += ",\"loss\":" + fmt("%.9g", loss) + ",\"loss_hex\":\"" + hex32(fbits(loss)) + "\"";
-  s += ",\"ce\":" + fmt("%.9g", ce) + ",\"ce_hex\":\"" + hex32(fbits(ce)) + "\"";
-  s += ",\"z\":" + fmt("%.9g", z) + ",\"z_hex\":\"" + hex32(fbits(z)) + "\"";
-  s += ",\"grad_norm\":" + fmt("%.9g", grad_norm) + ",\"grad_norm_hex\":\"" + hex32(fbits(grad_norm)) + "\"";
-  s += ",\"clip\":" + fmt("%.9g", clip) + ",\"clip_hex\":\"" + hex32(fbits(clip)) + "\"";
-  s += ",\"lr\":" + fmt("%.17g", lr) + ",\"lr_hex\":\"" + hex64(dbits(lr)) + "\"";
+  s += exact_field("loss", loss);
+  s += exact_field("ce", ce);
+  s += exact_field("z", z);
+  s += exact_field("grad_norm", grad_norm);
+  s += exact_field("clip", clip);
+  s += exact_field("lr", lr);
   s += ",\"tokens\":" + std::to_string(tokens);
   if (num_zeros >= 0) s += ",\"num_zeros\":" + std::to_string(num_zeros);
   // Only an optimizer that can skip writes it, so every other trace stays byte for byte what it was.
   if (skipped >= 0) s += ",\"skipped\":" + std::to_string(skipped);
   s += ",\"data_digest\":\"" + data_digest + "\",\"param_digest\":\"" + param_digest + "\"";
   if (!routing_digest.empty()) {
-    s += ",\"moe_lb\":" + fmt("%.9g", moe_lb) + ",\"moe_lb_hex\":\"" + hex32(fbits(moe_lb)) + "\"";
-    s += ",\"moe_z\":" + fmt("%.9g", moe_z) + ",\"moe_z_hex\":\"" + hex32(fbits(moe_z)) + "\"";
+    s += exact_field("moe_lb", moe_lb);
+    s += exact_field("moe_z", moe_z);
     s += ",\"routing_digest\":\"" + routing_digest + "\",\"expert_load\":[";
     for (size_t l = 0; l < expert_load.size(); ++l) {
       s += l ? ",[" : "[";
@@ -110,7 +101,8 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.step = j.at("step").get<int64_t>();
   r.epoch = j.value("epoch", int64_t{0});
   auto f32 = [&](const char* hex_key, const char* dec_key) {
-    if (j.contains(hex_key)) return ffrom(static_cast<uint32_t>(std::stoul(j.at(hex_key).get<std::string>(), nullptr, 16)));
+    if (j.contains(hex_key))
+      return std::bit_cast<float>(static_cast<uint32_t>(std::stoul(j.at(hex_key).get<std::string>(), nullptr, 16)));
     return decimal<float>(j, dec_key);
   };
   r.loss = f32("loss_hex", "loss");
@@ -118,7 +110,8 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
   r.z = f32("z_hex", "z");
   r.grad_norm = f32("grad_norm_hex", "grad_norm");
   r.clip = f32("clip_hex", "clip");
-  r.lr = j.contains("lr_hex") ? dfrom(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16)) : decimal<double>(j, "lr");
+  r.lr = j.contains("lr_hex") ? std::bit_cast<double>(std::stoull(j.at("lr_hex").get<std::string>(), nullptr, 16))
+                              : decimal<double>(j, "lr");
   r.tokens = j.at("tokens").get<int64_t>();
   r.num_zeros = j.value("num_zeros", int64_t{-1});  // traces written before num_zeros was recorded lack it
   r.skipped = j.value("skipped", -1);  // only optimizers that can skip write it
@@ -135,21 +128,10 @@ TraceRecord TraceRecord::from_json(const std::string& line) {
 }
 
 std::vector<TraceRecord> read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open trace");
-  std::vector<TraceRecord> out;
-  std::string line;
-  int64_t lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.empty()) continue;
-    try {
-      out.push_back(TraceRecord::from_json(line));
-    } catch (const std::exception& e) {
-      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": not a trace record (" + e.what() + ")");
-    }
-  }
-  return out;
+  return data::read_json_lines<TraceRecord>(
+      path, path + ": cannot open trace", TraceRecord::from_json, [&](int64_t line_no, const char* why) {
+        return path + ":" + std::to_string(line_no) + ": not a trace record (" + why + ")";
+      });
 }
 
 void truncate_step_records(const std::string& path, int64_t last_step) {

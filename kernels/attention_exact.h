@@ -71,9 +71,7 @@ OLMOREF_HD inline float attention_score(const AttentionArgs& a, const QueryRow& 
   return acc * a.scale;
 }
 
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
   const QueryRow qr = query_row(a, row);
@@ -123,9 +121,7 @@ OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const Att
 }
 
 // Backward (1): query row `row` = (b·H + h)·T + i.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
   const QueryRow qr = query_row(a, row);
@@ -165,9 +161,7 @@ OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const 
 }
 
 // Backward (2): key `key` = (b·H + h)·T + j, per query head; thread t takes d = t, t+32, ...
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_backward_key(Block& blk, const AttentionArgs& a, int64_t key) {
   const int64_t j = key % a.T, bh = key / a.T, h = bh % a.H, b = bh / a.H;

@@ -13,6 +13,14 @@
 
 #include "core/hd.h"
 
+// Before each OLMOREF_HD body templated on its Block: the host instantiation (HostBlock) calls host-only code, which
+// nvcc would otherwise report for every instantiation; the device one never does.
+#if defined(__CUDACC__)
+#define OLMOREF_BLOCK_BODY _Pragma("nv_exec_check_disable")
+#else
+#define OLMOREF_BLOCK_BODY
+#endif
+
 namespace olmoref::kernels {
 
 template <class State, int kThreads>
@@ -40,9 +48,7 @@ struct DeviceBlock {
 
 // The canonical 32-lane tree (core/reduce.h lane_tree) over lane[0..32) in shared memory, one level per phase:
 // for w = 16, 8, 4, 2, 1: lane[j] = lane[j] + lane[j + w] for j < w. The result is in lane[0].
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block, class T>
 OLMOREF_HD void lane_tree_phases(Block& blk, T* lane) {
   for (int w = 16; w >= 1; w /= 2)

@@ -33,9 +33,7 @@ struct LossShared {
   double lane64[32];
 };
 
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void cross_entropy_row(Block& blk, LossShared& sh, const LossArgs& a, int64_t row) {
   float* x = a.logits + row * a.V;
@@ -87,9 +85,7 @@ OLMOREF_HD void cross_entropy_row(Block& blk, LossShared& sh, const LossArgs& a,
 }
 
 // Instance b's totals: 32 fp64 lanes over its T row terms, then the lane tree.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void loss_instance_totals(Block& blk, LossShared& sh, const LossArgs& a, int64_t b) {
   for (int which = 0; which < 2; ++which) {
@@ -108,9 +104,7 @@ OLMOREF_HD void loss_instance_totals(Block& blk, LossShared& sh, const LossArgs&
 
 // One fp64 total per chunk c of a flat float vector [0, n) (chunk = 65,536 floats): 32 lanes, lane t folding
 // elements lo + t, lo + t + 32, ... with `fold`, then the lane tree. Shared by the gradient norm and the zero count.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block, class Fold>
 OLMOREF_HD void chunk_lane_total(Block& blk, LossShared& sh, const float* x, int64_t n, int64_t chunk, double* out,
                                  int64_t c, Fold fold) {
@@ -135,9 +129,7 @@ struct NormChunkArgs {
 struct SumOfSquares {
   OLMOREF_HD double operator()(double acc, float g) const { return hd_fma(double(g), double(g), acc); }
 };
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void grad_norm_chunk(Block& blk, LossShared& sh, const NormChunkArgs& a, int64_t c) {
   chunk_lane_total(blk, sh, a.grad, a.n, a.chunk, a.out, c, SumOfSquares{});
@@ -153,9 +145,7 @@ struct ZeroCountArgs {
 struct CountZeros {
   OLMOREF_HD double operator()(double acc, float x) const { return acc + (x == 0.0f ? 1.0 : 0.0); }
 };
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void zero_count_chunk(Block& blk, LossShared& sh, const ZeroCountArgs& a, int64_t c) {
   chunk_lane_total(blk, sh, a.x, a.n, a.chunk, a.out, c, CountZeros{});

@@ -51,9 +51,7 @@ struct RmsNormArgs {
 };
 
 // y = w ⊙ (x · r), r = 1/sqrt(rowsum32(fma(x, x)) · (1/n) + eps), for row `row`.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void rmsnorm_forward_row(Block& blk, RowShared& sh, const RmsNormArgs& a, int64_t row) {
   const float* xr = a.x + row * a.n;
@@ -92,9 +90,7 @@ OLMOREF_HD void rmsnorm_forward_row(Block& blk, RowShared& sh, const RmsNormArgs
 }
 
 // dx = r · (g − x̂ · (rowsum32(fma(g, x̂)) · (1/n))), g = dy ⊙ w, x̂ = x · r, for row `row`.
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void rmsnorm_backward_row(Block& blk, RowShared& sh, const RmsNormArgs& a, int64_t row) {
   const float* xr = a.x + row * a.n;
@@ -134,9 +130,7 @@ OLMOREF_HD void rmsnorm_backward_row(Block& blk, RowShared& sh, const RmsNormArg
 
 // dw[c] = chain over rows 0..R-1 of fma(dy[r, c], x[r, c] · r_r, ·), from 0; block `b` holds columns
 // [b·256, (b+1)·256).
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void rmsnorm_weight_grad_block(Block& blk, const RmsNormArgs& a, int64_t b) {
   blk.phase([&](int t, auto&) {

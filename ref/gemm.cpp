@@ -59,15 +59,9 @@ struct ScalarKernel {
   }
 };
 
-void drive_scalar(const GemmTask& t) { gemm_drive<ScalarKernel>(t); }
-
 }  // namespace
 
-const GemmKernelInfo& gemm_kernel_scalar() {
-  static const GemmKernelInfo info{ScalarKernel::MR, ScalarKernel::NR, ScalarKernel::MC, ScalarKernel::KC,
-                                   ScalarKernel::NC, &drive_scalar};
-  return info;
-}
+const GemmKernelInfo& gemm_kernel_scalar() { return gemm_kernel_info<ScalarKernel>(); }
 
 }  // namespace gemm_detail
 

@@ -180,4 +180,11 @@ static void gemm_drive(const GemmTask& t) {
   }
 }
 
+// The dispatcher's view of one ISA path; a function-local static per Kern (each TU's own anonymous type).
+template <class Kern>
+static const GemmKernelInfo& gemm_kernel_info() {
+  static const GemmKernelInfo info{Kern::MR, Kern::NR, Kern::MC, Kern::KC, Kern::NC, &gemm_drive<Kern>};
+  return info;
+}
+
 }  // namespace olmoref::gemm_detail

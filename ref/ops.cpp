@@ -347,6 +347,18 @@ void transpose_head(const float* x, int64_t b, int64_t T, int64_t width, int64_t
   }
 }
 
+// out[0:hd] = Σ_j w[j] · rows[j·stride + 0:hd] for j = 0..n-1: one fmaf chain per element, in j order, kept in
+// `acc` (hd floats of scratch) until it is stored.
+void weighted_rows(const float* w, int64_t n, const float* rows, int64_t stride, int64_t hd, float* acc, float* out) {
+  for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float wj = w[j];
+    const float* row = rows + j * stride;
+    for (int64_t d = 0; d < hd; ++d) acc[d] = std::fma(wj, row[d], acc[d]);
+  }
+  for (int64_t d = 0; d < hd; ++d) out[d] = acc[d];
+}
+
 // The SIMD path for this shape, if any: a head dim of whole registers (at most 16 of them).
 const simd::SimdOps* attention_simd_path(const AttentionShape& s) {
   const simd::SimdOps* fast = simd_path();
@@ -384,14 +396,9 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
           for (int64_t j = 0; j < n; ++j) sc[j] = round_bf16(sc[j]);
         row_max[(b * s.H + h) * T + i] = m;
         row_sum[(b * s.H + h) * T + i] = l;
-        for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = sc[j];
-          const float* vj = v + (b * T + lo + j) * kw + g * hd;
-          for (int64_t d = 0; d < hd; ++d) acc[d] = std::fma(p, vj[d], acc[d]);
-        }
+        // o_i = Σ_j P_ij v_j
         float* oi = out + (b * T + i) * qw + h * hd;
-        for (int64_t d = 0; d < hd; ++d) oi[d] = acc[d];
+        weighted_rows(sc.data(), n, v + (b * T + lo) * kw + g * hd, kw, hd, acc.data(), oi);
       }
     }
   });
@@ -452,14 +459,8 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
           }
         }
         // dq_i = Σ_j dsc_ij k_j
-        for (int64_t d = 0; d < hd; ++d) acc[d] = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float c = dSi[j];
-          const float* kj = k + (b * T + lo + j) * kw + g * hd;
-          for (int64_t d = 0; d < hd; ++d) acc[d] = std::fma(c, kj[d], acc[d]);
-        }
         float* dqi = dq + (b * T + i) * qw + h * hd;
-        for (int64_t d = 0; d < hd; ++d) dqi[d] = acc[d];
+        weighted_rows(dSi, n, k + (b * T + lo) * kw + g * hd, kw, hd, acc.data(), dqi);
         if (bf16)
           for (int64_t d = 0; d < hd; ++d) dqi[d] = round_bf16(dqi[d]);
       }

@@ -495,15 +495,7 @@ def run(bundle, threads):
         "z_rel": rel(float(ours["z_step0"]), hf["z"]) if "z_step0" in ours else None,
         "trace1_vs_loss_step0_rel": rel(float(ours["trace"][0]["loss"]), float(ours["loss_step0"])),
     }
-    per_tensor = {}
-    for n in names:
-        g_hf = hf["grads"][n]
-        g_ours = torch.from_numpy(step0[f"grad.{n}"].copy()).double()
-        num, den = float((g_ours - g_hf).norm()), float(g_hf.norm())
-        per_tensor[n] = {"rel": 0.0 if num == 0 else (num / den if den > 0 else math.inf),
-                         "norm_hf": den, "norm_ours": float(g_ours.norm())}
-    worst = max(per_tensor, key=lambda k: per_tensor[k]["rel"])
-    report["grads"] = {"max_rel": per_tensor[worst]["rel"], "worst_tensor": worst, "per_tensor": per_tensor}
+    report["grads"] = compare_grads(torch, names, step0, hf["grads"], "hf")
 
     # ---- every step from our weights against fp64 (gated); HF fp32's own free run beside it (reported) ------
     steps = []
@@ -519,9 +511,28 @@ def run(bundle, threads):
             "lr_ours": rec.get("lr"), "lr": x["lr"], "lr_rel": rel(rec["lr"], x["lr"]) if "lr" in rec else None,
             "loss_peer_free": loss_hf, "loss_ours_vs_peer_free": rel(rec["loss"], loss_hf), "grad_norm_peer_free": gn_hf,
         })
+    return with_steps(report, steps, "HF fp32 eager")
+
+
+def compare_grads(torch, names, step0, peer_grads, peer):
+    """Our step-1 gradient of each tensor in `names` (step0's grad.NAME) against the peer's (fp64): the relative
+    difference of the norms per tensor, both norms (the peer's under norm_PEER) and the worst tensor."""
+    per_tensor = {}
+    for n in names:
+        g_peer = peer_grads[n]
+        g_ours = torch.from_numpy(step0[f"grad.{n}"].copy()).double()
+        num, den = float((g_ours - g_peer).norm()), float(g_peer.norm())
+        per_tensor[n] = {"rel": 0.0 if num == 0 else (num / den if den > 0 else math.inf),
+                         f"norm_{peer}": den, "norm_ours": float(g_ours.norm())}
+    worst = max(per_tensor, key=lambda k: per_tensor[k]["rel"])
+    return {"max_rel": per_tensor[worst]["rel"], "worst_tensor": worst, "per_tensor": per_tensor}
+
+
+def with_steps(report, steps, peer_run):
+    """The report with the per-step records and the gap to the peer's free run (`peer_run` names that run)."""
     report["steps"] = steps
     report["free_run"] = {
-        "what": "HF fp32 eager trained freely from the step-0 weights (not gated: two fp32 trajectories part by "
+        "what": f"{peer_run} trained freely from the step-0 weights (not gated: two fp32 trajectories part by "
                 "their own amplification of rounding)",
         "max_loss_ours_vs_peer": max(r["loss_ours_vs_peer_free"] for r in steps),
     }
@@ -587,12 +598,7 @@ def print_summary(report, fails):
           f"transformers {report['versions']['transformers']}): {sh['steps']} steps x {sh['instances_per_step']} "
           f"instances x {sh['seq_len']} tokens, vocab {sh['vocab_size']}")
     print("\nstep-1 batch at step-0 weights")
-    rows = [
-        ("logits max |diff|", f"{lg['max_abs_diff']:.3e}", f"(max |logit| {lg['max_abs_logit']:.3g})"),
-        ("KL(ours||hf) max / mean", f"{lg['kl_ours_hf_max']:.3e}", f"{lg['kl_ours_hf_mean']:.3e}"),
-        ("KL(hf||ours) max / mean", f"{lg['kl_hf_ours_max']:.3e}", f"{lg['kl_hf_ours_mean']:.3e}"),
-        ("top-1 agreement", f"{lg['top1_agreement_pct']:.4f}%",
-         f"({lg['top1_near_ties']} near-ties of {lg['positions']})"),
+    rows = logit_rows(lg, "hf") + [
         ("loss ours / hf", f"{l0['ours']['loss']:.9g}", f"{l0['hf']['loss']:.9g}  rel {l0['loss_rel']:.3e}"),
     ]
     if l0["ce_rel"] is not None:
@@ -600,18 +606,40 @@ def print_summary(report, fails):
     if l0["z_rel"] is not None:
         rows.append(("z ours / hf", f"{l0['ours']['z']:.9g}", f"{l0['hf']['z']:.9g}  rel {l0['z_rel']:.3e}"))
     rows.append(("grad rel diff max", f"{g['max_rel']:.3e}", g["worst_tensor"]))
+    print_training_rows(report, rows, "hf", "HF fp32 eager", "HF")
+    print_verdict(fails, THRESHOLDS)
+
+
+def logit_rows(lg, peer):
+    """The step-1 summary's first rows (label, value, note): compare_logits' figures against `peer`."""
+    return [
+        ("logits max |diff|", f"{lg['max_abs_diff']:.3e}", f"(max |logit| {lg['max_abs_logit']:.3g})"),
+        (f"KL(ours||{peer}) max / mean", f"{lg[f'kl_ours_{peer}_max']:.3e}", f"{lg[f'kl_ours_{peer}_mean']:.3e}"),
+        (f"KL({peer}||ours) max / mean", f"{lg[f'kl_{peer}_ours_max']:.3e}", f"{lg[f'kl_{peer}_ours_mean']:.3e}"),
+        ("top-1 agreement", f"{lg['top1_agreement_pct']:.4f}%",
+         f"({lg['top1_near_ties']} near-ties of {lg['positions']})"),
+    ]
+
+
+def print_training_rows(report, rows, peer, peer_run, peer_name):
+    """The body both training summaries print: the step-1 rows (label, value, note), the per-step table and the
+    gap to the peer's free run (`peer_run` names that run, `peer_name` the peer)."""
     for a, b, c in rows:
         print(f"  {a:<26}{b:>16}  {c}")
-    print_steps(report["steps"], "hf")
-    print(f"\n  HF fp32 eager trained freely from the same weights: loss ours vs HF, max over steps "
+    print_steps(report["steps"], peer)
+    print(f"\n  {peer_run} trained freely from the same weights: loss ours vs {peer_name}, max over steps "
           f"{report['free_run']['max_loss_ours_vs_peer']:.3e} (reported, not gated)")
+
+
+def print_verdict(fails, thresholds):
+    """The last lines of every parity summary: each failed gate with its limit, or that all of `thresholds` held."""
     print()
     if fails:
         print(f"PARITY FAILED ({len(fails)} gate{'s' if len(fails) > 1 else ''}):")
         for name, value, limit, text in fails:
             print(f"  - {name}: {text}; limit {limit:g}")
     else:
-        print("PARITY OK: every gate passed (" + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items()) + ")")
+        print("PARITY OK: every gate passed (" + ", ".join(f"{k} {v:g}" for k, v in thresholds.items()) + ")")
 
 
 def print_steps(steps, peer):
@@ -710,13 +738,7 @@ def print_logits_summary(report, fails):
     l = report["loss"]
     print(f"\n  loss ours {l['ours']:.6f}, HF {p} {l['hf']:.6f} (rel {l['rel']:.2e})"
           + (f", HF fp32 {l['hf_fp32']:.6f}" if "hf_fp32" in l else ""))
-    print()
-    if fails:
-        print(f"PARITY FAILED ({len(fails)} gate{'s' if len(fails) > 1 else ''}):")
-        for name, value, limit, text in fails:
-            print(f"  - {name}: {text}; limit {limit:g}")
-    else:
-        print("PARITY OK: every gate passed (" + ", ".join(f"{k} {v:g}" for k, v in report["thresholds"].items()) + ")")
+    print_verdict(fails, report["thresholds"])
 
 
 def is_logits_bundle(d):

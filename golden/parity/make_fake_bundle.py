@@ -112,23 +112,10 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3, defect=None):
             step0 = {"logits": logits.detach().numpy().copy()}
             step0.update({f"grad.{n}": p.grad.detach().numpy().copy() for n, p in named})
             loss0, ce0, z0 = loss.item(), ce.item(), z.item()
-        if defect == "grad_late" and s == steps:  # a wrong backward at the last step, applied as computed
-            with torch.no_grad():
-                dict(named)[GRAD_LATE_TENSOR].grad.mul_(1 + 1e-3)
-        grads_of_step[s] = {n: p.grad.detach().numpy().copy() for n, p in named}
-        gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in named)))
-        clip = min(1.0, max_grad_norm / (gnorm + 1e-6))
         lr = lrs[s - 1]
-        with torch.no_grad():
-            for n, p in named:  # AdamW, decoupled decay before the moments (spec §4)
-                g = p.grad * clip
-                m1, m2 = state[n]
-                p.mul_(1.0 - lr * (0.0 if n in no_decay else wd))
-                m1.mul_(betas[0]).add_((1 - betas[0]) * g)
-                m2.mul_(betas[1]).add_((1 - betas[1]) * g * g)
-                bc1, bc2 = 1 - betas[0] ** s, 1 - betas[1] ** s
-                p.sub_((lr / bc1) * m1 / (m2.sqrt() / bc2 ** 0.5 + eps))
-                params_after[f"step{s}.{n}"] = p.detach().numpy().copy()
+        late = GRAD_LATE_TENSOR if defect == "grad_late" and s == steps else None
+        gnorm = adamw_step(torch, named, state, s, lr, (betas, eps, wd, no_decay, max_grad_norm), late,
+                           grads_of_step, params_after)
         trace.append({"step": s, "loss": loss.item(), "grad_norm": gnorm, "lr": lr})
 
     save_file(step0, os.path.join(out, "ours_step0.safetensors"))
@@ -143,6 +130,31 @@ def make(out, steps, seed, B=2, T=24, lr_peak=4e-3, defect=None):
         json.dump(ours, f, indent=1)
     clipped = sum(1 for r in trace if r["grad_norm"] > max_grad_norm)
     print(f"fake bundle: {out} ({steps} steps x {B} x {T}, clipping on {clipped} of {steps} steps)")
+
+
+def adamw_step(torch, named, state, s, lr, optim, grad_late, grads_of_step, params_after):
+    """Step s of both fake bundles' training after its backward: records the gradients (the one of the tensor named
+    grad_late, when not None, 1e-3 too large: a wrong backward applied as computed), clips them to max_grad_norm
+    and applies AdamW with decoupled decay before the moments (spec §4), recording the weights after it.
+    optim = (betas, eps, weight decay, no-decay names, max_grad_norm). Returns the pre-clip gradient norm."""
+    betas, eps, wd, no_decay, max_grad_norm = optim
+    if grad_late is not None:
+        with torch.no_grad():
+            dict(named)[grad_late].grad.mul_(1 + 1e-3)
+    grads_of_step[s] = {n: p.grad.detach().numpy().copy() for n, p in named}
+    gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in named)))
+    clip = min(1.0, max_grad_norm / (gnorm + 1e-6))
+    with torch.no_grad():
+        for n, p in named:
+            g = p.grad * clip
+            m1, m2 = state[n]
+            p.mul_(1.0 - lr * (0.0 if n in no_decay else wd))
+            m1.mul_(betas[0]).add_((1 - betas[0]) * g)
+            m2.mul_(betas[1]).add_((1 - betas[1]) * g * g)
+            bc1, bc2 = 1 - betas[0] ** s, 1 - betas[1] ** s
+            p.sub_((lr / bc1) * m1 / (m2.sqrt() / bc2 ** 0.5 + eps))
+            params_after[f"step{s}.{n}"] = p.detach().numpy().copy()
+    return gnorm
 
 
 def open_copy(src, out):
@@ -226,13 +238,11 @@ def perturb(src, out, kind):
     save_copy(out, ours, step0, states)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=1234)
+def make_or_perturb(ap, perturbations, perturb, make):
+    """The command line both fake-bundle makers share: ap (holding --out and --steps) gains --from and --perturb
+    (choices in the order given); either `perturb(src, out, kind)` a copy or `make(args)` a fresh bundle."""
     ap.add_argument("--from", dest="src", help="existing bundle to copy and perturb")
-    ap.add_argument("--perturb", choices=sorted(PERTURBATIONS))
+    ap.add_argument("--perturb", choices=perturbations)
     a = ap.parse_args()
     if a.perturb:
         if not a.src:
@@ -241,8 +251,16 @@ def main():
     else:
         if a.steps < 3:
             ap.error("--steps must be >= 3 (the perturbations touch step 3)")
-        make(a.out, a.steps, a.seed)
+        make(a)
     return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1234)
+    return make_or_perturb(ap, sorted(PERTURBATIONS), perturb, lambda a: make(a.out, a.steps, a.seed))
 
 
 if __name__ == "__main__":

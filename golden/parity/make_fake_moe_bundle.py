@@ -112,6 +112,7 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3, defect=None):
     from safetensors.numpy import save_file
 
     from hf_parity import peer_threads
+    from make_fake_bundle import adamw_step
 
     torch.set_num_threads(peer_threads())
     torch.manual_seed(seed)
@@ -188,23 +189,10 @@ def make(out, steps=6, seed=1234, variant="base", lr_peak=4e-3, defect=None):
                 step0[f"routing.blocks.{i}"] = torch.cat(routed[i]).numpy().astype(np.int32)
                 assert step0[f"routing.blocks.{i}"].shape == (B, T, k)
             first = {"loss_step0": loss, "ce_step0": ce, "z_step0": z, "lb_step0": lb, "rz_step0": rz}
-        if defect == "grad_late" and s == steps:  # a wrong backward at the last step, applied as computed
-            with torch.no_grad():
-                dict(named)[GRAD_LATE_TENSOR].grad.mul_(1 + 1e-3)
-        grads_of_step[s] = {n: p.grad.detach().numpy().copy() for n, p in named}
-        gnorm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for _, p in named)))
-        clip = min(1.0, max_grad_norm / (gnorm + 1e-6))
         lr = lrs[s - 1]
-        with torch.no_grad():
-            for n, p in named:
-                g = p.grad * clip
-                m1, m2 = state[n]
-                p.mul_(1.0 - lr * (0.0 if n in no_decay else wd))
-                m1.mul_(betas[0]).add_((1 - betas[0]) * g)
-                m2.mul_(betas[1]).add_((1 - betas[1]) * g * g)
-                bc1, bc2 = 1 - betas[0] ** s, 1 - betas[1] ** s
-                p.sub_((lr / bc1) * m1 / (m2.sqrt() / bc2 ** 0.5 + eps))
-                params_after[f"step{s}.{n}"] = p.detach().numpy().copy()
+        late = GRAD_LATE_TENSOR if defect == "grad_late" and s == steps else None
+        gnorm = adamw_step(torch, named, state, s, lr, (betas, eps, wd, no_decay, max_grad_norm), late,
+                           grads_of_step, params_after)
         trace.append({"step": s, "loss": loss, "ce": ce, "lb": lb, "rz": rz, "grad_norm": gnorm, "lr": lr})
 
     save_file(step0, os.path.join(out, "ours_step0.safetensors"))
@@ -260,18 +248,9 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=4e-3, help="peak lr (3-step warmup)")
-    ap.add_argument("--from", dest="src", help="existing bundle to copy and perturb")
-    ap.add_argument("--perturb", choices=list(PERTURBATIONS))
-    a = ap.parse_args()
-    if a.perturb:
-        if not a.src:
-            ap.error("--perturb needs --from BUNDLE")
-        perturb(a.src, a.out, a.perturb)
-    else:
-        if a.steps < 3:
-            ap.error("--steps must be >= 3 (the perturbations touch step 3)")
-        make(a.out, a.steps, a.seed, a.variant, a.lr)
-    return 0
+    from make_fake_bundle import make_or_perturb
+
+    return make_or_perturb(ap, list(PERTURBATIONS), perturb, lambda a: make(a.out, a.steps, a.seed, a.variant, a.lr))
 
 
 if __name__ == "__main__":

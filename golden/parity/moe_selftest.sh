@@ -10,11 +10,6 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/venv.sh"
 
-py="$OLMOREF_OLMO_CORE_VENV/bin/python"
-required="import torch, safetensors, numpy; import olmo_core.nn.moe, olmo_core.nn.transformer, olmo_core.data.utils"
-if [ ! -x "$py" ] || ! "$py" -c "$required" > /dev/null 2>&1; then
-  echo "SKIPPED: golden-parity-moe-selftest: ai2-olmo-core is not installed in $OLMOREF_OLMO_CORE_VENV (bash tools/setup_python.sh)"
-  exit 77
-fi
+olmoref_olmo_core_python_or_skip golden-parity-moe-selftest "$OLMOREF_OLMO_CORE_MOE_REQUIRED"
 export OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}"
 exec "$py" "$here/moe_selftest.py" "$@"

@@ -44,7 +44,6 @@ Exit status: 0 every gate passed; 1 a gate failed (each failure is printed and l
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import types
@@ -92,9 +91,10 @@ REQUIRED_MOE = ("n_experts", "top_k", "hidden", "shared_hidden", "lb_loss_weight
 # The bundle error, the relative difference, torch's fp32 set-up, the logits comparison and the verdict are
 # hf_parity.py's (the dense parity check), so both peers are judged by the same code.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import (BundleError, adamw, cached, compare_logits as _compare_logits, content_key,  # noqa: E402
-                       finish, gate_steps, load_bundle_core, load_steps, optimizer_step, peer_threads, print_steps, rel,
-                       setup_torch, steps_key, teacher_forced)
+from hf_parity import (BundleError, adamw, cached, compare_grads, compare_logits as _compare_logits,  # noqa: E402
+                       content_key, finish, gate_steps, load_bundle_core, load_steps, logit_rows, optimizer_step,
+                       peer_threads, print_training_rows, print_verdict, rel, setup_torch, steps_key, teacher_forced,
+                       with_steps)
 
 
 # ---- CPU stand-ins for olmo_core.ops.moe.kernels (Triton) -----------------------------------------------------
@@ -599,15 +599,7 @@ def run(bundle, threads):
         l0[f"{t}_rel"] = rel(l0["ours"][t], l0["oc"][t])
     l0["trace1_vs_loss_step0_rel"] = rel(float(ours["trace"][0]["loss"]), float(ours["loss_step0"]))
     report["loss_step0"] = l0
-    per_tensor = {}
-    for n in names:
-        g_oc = oc["grads"][n]
-        g_ours = torch.from_numpy(step0[f"grad.{n}"].copy()).double()
-        num, den = float((g_ours - g_oc).norm()), float(g_oc.norm())
-        per_tensor[n] = {"rel": 0.0 if num == 0 else (num / den if den > 0 else math.inf),
-                         "norm_oc": den, "norm_ours": float(g_ours.norm())}
-    worst = max(per_tensor, key=lambda x: per_tensor[x]["rel"])
-    report["grads"] = {"max_rel": per_tensor[worst]["rel"], "worst_tensor": worst, "per_tensor": per_tensor}
+    report["grads"] = compare_grads(torch, names, step0, oc["grads"], "oc")
     ours_routing = {i: torch.from_numpy(step0[f"routing.blocks.{i}"].astype("int64")) for i in range(L)}
     report["routing"] = compare_routing(torch, ours_routing, oc["routing"], E, k)
 
@@ -627,13 +619,7 @@ def run(bundle, threads):
             "loss_peer_free": a["loss"], "loss_ours_vs_peer_free": rel(r["loss"], a["loss"]),
             "grad_norm_peer_free": a["grad_norm"],
         })
-    report["steps"] = steps
-    report["free_run"] = {
-        "what": "OLMo-core fp32 trained freely from the step-0 weights (not gated: two fp32 trajectories part by "
-                "their own amplification of rounding)",
-        "max_loss_ours_vs_peer": max(r["loss_ours_vs_peer_free"] for r in steps),
-    }
-    return report
+    return with_steps(report, steps, "OLMo-core fp32")
 
 
 def gate(report):
@@ -681,31 +667,15 @@ def print_summary(report, fails):
           f"{report['windows']}")
     print(f"\n  CPU kernel stand-ins vs dense fp64 MoE: {report['cpu_kernel_check_max_rel']:.2e}")
     print("\nstep-1 batch at step-0 weights")
-    rows = [
-        ("logits max |diff|", f"{lg['max_abs_diff']:.3e}", f"(max |logit| {lg['max_abs_logit']:.3g})"),
-        ("KL(ours||oc) max / mean", f"{lg['kl_ours_oc_max']:.3e}", f"{lg['kl_ours_oc_mean']:.3e}"),
-        ("KL(oc||ours) max / mean", f"{lg['kl_oc_ours_max']:.3e}", f"{lg['kl_oc_ours_mean']:.3e}"),
-        ("top-1 agreement", f"{lg['top1_agreement_pct']:.4f}%",
-         f"({lg['top1_near_ties']} near-ties of {lg['positions']})"),
-    ]
+    rows = logit_rows(lg, "oc")
     for t in ("loss", "ce", "z", "lb", "rz"):
         rows.append((f"{t} ours / oc", f"{l0['ours'][t]:.9g}", f"{l0['oc'][t]:.9g}  rel {l0[f'{t}_rel']:.3e}"))
     rows.append(("grad rel diff max", f"{g['max_rel']:.3e}", g["worst_tensor"]))
     rows.append(("routing mismatches", f"{ro['mismatches']}",
                  f"({ro['near_ties']} near-ties excused; per block "
                  + ", ".join(f"{b}: {v['mismatches']}/{v['tokens']}" for b, v in ro["per_block"].items()) + ")"))
-    for a, b, c in rows:
-        print(f"  {a:<26}{b:>16}  {c}")
-    print_steps(report["steps"], "oc")
-    print(f"\n  OLMo-core fp32 trained freely from the same weights: loss ours vs OLMo-core, max over steps "
-          f"{report['free_run']['max_loss_ours_vs_peer']:.3e} (reported, not gated)")
-    print()
-    if fails:
-        print(f"PARITY FAILED ({len(fails)} gate{'s' if len(fails) > 1 else ''}):")
-        for name, value, limit, text in fails:
-            print(f"  - {name}: {text}; limit {limit:g}")
-    else:
-        print("PARITY OK: every gate passed (" + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items()) + ")")
+    print_training_rows(report, rows, "oc", "OLMo-core fp32", "OLMo-core")
+    print_verdict(fails, THRESHOLDS)
 
 
 def main(argv=None):

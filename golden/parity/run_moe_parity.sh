@@ -38,36 +38,13 @@ skip() {
 
 olmoref_ensure_olmo_core_venv run_moe_parity
 py="$OLMOREF_OLMO_CORE_VENV/bin/python"
-required="import torch, safetensors, numpy; import olmo_core.nn.moe, olmo_core.nn.transformer, olmo_core.data.utils"
-"$py" -c "$required" > /dev/null 2>&1 ||
-  skip "ai2-olmo-core is installed in $OLMOREF_OLMO_CORE_VENV but '$required' fails"
+"$py" -c "$OLMOREF_OLMO_CORE_MOE_REQUIRED" > /dev/null 2>&1 ||
+  skip "ai2-olmo-core is installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_MOE_REQUIRED' fails"
 
-if [ ! -x "$bin" ]; then
-  echo "run_moe_parity: $bin not found or not executable; build it first (ninja -C build) or set OLMOREF_BIN" >&2
-  exit 2
-fi
-if [ ! -f "$config" ]; then
-  echo "run_moe_parity: config $config not found; pass a MoE config file" >&2
-  exit 2
-fi
+olmoref_need_bin_and_config run_moe_parity "pass a MoE config file"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-moe-parity.XXXXXX")"
 bundle="$work/bundle"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 
-echo "run_moe_parity: $bin parity-dump --config $config ${sets[*]} --out $bundle --steps $steps"
-"$bin" parity-dump --config "$config" "${sets[@]}" --out "$bundle" --steps "$steps" ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
-rc=$?
-if [ $rc -ne 0 ]; then
-  echo "run_moe_parity: parity-dump failed (exit $rc); partial output kept in $work" >&2
-  exit $rc
-fi
-
-OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/olmo_core_moe_parity.py" --bundle "$bundle" --report "$report"
-rc=$?
-if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
-  rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
-else
-  echo "run_moe_parity: bundle kept in $bundle, report in $report"
-fi
-exit $rc
+olmoref_dump_and_check run_moe_parity olmo_core_moe_parity.py --config "$config" "${sets[@]}"

@@ -28,32 +28,10 @@ skip() {
 
 olmoref_ensure_venv run_parity
 
-if [ ! -x "$bin" ]; then
-  echo "run_parity: $bin not found or not executable; build it first (ninja -C build) or set OLMOREF_BIN" >&2
-  exit 2
-fi
-if [ ! -f "$config" ]; then
-  echo "run_parity: config $config not found; pass a config file (e.g. configs/parity.toml)" >&2
-  exit 2
-fi
+olmoref_need_bin_and_config run_parity "pass a config file (e.g. configs/parity.toml)"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity.XXXXXX")"
 bundle="$work/bundle"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 
-echo "run_parity: $bin parity-dump --config $config --out $bundle --steps $steps"
-"$bin" parity-dump --config "$config" --out "$bundle" --steps "$steps" ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
-rc=$?
-if [ $rc -ne 0 ]; then
-  echo "run_parity: parity-dump failed (exit $rc); partial output kept in $work" >&2
-  exit $rc
-fi
-
-OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/hf_parity.py" --bundle "$bundle" --report "$report"
-rc=$?
-if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
-  rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
-else
-  echo "run_parity: bundle kept in $bundle, report in $report"
-fi
-exit $rc
+olmoref_dump_and_check run_parity hf_parity.py --config "$config"

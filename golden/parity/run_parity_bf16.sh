@@ -38,13 +38,7 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity-bf16.XXXXXX")"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 data_set=()
 if [ -z "$checkpoint" ] || [ ! -f runs/demo-data/holdout.mix ]; then
-  if [ -f runs/demo-data/train.mix ] && [ -f runs/demo-data/holdout.mix ]; then
-    corpus="$root/runs/demo-data"
-  else
-    corpus="$work/demo-data"
-    bash data/demo/make_demo_corpus.sh "$corpus" "$bin" > "$work/demo-data.log" 2>&1 ||
-      skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo-data.log"))"
-  fi
+  olmoref_demo_corpus
   data_set=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\"")
 fi
 

@@ -1,5 +1,6 @@
-# golden/parity/venv.sh — sourced by the parity and HF-load scripts: where the Python environment lives and
-# whether it can run the checks. The venv sits outside the clone so builds and `git clean` never touch it.
+# golden/parity/venv.sh — sourced by the parity, replay, HF-load and OLMo-core check scripts: where the Python
+# environments live, whether they can run the checks, and the steps the runners share (the demo corpus, a parity
+# dump checked by a peer). The venvs sit outside the clone so builds and `git clean` never touch them.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
 OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics"
 
@@ -8,6 +9,16 @@ olmoref_venv_python() {
   local py="$OLMOREF_VENV/bin/python"
   if [ -x "$py" ] && "$py" -c "$OLMOREF_PY_REQUIRED" >/dev/null 2>&1; then
     echo "$py"
+  fi
+}
+
+# Sets `py` to the venv's python when it has everything; otherwise prints "SKIPPED: ..." and exits 77 (a check that
+# only uses the venv never creates it).
+olmoref_venv_python_or_skip() {
+  py="$(olmoref_venv_python)"
+  if [ -z "$py" ]; then
+    echo "SKIPPED: torch/transformers not available (no usable venv at $OLMOREF_VENV; run golden/parity/run_parity.sh once to create it)"
+    exit 77
   fi
 }
 
@@ -53,4 +64,65 @@ olmoref_ensure_olmo_core_venv() {
   "$ocpy" -m pip install "ai2-olmo-core==3.0.0" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
   "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1 ||
     skip "ai2-olmo-core installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_REQUIRED' still fails"
+}
+
+# What OLMo-core's MoE parity check and its self-test import.
+OLMOREF_OLMO_CORE_MOE_REQUIRED="import torch, safetensors, numpy; import olmo_core.nn.moe, olmo_core.nn.transformer, olmo_core.data.utils"
+
+# olmoref_olmo_core_python_or_skip TEST REQUIRED: sets `py` to OLMo-core's venv python when it runs the Python
+# statements REQUIRED; otherwise prints "SKIPPED: TEST: ..." and exits 77.
+olmoref_olmo_core_python_or_skip() {
+  py="$OLMOREF_OLMO_CORE_VENV/bin/python"
+  if [ ! -x "$py" ] || ! "$py" -c "$2" > /dev/null 2>&1; then
+    echo "SKIPPED: $1: ai2-olmo-core is not installed in $OLMOREF_OLMO_CORE_VENV (bash tools/setup_python.sh)"
+    exit 77
+  fi
+}
+
+# Sets `corpus` to the demo corpus: the checkout's runs/demo-data when it is complete, else one built into $work with
+# $bin (run from the repository root); calls the caller's `skip REASON` when it cannot be built.
+olmoref_demo_corpus() {
+  if [ -f runs/demo-data/train.mix ] && [ -f runs/demo-data/holdout.mix ]; then
+    corpus="$root/runs/demo-data"
+  else
+    corpus="$work/demo-data"
+    bash data/demo/make_demo_corpus.sh "$corpus" "$bin" > "$work/demo-data.log" 2>&1 ||
+      skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo-data.log"))"
+  fi
+}
+
+# olmoref_need_bin_and_config NAME HINT: exits 2 with the fix when $bin is not an executable or $config not a file
+# (HINT: which config to pass). NAME starts each message.
+olmoref_need_bin_and_config() {
+  if [ ! -x "$bin" ]; then
+    echo "$1: $bin not found or not executable; build it first (ninja -C build) or set OLMOREF_BIN" >&2
+    exit 2
+  fi
+  if [ ! -f "$config" ]; then
+    echo "$1: config $config not found; $2" >&2
+    exit 2
+  fi
+}
+
+# olmoref_dump_and_check NAME CHECKER ARG...: `$bin parity-dump ARG... --out $bundle --steps $steps`, then CHECKER (a
+# script in golden/parity) on the bundle with $py, writing $report. Exits with parity-dump's status when it fails,
+# else with CHECKER's; $work is removed after a pass unless OLMOREF_KEEP_BUNDLE=1. NAME starts each message.
+olmoref_dump_and_check() {
+  local name="$1" checker="$2" rc
+  shift 2
+  echo "$name: $bin parity-dump $* --out $bundle --steps $steps"
+  "$bin" parity-dump "$@" --out "$bundle" --steps "$steps" ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "$name: parity-dump failed (exit $rc); partial output kept in $work" >&2
+    exit $rc
+  fi
+  OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/$checker" --bundle "$bundle" --report "$report"
+  rc=$?
+  if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
+    rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
+  else
+    echo "$name: bundle kept in $bundle, report in $report"
+  fi
+  exit $rc
 }

@@ -32,13 +32,7 @@ run="$work/run" bundle="$work/bundle"
 rm -rf "$run" "$bundle"
 
 # The demo corpus (fortunes + the King James Bible from Debian packages, ~0.3 s).
-if [ -f runs/demo-data/train.mix ] && [ -f runs/demo-data/holdout.mix ]; then
-  corpus="$root/runs/demo-data"
-else
-  corpus="$work/demo-data"
-  bash data/demo/make_demo_corpus.sh "$corpus" "$bin" > "$work/demo-data.log" 2>&1 ||
-    skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo-data.log"))"
-fi
+olmoref_demo_corpus
 
 set_args=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\""
           --set train.precision=\"fp32\" --set checkpoint.keep_last=1)

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
+#include "tests/common/test_util.h"
 #include "tests/model/synthetic.h"
 #include "train/trainer.h"
 
@@ -35,14 +36,7 @@ const Fixture& fx() {
   return f;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // Trains 3 steps and checkpoints into a fresh root; returns the checkpoint directory.
 std::string make_checkpoint(const std::string& root, const TrainConfig& c) {

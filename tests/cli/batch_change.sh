@@ -4,11 +4,7 @@
 # resumed run is refused without the flag; with it, two resumes write byte-identical traces and audit logs; the
 # first resumed step trains exactly the rows `olmoref data batches` gives at that position of the same order, for a
 # batch that divides the tokens seen (8 -> 4) and one that does not (8 -> 3: the position rounds down).
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 cd "$SRC"
 python3 golden/traces/make_tiny_corpus.py "$work/tiny.u16" > /dev/null
 data=(--set "data.train_files=[\"$work/tiny.u16\"]" --set data.audit=true --threads 2 --quiet)

@@ -2,11 +2,7 @@
 # End to end through the binary: `olmoref train` twice at different thread counts gives byte-identical
 # traces (T0 + T2), the trace and manifest have the documented fields, and bad input fails with a
 # message that names the problem.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 3 60000
 data="data.train_files=[\"$work/tokens.u16\"]"

@@ -4,11 +4,7 @@
 # byte on every path this CPU has, as does the mixture-of-experts golden run (tiny-moe-fp32), and configs/small.toml's first 6 steps (head dim 16: the SIMD attention at 1 zmm
 # or 2 ymm per row) to one trace on every path; the manifest names the path; a path the CPU lacks or an unknown
 # name is refused before anything is written. The test fails if an x86-64 CPU with AVX2 ran no SIMD path.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 cd "$SRC"
 source golden/traces/runs.sh
 python3 golden/traces/make_tiny_corpus.py "$work/tiny.u16"

@@ -5,11 +5,7 @@
 # cpu -> cuda-host -> cpu and the continued trace is still the golden one; --executor cuda on a machine without a
 # usable GPU fails at start with one line and touches nothing; a bad train.executor names the key.
 # OLMOREF_TEST_EXECUTOR=cuda (tools/gpu_check.sh) runs the same checks on the device.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 cd "$SRC"
 source golden/traces/runs.sh
 ex=${OLMOREF_TEST_EXECUTOR:-cuda-host}

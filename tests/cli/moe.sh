@@ -8,13 +8,9 @@
 # falls with EP; the
 # "local_batch" granularity (OLMo-core's default) must differ across micro-batch sizes, as documented; bad MoE
 # keys are refused by name.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 3 60000
 base=(--config "$SRC/configs/tiny-moe.toml" --set "data.train_files=[\"$work/tokens.u16\"]")
 cfg=("${base[@]}" --steps 6 --quiet)

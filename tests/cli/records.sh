@@ -7,12 +7,8 @@
 #  - a manifest edited and re-hashed (batches_processed, step, tokens, seed, epoch) fails `ckpt verify` naming the key,
 #    and a resume from it is refused;
 #  - the audit switched off on resume is noted; switched on for a run that had none, the missing records refuse.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 REHASH="${OLMOREF_BUILD_ROOT:?}/tests/cli/rehash_manifest"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 # ~41 instances of 64 tokens: 5 global batches of 8 per epoch, so step 6 is the first of epoch 2.
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 29 2640
 cfg=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=true --threads 2

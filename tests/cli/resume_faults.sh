@@ -5,11 +5,7 @@
 #  - a crash in the middle of writing a checkpoint (between shard and manifest) leaves the previous
 #    checkpoint as the newest complete one, and resuming from it finishes identically;
 #  - SIGKILL at random moments, resumed each time, ends with a trace identical to an uninterrupted run.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 5 80000
 cfg=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set data.audit=true --threads 2)
 

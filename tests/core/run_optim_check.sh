@@ -5,10 +5,6 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../../golden/parity/venv.sh"
-py="$OLMOREF_OLMO_CORE_VENV/bin/python"
-required="import torch; from olmo_core.optim import SkipStepAdamW, SkipStepAdamWConfig, OptimGroupOverride, CosWithWarmup, WSD"
-if [ ! -x "$py" ] || ! "$py" -c "$required" > /dev/null 2>&1; then
-  echo "SKIPPED: core-optim-olmo-core-$1: ai2-olmo-core is not installed in $OLMOREF_OLMO_CORE_VENV (bash tools/setup_python.sh)"
-  exit 77
-fi
+olmoref_olmo_core_python_or_skip "core-optim-olmo-core-$1" \
+  "import torch; from olmo_core.optim import SkipStepAdamW, SkipStepAdamWConfig, OptimGroupOverride, CosWithWarmup, WSD"
 exec "$py" "$here/olmo_core_optim_check.py" "$@"

@@ -11,22 +11,13 @@
 #include <vector>
 
 #include "data/token_file.h"
+#include "tests/common/test_util.h"
 
 namespace olmoref::data::testing {
 
 // A fresh directory under $TMPDIR, removed when the object dies.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string templ = (std::filesystem::temp_directory_path() / "olmoref-data-test-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) FAIL("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : ::olmoref::testing::TempDir {
+  TempDir() : ::olmoref::testing::TempDir("data-test") {}
 };
 
 // Writes raw bytes (any size, for the malformed-file tests).

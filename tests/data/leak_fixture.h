@@ -13,6 +13,7 @@
 
 #include "data/loader.h"
 #include "data/token_file.h"
+#include "tests/common/test_util.h"
 
 namespace olmoref::leaktest {
 
@@ -32,18 +33,8 @@ inline std::vector<uint32_t> random_documents(int64_t n, uint32_t seed) {
   return t;
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& name) {
-    std::string templ = (std::filesystem::temp_directory_path() / ("olmoref-leak-" + name + "-XXXXXX")).string();
-    if (::mkdtemp(templ.data()) == nullptr) FAIL("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& n) const { return (path / n).string(); }
+struct TempDir : ::olmoref::testing::TempDir {
+  explicit TempDir(const std::string& name) : ::olmoref::testing::TempDir("leak-" + name) {}
 };
 
 inline std::string write_u16(const std::string& path, const std::vector<uint32_t>& tokens) {

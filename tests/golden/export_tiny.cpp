@@ -14,18 +14,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    olmoref::ModelConfig cfg;
-    cfg.name = "hf-load-test";
-    cfg.vocab_size = 96;
-    cfg.d_model = 16;
-    cfg.n_layers = 3;
-    cfg.n_heads = 4;
-    cfg.n_kv_heads = 2;
-    cfg.head_dim = 6;
-    cfg.ffn_hidden = 24;
-    cfg.rope_theta = 10000.0;
-    cfg.norm_eps = 1e-5f;
-    cfg.swa_pattern = {8, -1};
+    olmoref::ModelConfig cfg{.name = "hf-load-test", .vocab_size = 96, .d_model = 16, .n_layers = 3, .n_heads = 4,
+                             .n_kv_heads = 2, .head_dim = 6, .ffn_hidden = 24, .rope_theta = 10000.0, .norm_eps = 1e-5f,
+                             .swa_pattern = {8, -1}, .moe = {}};
     const olmoref::ParamLayout layout(cfg);
     std::vector<float> params(static_cast<size_t>(layout.total));
     for (size_t p = 0; p < layout.params.size(); ++p)

@@ -7,11 +7,7 @@ exporter="$1"
 check="$2"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../../golden/parity/venv.sh"
-py="$(olmoref_venv_python)"
-if [ -z "$py" ]; then
-  echo "SKIPPED: torch/transformers not available (no usable venv at $OLMOREF_VENV; run golden/parity/run_parity.sh once to create it)"
-  exit 77
-fi
+olmoref_venv_python_or_skip
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-hf-load.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 "$exporter" "$tmp/hf"

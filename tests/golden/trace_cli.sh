@@ -2,11 +2,7 @@
 # End to end through the binary: `olmoref trace compare` exit codes (0 pass, 1 a rule failed, 2 an error) and its
 # first-differing-step report, `trace convert` round trips, `trace plot`, and `golden export` of a tiny run: the
 # bundle's files, its batches (checked against the run's trace and audit log), and refusals that name the problem.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 
 python3 "$SRC/golden/traces/make_tiny_corpus.py" "$work/tiny.u16"
 data="data.train_files=[\"$work/tiny.u16\"]"

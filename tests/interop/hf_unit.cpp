@@ -15,6 +15,7 @@
 #include "data/bpe.h"
 #include "interop/hf_export.h"
 #include "interop/hf_tokenizer.h"
+#include "tests/common/test_util.h"
 #include "train/config.h"
 
 using namespace olmoref;
@@ -23,18 +24,8 @@ using nlohmann::json;
 
 namespace {
 
-struct Dir {
-  std::filesystem::path path;
-  Dir() {
-    std::string t = (std::filesystem::temp_directory_path() / "olmoref-hf-unit-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~Dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string file(const std::string& n) const { return (path / n).string(); }
+struct Dir : testing::TempDir {
+  Dir() : TempDir("hf-unit") {}
 };
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
@@ -71,14 +62,7 @@ std::vector<std::string> random_texts() {
   return out;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 }  // namespace
 
@@ -152,7 +136,7 @@ TEST_CASE("tokenizer.json with ids in another layout (EOS first, bytes after)") 
     for (auto& id : want) id = remap(id);
     REQUIRE(back.encode(t) == want);
   }
-  CHECK(message_of([&] { back.save(d.file("x.json")); }).find("olmoref-bpe-v1 layout") != std::string::npos);
+  CHECK(error_of([&] { back.save(d.file("x.json")); }).find("olmoref-bpe-v1 layout") != std::string::npos);
   // And it exports again to the same vocabulary.
   Dir d2;
   interop::write_hf_tokenizer(d2.path.string(), back, 64);
@@ -169,7 +153,7 @@ TEST_CASE("tokenizer.json refusals name the unsupported part and the file") {
     edit(j);
     const std::string p = d.file("edited.json");
     write(p, j.dump());
-    const std::string m = message_of([&] { interop::load_tokenizer(p); });
+    const std::string m = error_of([&] { interop::load_tokenizer(p); });
     CHECK(m.find(p) != std::string::npos);
     return m;
   };
@@ -211,21 +195,13 @@ TEST_CASE("export refuses a tokenizer whose two ids stand for the same bytes") {
   write(d.file("dup.json"), R"({"format": "olmoref-bpe-v1", "vocab_size": 300, "eos_id": 256, "pad_id": 257,
     "pretokenizer": "olmoref-bytes-v1", "merges": [[97, 98], [98, 99], [258, 99], [97, 259]]})");
   const BpeTokenizer tok = interop::load_tokenizer(d.file("dup.json"));
-  const std::string m = message_of([&] { interop::hf_tokenizer_json(tok); });
+  const std::string m = error_of([&] { interop::hf_tokenizer_json(tok); });
   CHECK(m.find("ids 260 and 261 both stand for 'abc'") != std::string::npos);
 }
 
 TEST_CASE("config.json and generation_config.json: ids of the tokenizer, else of dolma2") {
-  ModelConfig m;
-  m.name = "t";
-  m.vocab_size = 512;
-  m.d_model = 16;
-  m.n_layers = 2;
-  m.n_heads = 2;
-  m.n_kv_heads = 2;
-  m.head_dim = 8;
-  m.ffn_hidden = 32;
-  m.swa_pattern = {-1};
+  ModelConfig m{.name = "t", .vocab_size = 512, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 2,
+                .head_dim = 8, .ffn_hidden = 32, .swa_pattern = {-1}, .moe = {}};
   const BpeTokenizer tok = trained();
   HfExportOptions o;
   o.tokenizer = &tok;
@@ -240,7 +216,7 @@ TEST_CASE("config.json and generation_config.json: ids of the tokenizer, else of
   const int64_t top = 257 + static_cast<int64_t>(tok.n_merges());  // the last merge's id
   REQUIRE(top > 300);
   m.vocab_size = top;  // one row short
-  CHECK(message_of([&] { hf_config_json(m, o); }).find("uses id " + std::to_string(top) + " but model.vocab_size is " +
+  CHECK(error_of([&] { hf_config_json(m, o); }).find("uses id " + std::to_string(top) + " but model.vocab_size is " +
                                                        std::to_string(top)) != std::string::npos);
 }
 
@@ -266,7 +242,7 @@ seq_len = 16
   const TrainConfig again = parse_config_text(a.to_toml(), "resolved.toml");
   CHECK(again.init.hf_sha256 == sha);
   CHECK(again.resume_hash() == a.resume_hash());
-  CHECK(message_of([&] { parse_config_text(base, "t.toml", {"init.hf_sha256=\"xyz\""}); })
+  CHECK(error_of([&] { parse_config_text(base, "t.toml", {"init.hf_sha256=\"xyz\""}); })
             .find("init.hf_sha256") != std::string::npos);
-  CHECK(message_of([&] { parse_config_text(base, "t.toml", {"init.typo=1"}); }).find("init.typo") != std::string::npos);
+  CHECK(error_of([&] { parse_config_text(base, "t.toml", {"init.typo=1"}); }).find("init.typo") != std::string::npos);
 }

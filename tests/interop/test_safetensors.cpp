@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "interop/hf_export.h"
@@ -63,6 +64,17 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   spit(path, bytes);
 }
 
+// The header of two F32 tensors `a` and `second` of `n` elements at byte offsets [a0, a1) and [b0, b1).
+std::string two_f32_tensors(const std::string& second, int n, int a0, int a1, int b0, int b1) {
+  std::string header = "{";
+  for (const auto& [name, begin, end] : {std::tuple<std::string, int, int>{"a", a0, a1}, {second, b0, b1}}) {
+    if (header.size() > 1) header += ",";
+    header += "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(n) + "],\"data_offsets\":[" +
+              std::to_string(begin) + "," + std::to_string(end) + "]}";
+  }
+  return header + "}";
+}
+
 // Runs read_safetensors and returns the error message ("" when it did not throw).
 std::string read_error(const std::string& path) {
   try {
@@ -76,18 +88,9 @@ std::string read_error(const std::string& path) {
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.name = "tiny";
-  c.vocab_size = 64;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.ffn_hidden = 32;
-  c.rope_theta = 10000.0;
-  c.norm_eps = 1e-5f;
-  c.swa_pattern = {8, -1};
+  ModelConfig c{.name = "tiny", .vocab_size = 64, .d_model = 16, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                .head_dim = 4, .ffn_hidden = 32, .rope_theta = 10000.0, .norm_eps = 1e-5f, .swa_pattern = {8, -1},
+                .moe = {}};
   return c;
 }
 
@@ -220,20 +223,14 @@ TEST_CASE("safetensors: every malformed file is refused with a message naming th
     CHECK(contains(read_error(p), "must be a JSON object"));
   }
   SUBCASE("overlapping offsets") {
-    write_raw(p,
-              R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-              R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-              12);
+    write_raw(p, two_f32_tensors("b", 2, 0, 8, 4, 12), 12);
     const auto e = read_error(p);
     CHECK(contains(e, "overlap"));
     CHECK(contains(e, "'a'"));
     CHECK(contains(e, "'b'"));
   }
   SUBCASE("gap between tensors") {
-    write_raw(p,
-              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-              R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-              12);
+    write_raw(p, two_f32_tensors("b", 1, 0, 4, 8, 12), 12);
     CHECK(contains(read_error(p), "gap of 4 unused bytes"));
   }
   SUBCASE("trailing bytes") {
@@ -263,10 +260,7 @@ TEST_CASE("safetensors: every malformed file is refused with a message naming th
     CHECK(contains(read_error(p), "dtype, shape and data_offsets"));
   }
   SUBCASE("duplicate names") {
-    write_raw(p,
-              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-              8);
+    write_raw(p, two_f32_tensors("a", 1, 0, 4, 4, 8), 8);
     CHECK(contains(read_error(p), "more than once"));
   }
   SUBCASE("non-string metadata") {

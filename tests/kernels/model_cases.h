@@ -24,23 +24,11 @@ struct ModelCase {
 };
 
 inline std::vector<ModelCase> model_cases() {
-  ModelConfig c;
-  c.vocab_size = 97;
-  c.d_model = 40;
-  c.n_layers = 3;
-  c.n_heads = 5;
-  c.n_kv_heads = 1;
-  c.head_dim = 6;
-  c.ffn_hidden = 70;
-  c.swa_pattern = {1, 20, -1};
-  ModelConfig wide = c;  // rows wider than one 32-lane pass and the 64-wide GEMM tiles
-  wide.d_model = 130;
-  wide.n_heads = 4;
-  wide.n_kv_heads = 2;
-  wide.head_dim = 34;
-  wide.ffn_hidden = 200;
-  wide.vocab_size = 300;
-  wide.swa_pattern = {5, -1, 5};
+  const ModelConfig c{.vocab_size = 97, .d_model = 40, .n_layers = 3, .n_heads = 5, .n_kv_heads = 1, .head_dim = 6,
+                      .ffn_hidden = 70, .swa_pattern = {1, 20, -1}, .moe = {}};
+  // rows wider than one 32-lane pass and the 64-wide GEMM tiles
+  const ModelConfig wide{.vocab_size = 300, .d_model = 130, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
+                         .head_dim = 34, .ffn_hidden = 200, .swa_pattern = {5, -1, 5}, .moe = {}};
   std::vector<ModelCase> out;
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     out.push_back({c, 2, 3, 13, p});

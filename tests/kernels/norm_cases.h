@@ -68,6 +68,15 @@ struct FusedRun {
   std::vector<float> y, inv_rms;
 };
 
+// The run's y [R, n] and inv_rms [R], once the executor is done.
+inline FusedRun fetch_run(Executor& e, const Buffer<float>& y, const Buffer<float>& inv_rms, int64_t R, int64_t n) {
+  FusedRun r{std::vector<float>(static_cast<size_t>(R * n)), std::vector<float>(static_cast<size_t>(R))};
+  e.synchronize();
+  y.download(r.y.data(), R * n);
+  inv_rms.download(r.inv_rms.data(), R);
+  return r;
+}
+
 // out = res + RMSNorm(x) with res = o.dy: the fused op, or the sequence model/olmo3.cpp ran before it existed.
 inline FusedRun run_residual_norm(Executor& e, bool fused, bool bf16, int64_t R, int64_t n, const NormOperands& o) {
   Buffer<float> x(e, R * n, "x"), w(e, n, "w"), res(e, R * n, "res"), out(e, R * n, "out"), ir(e, R, "inv_rms");
@@ -83,11 +92,7 @@ inline FusedRun run_residual_norm(Executor& e, bool fused, bool bf16, int64_t R,
     e.add(res.data(), tmp.data(), out.data(), R * n);
     if (bf16) e.round_bf16(out.data(), R * n);
   }
-  FusedRun r{std::vector<float>(static_cast<size_t>(R * n)), std::vector<float>(static_cast<size_t>(R))};
-  e.synchronize();
-  out.download(r.y.data(), R * n);
-  ir.download(r.inv_rms.data(), R);
-  return r;
+  return fetch_run(e, out, ir, R, n);
 }
 
 // y = RoPE(RMSNorm(x)): the fused op, or rmsnorm_forward; round; rope_forward; round.
@@ -109,11 +114,7 @@ inline FusedRun run_rope_norm(Executor& e, bool fused, bool bf16, const RopeNorm
     e.rope_forward(y.data(), R, c.n_heads, rope);
     if (bf16) e.round_bf16(y.data(), R * n);
   }
-  FusedRun r{std::vector<float>(static_cast<size_t>(R * n)), std::vector<float>(static_cast<size_t>(R))};
-  e.synchronize();
-  y.download(r.y.data(), R * n);
-  ir.download(r.inv_rms.data(), R);
-  return r;
+  return fetch_run(e, y, ir, R, n);
 }
 
 // The backward: dy = o.dy rotated back in place, then dx, dw; or rope_backward; round; rmsnorm_backward. The forward

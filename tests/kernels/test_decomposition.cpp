@@ -18,6 +18,7 @@
 #include "core/optim.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/attention_cases.h"
+#include "tests/kernels/case_loops.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/norm_cases.h"
 
@@ -109,25 +110,18 @@ TEST_CASE("rmsnorm exact, fused forms (residual; RoPE by pairs, both ways) equal
   int cases = 0;
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
-    for (const testing::NormCase& c : testing::norm_cases()) {
-      CAPTURE(c.R);
-      CAPTURE(c.n);
-      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+    testing::for_each_fused_norm_case(bf16, [&](const testing::NormCase& c, const testing::NormOperands& o) {
       CHECK(testing::same_bits(testing::run_residual_norm(host, true, bf16, c.R, c.n, o),
                                testing::run_residual_norm(cpu, false, bf16, c.R, c.n, o)));
       ++cases;
-    }
-    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
-      CAPTURE(c.R);
-      CAPTURE(c.n_heads);
-      CAPTURE(c.hd);
-      const testing::NormOperands o = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
+    });
+    testing::for_each_fused_rope_norm_case(bf16, [&](const testing::RopeNormCase& c, const testing::NormOperands& o) {
       CHECK(testing::same_bits(testing::run_rope_norm(host, true, bf16, c, o),
                                testing::run_rope_norm(cpu, false, bf16, c, o)));
       CHECK(testing::same_bits(testing::run_rope_norm_backward(host, true, bf16, c, o),
                                testing::run_rope_norm_backward(cpu, false, bf16, c, o)));
       ++cases;
-    }
+    });
   }
   CHECK(cases == 2 * (9 + 9));
 }
@@ -195,14 +189,7 @@ TEST_CASE("zero counts: 32 lanes per chunk and the lane tree equal ref/'s count"
 
 TEST_CASE("attention forward exact: a warp per query (score chains, first-occurrence max, 32-lane denominator, "
           "P·V chains) equals ref/ bit for bit") {
-  for (const testing::AttentionCase& c : testing::attention_cases()) {
-    CAPTURE(c.T);
-    CAPTURE(c.H);
-    CAPTURE(c.KV);
-    CAPTURE(c.hd);
-    CAPTURE(c.window);
-    CAPTURE(c.bf16);
-    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+  testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
     std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
     attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
@@ -215,18 +202,11 @@ TEST_CASE("attention forward exact: a warp per query (score chains, first-occurr
     CHECK(std::memcmp(out.data(), out_ref.data(), out_n * sizeof(float)) == 0);
     CHECK(std::memcmp(m.data(), m_ref.data(), stats * sizeof(float)) == 0);
     CHECK(std::memcmp(l.data(), l_ref.data(), stats * sizeof(float)) == 0);
-  }
+  });
 }
 
 TEST_CASE("attention backward exact: query warps (P, dS, dq), key blocks (dk, dv per head), group sums equal ref/") {
-  for (const testing::AttentionCase& c : testing::attention_cases()) {
-    CAPTURE(c.T);
-    CAPTURE(c.H);
-    CAPTURE(c.KV);
-    CAPTURE(c.hd);
-    CAPTURE(c.window);
-    CAPTURE(c.bf16);
-    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+  testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));  // g.q: dO
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
     const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
@@ -246,5 +226,5 @@ TEST_CASE("attention backward exact: query warps (P, dS, dq), key blocks (dk, dv
     CHECK(std::memcmp(dq.data(), dq_ref.data(), qn * sizeof(float)) == 0);
     CHECK(std::memcmp(dk.data(), dk_ref.data(), kn * sizeof(float)) == 0);
     CHECK(std::memcmp(dv.data(), dv_ref.data(), kn * sizeof(float)) == 0);
-  }
+  });
 }

@@ -12,6 +12,7 @@
 // all parameters; the op-level checks above hold the new bf16 code paths to a few 1e-3.
 #include <doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "model/olmo3.h"
 #include "ref/ops.h"
 #include "core/parallel.h"
+#include "tests/common/test_models.h"
 #include "tests/model/reference_f64.h"
 #include "tests/model/synthetic.h"
 #include "train/trainer.h"
@@ -39,16 +41,8 @@ using olmoref::testing::to64;
 
 namespace {
 
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 bool is_bf16(float x) { return (bits(x) & 0xffffu) == 0; }
 
 // An independent round-to-nearest-even: the two bf16 neighbours by truncation, compared in double.
@@ -84,22 +78,7 @@ bool all_bf16(const float* x, size_t n) {
 // Whole-model gates (see the header): per tensor and over all parameters together.
 constexpr double kTensorTol = 0.25, kOverallTol = 0.10;
 
-ModelConfig gradcheck_model() {
-  ModelConfig m;
-  m.name = "gradcheck-bf16";
-  m.vocab_size = 32;
-  m.d_model = 16;
-  m.n_layers = 4;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;  // GQA
-  m.head_dim = 4;
-  m.ffn_hidden = 24;
-  m.rope_theta = 10000.0;
-  m.swa_pattern = {3, 3, 3, -1};  // window 3 < T = 10
-  m.init_std = 0.3;
-  m.init_seed = 11;
-  return m;
-}
+ModelConfig gradcheck_model() { return testing::gradcheck_model("gradcheck-bf16"); }
 
 }  // namespace
 

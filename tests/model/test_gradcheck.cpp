@@ -12,6 +12,7 @@
 #include "model/olmo3.h"
 #include "ref/ops.h"
 #include "core/parallel.h"
+#include "tests/common/test_models.h"
 #include "tests/model/reference_f64.h"
 #include "train/trainer.h"
 
@@ -151,22 +152,7 @@ TEST_CASE("gradcheck: embedding backward sums positions per token") {
 
 namespace {
 
-ModelConfig gradcheck_model() {
-  ModelConfig m;
-  m.name = "gradcheck";
-  m.vocab_size = 32;
-  m.d_model = 16;
-  m.n_layers = 4;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;  // GQA
-  m.head_dim = 4;
-  m.ffn_hidden = 24;
-  m.rope_theta = 10000.0;
-  m.swa_pattern = {3, 3, 3, -1};  // window 3 < T = 10
-  m.init_std = 0.3;               // large enough that every nonlinearity matters
-  m.init_seed = 11;
-  return m;
-}
+ModelConfig gradcheck_model() { return testing::gradcheck_model("gradcheck"); }
 
 // Norm weights away from 1 so their gradients are not degenerate.
 void perturb_norms(const ParamLayout& L, std::vector<float>& p) {

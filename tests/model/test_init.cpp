@@ -10,14 +10,8 @@
 using namespace olmoref;
 
 TEST_CASE("init: distribution, truncation, norms at one") {
-  ModelConfig m;
-  m.vocab_size = 1000;
-  m.d_model = 64;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.head_dim = 16;
-  m.ffn_hidden = 128;
+  ModelConfig m{.vocab_size = 1000, .d_model = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+                .ffn_hidden = 128, .moe = {}};
   const ParamLayout L(m);
   std::vector<float> p(L.total);
   init_params(m, L, p.data());
@@ -46,14 +40,8 @@ TEST_CASE("init: element values are independent of slicing and threads, and of o
   CHECK(init_value(0, 3, 12345, 0.02) == init_value(0, 3, 12345, 0.02));
   CHECK(init_value(0, 3, 12345, 0.02) != init_value(0, 4, 12345, 0.02));
   CHECK(init_value(0, 3, 12345, 0.02) != init_value(1, 3, 12345, 0.02));
-  ModelConfig m;
-  m.vocab_size = 300;
-  m.d_model = 32;
-  m.n_layers = 1;
-  m.n_heads = 2;
-  m.n_kv_heads = 2;
-  m.head_dim = 16;
-  m.ffn_hidden = 64;
+  ModelConfig m{.vocab_size = 300, .d_model = 32, .n_layers = 1, .n_heads = 2, .n_kv_heads = 2, .head_dim = 16,
+                .ffn_hidden = 64, .moe = {}};
   const ParamLayout L(m);
   std::vector<float> a(L.total), b(L.total);
   set_default_threads(1);

@@ -221,15 +221,8 @@ TEST_CASE("batch split: contiguous runs of micro-batches, at most one apart, any
 }
 
 TEST_CASE("model: a micro-batch's gradient is the instance tree of one-instance gradients (T6, fp32 and bf16)") {
-  ModelConfig cfg;
-  cfg.vocab_size = 97;
-  cfg.d_model = 32;
-  cfg.n_layers = 2;
-  cfg.n_heads = 4;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 8;
-  cfg.ffn_hidden = 64;
-  cfg.swa_pattern = {4, -1};
+  ModelConfig cfg{.vocab_size = 97, .d_model = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+                  .ffn_hidden = 64, .swa_pattern = {4, -1}, .moe = {}};
   const int64_t B = 5, T = 12;
   for (const Precision prec : {Precision::fp32, Precision::bf16}) {
     CAPTURE(static_cast<int>(prec));

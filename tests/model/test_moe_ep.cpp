@@ -109,24 +109,11 @@ class ThreadExchange : public ExpertExchange {
 };
 
 ModelConfig ep_model(int64_t experts, int64_t shared) {
-  ModelConfig c;
-  c.vocab_size = 37;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 8;
-  c.ffn_hidden = 24;
-  c.swa_pattern = {3, -1};
-  c.init_std = 0.3;  // scores far from uniform, so the experts' loads differ from rank to rank
-  c.init_seed = 7;
-  c.moe.n_experts = experts;
-  c.moe.top_k = 2;
-  c.moe.hidden = 8;
-  c.moe.shared_hidden = shared;
-  c.moe.lb_loss_weight = 0.01;
-  c.moe.z_loss_weight = 0.001;
-  return c;
+  // init_std 0.3: scores far from uniform, so the experts' loads differ from rank to rank
+  return ModelConfig{.vocab_size = 37, .d_model = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8,
+                     .ffn_hidden = 24, .swa_pattern = {3, -1}, .init_std = 0.3, .init_seed = 7,
+                     .moe = {.n_experts = experts, .top_k = 2, .hidden = 8, .shared_hidden = shared,
+                             .lb_loss_weight = 0.01, .z_loss_weight = 0.001}};
 }
 
 struct RankResult {

@@ -11,6 +11,7 @@
 #include "ref/cpu_executor.h"
 #include "ref/gemm.h"
 #include "core/parallel.h"
+#include "tests/kernels/case_loops.h"
 #include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;
@@ -61,14 +62,11 @@ TEST_CASE("rmsnorm_residual_forward equals rmsnorm; round; add; round on every C
   int checked = 0;
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
-    for (const testing::NormCase& c : testing::norm_cases()) {
-      CAPTURE(c.R);
-      CAPTURE(c.n);
-      const testing::NormOperands o = testing::fused_operands(c.R, c.n, static_cast<uint32_t>(c.R * 100 + c.n), bf16);
+    testing::for_each_fused_norm_case(bf16, [&](const testing::NormCase& c, const testing::NormOperands& o) {
       checked += check_every_path(pool, [&](CpuExecutor& ex, bool fused) {
         return testing::run_residual_norm(ex, fused, bf16, c.R, c.n, o);
       });
-    }
+    });
   }
   CHECK(checked >= 2 * 9 * 2);
 }
@@ -89,12 +87,8 @@ TEST_CASE("rmsnorm_rope_forward and rope_rmsnorm_backward equal their unfused se
   int forward = 0, backward = 0;
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
-    for (const testing::RopeNormCase& c : testing::rope_norm_cases()) {
-      CAPTURE(c.R);
-      CAPTURE(c.n_heads);
-      CAPTURE(c.hd);
+    testing::for_each_fused_rope_norm_case(bf16, [&](const testing::RopeNormCase& c, const testing::NormOperands& of) {
       // forward: rmsnorm; round; rope; round
-      const testing::NormOperands of = testing::fused_operands(c.R, c.n(), static_cast<uint32_t>(c.R + 7 * c.hd), bf16);
       forward += check_every_path(pool, [&](CpuExecutor& ex, bool fused) {
         return testing::run_rope_norm(ex, fused, bf16, c, of);
       });
@@ -103,7 +97,7 @@ TEST_CASE("rmsnorm_rope_forward and rope_rmsnorm_backward equal their unfused se
       backward += check_every_path(pool, [&](CpuExecutor& ex, bool fused) {
         return testing::run_rope_norm_backward(ex, fused, bf16, c, ob);
       });
-    }
+    });
   }
   CHECK(forward >= 2 * 9 * 2);
   CHECK(backward >= 2 * 9 * 2);

@@ -4,11 +4,8 @@
 #   2. the checkpoint records the windows (manifest optimizer_state, covered by its checksum; ckpt verify passes);
 #   3. negative control: OLMOREF_TEST_DROP_SKIP_WINDOWS=1 (TEST ONLY) makes the resumed runs forget the windows, as
 #      OLMo-core's own resume does, and resume-check must report a difference (exit 1).
-set -euo pipefail
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 BIN="$1"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 python3 "$SRC/golden/traces/make_tiny_corpus.py" "$work/tiny.u16"
 # rolling_interval_length 8: decisions from step 4 on; sigma_factor 0.5 makes the tiny run's grad-norm wobble skip.
 sets=(--set "data.train_files=[\"$work/tiny.u16\"]" --set 'optim.kind="skip_step_adamw"'

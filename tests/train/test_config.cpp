@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/common/test_util.h"
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/eval.h"
@@ -162,18 +163,8 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
 
 namespace {
 // A scratch directory for the data-separation tests (removed at the end).
-struct Scratch {
-  std::filesystem::path dir;
-  Scratch() {
-    std::string t = (std::filesystem::temp_directory_path() / "olmoref-config-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    dir = t;
-  }
-  ~Scratch() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
+struct Scratch : testing::TempDir {
+  Scratch() : TempDir("config-test") {}
   // uint16 tokens below the test vocabulary (64): value (seed + 7i) % 60.
   std::string tokens(const std::string& name, int n, int seed) const {
     std::ofstream out(file(name), std::ios::binary);
@@ -218,7 +209,7 @@ TEST_CASE("a holdout file that is also a training file is refused: by path, syml
   CHECK(same.find("data.train_files entry 2 ('" + b + "')") != std::string::npos);
   CHECK(same.find("the same file") != std::string::npos);
   CHECK(same.find("remove it from the training data or from the holdout") != std::string::npos);
-  const std::string dotted = s.dir.string() + "/./sub/../b.u16";
+  const std::string dotted = s.path.string() + "/./sub/../b.u16";
   std::filesystem::create_directory(s.file("sub"));
   CHECK(loader_error(train_holdout({a, b}, {dotted})).find("the same file") != std::string::npos);
   std::filesystem::create_symlink(b, s.file("link.u16"));

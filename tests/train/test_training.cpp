@@ -97,14 +97,8 @@ TEST_CASE("schedule: CosWithWarmup and constant as OLMo-core defines them") {
 }
 
 TEST_CASE("AdamW: decoupled decay before the moment update, bias correction, no decay on embeddings") {
-  ModelConfig m;
-  m.vocab_size = 2;
-  m.d_model = 2;
-  m.n_layers = 1;
-  m.n_heads = 1;
-  m.n_kv_heads = 1;
-  m.head_dim = 2;
-  m.ffn_hidden = 2;
+  ModelConfig m{.vocab_size = 2, .d_model = 2, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 2,
+                .ffn_hidden = 2, .moe = {}};
   const ParamLayout L(m);
   std::vector<float> p(L.total, 0.5f), g(L.total, 0.25f), mo(L.total, 0.0f), v(L.total, 0.0f);
   AdamWConfig c;
