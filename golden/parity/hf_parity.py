@@ -81,21 +81,9 @@ def peer_threads():
     return int(os.environ.get("OLMOREF_PEER_THREADS", "2"))
 
 
-def setup_torch(threads):
-    import torch
-
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
-    # No reduced-precision matmuls anywhere: parity is judged in true fp32.
-    if hasattr(torch.backends, "fp32_precision"):
-        torch.backends.fp32_precision = "ieee"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.fp32_precision = "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    return torch
+# torch in true fp32 (no reduced-precision matmuls), deterministic: the replays' setup (golden/replay/bundle.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "replay"))
+from bundle import setup_torch  # noqa: E402
 
 
 REQUIRED_OPTIM = ("lr_per_step", "betas", "eps", "weight_decay", "max_grad_norm", "no_decay")

@@ -6,11 +6,7 @@
 #   2. an adapter that fails (--python /bin/false) exits 2 saying nothing was compared;
 #   3. an adapter whose trace differs (a stand-in writing the golden trace with one step's loss changed) exits 1 and
 #      the comparison names that step; the unchanged trace exits 0.
-set -euo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 python3 "$SRC/golden/traces/make_tiny_corpus.py" "$work/tiny.u16"
 "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tiny.u16\"]" --steps 3 \
   --out "$work/run" --quiet --threads 2

@@ -2,15 +2,12 @@
 # meson test golden-replay-hf-trainer: Hugging Face's own Trainer replays a golden bundle of configs/small.toml
 # (fp32, 10 steps, demo corpus) within golden/replay/rules-hf-trainer.toml, and fails, naming the step, on a bundle
 # with two steps' batches swapped, one step's lr changed by 1 %, and the z-loss silently dropped.
-set -uo pipefail
-BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+set +e  # the replays' exit statuses are the verdicts: each is checked below
 cd "$SRC" || exit 2
 source golden/parity/venv.sh
 skip() { echo "SKIPPED: golden-replay-hf-trainer: $1"; exit 77; }
 olmoref_ensure_venv replay_hf_trainer
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 bash data/demo/make_demo_corpus.sh "$work/demo" "$BIN" > "$work/demo.log" 2>&1 ||
   skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo.log"))"
 "$BIN" train --config configs/small.toml --steps 10 --set "data.train_mix=\"$work/demo/train.mix\"" \

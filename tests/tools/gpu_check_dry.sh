@@ -8,12 +8,9 @@
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run;
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
 #      after it still run; a planted failure in the preflight stops the script at once, saying why.
-set -euo pipefail
-BUILD="${OLMOREF_BUILD_ROOT:?}"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+BUILD="$OLMOREF_BUILD_ROOT"
 cd "$SRC"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 echo "== 1. the carried folder on a bare root"
 if [ "$(id -u)" = 0 ] && chroot / true 2> /dev/null; then

@@ -3,11 +3,7 @@
 #   1. z_loss = 0: every step's z is 0 and loss is ce to the bit (plain cross-entropy, as TorchTitan and Megatron
 #      compute it); step 1 has the default run's ce (same weights) but the update differs (no z gradient);
 #   2. z_loss = 1e-3: step 1's z is 100 times the default's (1e-5) at the same weights.
-set -euo pipefail
-BIN="$1"
-SRC="${OLMOREF_SOURCE_ROOT:?}"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 python3 "$SRC/golden/traces/make_tiny_corpus.py" "$work/tiny.u16"
 run() {  # run NAME [--set ...]: two steps of configs/tiny.toml
   local name=$1; shift
