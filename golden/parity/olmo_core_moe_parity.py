@@ -46,7 +46,6 @@ import contextlib
 import json
 import os
 import sys
-import types
 
 # Gates. Same philosophy as hf_parity.py's fp32 gates: two correct fp32 implementations agree to ~1e-7 relative,
 # these limits leave room for reduction-order noise but catch any real semantic difference.
@@ -95,63 +94,10 @@ from hf_parity import (BundleError, adamw, cached, compare_grads, compare_logits
                        content_key, finish, gate_steps, load_bundle_core, load_steps, logit_rows, optimizer_step,
                        peer_threads, print_training_rows, print_verdict, rel, setup_torch, steps_key, teacher_forced,
                        with_steps)
-
-
-# ---- CPU stand-ins for olmo_core.ops.moe.kernels (Triton) -----------------------------------------------------
-# Called by OLMo-core's GatherOp / ScatterOp forward and backward (grad mode is off there), on the dropless path
-# where bins == padded_bins, so every one of the tokens*top_k slots is written exactly once.
-
-def _k_gather(x, indices, bin_ids, weights, bins, top_k):
-    import torch
-
-    idx = indices.long()
-    out = x.index_select(0, torch.div(idx, top_k, rounding_mode="floor"))
-    if weights is not None:
-        out = out * weights.index_select(0, idx).unsqueeze(1).to(out.dtype)
-    return out
-
-
-def _k_scatter(x, indices, bin_ids, weights, bins, top_k):
-    idx = indices.long()
-    tokens = idx.shape[0] // top_k
-    vals = x if weights is None else x * weights.index_select(0, idx).unsqueeze(1).to(x.dtype)
-    out = x.new_zeros((tokens * top_k, x.shape[1]))
-    out.index_copy_(0, idx, vals)
-    return out.view(tokens, top_k, x.shape[1]).sum(dim=1) if top_k > 1 else out
-
-
-def _k_scatter_wgrad(x, grad, indices, bin_ids, bins, top_k):
-    import torch
-
-    idx = indices.long()
-    out = x.new_zeros(idx.shape[0])
-    rows = grad.index_select(0, torch.div(idx, top_k, rounding_mode="floor"))
-    out.index_copy_(0, idx, (x * rows).sum(dim=1))
-    return out
-
-
-def _k_unsupported(*_a, **_k):
-    raise NotImplementedError("binned (capacity-limited) MoE kernels have no CPU stand-in; the parity model is "
-                              "the dropless MoE")
-
-
-CPU_KERNELS = types.SimpleNamespace(gather=_k_gather, scatter=_k_scatter, scatter_wgrad=_k_scatter_wgrad,
-                                    padded_scatter=_k_unsupported, binned_gather=_k_unsupported,
-                                    binned_scatter=_k_unsupported, binned_scatter_wgrad=_k_unsupported)
-
-
-def install_cpu_kernels():
-    import olmo_core.ops.moe as ops
-
-    ops.kernels = CPU_KERNELS
-
-
-def use_torch_gmm(model):
-    from olmo_core.nn.moe.mlp import DroplessMoEMLP
-
-    for m in model.modules():
-        if isinstance(m, DroplessMoEMLP):
-            m._gmm = None
+# OLMo-core's model for the bundle and the CPU stand-ins for its Triton MoE kernels, shared with the OLMo-core replay
+# (make_fake_moe_bundle.py and moe_selftest.py reach them through this module).
+from olmo_core_model import (CPU_KERNELS, install_cpu_kernels, model_windows, olmo_core_config,  # noqa: E402,F401
+                             use_torch_gmm, windows)
 
 
 def check_cpu_kernels(torch):
@@ -287,12 +233,6 @@ def load_bundle(d):
     return ours, batches, weights, step0
 
 
-def windows(m):
-    """Per-layer window as olmoref's ModelConfig::window defines it (0 = full, the last layer always full)."""
-    L, pat = int(m["n_layers"]), m["swa_pattern"]
-    return [0 if (i == L - 1 or not pat or pat[i % len(pat)] <= 0) else int(pat[i % len(pat)]) for i in range(L)]
-
-
 def model_dict_from_resolved(resolved):
     """The bundle's "model" dict (olmoref ModelConfig names) from `olmoref config --resolved`'s TOML, parsed."""
     m = resolved["model"]
@@ -305,48 +245,6 @@ def model_dict_from_resolved(resolved):
                     "scale_loss_by_num_layers": m["moe_scale_loss_by_num_layers"],
                     "lb_granularity": m["moe_lb_granularity"],
                     "normalize_expert_weights": m.get("moe_normalize_expert_weights", 0)}}
-
-
-def olmo_core_config(m):
-    """OLMo-core's TransformerConfig for the bundle's model (olmoref ModelConfig names)."""
-    from olmo_core.nn.attention import SlidingWindowAttentionConfig
-    from olmo_core.nn.attention.backend import AttentionBackendName
-    from olmo_core.nn.feed_forward import FeedForwardConfig
-    from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoEType
-    from olmo_core.nn.moe.loss import MoELoadBalancingLossGranularity
-    from olmo_core.nn.transformer.config import TransformerBlockType, TransformerConfig, TransformerType
-
-    mo = m["moe"]
-    theta = float(m["rope_theta"])
-    pat = [int(w) if int(w) > 0 else -1 for w in (m["swa_pattern"] or [-1])]
-    moe = MoEConfig(
-        name=MoEType.dropless,
-        num_experts=int(mo["n_experts"]),
-        hidden_size=int(mo["hidden"]),
-        # Softmax gating, no jitter or bias; normalize_expert_weights 0 (absent in older bundles) is OLMo-core's None.
-        router=MoERouterConfig(top_k=int(mo["top_k"]),
-                               normalize_expert_weights=float(mo.get("normalize_expert_weights", 0)) or None),
-        shared_mlp=(FeedForwardConfig(hidden_size=int(mo["shared_hidden"]), bias=False)
-                    if int(mo["shared_hidden"]) > 0 else None),
-        lb_loss_weight=float(mo["lb_loss_weight"]) if float(mo["lb_loss_weight"]) != 0 else None,
-        z_loss_weight=float(mo["z_loss_weight"]) if float(mo["z_loss_weight"]) != 0 else None,
-        lb_loss_granularity=MoELoadBalancingLossGranularity(mo["lb_granularity"]),
-        scale_loss_by_num_layers=bool(mo["scale_loss_by_num_layers"]),
-    )
-    return TransformerConfig.llama_like(
-        d_model=int(m["d_model"]), vocab_size=int(m["vocab_size"]), n_layers=int(m["n_layers"]),
-        n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]),
-        head_dim=int(m["head_dim"]) if int(m["head_dim"]) else None,
-        qk_norm=True, use_head_qk_norm=False,              # OLMo 3: one RMSNorm over the full q (k) width
-        layer_norm_eps=float(m["norm_eps"]),
-        rope_theta=int(theta) if theta.is_integer() else theta,
-        attn_backend=AttentionBackendName.torch,
-        sliding_window=SlidingWindowAttentionConfig(pattern=pat, force_full_attention_on_first_layer=False,
-                                                    force_full_attention_on_last_layer=True),
-        block_name=TransformerBlockType.moe_reordered_norm,
-        feed_forward_moe=moe,
-        name=TransformerType.moe,
-    )
 
 
 def check_weights(model, weights):
@@ -382,14 +280,6 @@ def build_model(torch, m, weights, dtype):
     model = model.to(dtype)
     model.train()
     return model
-
-
-def model_windows(model):
-    out = []
-    for _, block in model.blocks.items():
-        w = getattr(block.attention, "window_size", None)  # keys per query incl. itself; None = full
-        out.append(0 if w is None else int(w))
-    return out
 
 
 class RoutingProbe:

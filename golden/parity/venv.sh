@@ -51,7 +51,7 @@ olmoref_ensure_venv() {
 # OLMo-core's own environment: ai2-olmo-core 3.0.0 requires torch < 2.14, the parity venv has a newer torch, so it
 # gets a venv of its own rather than downgrading that one (tests/interop/run_check.sh).
 OLMOREF_OLMO_CORE_VENV="${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core}"
-OLMOREF_OLMO_CORE_REQUIRED="from olmo_core.data.data_loader import NumpyFSLDataLoader; from olmo_core.data.numpy_dataset import NumpyFSLDataset"
+OLMOREF_OLMO_CORE_REQUIRED="from olmo_core.data.data_loader import NumpyFSLDataLoader; from olmo_core.data.numpy_dataset import NumpyFSLDataset; import olmo_core.train, olmo_core.nn.hf.convert"
 
 # Creates or completes it; on failure calls the caller's `skip REASON`.
 olmoref_ensure_olmo_core_venv() {
@@ -61,7 +61,8 @@ olmoref_ensure_olmo_core_venv() {
   if [ ! -x "$ocpy" ]; then
     python3 -m venv "$OLMOREF_OLMO_CORE_VENV" || skip "could not create a venv at $OLMOREF_OLMO_CORE_VENV"
   fi
-  "$ocpy" -m pip install "ai2-olmo-core==3.0.0" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
+  # [transformers]: OLMo-core's Hugging Face converter (golden replay --framework olmo-core loads hf/ through it).
+  "$ocpy" -m pip install "ai2-olmo-core[transformers]==3.0.0" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
   "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1 ||
     skip "ai2-olmo-core installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_REQUIRED' still fails"
 }

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""Replay an olmoref golden bundle with OLMo-core's own trainer and write the metrics it recorded per step.
+
+Usage: olmo_core_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+(normally run by `olmoref golden replay BUNDLE --framework olmo-core`, which then compares the traces)
+
+The bundle (`olmoref golden export`, docs/formats/golden-bundle.md) holds the step-0 weights as a Hugging Face
+Olmo3ForCausalLM checkpoint, each step's global batch as instance ranges in the token files, the hyperparameters and
+the golden trace. This script runs ai2-olmo-core's Trainer.fit on it, single process (a gloo process group of one
+rank on the CPU), fp32, deterministic algorithms:
+
+  model      OLMo-core's Olmo 3 TransformerConfig for the bundle's shape (golden/parity/olmo_core_model.py: reordered
+             norms, full-width QK-norm, RoPE, sliding windows as the bundle says, torch SDPA attention), the step-0
+             weights read from hf/ through OLMo-core's convert_state_from_hf and loaded strictly;
+  train      TransformerTrainModule: labels, micro-batches of the bundle's size, sum-reduced CE + z-loss divided by
+             the step's target count, max_grad_norm clipping, its scheduler setting the lr before optim.step();
+  optimizer  OLMo-core's AdamWConfig (torch AdamW) or SkipStepAdamWConfig, the bundle's no-decay parameters in a
+             group override with weight_decay 0;
+  data       BundleDataLoader, a DataLoaderBase yielding exactly the bundle's batches in order (checked against the
+             bundle's checksums).
+
+Each line of REPLAY.jsonl is what OLMo-core recorded for that step: {"step", "loss" = ce + z, "ce" (train/CE loss),
+"z" (train/Z loss, 0 without z-loss), "grad_norm" (optim/total grad norm, before clipping), "lr" (the lr the
+optimizer stepped with)}. REPORT.json names what OLMo-core's own code did ("native") and each piece of the recipe it
+could not express with the smallest addition made ("added"). `olmoref trace compare BUNDLE/trace.jsonl
+REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md, section 7).
+
+Exit status: 0 replayed; 2 the bundle is malformed, or OLMo-core (with its transformers extra) cannot be imported.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "parity"))
+sys.path.insert(0, here)
+from olmo_core_model import model_windows, olmo_core_config, windows  # noqa: E402
+from bundle import Bundle, BundleError, setup_torch  # noqa: E402
+
+# The one place the OLMo-core release is pinned (tools/setup_python.sh installs this one).
+OLMO_CORE_VERSION = "3.0.0"
+
+
+def fail(msg):
+    print(f"olmo_core_replay: {msg}", file=sys.stderr)
+    return 2
+
+
+def import_olmo_core():
+    """Returns the installed ai2-olmo-core version; raises ImportError saying what is missing."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("ai2-olmo-core")
+    except PackageNotFoundError:
+        raise ImportError(f"ai2-olmo-core is not installed (pip install "
+                          f"'ai2-olmo-core[transformers]=={OLMO_CORE_VERSION}')")
+    if v != OLMO_CORE_VERSION:
+        raise ImportError(f"ai2-olmo-core {v} is installed; this adapter is pinned to {OLMO_CORE_VERSION}")
+    try:
+        import olmo_core.nn.hf.convert  # noqa: F401  (needs transformers: OLMo-core's "transformers" extra)
+        import olmo_core.train  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"{e} (OLMo-core's HF converter needs its transformers extra: pip install "
+                          f"'ai2-olmo-core[transformers]=={OLMO_CORE_VERSION}')")
+    return v
+
+
+def check_recipe(bundle):
+    """What this adapter needs of bundle.json beyond what Bundle checks; raises BundleError naming the key."""
+    meta, path = bundle.meta, os.path.join(bundle.path, "bundle.json")
+    lrs = bundle.optim.get("lr_per_step", [])
+    if len(lrs) < bundle.S:
+        raise BundleError(f"{path}: optim.lr_per_step has {len(lrs)} values for {bundle.S} steps")
+    if bundle.optim.get("kind", "adamw") not in ("adamw", "skip_step_adamw"):
+        raise BundleError(f"{path}: optim.kind {bundle.optim['kind']!r}; OLMo-core replays adamw or skip_step_adamw")
+    if meta["model"].get("moe") is not None:
+        raise BundleError(f"{path}: a mixture-of-experts model; this adapter replays dense Olmo 3 models")
+
+
+# ---- model ----------------------------------------------------------------------------------------------------
+
+def build_model(torch, bundle):
+    """OLMo-core's model and the bundle's step-0 weights through convert_state_from_hf, checked against the model's
+    names and shapes. Returns the model, that state (load it with load_weights once the train module has initialised
+    the model) and the OLMo-core name of each HF parameter name (the bundle names its no-decay parameters in HF
+    terms)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from olmo_core.nn.conversion.state_mapping import TemplatePlaceholder
+    from olmo_core.nn.hf.convert import convert_state_from_hf, get_converter_from_hf
+
+    meta = bundle.meta
+    hf_dir = os.path.join(bundle.path, meta["hf_dir"])
+    weights = os.path.join(hf_dir, "model.safetensors")
+    if not os.path.exists(weights):
+        raise BundleError(f"{weights} not found (the bundle's step-0 weights)")
+    hf_config = AutoConfig.from_pretrained(hf_dir)
+    hf_state = load_file(weights)
+    state = convert_state_from_hf(hf_config, hf_state, model_type=hf_config.model_type)
+    # The same converter's mappings, without converting: which OLMo-core parameter each HF tensor became.
+    mappings = get_converter_from_hf(model_type=hf_config.model_type).get_mappings(
+        hf_state, {TemplatePlaceholder.LAYER: hf_config.num_hidden_layers})
+    oc_name = {mp.source_keys[0]: mp.dest_keys[0] for mp in mappings
+               if len(mp.source_keys) == 1 and len(mp.dest_keys) == 1}
+
+    model = olmo_core_config(meta["model"]).build(init_device="cpu")
+    got_w, want_w = model_windows(model), windows(meta["model"])
+    if got_w != want_w:
+        raise BundleError(f"per-layer attention windows: OLMo-core built {got_w}, bundle.json model.swa_pattern "
+                          f"means {want_w} (0 = full)")
+    want = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    missing = sorted(set(want) - set(state))
+    extra = sorted(set(state) - set(want))
+    shape = sorted(n for n in want if n in state and tuple(state[n].shape) != want[n])
+    if missing or extra or shape:
+        raise BundleError(f"{weights} through convert_state_from_hf does not match OLMo-core's model: missing "
+                          f"{missing[:6]}, unknown {extra[:6]}, wrong shape {shape[:6]}")
+    return model, {n: t.to(torch.float32) for n, t in state.items()}, oc_name
+
+
+def load_weights(model, state):
+    """In place, so the optimizer built on these parameters keeps them."""
+    model.load_state_dict(state, strict=True)
+
+
+# ---- data -----------------------------------------------------------------------------------------------------
+
+def bundle_data_loader(torch, bundle, work_dir):
+    from olmo_core.data.data_loader import DataLoaderBase
+
+    class BundleDataLoader(DataLoaderBase):
+        """The bundle's global batches, step 1 first, as {"input_ids": int64 [G, T]}; one epoch of S steps."""
+
+        def __init__(self):
+            super().__init__(work_dir=work_dir, global_batch_size=bundle.G * bundle.T)
+
+        @property
+        def total_batches(self):
+            return bundle.S
+
+        def state_dict(self):
+            return {"batches_processed": self.batches_processed}
+
+        def load_state_dict(self, state_dict):
+            self.batches_processed = state_dict["batches_processed"]
+
+        def reshuffle(self, epoch=None, **kwargs):
+            self._epoch = epoch or 1
+
+        def _iter_batches(self):
+            for step in range(self.batches_processed + 1, bundle.S + 1):
+                yield {"input_ids": torch.from_numpy(bundle.tokens(step))}
+
+        def get_mock_batch(self):
+            # The trainer's dry run (a compile/OOM probe) is skipped for loaders without a mock batch.
+            raise NotImplementedError
+
+        def global_num_tokens_in_batch(self, batch):
+            return batch["input_ids"].numel()
+
+    return BundleDataLoader()
+
+
+# ---- optimizer and schedule -------------------------------------------------------------------------------------
+
+def optim_config(bundle, oc_name, native, added):
+    from olmo_core.optim import AdamWConfig, OptimGroupOverride, SkipStepAdamWConfig
+
+    o = bundle.optim
+    unknown = [n for n in o["no_decay"] if n not in oc_name]
+    if unknown:
+        raise BundleError(f"bundle.json optim.no_decay names {unknown}, which are not in hf/model.safetensors")
+    no_decay = [oc_name[n] for n in o["no_decay"]]
+    overrides = [OptimGroupOverride(params=no_decay, opts={"weight_decay": 0.0})] if no_decay else None
+    common = dict(lr=float(o["lr_per_step"][0]), betas=tuple(o["betas"]), eps=float(o["eps"]),
+                  weight_decay=float(o["weight_decay"]), group_overrides=overrides)
+    if o.get("kind", "adamw") == "skip_step_adamw":
+        extra = {k: o[k] for k in ("rolling_interval_length", "sigma_factor") if k in o}
+        native.append(f"SkipStepAdamWConfig {extra or '(its defaults)'}")
+        cfg = SkipStepAdamWConfig(**common, **extra)
+    else:
+        native.append("AdamWConfig (torch.optim.AdamW, single-tensor CPU path)")
+        cfg = AdamWConfig(**common, foreach=False, fused=False)
+    native.append(f"no-decay group: group_overrides {no_decay} with weight_decay 0 (the bundle's {o['no_decay']})")
+    return cfg
+
+
+def bundle_scheduler_class():
+    from dataclasses import dataclass, field
+
+    from olmo_core.optim.scheduler import Scheduler
+
+    @dataclass
+    class BundleLR(Scheduler):
+        """The bundle's lr_per_step: lr of the 1-based step `current` (OLMo-core calls set_lr with trainer.global_step
+        after the step's backward, before optim.step(), as olmoref schedules at the step of the update)."""
+        lr_per_step: list = field(default_factory=list)
+
+        def get_lr(self, initial_lr, current, t_max):
+            del initial_lr, t_max
+            return self.lr_per_step[current - 1]
+
+    return BundleLR
+
+
+def scheduler(bundle, native, added):
+    """OLMo-core's own scheduler when one gives every lr of the bundle bit for bit at OLMo-core's step numbering
+    (the scheduler is asked at trainer.global_step = 1, 2, ... with the trainer's max_steps); otherwise BundleLR."""
+    from olmo_core.optim.scheduler import ConstantScheduler, CosWithWarmup
+
+    steps = bundle.S
+    want = [float(x) for x in bundle.optim["lr_per_step"][:steps]]
+    sch = bundle.meta.get("schedule") or {}
+    peak, kind = sch.get("peak_lr"), sch.get("kind")
+    candidate = None
+    if kind == "cosine":
+        candidate = CosWithWarmup(warmup=int(sch["warmup"]), alpha_f=float(sch["alpha_f"]), t_max=int(sch["t_max"]))
+    elif kind == "constant":
+        candidate = ConstantScheduler()
+    if candidate is not None and peak is not None:
+        got = [float(candidate.get_lr(float(peak), s, steps)) for s in range(1, steps + 1)]
+        if got == want:
+            native.append(f"scheduler {type(candidate).__name__}({sch}) gives every lr_per_step bit for bit")
+            return candidate, float(peak)
+        bad = next(s for s in range(steps) if got[s] != want[s])
+        why = f"{type(candidate).__name__} differs from lr_per_step at step {bad + 1} ({got[bad]!r} vs {want[bad]!r})"
+    else:
+        why = f"no OLMo-core scheduler for schedule kind {kind!r} is tried"
+    added.append(f"BundleLR (an olmo_core.optim.scheduler.Scheduler subclass returning lr_per_step[step - 1]): {why}")
+    return bundle_scheduler_class()(lr_per_step=want), want[0]
+
+
+# ---- the run --------------------------------------------------------------------------------------------------
+
+def metrics_capture_class():
+    from olmo_core.train.callbacks import Callback
+
+    class MetricsCapture(Callback):
+        """Keeps the metrics the trainer logs per step and, after each optimizer step, the lr of every group."""
+        priority = -1000  # last: after the trainer's own bookkeeping callbacks
+
+        def __init__(self):
+            super().__init__()
+            self.metrics, self.lrs = {}, {}
+
+        def post_train_batch(self):
+            opt = self.trainer.train_module.optim
+            self.lrs[self.trainer.global_step] = [float(g["lr"]) for g in opt.param_groups]
+
+        def log_metrics(self, step, metrics):
+            self.metrics.setdefault(step, {}).update(metrics)
+
+    return MetricsCapture()
+
+
+def replay(bundle, threads, work):
+    torch = setup_torch(threads)
+    import torch.distributed as dist
+    from olmo_core.train import Duration, TrainerConfig
+    from olmo_core.train.callbacks import CheckpointerCallback
+    from olmo_core.train.train_module import TransformerTrainModule
+
+    native, added = [], []
+    # One rank, gloo, rendezvous through a file: no port to collide with parallel tests.
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1)
+    try:
+        model, state, oc_name = build_model(torch, bundle)
+        native.append(f"model: TransformerConfig.llama_like, reordered-norm Olmo 3 blocks, windows "
+                      f"{model_windows(model)}, torch SDPA attention; step-0 weights through convert_state_from_hf")
+        optim = optim_config(bundle, oc_name, native, added)
+        sched, initial_lr = scheduler(bundle, native, added)
+        optim.lr = initial_lr
+        z, max_norm = bundle.z_loss, float(bundle.optim["max_grad_norm"])
+        T, mb, steps = bundle.T, bundle.mb, bundle.S
+        module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=mb * T, max_sequence_length=T,
+                                        z_loss_multiplier=z if z != 0 else None,
+                                        max_grad_norm=max_norm if max_norm > 0 else None,
+                                        scheduler=sched, device=torch.device("cpu"))
+        # Its parallelize_model() runs the model's init_weights(), so the checkpoint goes in afterwards, as
+        # OLMo-core's own scripts load one (train_module.model, then Trainer.fit).
+        load_weights(module.model, state)
+        native.append(f"TransformerTrainModule: micro-batches of {mb} x {T}, z_loss_multiplier "
+                      f"{z if z != 0 else None}, max_grad_norm {max_norm} (clip max_norm / (norm + 1e-6))")
+        loader = bundle_data_loader(torch, bundle, os.path.join(work, "data"))
+        native.append(f"Trainer.fit over one gloo rank, {steps} steps")
+        added.append("BundleDataLoader (an olmo_core.data.data_loader.DataLoaderBase subclass): the bundle's batches "
+                     "in order, checked against their checksums, instead of OLMo-core's shuffling loaders")
+        capture = metrics_capture_class()
+        added.append("MetricsCapture (an olmo_core.train.callbacks.Callback): keeps the metrics the trainer logs "
+                     "and each group's lr after optim.step(), for the trace")
+        trainer = TrainerConfig(save_folder=os.path.join(work, "save"), work_dir=os.path.join(work, "work"),
+                                max_duration=Duration.steps(steps), metrics_collect_interval=1,
+                                async_bookkeeping=False, cancel_check_interval=steps + 1, no_checkpoints=True,
+                                callbacks={"checkpointer": CheckpointerCallback(enabled=False),
+                                           "olmoref_capture": capture}).build(module, loader)
+        trainer.fit()
+    finally:
+        dist.destroy_process_group()
+
+    records = []
+    for s in range(1, steps + 1):
+        m = capture.metrics.get(s, {})
+        for key in ("train/CE loss", "optim/total grad norm"):
+            if key not in m:
+                raise RuntimeError(f"OLMo-core recorded no '{key}' for step {s} (recorded: {sorted(m)})")
+        lrs = capture.lrs[s]
+        if len(set(lrs)) != 1:
+            raise RuntimeError(f"step {s}: the optimizer's groups stepped with different lrs {lrs}")
+        ce, zl = float(m["train/CE loss"]), float(m.get("train/Z loss", 0.0))
+        records.append({"step": s, "loss": ce + zl, "ce": ce, "z": zl, "grad_norm": float(m["optim/total grad norm"]),
+                        "lr": lrs[0]})
+    return records, native, added
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
+    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
+    ap.add_argument("--report", required=True, help="what OLMo-core did natively and what was added, JSON")
+    ap.add_argument("--steps", type=int, help="replay only the first N steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = ap.parse_args(argv)
+
+    try:
+        bundle = Bundle(args.bundle, args.steps)
+        check_recipe(bundle)
+    except BundleError as e:
+        return fail(f"bad bundle: {e}")
+    if bundle.meta.get("precision") != "fp32":
+        print(f"olmo_core_replay: note: the run used precision {bundle.meta.get('precision')}; this replay computes "
+              f"in fp32, so expect bf16-sized differences", file=sys.stderr)
+    try:
+        version = import_olmo_core()
+    except ImportError as e:
+        return fail(f"cannot import OLMo-core: {e}; run it with $OLMOREF_OLMO_CORE_VENV/bin/python "
+                    f"(bash tools/setup_python.sh makes it)")
+    steps = bundle.S
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="olmoref-oc-replay.") as work:
+        try:
+            records, native, added = replay(bundle, args.threads, work)
+        except BundleError as e:
+            return fail(f"bad bundle: {e}")
+    with open(args.out + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(args.out + ".tmp", args.out)
+    report = {"framework": "olmo-core", "version": version, "native": native, "added": added, "steps": steps}
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    print(f"olmo_core_replay: {steps} steps through OLMo-core {version}'s Trainer in {time.time() - t0:.1f} s; "
+          f"last loss {records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0] for a in added)}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
