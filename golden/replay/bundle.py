@@ -4,6 +4,7 @@ Every adapter (replay.py, hf_trainer_replay.py, ...) reads the bundle the same w
 each step's global batch checked against its checksums, the step-0 weights as transformers' Olmo3ForCausalLM, and
 the recipe's loss terms. Only what each framework's own trainer does differs, so that is all an adapter holds.
 """
+import argparse
 import json
 import os
 
@@ -122,3 +123,14 @@ def recipe_loss_sums(torch, logits, ids, z_loss):
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
     z = z_loss * torch.logsumexp(logits, dim=-1).pow(2).sum()
     return ce, z
+
+
+def adapter_args(doc, argv, report_help):
+    """The command line every adapter takes from `olmoref golden replay` (cli/golden_replay.cpp)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
+    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
+    ap.add_argument("--report", required=True, help=report_help)
+    ap.add_argument("--steps", type=int, help="replay only the first N steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    return ap.parse_args(argv)

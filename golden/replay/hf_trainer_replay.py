@@ -17,24 +17,17 @@ The trace records, per step, the loss terms the Trainer's forward produced (its 
 digits), the grad norm it logged and the lr its optimizer used.
 Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate cannot be imported.
 """
-import argparse
 import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import Bundle, BundleError, recipe_loss_sums, setup_torch  # noqa: E402
+from bundle import Bundle, BundleError, adapter_args, recipe_loss_sums, setup_torch  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
-    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
-    ap.add_argument("--report", required=True, help="what the Trainer did natively and what was added (JSON)")
-    ap.add_argument("--steps", type=int, help="replay only the first N steps")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    args = ap.parse_args(argv)
+    args = adapter_args(__doc__, argv, "what the Trainer did natively and what was added (JSON)")
     try:
         bundle = Bundle(args.bundle, args.steps)
     except BundleError as e:

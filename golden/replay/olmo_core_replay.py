@@ -27,7 +27,6 @@ REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md,
 
 Exit status: 0 replayed; 2 the bundle is malformed, or OLMo-core (with its transformers extra) cannot be imported.
 """
-import argparse
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import model_windows, olmo_core_config, windows  # noqa: E402
-from bundle import Bundle, BundleError, setup_torch  # noqa: E402
+from bundle import Bundle, BundleError, adapter_args, setup_torch  # noqa: E402
 
 # The one place the OLMo-core release is pinned (tools/setup_python.sh installs this one).
 OLMO_CORE_VERSION = "3.0.0"
@@ -318,13 +317,7 @@ def replay(bundle, threads, work):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
-    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
-    ap.add_argument("--report", required=True, help="what OLMo-core did natively and what was added, JSON")
-    ap.add_argument("--steps", type=int, help="replay only the first N steps")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    args = ap.parse_args(argv)
+    args = adapter_args(__doc__, argv, "what OLMo-core did natively and what was added, JSON")
 
     try:
         bundle = Bundle(args.bundle, args.steps)
