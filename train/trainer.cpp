@@ -68,7 +68,8 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
   const double view = par.dp_shard > 1 ? n * 4 : 0;  // the gathered units
   const double model = static_cast<double>(olmo3_memory_bytes(cfg.model, cfg.train.micro_batch_instances,
                                                                cfg.train.seq_len, parse_precision(cfg.train.precision),
-                                                               cfg.train.executor != "cpu"));
+                                                               cfg.train.executor != "cpu",
+                                                               parse_activation_checkpointing(cfg.train.activation_checkpointing)));
   const double need = state + tree + view + model;
   const int64_t have = ex.memory_available();
   if (have >= 0 && need > static_cast<double>(have))
@@ -110,7 +111,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       pool_(threads),
       ex_(make_fitting_executor(cfg, par, &pool_)),
       model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
-             ex_.get()),
+             ex_.get(), parse_activation_checkpointing(cfg.train.activation_checkpointing)),
       source_(std::move(source)),
       par_(par),
       comm_(par.comm ? par.comm : &dist::world()),

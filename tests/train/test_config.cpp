@@ -59,6 +59,24 @@ TEST_CASE("shipped configs parse, validate and report the published sizes") {
   CHECK(c14.model.n_params() == 26740864LL);
   CHECK(c14.model.ffn_hidden == 512);
   for (const char* name : {"tiny", "small", "parity"}) load_config(root() + "/configs/" + name + ".toml");
+  // The real shapes recompute each block in backward (docs/memory.md).
+  CHECK(c7.train.activation_checkpointing == "full");
+  CHECK(c32.train.activation_checkpointing == "full");
+}
+
+TEST_CASE("train.activation_checkpointing takes none or full; anything else names the key and both values") {
+  CHECK(parse_config_text(kValid, "t").train.activation_checkpointing == "none");
+  CHECK(parse_config_text(kValid, "t", {"train.activation_checkpointing=full"}).train.activation_checkpointing == "full");
+  try {
+    parse_config_text(kValid, "run.toml", {"train.activation_checkpointing=selected"});
+    FAIL("accepted activation_checkpointing = selected");
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    CHECK_MESSAGE(msg.find("run.toml") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("train.activation_checkpointing") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("\"none\"") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("\"full\"") != std::string::npos, msg);
+  }
 }
 
 TEST_CASE("sliding-window pattern: [w, w, w, full], last layer always full") {
@@ -136,13 +154,13 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       "schedule.warmup_min_lr=1e-6", "schedule.decay=100", "schedule.decay_min_lr=1e-7",
       "data.max_target_sequence_length=256", "data.mix_base_dir=/corpus", "data.mix_tokenizer=dolma2",
       "data.pad_id=1", "data.bos_id=2", "data.olmo_core_state=/ckpt/step10", "data.audit=true",
-      "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+      "train.activation_checkpointing=full", "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
   const TrainConfig a = load_config(tiny, all_set);
   const TrainConfig b = parse_config_text(a.to_toml(), "resolved");
   CHECK(b.to_toml() == a.to_toml());
   CHECK(b.resume_hash() == a.resume_hash());
   CHECK(b.model_hash() == a.model_hash());
-  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "decay = 100", "pad_id = 1",
+  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "activation_checkpointing = 'full'", "decay = 100", "pad_id = 1",
                           "olmo_core_state", "hf_sha256", "step_increment_bugfix = false"})
     CHECK_MESSAGE(a.to_toml().find(key) != std::string::npos, key);
 
@@ -155,8 +173,11 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       tiny, {"data.audit=true", "checkpoint.interval=7", "checkpoint.keep_last=1", "train.log_every=5",
              "train.micro_batch_instances=1", "train.executor=cuda-host", "model.name=other",
              "data.mix_base_dir=/elsewhere", "data.pad_id=3", "data.holdout_files=[\"h.npy\"]", "eval.interval=5",
-             "eval.fresh_files=[\"f.npy\"]", "eval.alpha=0.05", "init.hf_dir=/hf"});
+             "eval.fresh_files=[\"f.npy\"]", "eval.alpha=0.05", "init.hf_dir=/hf",
+             "train.activation_checkpointing=full"});
   CHECK(neutral.resume_hash() == base.resume_hash());
+  // Left at its default it is not written: the resolved text of every config without it is what it was.
+  CHECK(load_config(tiny, {"train.activation_checkpointing=none"}).to_toml() == base.to_toml());
   for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16"})
     CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
 }
