@@ -179,6 +179,18 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
       recv_bytes >= gather_bytes ? "transient: every rank's subtrees on my shard, after backward"
                                  : "transient: a unit's pieces for every shard rank and the unit received");
   if (device_paths && !gpu) add("digest staging", kF32 * p.shard_floats, "the shard copied to the host to hash it");
+  // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
+  // is written: each writer (replicate group 0) holds zstd's output for its shard's params, m and v (each sized
+  // ZSTD_compressBound and zero-filled; on a device executor also the state's host copies), then rank 0 reads every
+  // shard file back whole, one at a time (ckpt::finish_save: read_file's growing buffer and its copy, two files' worth
+  // of at most 3 x the shard each). What exceeds the step's own transients raises the peak.
+  if (!gpu) {
+    const int64_t step_extra =
+        kF32 * (p.slots * n + p.send_floats + p.unit_floats + std::max(p.recv_floats, p.gather_floats));
+    const int64_t write = kF32 * std::max<int64_t>(3 * p.shard_floats * (device_paths ? 2 : 1), 6 * L.shard_stride());
+    add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.slots * n : 0) - step_extra,
+        "zstd buffers of the shard's params, m, v; rank 0 reads each shard file back (6 x params / dp_shard)");
+  }
   if (!gpu) add("process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)");
   return out;
 }

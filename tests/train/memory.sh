@@ -19,7 +19,7 @@ for ac in none full; do
                 sed -n 's/.*peak .*(\([0-9]*\) bytes).*/\1/p')
     [ -n "$predicted" ] || { echo "FAIL: config --layout printed no peak"; exit 1; }
     "${MPIRUN[@]}" -np "$s" "$BIN" train "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" \
-      --steps 1 --threads 1 --quiet --no-checkpoint --dp-shard "$s" --report-memory --out "$work/$ac-$layout" \
+      --steps 1 --threads 1 --quiet --dp-shard "$s" --report-memory --out "$work/$ac-$layout" \
       2> "$work/$ac-$layout.log" || { cat "$work/$ac-$layout.log"; echo "FAIL: $ac $layout"; exit 1; }
     measured=$(sed -n 's/^memory: rank [0-9]* peak resident (VmHWM) \([0-9]*\) bytes.*/\1/p' "$work/$ac-$layout.log" | sort -n | tail -1)
     [ -n "$measured" ] || { cat "$work/$ac-$layout.log"; echo "FAIL: no memory report"; exit 1; }
