@@ -13,6 +13,7 @@
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/eval.h"
+#include "train/memory_model.h"
 
 using namespace olmoref;
 
@@ -286,4 +287,31 @@ TEST_CASE("errors about a config found after it was read still name its file") {
   } catch (const std::invalid_argument& e) {
     CHECK(std::string(e.what()).find("run.toml: config key 'eval.instances'") == 0);
   }
+}
+
+TEST_CASE("the memory model: recompute, ranks and the alternatives it offers come from the same function") {
+  const TrainConfig c7 = load_config(root() + "/configs/olmo3-7b.toml");
+  auto part = [](const RankMemory& m, const std::string& name) {
+    for (const MemoryPart& p : m.parts)
+      if (p.name == name) return p.bytes;
+    return int64_t{0};
+  };
+  const MemoryPlacement gpu8{8, 1, 1, "cuda"};
+  TrainConfig none = c7;
+  none.train.activation_checkpointing = "none";
+  const RankMemory full_8 = predict_rank_memory(c7, gpu8), none_8 = predict_rank_memory(none, gpu8);
+  CHECK(full_8.device);
+  // 32 blocks: none keeps 32 block sets, full the 32 inputs and one set.
+  CHECK(part(none_8, "activations") > 10 * part(full_8, "activations"));
+  CHECK(part(full_8, "gradient stack") == part(none_8, "gradient stack"));
+  // The state falls as 1/dp_shard; the stack keeps full-length slots (7 at 8x1: 64 instances per rank).
+  const RankMemory full_64 = predict_rank_memory(c7, {64, 1, 1, "cuda"});
+  CHECK(part(full_64, "parameters") * 8 <= part(full_8, "parameters") + 65536 * 4 * 8);
+  CHECK(part(full_8, "gradient stack") == 7 * c7.model.n_params() * 4);
+  CHECK(full_8.largest().name == "gradient stack");
+  // What would fit a budget between the two: recompute, named with its peak.
+  const int64_t budget = (full_8.peak() + none_8.peak()) / 2;
+  const std::string fits = memory_alternatives(none, gpu8, budget);
+  CHECK_MESSAGE(fits.find("train.activation_checkpointing=\"full\"") != std::string::npos, fits);
+  CHECK(memory_alternatives(none, gpu8, 1 << 20).empty());  // 1 MiB: nothing does
 }
