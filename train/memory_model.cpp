@@ -98,6 +98,22 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
   return p;
 }
 
+// The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
+// first of them. `rank` receives its index.
+RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::StatePlacement& P, bool host_state,
+                       const std::vector<std::pair<int64_t, int64_t>>& units, int& rank) {
+  RankParts fullest;
+  int64_t fullest_floats = -1;
+  for (int r = 0; r < L.world(); ++r) {
+    L.rank = r;
+    const RankParts p = rank_parts(cfg, L, P, host_state, units);
+    const int64_t floats = 3 * p.state_floats + p.shard_floats + p.slots * L.total + p.send_floats +
+                           std::max(p.recv_floats, p.gather_floats) + p.unit_floats;
+    if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
+  }
+  return fullest;
+}
+
 }  // namespace
 
 RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& where) {
@@ -122,16 +138,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
 
   RankMemory out;
   out.device = gpu;
-  RankParts fullest;
-  int64_t fullest_bytes = -1;
-  for (int r = 0; r < W; ++r) {
-    L.rank = r;
-    const RankParts p = rank_parts(cfg, L, P, !device_paths, units);
-    // What differs between ranks; the rest is the same on every one.
-    const int64_t bytes = kF32 * (3 * p.state_floats + p.shard_floats + p.slots * n + p.send_floats +
-                                  std::max(p.recv_floats, p.gather_floats) + p.unit_floats);
-    if (bytes > fullest_bytes) fullest_bytes = bytes, fullest = p, out.rank = r;
-  }
+  const RankParts fullest = fullest_rank(cfg, L, P, !device_paths, units, out.rank);
   const ActivationCheckpointing ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
   const ModelMemory mm = olmo3_memory(m, B, T, parse_precision(cfg.train.precision), device_paths, ac);
   const std::string recompute = ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
