@@ -202,7 +202,9 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
     const int64_t E = cfg.moe.n_experts, S = R * cfg.moe.top_k, h = cfg.moe.hidden, Fs = cfg.moe.shared_hidden;
     ffn = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 3 * R * Fs + R * d : 0);
     ffn_bw = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 2 * R * d + 2 * R * Fs : 0);
-    if (kernel_scratch) ffn += 5 * S;  // the plan's two int64 arrays and the weights [S] on a device executor
+    // On a device executor: the plan's two int64 arrays and the weights [S]; the routing's scores [R, E], lse [R] and
+    // choices [S] (int32).
+    if (kernel_scratch) ffn += 5 * S + R * E + R + S;
   }
   const int64_t block_work = R * (3 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;  // all but the input x [R, d]
   const int64_t kept_blocks = checkpointing == ActivationCheckpointing::full ? std::min<int64_t>(1, cfg.n_layers)
