@@ -25,7 +25,9 @@
 #include <optional>
 #include "model/init.h"
 #include "core/params.h"
+#include "train/memory_model.h"
 #include "train/trainer.h"
+#include "dist/comm.h"
 #include "train/weights.h"
 
 namespace olmoref {
@@ -47,6 +49,31 @@ void select_cpu_isa(const std::string& name) {
 namespace {
 
 int g_exit_code = 0;
+
+// --layout SxR (dp_shard x dp_replicate), as resume-check and config read it.
+void parse_layout(const std::string& s, const char* flag, int& shard, int& rep) {
+  const auto x = s.find('x');
+  try {
+    if (x == std::string::npos) throw std::invalid_argument(s);
+    shard = std::stoi(s.substr(0, x));
+    rep = std::stoi(s.substr(x + 1));
+  } catch (const std::exception&) {
+    throw std::invalid_argument(std::string(flag) + " '" + s + "': expected SHARDxREPLICATE, e.g. 3x1");
+  }
+  if (shard < 1 || rep < 1) throw std::invalid_argument(std::string(flag) + " '" + s + "': both factors must be >= 1");
+}
+
+// This process's peak resident memory (VmHWM) and its resident memory now (VmRSS), in bytes; -1 when unknown.
+std::pair<int64_t, int64_t> resident_memory() {
+  std::ifstream in("/proc/self/status");
+  int64_t hwm = -1, rss = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto kib = [&] { return std::stoll(line.substr(line.find(':') + 1)) * 1024; };
+    if (line.rfind("VmHWM:", 0) == 0) hwm = kib();
+    if (line.rfind("VmRSS:", 0) == 0) rss = kib();
+  }
+  return {hwm, rss};
+}
 
 // A TOML basic string holding `s` (for a path handed to load_config as an override).
 std::string toml_string(const std::string& s) {
@@ -170,6 +197,9 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--comm-timeout", o->comm_timeout_s,
                     "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
+    auto report_memory = std::make_shared<bool>(false);
+    cmd->add_flag("--report-memory", *report_memory,
+                  "Print this rank's peak resident memory (VmHWM) on stderr at the end (tests/train/memory.sh)");
     cmd->add_flag("--no-checkpoint", o->no_checkpoint,
                   "Write no checkpoint, not even at the end (benchmarks); the run cannot be resumed");
     cmd->add_flag("--profile-ops", o->parallel.profile_ops,
@@ -215,6 +245,11 @@ void register_commands(CLI::App& app) {
       if (const char* drop = std::getenv("OLMOREF_TEST_DROP_SKIP_WINDOWS"); drop && std::string(drop) == "1")
         run.resume_opts.drop_skip_windows = true;
       run_training(c, run);
+      if (*report_memory) {
+        const auto [hwm, rss] = resident_memory();
+        std::fprintf(stderr, "memory: rank %d peak resident (VmHWM) %lld bytes, resident at the end %lld bytes\n",
+                     dist::world().rank(), static_cast<long long>(hwm), static_cast<long long>(rss));
+      }
     });
   }
   // ---- resume-check ----
@@ -243,17 +278,6 @@ void register_commands(CLI::App& app) {
         ->check(CLI::Range(1, 65536));
     cmd->callback([=] {
       ResumeCheckOptions opts = *o;
-      auto parse_layout = [](const std::string& s, const char* flag, int& shard, int& rep) {
-        const auto x = s.find('x');
-        try {
-          if (x == std::string::npos) throw std::invalid_argument(s);
-          shard = std::stoi(s.substr(0, x));
-          rep = std::stoi(s.substr(x + 1));
-        } catch (const std::exception&) {
-          throw std::invalid_argument(std::string(flag) + " '" + s + "': expected SHARDxREPLICATE, e.g. 3x1");
-        }
-        if (shard < 1 || rep < 1) throw std::invalid_argument(std::string(flag) + " '" + s + "': both factors must be >= 1");
-      };
       parse_layout(*layout, "--layout", opts.dp_shard, opts.dp_replicate);
       if (!resume_layout->empty()) parse_layout(*resume_layout, "--resume-layout", opts.resume_dp_shard, opts.resume_dp_replicate);
       std::stringstream ss(*at);
@@ -394,9 +418,24 @@ void register_commands(CLI::App& app) {
     cfg->add(cmd);
     auto resolved = std::make_shared<bool>(false);
     cmd->add_flag("--resolved", *resolved, "Also print the fully resolved TOML");
+    auto layout = std::make_shared<std::string>();
+    auto where = std::make_shared<MemoryPlacement>();
+    cmd->add_option("--layout", *layout,
+                    "Print the per-rank peak memory by part at dp_shard x dp_replicate SxR (docs/memory.md)");
+    cmd->add_option("--ep", where->ep, "With --layout: expert parallelism (train --ep)")->check(CLI::Range(1, 65536));
+    cmd->add_option("--executor", where->executor, "With --layout: the executor (default: train.executor)")
+        ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
     cmd->callback([=] {
       const TrainConfig c = cfg->load();
       print_config_summary(c);
+      if (!layout->empty()) {
+        MemoryPlacement w = *where;
+        parse_layout(*layout, "--layout", w.dp_shard, w.dp_replicate);
+        BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate}.validate();
+        std::printf("%s", memory_table(c, w, predict_rank_memory(c, w)).c_str());
+      } else if (where->ep > 1 || !where->executor.empty()) {
+        throw std::invalid_argument("--ep and --executor describe a --layout: add --layout SxR (e.g. --layout 8x1)");
+      }
       if (*resolved) std::printf("\n%s\n", c.to_toml().c_str());
     });
   }

@@ -27,7 +27,11 @@ void Olmo3::idle_pass(const float* params) {
   unit(head, [] {});
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l)
     unit(static_cast<int>(l) + 1, [&] {
-      if (ep) ep_backward(params, layout_.blocks[static_cast<size_t>(l)], l, nullptr, nullptr, nullptr, nullptr, nullptr);
+      if (!ep) return;
+      const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
+      // Full activation checkpointing: the block's recomputed forward exchanges its rows again before backward.
+      if (checkpointing_ == ActivationCheckpointing::full) ep_forward(params, o, l, nullptr, nullptr, nullptr, nullptr);
+      ep_backward(params, o, l, nullptr, nullptr, nullptr, nullptr, nullptr);
     });
   ep_now_ = nullptr;
 }

@@ -168,13 +168,14 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   place_routing(A);
   if (expert_load_.size() != static_cast<size_t>(cfg_.n_layers * E))
     expert_load_.assign(static_cast<size_t>(cfg_.n_layers * E), 0);
-  for (int64_t x = 0; x < E; ++x) expert_load_[static_cast<size_t>(layer * E + x)] += A.plan.count(x);
+  // A recomputed forward (activation checkpointing) routes the same rows again: the first forward counted them.
+  for (int64_t x = 0; x < E && !recomputing_; ++x) expert_load_[static_cast<size_t>(layer * E + x)] += A.plan.count(x);
 
   // Auxiliary losses and the routing digest, per instance (docs/canonical/moe.md "Auxiliary losses").
   const double lb_coef = moe_lb_coef(), z_coef = moe_z_coef();
   const std::vector<int64_t> mb_counts =
       m.lb_granularity == MoELbGranularity::local_batch ? moe::counts(A.top.data(), 0, R, k, E) : std::vector<int64_t>{};
-  for (int64_t b = 0; b < n_inst; ++b) {
+  for (int64_t b = 0; b < n_inst && !recomputing_; ++b) {
     MoEInstance& mi = moe_inst_[static_cast<size_t>(b)];
     const int64_t r0 = b * T_, r1 = r0 + T_;
     if (m.lb_loss_weight > 0) {

@@ -72,9 +72,81 @@ void Olmo3::round_act(float* x, int64_t n) const {
   if (precision_ == Precision::bf16) ex_->round_bf16(x, n);
 }
 
-Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision, Executor* ex)
+ActivationCheckpointing parse_activation_checkpointing(const std::string& mode) {
+  if (mode == "none") return ActivationCheckpointing::none;
+  if (mode == "full") return ActivationCheckpointing::full;
+  throw std::invalid_argument("config key 'train.activation_checkpointing' is \"" + mode +
+                              "\"; it must be \"none\" (keep every block's activations) or \"full\" (keep each "
+                              "block's input and recompute the block in backward: same bits, less memory)");
+}
+
+namespace {
+
+// Every executor buffer of LayerActs but x: the block's work, one set under full checkpointing (bind_block_work).
+constexpr Buffer<float> LayerActs::*kBlockWork[] = {
+    &LayerActs::q_raw, &LayerActs::k_raw, &LayerActs::q_rms, &LayerActs::k_rms, &LayerActs::q,
+    &LayerActs::k, &LayerActs::v, &LayerActs::att, &LayerActs::att_max, &LayerActs::att_sum,
+    &LayerActs::ao, &LayerActs::ao_rms, &LayerActs::h, &LayerActs::g, &LayerActs::u,
+    &LayerActs::a, &LayerActs::f, &LayerActs::f_rms, &LayerActs::router_logits, &LayerActs::xg,
+    &LayerActs::eg, &LayerActs::eu, &LayerActs::ea, &LayerActs::ey, &LayerActs::sg,
+    &LayerActs::su, &LayerActs::sa, &LayerActs::sy, &LayerActs::weight_copy, &LayerActs::route_scores,
+    &LayerActs::route_lse};
+constexpr Buffer<int64_t> LayerActs::*kBlockWorkIndices[] = {&LayerActs::plan_row_of, &LayerActs::plan_position};
+constexpr Buffer<int32_t> LayerActs::*kBlockWorkChoices[] = {&LayerActs::route_top};
+
+// The block buffers (all of LayerActs' executor memory but x) for R rows; `at` names the block in allocation errors.
+void allocate_block_work(Executor& e, const ModelConfig& cfg, LayerActs& a, int64_t B, int64_t T, const std::string& at) {
+  const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
+  const int64_t stats = B * cfg.n_heads * T;
+  a.q_raw.reset(e, R * qd, "activation q_raw" + at);
+  a.k_raw.reset(e, R * kd, "activation k_raw" + at);
+  a.q_rms.reset(e, R, "activation q_rms" + at);
+  a.k_rms.reset(e, R, "activation k_rms" + at);
+  a.q.reset(e, R * qd, "activation q" + at);
+  a.k.reset(e, R * kd, "activation k" + at);
+  a.v.reset(e, R * kd, "activation v" + at);
+  a.att.reset(e, R * qd, "activation att" + at);
+  a.att_max.reset(e, stats, "attention row max" + at);
+  a.att_sum.reset(e, stats, "attention row sum" + at);
+  a.ao.reset(e, R * d, "activation ao" + at);
+  a.ao_rms.reset(e, R, "activation ao_rms" + at);
+  a.h.reset(e, R * d, "activation h" + at);
+  if (!cfg.moe.enabled()) {
+    a.g.reset(e, R * F, "activation g (gate)" + at);
+    a.u.reset(e, R * F, "activation u (up)" + at);
+    a.a.reset(e, R * F, "activation a (SwiGLU)" + at);
+  } else {
+    const int64_t E = cfg.moe.n_experts, k = cfg.moe.top_k, S = R * k, h = cfg.moe.hidden;
+    const int64_t Fs = cfg.moe.shared_hidden;
+    a.router_logits.reset(e, R * E, "router logits" + at);
+    a.xg.reset(e, S * d, "dispatched expert inputs" + at);
+    a.eg.reset(e, S * h, "expert gate" + at);
+    a.eu.reset(e, S * h, "expert up" + at);
+    a.ea.reset(e, S * h, "expert SwiGLU" + at);
+    a.ey.reset(e, S * d, "expert outputs" + at);
+    if (!e.host_memory()) {
+      a.plan_row_of.reset(e, S, "dispatch plan rows" + at);
+      a.plan_position.reset(e, S, "dispatch plan positions" + at);
+      a.weight_copy.reset(e, R * k, "expert weights" + at);
+    }
+    if (Fs > 0) {
+      a.sg.reset(e, R * Fs, "shared expert gate" + at);
+      a.su.reset(e, R * Fs, "shared expert up" + at);
+      a.sa.reset(e, R * Fs, "shared expert SwiGLU" + at);
+      a.sy.reset(e, R * d, "shared expert output" + at);
+    }
+  }
+  a.f.reset(e, R * d, "activation f" + at);
+  a.f_rms.reset(e, R, "activation f_rms" + at);
+}
+
+}  // namespace
+
+Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision, Executor* ex,
+             ActivationCheckpointing checkpointing)
     : cfg_(cfg),
       precision_(precision),
+      checkpointing_(checkpointing),
       own_ex_(ex ? nullptr : std::make_unique<CpuExecutor>()),
       ex_(ex ? ex : own_ex_.get()),
       layout_(cfg),
@@ -93,54 +165,15 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   rope_cos_.upload(table.cos.data(), rope_cos_.size());
   rope_sin_.upload(table.sin.data(), rope_sin_.size());
   rope_ = {T_, cfg_.head_dim, rope_cos_.data(), rope_sin_.data()};
-  const int64_t R = R_, d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim(), F = cfg_.ffn_hidden;
-  const int64_t stats = B_ * cfg_.n_heads * T_;
+  const int64_t R = R_, d = cfg_.d_model;
   if (!e.host_memory()) tokens_.reset(e, R, "tokens of a micro-batch");
   acts_.resize(static_cast<size_t>(cfg_.n_layers));
   for (size_t l = 0; l < acts_.size(); ++l) {
-    LayerActs& a = acts_[l];
     const std::string at = " of block " + std::to_string(l);
-    a.x.reset(e, R * d, "activation x" + at);
-    a.q_raw.reset(e, R * qd, "activation q_raw" + at);
-    a.k_raw.reset(e, R * kd, "activation k_raw" + at);
-    a.q_rms.reset(e, R, "activation q_rms" + at);
-    a.k_rms.reset(e, R, "activation k_rms" + at);
-    a.q.reset(e, R * qd, "activation q" + at);
-    a.k.reset(e, R * kd, "activation k" + at);
-    a.v.reset(e, R * kd, "activation v" + at);
-    a.att.reset(e, R * qd, "activation att" + at);
-    a.att_max.reset(e, stats, "attention row max" + at);
-    a.att_sum.reset(e, stats, "attention row sum" + at);
-    a.ao.reset(e, R * d, "activation ao" + at);
-    a.ao_rms.reset(e, R, "activation ao_rms" + at);
-    a.h.reset(e, R * d, "activation h" + at);
-    if (!cfg_.moe.enabled()) {
-      a.g.reset(e, R * F, "activation g (gate)" + at);
-      a.u.reset(e, R * F, "activation u (up)" + at);
-      a.a.reset(e, R * F, "activation a (SwiGLU)" + at);
-    } else {
-      const int64_t E = cfg_.moe.n_experts, k = cfg_.moe.top_k, S = R * k, h = cfg_.moe.hidden;
-      const int64_t Fs = cfg_.moe.shared_hidden;
-      a.router_logits.reset(e, R * E, "router logits" + at);
-      a.xg.reset(e, S * d, "dispatched expert inputs" + at);
-      a.eg.reset(e, S * h, "expert gate" + at);
-      a.eu.reset(e, S * h, "expert up" + at);
-      a.ea.reset(e, S * h, "expert SwiGLU" + at);
-      a.ey.reset(e, S * d, "expert outputs" + at);
-      if (!e.host_memory()) {
-        a.plan_row_of.reset(e, S, "dispatch plan rows" + at);
-        a.plan_position.reset(e, S, "dispatch plan positions" + at);
-        a.weight_copy.reset(e, R * k, "expert weights" + at);
-      }
-      if (Fs > 0) {
-        a.sg.reset(e, R * Fs, "shared expert gate" + at);
-        a.su.reset(e, R * Fs, "shared expert up" + at);
-        a.sa.reset(e, R * Fs, "shared expert SwiGLU" + at);
-        a.sy.reset(e, R * d, "shared expert output" + at);
-      }
-    }
-    a.f.reset(e, R * d, "activation f" + at);
-    a.f_rms.reset(e, R, "activation f_rms" + at);
+    acts_[l].x.reset(e, R * d, "activation x" + at);
+    if (checkpointing_ == ActivationCheckpointing::none || l == 0)
+      allocate_block_work(e, cfg_, acts_[l], B_, T_,
+                          checkpointing_ == ActivationCheckpointing::none ? at : " (every block's, recomputed)");
   }
   x_final_.reset(e, R * d, "final block output");
   final_rms_.reset(e, R, "final norm statistics");
@@ -148,10 +181,20 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   logits_.reset(e, R * cfg_.vocab_size, "logits [micro-batch tokens, vocabulary]");
 }
 
-int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch) {
+void Olmo3::bind_block_work(int64_t layer) {
+  if (checkpointing_ == ActivationCheckpointing::none || work_at_ == layer) return;
+  LayerActs &from = acts_[static_cast<size_t>(work_at_)], &to = acts_[static_cast<size_t>(layer)];
+  for (const auto member : kBlockWork) to.*member = std::move(from.*member);
+  for (const auto member : kBlockWorkIndices) to.*member = std::move(from.*member);
+  for (const auto member : kBlockWorkChoices) to.*member = std::move(from.*member);
+  work_at_ = layer;
+}
+
+ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch,
+                         ActivationCheckpointing checkpointing) {
   const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
-  const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T;
-  // Per layer: x, ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
+  const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T, f32 = sizeof(float);
+  // Per block: ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
   int64_t ffn = 3 * R * F, ffn_bw = 2 * R * F;
   if (cfg.moe.enabled()) {
     // Router logits [R, E]; dispatched inputs and outputs [S, d]; the experts' g, u, a [S, h]; the shared expert's
@@ -159,14 +202,27 @@ int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precisi
     const int64_t E = cfg.moe.n_experts, S = R * cfg.moe.top_k, h = cfg.moe.hidden, Fs = cfg.moe.shared_hidden;
     ffn = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 3 * R * Fs + R * d : 0);
     ffn_bw = R * E + 2 * S * d + 3 * S * h + (Fs > 0 ? 2 * R * d + 2 * R * Fs : 0);
-    if (kernel_scratch) ffn += 5 * S;  // the plan's two int64 arrays and the weights [S] on a device executor
+    // On a device executor: the plan's two int64 arrays and the weights [S]; the routing's scores [R, E], lse [R] and
+    // choices [S] (int32).
+    if (kernel_scratch) ffn += 5 * S + R * E + R + S;
   }
-  const int64_t per_layer = R * (4 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;
-  int64_t floats = cfg.n_layers * per_layer + R * (2 * d + 1) + R * V + T * cfg.head_dim;  // + x_final, hn, logits
-  floats += R * (4 * d + 3 * qd + 3 * kd) + ffn_bw;  // backward temporaries: dx, dhn, df, dao; datt, dq, dq_raw; dk, dk_raw, dv
-  if (precision == Precision::bf16) floats += ParamLayout(cfg).total;
-  if (kernel_scratch) floats += 2 * stats * T + 2 * stats * cfg.head_dim;  // attention P, dS, per-head dk/dv
-  return floats * static_cast<int64_t>(sizeof(float)) + R * 24;  // + tokens and the loss's fp64 row terms
+  const int64_t block_work = R * (3 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;  // all but the input x [R, d]
+  const int64_t kept_blocks = checkpointing == ActivationCheckpointing::full ? std::min<int64_t>(1, cfg.n_layers)
+                                                                             : cfg.n_layers;
+  ModelMemory m;
+  m.activations = f32 * (cfg.n_layers * R * d + kept_blocks * block_work);
+  // dx, dhn, df, dao [R, d]; datt, dq, dq_raw [R, qd]; dk, dk_raw, dv [R, kd]; the feed-forward's
+  m.backward = f32 * (R * (4 * d + 3 * qd + 3 * kd) + ffn_bw);
+  m.logits = f32 * (R * (2 * d + 1) + R * V);  // x_final, hn [R, d], final_rms [R], logits [R, V]
+  m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
+  if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
+  if (kernel_scratch) m.kernel_scratch = f32 * (2 * stats * T + 2 * stats * cfg.head_dim);  // P, dS, per-head dk/dv
+  return m;
+}
+
+int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch,
+                           ActivationCheckpointing checkpointing) {
+  return olmo3_memory(cfg, B, T, precision, kernel_scratch, checkpointing).total();
 }
 
 void Olmo3::set_z_loss(double z_loss) {
@@ -187,29 +243,36 @@ const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, T
   return tokens_.data();
 }
 
+void Olmo3::block_forward(const float* params, int64_t l, int64_t n_inst) {
+  bind_block_work(l);
+  LayerActs& A = acts_[static_cast<size_t>(l)];
+  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
+  const int64_t R = n_inst * T_;
+  attention_forward(params, A, o, l, n_inst);  // h [R, d] = x + RMSNorm(Attn(x))
+  if (cfg_.moe.enabled())
+    moe_forward(params, A, o, n_inst);  // f [R, d] = MoE(h)
+  else
+    dense_ffn_forward(params, A, o, n_inst);  // f [R, d] = SwiGLU(h)
+  float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
+  // next [R, d] = h [R, d] + RMSNorm(f [R, d]), the normed value and the sum each rounded in bf16. A recompute writes
+  // next again with the same bits; backward has read it already (the next block's x, or x_final).
+  ex_->rmsnorm_residual_forward(A.h.data(), A.f.data(), params + o.ffn_norm, next, A.f_rms.data(), R, cfg_.d_model,
+                                cfg_.norm_eps, precision_ == Precision::bf16);
+}
+
 void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst) {
   Executor& e = *ex_;
   if (cfg_.moe.enabled()) moe_inst_.assign(static_cast<size_t>(n_inst), MoEInstance{});
   const int64_t R = n_inst * T_;
   const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
   const float eps = cfg_.norm_eps;
-  const bool bf16 = precision_ == Precision::bf16;
   use_unit(master_, 0);
   // x [R, d] = embeddings [V, d] at tokens [R]
   e.embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R, d);
   drop_unit(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    LayerActs& A = acts_[static_cast<size_t>(l)];
-    const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
     use_unit(master_, static_cast<int>(l) + 1);
-    attention_forward(params, A, o, l, n_inst);  // h [R, d] = x + RMSNorm(Attn(x))
-    if (cfg_.moe.enabled())
-      moe_forward(params, A, o, n_inst);  // f [R, d] = MoE(h)
-    else
-      dense_ffn_forward(params, A, o, n_inst);  // f [R, d] = SwiGLU(h)
-    float* next = l + 1 < cfg_.n_layers ? acts_[static_cast<size_t>(l + 1)].x.data() : x_final_.data();
-    // next [R, d] = h [R, d] + RMSNorm(f [R, d]), the normed value and the sum each rounded in bf16
-    e.rmsnorm_residual_forward(A.h.data(), A.f.data(), params + o.ffn_norm, next, A.f_rms.data(), R, d, eps, bf16);
+    block_forward(params, l, n_inst);
     drop_unit(static_cast<int>(l) + 1);
   }
   use_unit(master_, n_units() - 1);
@@ -294,6 +357,11 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
     LayerActs& A = acts_[static_cast<size_t>(l)];
     const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
     use_unit(master_, static_cast<int>(l) + 1);  // gathered again for backward, as FSDP does
+    if (checkpointing_ == ActivationCheckpointing::full) {
+      recomputing_ = true;
+      block_forward(params, l, n_inst);  // A's activations again, the same bits as forward's
+      recomputing_ = false;
+    }
     // out = h + RMSNorm(f): ∂h = dx (kept in dx, accumulated into below), ∂f [R, d] via the norm.
     instance_norm_grads(grads, n_inst, o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), bw_.dx.data(),
                         bw_.df.data(), d);

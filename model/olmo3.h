@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,7 +33,9 @@ struct MoERouteTensors {
   float* weight = nullptr;
 };
 
-// Activations kept from forward for backward, sized for one micro-batch shape (B instances × T).
+// Activations kept from forward for backward, sized for one micro-batch shape (B instances × T). Under full
+// activation checkpointing only x is every block's own; the executor buffers after it are one set that moves from
+// block to block (kBlockWork in model/olmo3.cpp lists them: a new executor buffer here belongs in that list).
 struct LayerActs {
   Buffer<float> x;                 // [R, d]   block input
   Buffer<float> q_raw, k_raw;      // [R, qd], [R, kd]  projections before QK-norm
@@ -135,11 +138,28 @@ class ExpertExchange {
                          const std::vector<int64_t>& recv_counts) = 0;
 };
 
-// Bytes a model of this shape allocates on its executor: activations, backward temporaries, logits, RoPE tables,
-// the bf16 working copy and, with kernel_scratch, the CUDA kernels' largest scratch (attention's [B·H·T, T]
-// buffers). Mirrors the constructor and forward_backward; used to refuse a run before it allocates anything.
+// OLMo-core's activation_checkpointing mode (train.activation_checkpointing). none: backward reads every block's
+// activations as forward left them. full: forward keeps each block's input x [R, d] only, and each block's backward
+// first runs the block's forward again with the same ops on the same x, so every bit of every gradient is the same;
+// the other activations are one set of buffers that every block reuses (L times less activation memory).
+enum class ActivationCheckpointing { none, full };
+// "none" | "full"; anything else throws std::invalid_argument naming train.activation_checkpointing.
+ActivationCheckpointing parse_activation_checkpointing(const std::string& mode);
+
+// Bytes a model of this shape allocates on its executor, by part (docs/memory.md). Mirrors the constructor and
+// forward_backward; used to refuse a run before it allocates anything.
+struct ModelMemory {
+  int64_t activations = 0;  // the blocks' activations kept for backward (full: the inputs plus one block's set)
+  int64_t backward = 0;     // the backward's gradient temporaries
+  int64_t logits = 0;       // the head: final norm input and output [R, d] and the logits [R, V]
+  int64_t working = 0;      // RoPE tables, tokens, the loss's row terms and (bf16) the working copy of the weights
+  int64_t kernel_scratch = 0;  // the CUDA kernels' largest scratch: attention's [B·H·T, T] buffers
+  int64_t total() const { return activations + backward + logits + working + kernel_scratch; }
+};
+ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
+                         bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
-                           bool kernel_scratch);
+                           bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
 
 class Olmo3 {
  public:
@@ -148,8 +168,9 @@ class Olmo3 {
   // and `grad` receives the bf16-valued parameter gradients of this micro-batch (the caller sums them in fp32).
   // ex: the executor every op runs on; nullptr: a CPU executor of the model's own, using the ThreadPool each
   // call passes (`pool` is ignored with any other executor).
+  // checkpointing: what forward keeps for backward (ActivationCheckpointing); never changes a bit.
   Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32,
-        Executor* ex = nullptr);
+        Executor* ex = nullptr, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
   Executor& executor() { return *ex_; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -158,6 +179,7 @@ class Olmo3 {
   // callers that have no training config get Olmo 3's 1e-5; every caller that has one must pass its value.
   void set_z_loss(double z_loss);
   float z_loss() const { return z_loss_; }
+  ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
@@ -213,6 +235,11 @@ class Olmo3 {
   // Points the model's CPU executor at this call's threads; returns the tokens in executor memory.
   const uint32_t* begin_call(const uint32_t* host_tokens, int64_t n_instances, ThreadPool* pool);
   void forward(const float* params, const uint32_t* tokens, int64_t n_instances);
+  // Block l from its input acts_[l].x [R, d] to the next block's input (x_final_ after the last), its activations
+  // in acts_[l]; forward and, under full checkpointing, backward's recompute run this same code.
+  void block_forward(const float* params, int64_t layer, int64_t n_instances);
+  // Full checkpointing: moves the one set of block buffers to acts_[layer] (kBlockWork); none: nothing to do.
+  void bind_block_work(int64_t layer);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params);
   void use_unit(const float* master, int unit);  // acquire (+ the bf16 copy of the unit)
@@ -283,6 +310,11 @@ class Olmo3 {
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
   float z_loss_ = 1e-5f;  // the op takes fp32; (float)1e-5 is 1e-5f, so the default's bits are those of old
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::none;
+  int64_t work_at_ = 0;       // full checkpointing: the block whose acts_ entry holds the block buffers now
+  // True while backward recomputes a block's forward: what forward counts once per step (the expert load, the
+  // auxiliary losses, the routing digest) was counted by the first forward (model/moe_block.cpp).
+  bool recomputing_ = false;
   std::unique_ptr<CpuExecutor> own_ex_;  // when no executor was given
   Executor* ex_;
   Buffer<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)

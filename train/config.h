@@ -21,6 +21,9 @@ struct TrainLoopConfig {
   double z_loss = 1e-5;
   std::string precision = "fp32";      // fp32, or bf16 (the Olmo 3 recipe: docs/canonical/bf16.md)
   std::string executor = "cpu";        // cpu | cuda | cuda-host (core/executor.h); every one gives the same bits
+  // OLMo-core's name: "none", or "full" (each block's forward again in its backward; model/olmo3.h
+  // ActivationCheckpointing). Same bits either way, so a resume may change it.
+  std::string activation_checkpointing = "none";
   int64_t log_every = 1;
 };
 

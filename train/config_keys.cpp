@@ -373,6 +373,17 @@ const std::vector<Key>& keys() {
                     ? ""
                     : "must be \"cpu\", \"cuda\" (the GPU) or \"cuda-host\" (the CUDA kernels executed on the host: a slow check)";
        }},
+      // Never changes a bit (the recompute runs the same ops on the same inputs): hashed at its default, and written
+      // only when set, so the resolved text and both hashes of every config without it stay as they were and a
+      // checkpoint written before the key existed (or with the other mode) resumes.
+      {"train", "activation_checkpointing", field([](auto& c) -> auto& { return c.train.activation_checkpointing; }),
+       Written::unless_default, Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
+         const std::string& m = c.train.activation_checkpointing;
+         return m == "none" || m == "full"
+                    ? ""
+                    : "is \"" + m + "\"; it must be \"none\" (keep every block's activations) or \"full\" (keep each "
+                      "block's input and recompute the block in backward: same bits, less memory)";
+       }},
       {"train", "log_every", field([](auto& c) -> auto& { return c.train.log_every; }), Written::always,
        Resume::neutral, nullptr, [](const TrainConfig& c) -> Why { return c.train.log_every > 0 ? "" : "must be > 0"; }},
 

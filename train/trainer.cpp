@@ -21,63 +21,28 @@
 #include "model/init.h"
 #include "model/profiled_executor.h"
 #include "train/manifest.h"
+#include "train/memory_model.h"
 
 namespace olmoref {
 
-namespace {
-
-std::string gib(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-  return b;
-}
-
-// Every expert's rows of each MoE weight tensor (w1, w2, w3: [E·h, d] per layer).
-std::vector<dist::ExpertSpan> expert_spans(const ParamLayout& layout, const ModelConfig& m) {
-  std::vector<dist::ExpertSpan> out;
-  if (!m.moe.enabled()) return out;
-  const int64_t per = m.moe.hidden * m.d_model;
-  for (const BlockOffsets& o : layout.blocks)
-    for (const int64_t w : {o.moe_w1, o.moe_w2, o.moe_w3})
-      if (w >= 0)
-        for (int64_t e = 0; e < m.moe.n_experts; ++e) out.push_back({w + e * per, w + (e + 1) * per, e});
-  return out;
-}
-
-}  // namespace
-
-// The state, the instance tree's slots and the model's buffers, estimated before any of them is allocated: a run
-// that does not fit is refused saying how much it needs.
+// The fullest rank's peak by the one memory model (train/memory_model.h), before any buffer is allocated: a run
+// that does not fit is refused naming its largest part and what would fit.
 void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex) {
-  cfg.validate();  // the estimate below assumes a valid shape
-  const double n = static_cast<double>(cfg.model.n_params()), shard = std::ceil(n / std::max(1, par.dp_shard));
-  const double N = static_cast<double>(cfg.train.global_batch_instances);
-  const double slots = std::ceil(std::log2(std::max(1.0, N))) + 1;
-  // Parameters and moments: under expert-resident state (host memory) only what the fullest rank holds.
-  double held = shard;
-  const int world = par.dp_shard * par.dp_replicate;
-  if (par.ep > 1 && cfg.model.moe.enabled() && ex.host_memory() && world % par.ep == 0 &&
-      par.ep <= cfg.model.moe.n_experts) {
-    dist::Layout L;
-    L.dp_shard = par.dp_shard, L.dp_replicate = par.dp_replicate, L.total = cfg.model.n_params();
-    const dist::StatePlacement P(L, par.ep, cfg.model.moe.n_experts, expert_spans(ParamLayout(cfg.model), cfg.model));
-    held = 0;
-    for (int r = 0; r < world; ++r) held = std::max(held, static_cast<double>(P.held_floats(r)));
-  }
-  const double state = 4.0 * (3 * held + shard), tree = slots * n * 4;
-  const double view = par.dp_shard > 1 ? n * 4 : 0;  // the gathered units
-  const double model = static_cast<double>(olmo3_memory_bytes(cfg.model, cfg.train.micro_batch_instances,
-                                                               cfg.train.seq_len, parse_precision(cfg.train.precision),
-                                                               cfg.train.executor != "cpu"));
-  const double need = state + tree + view + model;
+  const MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
+  const RankMemory need = predict_rank_memory(cfg, where);
   const int64_t have = ex.memory_available();
-  if (have >= 0 && need > static_cast<double>(have))
-    throw std::runtime_error(
-        "this run needs about " + gib(need) + " of " + (cfg.train.executor == "cuda" ? "GPU" : "host") + " memory (" +
-        gib(state) + " parameters, gradient shard and AdamW moments; " + gib(tree) + " instance tree, " +
-        std::to_string(static_cast<int>(slots)) + " full gradients; " + gib(model) + " activations and logits" +
-        (view > 0 ? "; " + gib(view) + " FSDP parameter view" : "") + ") but " + gib(static_cast<double>(have)) +
-        " is available; use a smaller model or train.micro_batch_instances, or more ranks (dp_shard)");
+  if (have < 0 || need.peak() <= have) return;
+  const MemoryPart& big = need.largest();
+  const std::string fits = memory_alternatives(cfg, where, have);
+  throw std::runtime_error(
+      "this run needs about " + gib_text(static_cast<double>(need.peak())) + " of " + (need.device ? "GPU" : "host") +
+      " memory per rank but " + gib_text(static_cast<double>(have)) + " is available; the largest part is the " +
+      big.name + " (" + gib_text(static_cast<double>(big.bytes)) + ": " + big.why + "). " +
+      (fits.empty() ? "No smaller micro-batch, recompute or larger dp_shard fits: use a smaller model or a larger device"
+                    : "These would fit: " + fits) +
+      ". Every part: olmoref config --config FILE --layout " + std::to_string(par.dp_shard) + "x" +
+      std::to_string(par.dp_replicate) + (par.ep > 1 ? " --ep " + std::to_string(par.ep) : "") + " --executor " +
+      cfg.train.executor);
 }
 
 namespace {
@@ -110,7 +75,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       pool_(threads),
       ex_(make_fitting_executor(cfg, par, &pool_)),
       model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
-             ex_.get()),
+             ex_.get(), parse_activation_checkpointing(cfg.train.activation_checkpointing)),
       source_(std::move(source)),
       par_(par),
       comm_(par.comm ? par.comm : &dist::world()),

@@ -7,10 +7,7 @@
 # all-reduce) break the invariance; a rank that dies or hangs ends the job quickly, naming the rank, and
 # leaves no checkpoint marked complete.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# Loopback only, no high-speed transports to probe: quicker start-up and quieter logs.
-export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-MPIRUN=(mpirun --oversubscribe --bind-to none)
+source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 9 120000
 # 12 instances per step in 6 micro-batches of 2: runs of micro-batches differ between ranks at 4 and 5 ranks,
 # and instance ranges are not whole subtrees of the instance tree at 3, 4, 5 and 6 ranks.

@@ -13,6 +13,7 @@
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/eval.h"
+#include "train/memory_model.h"
 
 using namespace olmoref;
 
@@ -59,6 +60,24 @@ TEST_CASE("shipped configs parse, validate and report the published sizes") {
   CHECK(c14.model.n_params() == 26740864LL);
   CHECK(c14.model.ffn_hidden == 512);
   for (const char* name : {"tiny", "small", "parity"}) load_config(root() + "/configs/" + name + ".toml");
+  // The real shapes recompute each block in backward (docs/memory.md).
+  CHECK(c7.train.activation_checkpointing == "full");
+  CHECK(c32.train.activation_checkpointing == "full");
+}
+
+TEST_CASE("train.activation_checkpointing takes none or full; anything else names the key and both values") {
+  CHECK(parse_config_text(kValid, "t").train.activation_checkpointing == "none");
+  CHECK(parse_config_text(kValid, "t", {"train.activation_checkpointing=full"}).train.activation_checkpointing == "full");
+  try {
+    parse_config_text(kValid, "run.toml", {"train.activation_checkpointing=selected"});
+    FAIL("accepted activation_checkpointing = selected");
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    CHECK_MESSAGE(msg.find("run.toml") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("train.activation_checkpointing") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("\"none\"") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("\"full\"") != std::string::npos, msg);
+  }
 }
 
 TEST_CASE("sliding-window pattern: [w, w, w, full], last layer always full") {
@@ -136,13 +155,13 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       "schedule.warmup_min_lr=1e-6", "schedule.decay=100", "schedule.decay_min_lr=1e-7",
       "data.max_target_sequence_length=256", "data.mix_base_dir=/corpus", "data.mix_tokenizer=dolma2",
       "data.pad_id=1", "data.bos_id=2", "data.olmo_core_state=/ckpt/step10", "data.audit=true",
-      "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+      "train.activation_checkpointing=full", "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
   const TrainConfig a = load_config(tiny, all_set);
   const TrainConfig b = parse_config_text(a.to_toml(), "resolved");
   CHECK(b.to_toml() == a.to_toml());
   CHECK(b.resume_hash() == a.resume_hash());
   CHECK(b.model_hash() == a.model_hash());
-  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "decay = 100", "pad_id = 1",
+  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "activation_checkpointing = 'full'", "decay = 100", "pad_id = 1",
                           "olmo_core_state", "hf_sha256", "step_increment_bugfix = false"})
     CHECK_MESSAGE(a.to_toml().find(key) != std::string::npos, key);
 
@@ -155,8 +174,11 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       tiny, {"data.audit=true", "checkpoint.interval=7", "checkpoint.keep_last=1", "train.log_every=5",
              "train.micro_batch_instances=1", "train.executor=cuda-host", "model.name=other",
              "data.mix_base_dir=/elsewhere", "data.pad_id=3", "data.holdout_files=[\"h.npy\"]", "eval.interval=5",
-             "eval.fresh_files=[\"f.npy\"]", "eval.alpha=0.05", "init.hf_dir=/hf"});
+             "eval.fresh_files=[\"f.npy\"]", "eval.alpha=0.05", "init.hf_dir=/hf",
+             "train.activation_checkpointing=full"});
   CHECK(neutral.resume_hash() == base.resume_hash());
+  // Left at its default it is not written: the resolved text of every config without it is what it was.
+  CHECK(load_config(tiny, {"train.activation_checkpointing=none"}).to_toml() == base.to_toml());
   for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16"})
     CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
 }
@@ -265,4 +287,31 @@ TEST_CASE("errors about a config found after it was read still name its file") {
   } catch (const std::invalid_argument& e) {
     CHECK(std::string(e.what()).find("run.toml: config key 'eval.instances'") == 0);
   }
+}
+
+TEST_CASE("the memory model: recompute, ranks and the alternatives it offers come from the same function") {
+  const TrainConfig c7 = load_config(root() + "/configs/olmo3-7b.toml");
+  auto part = [](const RankMemory& m, const std::string& name) {
+    for (const MemoryPart& p : m.parts)
+      if (p.name == name) return p.bytes;
+    return int64_t{0};
+  };
+  const MemoryPlacement gpu8{8, 1, 1, "cuda"};
+  TrainConfig none = c7;
+  none.train.activation_checkpointing = "none";
+  const RankMemory full_8 = predict_rank_memory(c7, gpu8), none_8 = predict_rank_memory(none, gpu8);
+  CHECK(full_8.device);
+  // 32 blocks: none keeps 32 block sets, full the 32 inputs and one set.
+  CHECK(part(none_8, "activations") > 10 * part(full_8, "activations"));
+  CHECK(part(full_8, "gradient stack") == part(none_8, "gradient stack"));
+  // The state falls as 1/dp_shard; the stack keeps full-length slots (7 at 8x1: 64 instances per rank).
+  const RankMemory full_64 = predict_rank_memory(c7, {64, 1, 1, "cuda"});
+  CHECK(part(full_64, "parameters") * 8 <= part(full_8, "parameters") + 65536 * 4 * 8);
+  CHECK(part(full_8, "gradient stack") == 7 * c7.model.n_params() * 4);
+  CHECK(full_8.largest().name == "gradient stack");
+  // What would fit a budget between the two: recompute, named with its peak.
+  const int64_t budget = (full_8.peak() + none_8.peak()) / 2;
+  const std::string fits = memory_alternatives(none, gpu8, budget);
+  CHECK_MESSAGE(fits.find("train.activation_checkpointing=\"full\"") != std::string::npos, fits);
+  CHECK(memory_alternatives(none, gpu8, 1 << 20).empty());  // 1 MiB: nothing does
 }

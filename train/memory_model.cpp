@@ -1,0 +1,265 @@
+// train/memory_model.cpp — the per-rank peak, part by part, from the shapes alone (no buffer is allocated). Each
+// part names the code that allocates it; docs/memory.md says how each grows. The parts coexist at the peak (the
+// last backward of a step: the state, the tree's slots, the model's buffers and one FSDP unit), except the two
+// transients, which never overlap: an FSDP unit's gather (during forward and backward) and the received subtrees
+// of the gradient exchange (after them); the peak takes the larger.
+#include "train/memory_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include "core/bf16.h"
+#include "core/instance_tree.h"
+#include "core/params.h"
+#include "dist/expert_placement.h"
+#include "dist/layout.h"
+#include "model/olmo3.h"
+
+namespace olmoref {
+
+std::string gib_text(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return b;
+}
+
+int64_t RankMemory::peak() const {
+  int64_t n = 0;
+  for (const MemoryPart& p : parts) n += p.bytes;
+  return n;
+}
+
+const MemoryPart& RankMemory::largest() const {
+  return *std::max_element(parts.begin(), parts.end(),
+                           [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
+}
+
+std::vector<dist::ExpertSpan> expert_spans(const ParamLayout& layout, const ModelConfig& m) {
+  std::vector<dist::ExpertSpan> out;
+  if (!m.moe.enabled()) return out;
+  const int64_t per = m.moe.hidden * m.d_model;
+  for (const BlockOffsets& o : layout.blocks)
+    for (const int64_t w : {o.moe_w1, o.moe_w2, o.moe_w3})
+      if (w >= 0)
+        for (int64_t e = 0; e < m.moe.n_experts; ++e) out.push_back({w + e * per, w + (e + 1) * per, e});
+  return out;
+}
+
+namespace {
+
+constexpr int64_t kF32 = sizeof(float);
+
+// The FSDP units [begin, end) of the flat vector (Olmo3::unit_range): embedding, each block, the head.
+std::vector<std::pair<int64_t, int64_t>> fsdp_units(const ModelConfig& m, const ParamLayout& layout) {
+  const int64_t d = m.d_model, V = m.vocab_size;
+  std::vector<std::pair<int64_t, int64_t>> units = {{layout.embeddings, layout.embeddings + V * d}};
+  for (const BlockOffsets& o : layout.blocks) units.push_back({o.w_q, o.ffn_norm + d});
+  units.push_back({layout.final_norm, layout.lm_head + V * d});
+  return units;
+}
+
+// What one rank holds at its peak; the fullest rank is the table's.
+struct RankParts {
+  int64_t state_floats = 0, shard_floats = 0;  // parameters (and each moment) held; the gradient shard
+  int slots = 0;                                // instance-tree slots at the same time (GradientTree)
+  int64_t send_floats = 0, recv_floats = 0;     // the gradient all-to-all's blocks
+  int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
+};
+
+RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
+                     const std::vector<std::pair<int64_t, int64_t>>& units) {
+  RankParts p;
+  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world()};
+  const int64_t N = split.global_instances, stride = L.shard_stride();
+  const int W = L.world(), S = L.dp_shard;
+  p.shard_floats = L.hi() - L.lo();
+  // Device executors allocate the whole range; host memory takes pages only for what the rank holds.
+  p.state_floats = host_state ? P.held_floats(L.rank) : p.shard_floats;
+  const auto [i0, i1] = split.instances_of_rank(L.rank);
+  TreePlan plan = W == 1 ? TreePlan(N) : TreePlan(N, i0, i1);
+  for (int64_t i = i0; i < i1; ++i) plan.feed_leaf(i);
+  p.slots = plan.peak_slots();
+  if (W > 1) {
+    p.send_floats = static_cast<int64_t>(maximal_subtrees(N, i0, i1).size()) * stride * W;
+    for (int j = 0; j < W; ++j) {
+      const auto [a, b] = split.instances_of_rank(j);
+      p.recv_floats += static_cast<int64_t>(maximal_subtrees(N, a, b).size()) * stride;
+    }
+  }
+  if (S > 1)
+    for (const auto& [a, b] : units) {
+      // dist::UnitGather::acquire: my part of the unit for each of the S ranks, the whole unit received, and the
+      // unit's pages in the view.
+      const int64_t mine = std::max<int64_t>(0, std::min(b, L.hi()) - std::max(a, L.lo()));
+      p.unit_floats = std::max(p.unit_floats, b - a);
+      p.gather_floats = std::max(p.gather_floats, S * mine + (b - a));
+    }
+  return p;
+}
+
+// The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
+// first of them. `rank` receives its index.
+RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::StatePlacement& P, bool host_state,
+                       const std::vector<std::pair<int64_t, int64_t>>& units, int& rank) {
+  RankParts fullest;
+  int64_t fullest_floats = -1;
+  for (int r = 0; r < L.world(); ++r) {
+    L.rank = r;
+    const RankParts p = rank_parts(cfg, L, P, host_state, units);
+    const int64_t floats = 3 * p.state_floats + p.shard_floats + p.slots * L.total + p.send_floats +
+                           std::max(p.recv_floats, p.gather_floats) + p.unit_floats;
+    if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
+  }
+  return fullest;
+}
+
+}  // namespace
+
+RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& where) {
+  cfg.validate();
+  const std::string exec = where.executor.empty() ? cfg.train.executor : where.executor;
+  if (exec != "cpu" && exec != "cuda" && exec != "cuda-host")
+    throw std::invalid_argument("--executor '" + exec + "': must be cpu, cuda or cuda-host");
+  if (where.dp_shard < 1 || where.dp_replicate < 1 || where.ep < 1)
+    throw std::invalid_argument("--layout and --ep: every factor must be >= 1");
+  const ModelConfig& m = cfg.model;
+  const bool gpu = exec == "cuda", device_paths = exec != "cpu";
+  const ParamLayout layout(m);
+  const int64_t n = layout.total, T = cfg.train.seq_len;
+  const int64_t B = cfg.train.micro_batch_instances, R = B * T;
+  dist::Layout L;
+  L.dp_shard = where.dp_shard, L.dp_replicate = where.dp_replicate, L.total = n;
+  const int W = L.world();
+  // An EP group the trainer would refuse (it says why) is taken as none here.
+  const bool ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts;
+  const dist::StatePlacement P(L, ep ? where.ep : 1, m.moe.enabled() ? m.moe.n_experts : 0, expert_spans(layout, m));
+  const auto units = fsdp_units(m, layout);
+
+  RankMemory out;
+  out.device = gpu;
+  const RankParts fullest = fullest_rank(cfg, L, P, !device_paths, units, out.rank);
+  const ActivationCheckpointing ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
+  const ModelMemory mm = olmo3_memory(m, B, T, parse_precision(cfg.train.precision), device_paths, ac);
+  const std::string recompute = ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
+                                                                    : "every block's set (recompute off)";
+  auto add = [&](const std::string& name, int64_t bytes, const std::string& why) {
+    if (bytes > 0) out.parts.push_back({name, bytes, why});
+  };
+  const RankParts& p = fullest;
+  const std::string held = ep && !device_paths ? " (of the experts, those its group runs)" : "";
+  add("parameters", kF32 * p.state_floats, "fp32 master shard: params / dp_shard" + held);
+  add("AdamW moments", 2 * kF32 * p.state_floats, "m and v, like the parameters");
+  add("gradient shard", kF32 * p.shard_floats, "the reduced gradient: params / dp_shard");
+  add("gradient stack", kF32 * p.slots * n,
+      std::to_string(p.slots) + " full-length instance-tree slots (<= ceil(log2 N) + 1, any layout)");
+  if (!gpu)
+    add("subtree send blocks", kF32 * p.send_floats, "finished subtrees on every rank's shard: k x params / dp_shard x world");
+  if (L.dp_shard > 1) {
+    if (device_paths) add("FSDP parameter view", kF32 * n, "the whole vector on the device, units copied in");
+    if (!gpu) add("FSDP unit pages", kF32 * p.unit_floats, "the gathered unit in the host view (largest unit)");
+  }
+  add("activations", mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
+  add("backward temporaries", mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
+  add("logits", mm.logits, "[R, V] and the final norm's [R, d]; x micro-batch x seq");
+  add("working copies", mm.working,
+      "RoPE tables, tokens, loss rows" + std::string(cfg.train.precision == "bf16" ? ", the bf16 weights" : ""));
+  add("kernel scratch", mm.kernel_scratch, "attention's [B·H·T, T] P and dS: x micro-batch x seq^2");
+  if (m.moe.enabled()) {
+    const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;
+    // LayerActs' host routing of every layer (scores [R, E], lse [R], top and weight [R, k], the plan [S] x 2).
+    if (!gpu)
+      add("MoE routing (host)", m.n_layers * (kF32 * R * (E + 1 + 2 * k) + 16 * S), "per layer: scores, choices, plan");
+    // Olmo3::OwnedExperts: the owned experts' gate and up for every layer, for balanced routing (S rows per rank).
+    if (ep)
+      add("expert owner buffers", m.n_layers * 2 * kF32 * S * m.moe.hidden,
+          "per layer: the owned experts' gate and up (balanced routing)");
+  }
+  if (!gpu && cfg.eval.interval > 0)
+    add("evaluation model",
+        olmo3_memory_bytes(m, 1, T, parse_precision(cfg.train.precision), false) + kF32 * (n + T * m.vocab_size),
+        "train/eval.h: its own model (micro-batch 1), a full gradient and logits");
+  // Host: an FSDP unit's gather vectors or the received subtrees (host; on a device executor also their device copy).
+  const int64_t recv_bytes = kF32 * p.recv_floats * ((gpu ? 0 : 1) + (device_paths ? 1 : 0));
+  const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
+  add(recv_bytes >= gather_bytes ? "received subtrees" : "FSDP gather buffers", std::max(recv_bytes, gather_bytes),
+      recv_bytes >= gather_bytes ? "transient: every rank's subtrees on my shard, after backward"
+                                 : "transient: a unit's pieces for every shard rank and the unit received");
+  if (device_paths && !gpu) add("digest staging", kF32 * p.shard_floats, "the shard copied to the host to hash it");
+  // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
+  // is written: each writer (replicate group 0) holds zstd's output for its shard's params, m and v (each sized
+  // ZSTD_compressBound and zero-filled; on a device executor also the state's host copies), then rank 0 reads every
+  // shard file back whole, one at a time (ckpt::finish_save: read_file's growing buffer and its copy, two files' worth
+  // of at most 3 x the shard each). What exceeds the step's own transients raises the peak.
+  if (!gpu) {
+    const int64_t step_extra =
+        kF32 * (p.slots * n + p.send_floats + p.unit_floats + std::max(p.recv_floats, p.gather_floats));
+    const int64_t write = kF32 * std::max<int64_t>(3 * p.shard_floats * (device_paths ? 2 : 1), 6 * L.shard_stride());
+    add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.slots * n : 0) - step_extra,
+        "zstd buffers of the shard's params, m, v; rank 0 reads each shard file back (6 x params / dp_shard)");
+  }
+  if (!gpu) add("process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)");
+  return out;
+}
+
+std::string memory_table(const TrainConfig& cfg, const MemoryPlacement& where, const RankMemory& m) {
+  const std::string exec = where.executor.empty() ? cfg.train.executor : where.executor;
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "memory per rank  %s memory, %s, layout %dx%d (dp_shard x dp_replicate), ep %d, micro-batch %lld x %lld "
+                "tokens, activation_checkpointing %s; the fullest rank is %d\n",
+                m.device ? "GPU" : "host", exec.c_str(), where.dp_shard, where.dp_replicate, where.ep,
+                static_cast<long long>(cfg.train.micro_batch_instances), static_cast<long long>(cfg.train.seq_len),
+                cfg.train.activation_checkpointing.c_str(), m.rank);
+  s += line;
+  for (const MemoryPart& p : m.parts) {
+    std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", p.name.c_str(), gib_text(static_cast<double>(p.bytes)).c_str(),
+                  p.why.c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-22s %12s  (%lld bytes)\n", "peak", gib_text(static_cast<double>(m.peak())).c_str(),
+                static_cast<long long>(m.peak()));
+  return s + line;
+}
+
+std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& where, int64_t available) {
+  std::vector<std::string> fits;
+  auto peak_of = [&](const TrainConfig& c, const MemoryPlacement& w) -> int64_t {
+    try {
+      BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate}.validate();
+      return predict_rank_memory(c, w).peak();
+    } catch (const std::invalid_argument&) {
+      return -1;  // a layout the trainer would refuse
+    }
+  };
+  auto note = [&](const std::string& what, int64_t peak) { fits.push_back(what + " (" + gib_text(static_cast<double>(peak)) + ")"); };
+  for (int64_t mb = cfg.train.micro_batch_instances / 2; mb >= 1; mb /= 2) {
+    TrainConfig c = cfg;
+    c.train.micro_batch_instances = mb;
+    if (const int64_t peak = peak_of(c, where); peak >= 0 && peak <= available) {
+      note("train.micro_batch_instances=" + std::to_string(mb), peak);
+      break;
+    }
+  }
+  TrainConfig full = cfg;
+  full.train.activation_checkpointing = "full";
+  if (cfg.train.activation_checkpointing != "full")
+    if (const int64_t peak = peak_of(full, where); peak >= 0 && peak <= available)
+      note("train.activation_checkpointing=\"full\"", peak);
+  for (int s = where.dp_shard * 2; s <= 65536; s *= 2) {
+    MemoryPlacement w = where;
+    w.dp_shard = s;
+    const int64_t peak = peak_of(cfg, w);
+    if (peak < 0) break;  // fewer micro-batches than ranks from here on
+    if (peak <= available) {
+      note("--dp-shard " + std::to_string(s), peak);
+      break;
+    }
+  }
+  std::string out;
+  for (const std::string& f : fits) out += (out.empty() ? "" : "; ") + f;
+  return out;
+}
+
+}  // namespace olmoref
