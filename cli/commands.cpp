@@ -121,7 +121,8 @@ void print_config_summary(const TrainConfig& c) {
   std::string windows;
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const int64_t w = m.window(l);
-    windows += (l ? "," : "") + (w > 0 ? std::to_string(w) : std::string("full"));
+    if (l) windows += ',';
+    windows += w > 0 ? std::to_string(w) : std::string("full");
     if (l >= 11 && l + 1 < m.n_layers) {
       windows += ",...";
       break;

@@ -1,5 +1,5 @@
 // cli/golden_replay.cpp — `olmoref golden replay BUNDLE --framework F`: another framework's own trainer replays a golden
-// bundle, and its trace is compared with the bundle's under that framework's rules (golden/replay/rules-F.toml).
+// bundle, and its trace is compared with the bundle's under that framework's rules file (golden/replay/, one per framework).
 //
 // Each framework is a short Python adapter in golden/replay/ run with the Python environment that holds that
 // framework (the table below). The adapter's contract: `PY SCRIPT --bundle DIR --out REPLAY.jsonl --report
@@ -151,7 +151,7 @@ void register_golden_replay(CLI::App& golden) {
   auto* cmd = golden.add_subcommand(
       "replay",
       "Replay a golden bundle with another framework's own trainer and compare its trace with the bundle's under that "
-      "framework's rules (golden/replay/rules-FRAMEWORK.toml); exit 0 when it holds, 1 when it differs, 2 when the "
+      "framework's rules (its rules file in golden/replay/); exit 0 when it holds, 1 when it differs, 2 when the "
       "replay could not run");
   auto o = std::make_shared<ReplayOptions>();
   std::string names;
