@@ -23,15 +23,19 @@ inline T lane_tree(T* lane) {
   return lane[0];
 }
 
-// sum_i x[i]
-inline float canonical_sum(const float* x, int64_t n) {
-  float lane[kReduceLanes] = {};
+// sum_i x[i] in T's arithmetic: the 32 lanes in order, then the tree.
+template <typename T>
+inline T lane_sum(const T* x, int64_t n) {
+  T lane[kReduceLanes] = {};
   int64_t i = 0;
   for (; i + kReduceLanes <= n; i += kReduceLanes)
     for (int j = 0; j < kReduceLanes; ++j) lane[j] = lane[j] + x[i + j];
   for (int j = 0; i + j < n; ++j) lane[j] = lane[j] + x[i + j];
   return lane_tree(lane);
 }
+
+// sum_i x[i]
+inline float canonical_sum(const float* x, int64_t n) { return lane_sum(x, n); }
 
 // sum_i a[i] * b[i], each lane a fused multiply-add chain.
 inline float canonical_dot(const float* a, const float* b, int64_t n) {
@@ -60,14 +64,7 @@ inline double canonical_sumsq_f64(const float* x, int64_t n) {
 }
 
 // sum_i x[i] in fp64, for per-token loss terms.
-inline double canonical_sum_f64(const double* x, int64_t n) {
-  double lane[kReduceLanes] = {};
-  int64_t i = 0;
-  for (; i + kReduceLanes <= n; i += kReduceLanes)
-    for (int j = 0; j < kReduceLanes; ++j) lane[j] = lane[j] + x[i + j];
-  for (int j = 0; i + j < n; ++j) lane[j] = lane[j] + x[i + j];
-  return lane_tree(lane);
-}
+inline double canonical_sum_f64(const double* x, int64_t n) { return lane_sum(x, n); }
 
 // The chain used by every contraction that is a matrix product in disguise (attention scores,
 // P·V, head-dim dots): one fma chain in index order from 0, exactly ref/gemm.h's contract.

@@ -7,19 +7,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/hex.h"
 #include "core/parallel.h"
 
 namespace olmoref {
 
 namespace {
-
-std::string f32_hex(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  char b[9];
-  std::snprintf(b, sizeof b, "%08x", u);
-  return b;
-}
 
 float hex_f32(const std::string& h, const char* key) {
   if (h.size() != 8 || h.find_first_not_of("0123456789abcdef") != std::string::npos)

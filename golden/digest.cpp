@@ -16,12 +16,6 @@ std::string hex64(uint64_t x) {
   return buf;
 }
 
-std::string hex32(uint32_t x) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", x);
-  return buf;
-}
-
 std::string Digest128::hex() const { return hex64(hi) + hex64(lo); }
 
 std::vector<Digest128> merkle_leaves(const float* data, int64_t n, int64_t c0, int64_t c1) {

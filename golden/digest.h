@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/hex.h"  // hex32: the 32-bit form beside hex64
+
 namespace olmoref {
 
 inline constexpr int64_t kDigestChunk = 1 << 16;
@@ -28,6 +30,5 @@ std::vector<Digest128> merkle_leaves(const float* data, int64_t n, int64_t c0, i
 Digest128 merkle_root(const std::vector<Digest128>& leaves);
 uint64_t data_digest(const uint32_t* tokens, int64_t n);
 std::string hex64(uint64_t x);
-std::string hex32(uint32_t x);
 
 }  // namespace olmoref

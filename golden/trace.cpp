@@ -35,7 +35,7 @@ T decimal(const nlohmann::json& j, const char* key) {
 // `,"KEY":decimal,"KEY_hex":"exact bits"`: 9 significant digits for a float, 17 for a double.
 std::string exact_field(const char* key, float x) {
   return std::string(",\"") + key + "\":" + fmt("%.9g", x) + ",\"" + key + "_hex\":\"" +
-         hex32(std::bit_cast<uint32_t>(x)) + "\"";
+         f32_hex(x) + "\"";
 }
 std::string exact_field(const char* key, double x) {
   return std::string(",\"") + key + "\":" + fmt("%.17g", x) + ",\"" + key + "_hex\":\"" +

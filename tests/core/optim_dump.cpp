@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hex.h"
 #include "core/optim.h"
 #include "core/skip_step.h"
 #include "core/params.h"
@@ -30,13 +31,6 @@ std::string hex64(double x) {
   std::memcpy(&u, &x, 8);
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(u));
-  return b;
-}
-std::string hex32(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  char b[9];
-  std::snprintf(b, sizeof b, "%08x", u);
   return b;
 }
 float from_hex32(const std::string& h) {
@@ -95,8 +89,8 @@ int replay(const TrainConfig& cfg, const std::string& dir) {
                        p.data() + q.begin, m.data() + q.begin, v.data() + q.begin, q.n, nullptr);
     }
     params_out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(n * 4));
-    nlohmann::json rec = {{"step", step}, {"ce_hex", hex32(ce)}, {"grad_norm_hex", hex32(norm)}, {"skipped", skipped},
-                          {"current", pos.current}, {"t_max", pos.t_max}, {"skip_step_count_hex", hex32(st.step)}};
+    nlohmann::json rec = {{"step", step}, {"ce_hex", f32_hex(ce)}, {"grad_norm_hex", f32_hex(norm)}, {"skipped", skipped},
+                          {"current", pos.current}, {"t_max", pos.t_max}, {"skip_step_count_hex", f32_hex(st.step)}};
     for (double x : group_lr) rec["group_lr_hex"].push_back(hex64(x));
     steps_out << rec.dump() << "\n";
   }
