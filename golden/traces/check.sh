@@ -9,6 +9,8 @@
 # the demo corpus cannot be built here, or its text differs from the one the traces were made from (other
 # Debian package versions) — the small traces are then not checked; the tiny ones still are, and a difference
 # there still fails.
+# GOLDEN_RUNS_ONLY="NAME ..." checks only those runs (a caller that reruns the traces under a variation, such as
+# tests/dist/recompute.sh, picks the runs that exercise it).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -40,6 +42,7 @@ fi
 failed=0 skipped=0 passed=0
 for run in "${GOLDEN_RUNS[@]}"; do
   read -r name config steps precision data <<< "$run"
+  if [ -n "${GOLDEN_RUNS_ONLY:-}" ] && [[ " $GOLDEN_RUNS_ONLY " != *" $name "* ]]; then continue; fi
   golden="$here/$name.jsonl"
   if [ "$data" = demo ] && [ -n "$skip_demo" ]; then
     echo "SKIPPED: $name: $skip_demo"

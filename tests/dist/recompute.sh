@@ -9,7 +9,9 @@ source "$SRC/tests/dist/mpi_env.sh"
 full=(--set 'train.activation_checkpointing="full"')
 
 # The golden traces, through a binary that adds the key to every `train`: check.sh compares with the committed
-# traces (exit 77: the demo corpus cannot be built here, the tiny and MoE traces were still compared).
+# traces (exit 77: the demo corpus cannot be built here, the tiny and MoE traces were still compared). small-fp32 is
+# left out for time: small-bf16 recomputes the same blocks and sliding windows, and bf16's rounding of every
+# activation is the stricter test that the recompute reproduces forward's bits.
 mkdir "$work/bin"
 cat > "$work/bin/olmoref" <<WRAP
 #!/usr/bin/env bash
@@ -18,7 +20,8 @@ exec "$BIN" "\$@"
 WRAP
 chmod +x "$work/bin/olmoref"
 set +e
-OLMOREF_BIN="$work/bin/olmoref" bash "$SRC/golden/traces/check.sh" > "$work/golden.log" 2>&1
+OLMOREF_BIN="$work/bin/olmoref" GOLDEN_RUNS_ONLY="tiny-fp32 tiny-bf16 small-bf16 tiny-moe-fp32" \
+  bash "$SRC/golden/traces/check.sh" > "$work/golden.log" 2>&1
 rc=$?
 set -e
 grep "golden traces:" "$work/golden.log" || true
