@@ -129,6 +129,12 @@ void print_config_summary(const TrainConfig& c) {
     }
   }
   std::printf("attention        [%s]\n", windows.c_str());
+  if (m.rope_scaling.on()) {
+    const RopeScaling& rs = m.rope_scaling;
+    std::printf("rope scaling     YaRN factor %g from %lld tokens (beta_fast %lld, beta_slow %lld, attention factor %.6f) "
+                "on %s\n", rs.factor, (long long)rs.old_context_len, (long long)rs.beta_fast, (long long)rs.beta_slow,
+                rs.attention_factor(), rs.full_attention_only ? "the full-attention layers" : "every layer");
+  }
   std::printf("parameters       %lld (%.3f B); non-embedding %lld\n", (long long)m.n_params(), m.n_params() / 1e9,
               (long long)m.n_params_non_embedding());
   if (m.moe.enabled())

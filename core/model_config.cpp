@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/mathfn.h"
+
 namespace olmoref {
+
+double RopeScaling::attention_factor() const { return 0.1 * det::log(factor) + 1.0; }
 
 int64_t ModelConfig::window(int64_t layer) const {
   if (layer == n_layers - 1 || swa_pattern.empty()) return 0;
@@ -56,6 +60,15 @@ void ModelConfig::validate() const {
             "other norms are not implemented");
   } else {
     require(moe.n_experts == 0, "model.moe_experts", "must be >= 0 (0: the dense feed-forward)");
+  }
+  if (rope_scaling.on()) {
+    require(std::isfinite(rope_scaling.factor) && rope_scaling.factor >= 1, "model.rope_yarn_factor",
+            "must be finite and >= 1 (the context expansion; 8 in Olmo 3's long-context stage)");
+    require(rope_scaling.beta_slow >= 1 && rope_scaling.beta_fast > rope_scaling.beta_slow, "model.rope_yarn_beta_fast",
+            "must be > model.rope_yarn_beta_slow >= 1 (YaRN's ramp runs from beta_fast rotations down to beta_slow; "
+            "32 and 1 in Olmo 3)");
+    require(rope_scaling.old_context_len >= 1, "model.rope_yarn_old_context_len",
+            "must be >= 1 (the context length the base RoPE was trained at; 8192 in Olmo 3)");
   }
   require(!swa_pattern.empty(), "model.swa_pattern", "must not be empty (use [-1] for full attention everywhere)");
   for (int64_t w : swa_pattern)

@@ -29,6 +29,24 @@ struct MoEConfig {
   bool enabled() const { return n_experts > 0; }
 };
 
+// RoPE scaling for a longer context than pretraining's (OLMo-core's RoPEConfig.scaling). Olmo 3's long-context stage
+// uses YaRN with factor 8, beta_fast 32, beta_slow 1 from 8,192 tokens, on the full-attention layers only (OLMo-core's
+// with_rope_scaling(full_attn_layers_only=True); Hugging Face's Olmo3 puts rope_scaling on full_attention alone too).
+enum class RopeScalingKind { none, yarn };
+
+struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::none;
+  double factor = 8.0;            // context expansion: the interpolated frequencies are the base ones / factor
+  int64_t beta_fast = 32;         // rotations that bound the ramp at the high-frequency end
+  int64_t beta_slow = 1;          // ... and at the low-frequency end
+  int64_t old_context_len = 8192; // the context the base frequencies were trained at
+  bool full_attention_only = true;
+
+  bool on() const { return kind != RopeScalingKind::none; }
+  // YaRN's m-scale (its paper's section 3.4), as OLMo-core computes it: cos and sin are multiplied by it.
+  double attention_factor() const;
+};
+
 struct ModelConfig {
   std::string name = "custom";
   int64_t vocab_size = 0;     // rows of the embedding and LM head (OLMo-core pads to a multiple of 128)
@@ -47,11 +65,16 @@ struct ModelConfig {
   double init_std = 0.02;     // truncated normal at +-3 sigma for every weight matrix
   uint64_t init_seed = 0;
   MoEConfig moe;              // routed experts in place of every block's dense feed-forward when enabled
+  RopeScaling rope_scaling;   // off unless a long-context config sets model.rope_scaling
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // Attention window of layer `layer` in keys, or 0 for full attention.
   int64_t window(int64_t layer) const;
+  // Whether layer `layer` rotates with the scaled RoPE table.
+  bool rope_scaled(int64_t layer) const {
+    return rope_scaling.on() && (!rope_scaling.full_attention_only || window(layer) == 0);
+  }
   // Throws std::invalid_argument naming the offending key ("model.n_heads ...") if inconsistent.
   void validate() const;
   int64_t n_params() const;

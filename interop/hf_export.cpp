@@ -82,6 +82,23 @@ std::optional<int64_t> token_id(const std::optional<int64_t>& given, int64_t fal
 
 json id_or_null(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
 
+// transformers 5.x's rope_parameters entry for the full-attention (or sliding-window) layers: default RoPE, or YaRN
+// in the form OLMo-core's YaRNRoPEScalingConfig.to_hf_config writes it (the attention factor given, not derived).
+// Hugging Face clamps the ramp's upper end to head_dim - 1 where OLMo-core clamps it to head_dim/2 - 1; they agree
+// whenever beta_slow's dimension is below head_dim/2, as at Olmo 3's settings (about 35 of 64).
+json hf_rope_parameters(const ModelConfig& cfg, bool full_attention) {
+  json p = {{"rope_type", "default"}, {"rope_theta", cfg.rope_theta}};
+  const RopeScaling& s = cfg.rope_scaling;
+  if (!s.on() || (!full_attention && s.full_attention_only)) return p;
+  p["rope_type"] = "yarn";
+  p["factor"] = s.factor;
+  p["original_max_position_embeddings"] = s.old_context_len;
+  p["beta_fast"] = s.beta_fast;
+  p["beta_slow"] = s.beta_slow;
+  p["attention_factor"] = s.attention_factor();
+  return p;
+}
+
 struct TokenIds {
   std::optional<int64_t> eos, pad, bos;
 };
@@ -154,17 +171,30 @@ std::vector<std::string> config_mismatches(const json& hf, const ModelConfig& cf
                     std::to_string(cfg.rope_theta));
   };
   if (hf.contains("rope_theta")) check_theta(hf["rope_theta"], "rope_theta");
+  // The RoPE of each layer type must be the one the config gives it: default, or YaRN with the same settings.
+  const json want_full = hf_rope_parameters(cfg, true), want_sliding = hf_rope_parameters(cfg, false);
   if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
     for (const auto& [type, p] : hf["rope_parameters"].items()) {
       if (!p.is_object()) continue;
       if (p.contains("rope_theta")) check_theta(p["rope_theta"], "rope_parameters." + type + ".rope_theta");
-      if (p.contains("rope_type") && p["rope_type"] != "default")
-        bad.push_back("rope_parameters." + type + ".rope_type is " + p["rope_type"].dump() +
-                      "; olmoref implements only default RoPE (no YaRN/scaling)");
+      const json& want = type == "sliding_attention" ? want_sliding : want_full;
+      const std::string theirs = p.value("rope_type", std::string("default")), ours = want["rope_type"];
+      if (theirs != ours) {
+        bad.push_back("rope_parameters." + type + ".rope_type is \"" + theirs + "\" in the checkpoint but the config gives " +
+                      type + " layers \"" + ours + "\" RoPE (model.rope_scaling, model.rope_scaling_full_attention_only)");
+        continue;
+      }
+      for (const char* key : {"factor", "beta_fast", "beta_slow", "original_max_position_embeddings"}) {
+        if (ours != "yarn" || !p.contains(key) || !p[key].is_number()) continue;
+        if (p[key].get<double>() != want[key].get<double>())
+          bad.push_back("rope_parameters." + type + "." + key + " is " + p[key].dump() + " in the checkpoint but the " +
+                        "config's model.rope_yarn_* settings give " + want[key].dump());
+      }
     }
   }
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null())
-    bad.push_back("rope_scaling is set in the checkpoint; olmoref implements only default RoPE");
+  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null() && !cfg.rope_scaling.on())
+    bad.push_back("rope_scaling is set in the checkpoint but model.rope_scaling is \"none\" in the config; set "
+                  "model.rope_scaling = \"yarn\" and its model.rope_yarn_* keys to the checkpoint's values");
   if (hf.contains("layer_types") && hf["layer_types"].is_array()) {
     const LayerTypes ours = layer_types_of(cfg);
     const auto theirs = hf["layer_types"].get<std::vector<std::string>>();
@@ -241,7 +271,6 @@ std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) 
   const int64_t max_pos = opts.max_position_embeddings > 0 ? opts.max_position_embeddings : kDefaultMaxPositions;
   // transformers 5.x keeps rope theta per layer type in rope_parameters (and, when only the top-level rope_theta
   // is given, applies it to full_attention alone); 4.x reads the top-level rope_theta. We write both, equal.
-  const json rope = {{"rope_type", "default"}, {"rope_theta", cfg.rope_theta}};
   json c = {
       {"architectures", {"Olmo3ForCausalLM"}},
       {"model_type", "olmo3"},
@@ -256,7 +285,8 @@ std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts) 
       {"max_position_embeddings", max_pos},
       {"initializer_range", cfg.init_std},
       {"rms_norm_eps", float_as_decimal(cfg.norm_eps)},
-      {"rope_parameters", {{"full_attention", rope}, {"sliding_attention", rope}}},
+      {"rope_parameters",
+       {{"full_attention", hf_rope_parameters(cfg, true)}, {"sliding_attention", hf_rope_parameters(cfg, false)}}},
       {"rope_theta", cfg.rope_theta},
       // HF builds the sliding-window mask even when no layer uses it and fails on null, so an all-full model
       // gets a harmless window as long as the context.

@@ -33,9 +33,9 @@ void Olmo3::attention_forward(const float* params, LayerActs& A, const BlockOffs
   round_act(A.v.data(), R * kd);
   // q [R, qd] = RoPE(RMSNorm(q_raw)), k [R, kd] likewise: QK-norm then RoPE, each result rounded in bf16 (the
   // fused op keeps both rounding points).
-  e.rmsnorm_rope_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R, cfg_.n_heads, rope_, eps,
+  e.rmsnorm_rope_forward(A.q_raw.data(), params + o.q_norm, A.q.data(), A.q_rms.data(), R, cfg_.n_heads, rope_of(layer), eps,
                          bf16);
-  e.rmsnorm_rope_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, cfg_.n_kv_heads, rope_, eps,
+  e.rmsnorm_rope_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, cfg_.n_kv_heads, rope_of(layer), eps,
                          bf16);
   // att [R, qd] = softmax(q·kᵀ·scale + causal window) · v, per head; statistics [B, H, T]
   e.attention_forward(attention_shape(layer, n_inst), A.q.data(), A.k.data(), A.v.data(), A.att.data(),
@@ -101,10 +101,10 @@ void Olmo3::attention_backward(const float* params, LayerActs& A, const BlockOff
                        A.att_max.data(), A.att_sum.data(), G.datt.data(), G.dq.data(), G.dk.data(), G.dv.data());
   // RoPE backward (∂q, ∂k rotated back in place, rounded) and the QK-norm backward, fused: ∂q_raw [R, qd],
   // ∂k_raw [R, kd] and the norm weights' leaves.
-  instance_rope_norm_grads(grads, n_inst, o.q_norm, A.q_raw.data(), params + o.q_norm, A.q_rms.data(), G.dq.data(),
+  instance_rope_norm_grads(grads, n_inst, o.q_norm, rope_of(layer), A.q_raw.data(), params + o.q_norm, A.q_rms.data(), G.dq.data(),
                            G.dq_raw.data(), cfg_.n_heads);
   round_act(G.dq_raw.data(), R * qd);
-  instance_rope_norm_grads(grads, n_inst, o.k_norm, A.k_raw.data(), params + o.k_norm, A.k_rms.data(), G.dk.data(),
+  instance_rope_norm_grads(grads, n_inst, o.k_norm, rope_of(layer), A.k_raw.data(), params + o.k_norm, A.k_rms.data(), G.dk.data(),
                            G.dk_raw.data(), cfg_.n_kv_heads);
   round_act(G.dk_raw.data(), R * kd);
   // ∂Wq_b [qd, d], ∂Wk_b, ∂Wv_b [kd, d] = ∂(q_raw, k_raw, v)_bᵀ · x_b

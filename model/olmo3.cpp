@@ -165,6 +165,14 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   rope_cos_.upload(table.cos.data(), rope_cos_.size());
   rope_sin_.upload(table.sin.data(), rope_sin_.size());
   rope_ = {T_, cfg_.head_dim, rope_cos_.data(), rope_sin_.data()};
+  if (cfg_.rope_scaling.on()) {
+    const RopeTable scaled = make_rope_table(T_, cfg_.head_dim, cfg_.rope_theta, cfg_.rope_scaling);
+    scaled_cos_.reset(e, static_cast<int64_t>(scaled.cos.size()), "scaled RoPE cos table");
+    scaled_sin_.reset(e, static_cast<int64_t>(scaled.sin.size()), "scaled RoPE sin table");
+    scaled_cos_.upload(scaled.cos.data(), scaled_cos_.size());
+    scaled_sin_.upload(scaled.sin.data(), scaled_sin_.size());
+    scaled_rope_ = {T_, cfg_.head_dim, scaled_cos_.data(), scaled_sin_.data()};
+  }
   const int64_t R = R_, d = cfg_.d_model;
   if (!e.host_memory()) tokens_.reset(e, R, "tokens of a micro-batch");
   acts_.resize(static_cast<size_t>(cfg_.n_layers));
@@ -443,13 +451,13 @@ void Olmo3::instance_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t o
 }
 
 // The same for QK-norm + RoPE over n_heads heads: dy [R, n_heads·hd] rotated back in place first.
-void Olmo3::instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x,
+void Olmo3::instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const RopeView& rope, const float* x,
                                      const float* w, const float* inv_rms, float* dy, float* dx, int64_t n_heads) {
   const int64_t n = n_heads * cfg_.head_dim;
   for (int64_t b = 0; b < n_inst; ++b) {
     float* leaf = grads.leaf(b, offset, n);
     ex_->rope_rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_,
-                               n_heads, rope_, precision_ == Precision::bf16);
+                               n_heads, rope, precision_ == Precision::bf16);
     round_act(leaf, n);
     grads.commit(b, offset, n);
   }

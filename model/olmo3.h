@@ -296,7 +296,7 @@ class Olmo3 {
                              int64_t N, int64_t K);
   void instance_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x, const float* w,
                            const float* inv_rms, const float* dy, float* dx, int64_t n);
-  void instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x, const float* w,
+  void instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const RopeView& rope, const float* x, const float* w,
                                 const float* inv_rms, float* dy, float* dx, int64_t n_heads);
   // Host access to executor memory: the pointer itself on host-memory executors, else a copy in `mirror`.
   const float* host_read(const float* src, int64_t n, std::vector<float>& mirror) const;
@@ -324,6 +324,10 @@ class Olmo3 {
   int64_t B_, T_, R_;
   Buffer<float> rope_cos_, rope_sin_;  // [T, hd/2] (ref/ops.h make_rope_table)
   RopeView rope_;
+  // model.rope_scaling's table [T, hd/2] for the layers it applies to (cfg_.rope_scaled); empty when off.
+  Buffer<float> scaled_cos_, scaled_sin_;
+  RopeView scaled_rope_;
+  const RopeView& rope_of(int64_t layer) const { return cfg_.rope_scaled(layer) ? scaled_rope_ : rope_; }
   Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
   Buffer<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]

@@ -118,20 +118,44 @@ void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, cons
 // ---------------------------------------------------------------------------------------------
 
 RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta) {
+  return make_rope_table(seq_len, head_dim, theta, RopeScaling{});
+}
+
+RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta, const RopeScaling& scaling) {
   RopeTable t;
   t.seq_len = seq_len;
   t.head_dim = head_dim;
   const int64_t half = head_dim / 2;
+  // YaRN's ramp bounds, in Python doubles as OLMo-core takes them: the dimension at which the old context makes
+  // n_rot rotations, floored (beta_fast) and ceiled (beta_slow), clamped to [0, half - 1].
+  auto dim_from_rot = [&](int64_t n_rot) {
+    return static_cast<double>(head_dim) *
+           det::log(static_cast<double>(scaling.old_context_len) / (static_cast<double>(n_rot) * 2.0 * 3.141592653589793)) /
+           (2.0 * det::log(theta));
+  };
+  const int64_t low = std::max<int64_t>(static_cast<int64_t>(std::floor(dim_from_rot(scaling.beta_fast))), 0);
+  const int64_t high = std::min<int64_t>(static_cast<int64_t>(std::ceil(dim_from_rot(scaling.beta_slow))), half - 1);
+  const float span = high - low >= 1 ? static_cast<float>(high - low) : 1e-3f;
+  const float factor = static_cast<float>(scaling.factor);
+  const float attention = static_cast<float>(scaling.attention_factor());
   t.cos.resize(static_cast<size_t>(seq_len * half));
   t.sin.resize(static_cast<size_t>(seq_len * half));
   for (int64_t j = 0; j < half; ++j) {
     const float expo = static_cast<float>(2 * j) / static_cast<float>(head_dim);
     const float pw = static_cast<float>(det::pow(theta, static_cast<double>(expo)));
-    const float inv_freq = 1.0f / pw;
+    float inv_freq = 1.0f / pw;
+    if (scaling.on()) {
+      // 0: the base frequency (extrapolation), 1: the interpolated one; each fp32 operation rounded, as torch does.
+      const float ramp = std::clamp((static_cast<float>(j) - static_cast<float>(low)) / span, 0.0f, 1.0f);
+      inv_freq = (inv_freq / factor) * ramp + inv_freq * (1.0f - ramp);
+    }
     for (int64_t pos = 0; pos < seq_len; ++pos) {
       const float angle = static_cast<float>(pos) * inv_freq;
-      t.cos[pos * half + j] = static_cast<float>(det::cos(static_cast<double>(angle)));
-      t.sin[pos * half + j] = static_cast<float>(det::sin(static_cast<double>(angle)));
+      float c = static_cast<float>(det::cos(static_cast<double>(angle)));
+      float s = static_cast<float>(det::sin(static_cast<double>(angle)));
+      if (scaling.on()) c *= attention, s *= attention;
+      t.cos[pos * half + j] = c;
+      t.sin[pos * half + j] = s;
     }
   }
   return t;

@@ -10,6 +10,7 @@
 
 #include "core/bf16.h"
 #include "core/embedding_order.h"
+#include "core/model_config.h"
 #include "core/op_types.h"
 
 namespace olmoref {
@@ -36,6 +37,10 @@ struct RopeTable {
 // inv_freq_j = 1 / θ^(2j/hd) in fp32 (as PyTorch computes it), angle = float(t) · inv_freq_j in fp32,
 // then cos/sin of that fp32 angle from the project's fp64 functions, rounded once.
 RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta);
+// The same with scaled frequencies, as OLMo-core's YaRNRoPEScalingConfig computes them in fp32: the base inv_freq
+// blended with inv_freq / factor by a linear ramp over the dimensions between beta_fast and beta_slow rotations of
+// the old context, then cos and sin each multiplied by the attention factor. scaling.on() false: the plain table.
+RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta, const RopeScaling& scaling);
 // x: [B*T, n_heads*hd], rotated in place; position of row r is r % T.
 void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
 // dx = Rᵀ dy in place.

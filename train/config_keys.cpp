@@ -102,6 +102,7 @@ enum class Written {
   unless_default,  // differs from a default-constructed TrainConfig
   with_moe,        // model.moe_experts > 0: dense configs keep their text
   with_init,       // init.hf_dir or init.hf_sha256 set: the section appears only for runs started from weights
+  with_rope_scaling,  // model.rope_scaling is not "none": configs without it keep their text
 };
 
 // What the resume hash sees of the key: what must match to resume a run bit for bit.
@@ -208,6 +209,30 @@ void write_lb_granularity(const TrainConfig& c, toml::table& t) {
   t.insert("moe_lb_granularity", c.model.moe.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch");
 }
 
+void read_rope_scaling(Reader& r, TrainConfig& c) {
+  std::string kind = "none";
+  r.get("model", "rope_scaling", kind);
+  if (kind == "none")
+    c.model.rope_scaling.kind = RopeScalingKind::none;
+  else if (kind == "yarn")
+    c.model.rope_scaling.kind = RopeScalingKind::yarn;
+  else
+    r.bad("model", "rope_scaling",
+          "\"none\" (plain RoPE, the default) or \"yarn\" (YaRN, Olmo 3's long-context stage; its settings are the "
+          "model.rope_yarn_* keys)");
+}
+
+void write_rope_scaling(const TrainConfig& c, toml::table& t) {
+  t.insert("rope_scaling", c.model.rope_scaling.kind == RopeScalingKind::yarn ? "yarn" : "none");
+}
+
+// A YaRN setting without model.rope_scaling = "yarn" would be silently ignored.
+void yarn_key_needs_yarn(Reader& r, TrainConfig& c, const Key& k) {
+  if (!c.model.rope_scaling.on() && r.has("model", k.name))
+    fail(r.origin(), std::string("config key 'model.") + k.name + "' is set but model.rope_scaling is \"none\"; set "
+                     "model.rope_scaling = \"yarn\", or remove the key");
+}
+
 toml::array string_array(const std::vector<std::string>& v) {
   toml::array a;
   for (const auto& s : v) a.push_back(s);
@@ -312,6 +337,21 @@ const std::vector<Key>& keys() {
       {"model", "ffn_hidden", field([](auto& c) -> auto& { return c.model.ffn_hidden; }), Written::always,
        Resume::enters, ffn_hidden_from_d_model},
       {"model", "rope_theta", field([](auto& c) -> auto& { return c.model.rope_theta; })},
+      // Long-context RoPE scaling (core/model_config.h RopeScaling): written only when on, so every config without
+      // it keeps its text and hashes.
+      {"model", "rope_scaling", Custom{read_rope_scaling, write_rope_scaling}, Written::with_rope_scaling},
+      {"model", "rope_yarn_factor", field([](auto& c) -> auto& { return c.model.rope_scaling.factor; }),
+       Written::with_rope_scaling, Resume::enters, yarn_key_needs_yarn},
+      {"model", "rope_yarn_beta_fast", field([](auto& c) -> auto& { return c.model.rope_scaling.beta_fast; }),
+       Written::with_rope_scaling, Resume::enters, yarn_key_needs_yarn},
+      {"model", "rope_yarn_beta_slow", field([](auto& c) -> auto& { return c.model.rope_scaling.beta_slow; }),
+       Written::with_rope_scaling, Resume::enters, yarn_key_needs_yarn},
+      {"model", "rope_yarn_old_context_len",
+       field([](auto& c) -> auto& { return c.model.rope_scaling.old_context_len; }), Written::with_rope_scaling,
+       Resume::enters, yarn_key_needs_yarn},
+      {"model", "rope_scaling_full_attention_only",
+       field([](auto& c) -> auto& { return c.model.rope_scaling.full_attention_only; }), Written::with_rope_scaling,
+       Resume::enters, yarn_key_needs_yarn},
       {"model", "norm_eps", field([](auto& c) -> auto& { return c.model.norm_eps; })},
       {"model", "swa_pattern", field([](auto& c) -> auto& { return c.model.swa_pattern; })},
       {"model", "init_std", field([](auto& c) -> auto& { return c.model.init_std; })},
@@ -560,6 +600,7 @@ bool is_written(const Key& k, const TrainConfig& c) {
     case Written::always: return true;
     case Written::with_moe: return c.model.moe.enabled();
     case Written::with_init: return !c.init.hf_dir.empty() || !c.init.hf_sha256.empty();
+    case Written::with_rope_scaling: return c.model.rope_scaling.on();
     case Written::unless_default:
       return std::visit(
           [&](const auto& v) {

@@ -56,12 +56,15 @@ std::string hex_of_double(double x) {
   return hex64(u);
 }
 
+
 json model_json(const ModelConfig& m) {
-  return {{"name", m.name}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"n_layers", m.n_layers},
+  json j = {{"name", m.name}, {"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"n_layers", m.n_layers},
           {"n_heads", m.n_heads}, {"n_kv_heads", m.n_kv_heads}, {"head_dim", m.head_dim},
           {"ffn_hidden", m.ffn_hidden}, {"rope_theta", m.rope_theta}, {"norm_eps", static_cast<double>(m.norm_eps)},
           {"swa_pattern", m.swa_pattern}, {"init_std", m.init_std}, {"init_seed", m.init_seed},
           {"n_params", m.n_params()}};
+  add_rope_scaling_json(m, j);
+  return j;
 }
 
 struct InstanceRef {

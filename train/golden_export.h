@@ -13,10 +13,25 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/model_config.h"
+
 namespace olmoref {
+
+// A bundle's "model" dict (and parity-dump's) carries "rope_scaling" only when model.rope_scaling is on: {"kind":
+// "yarn", "factor", "beta_fast", "beta_slow", "old_context_len", "full_attention_only"}, OLMo-core's
+// YaRNRoPEScalingConfig fields and with_rope_scaling's flag. Adds it to `model` (a json or an ordered_json).
+template <class Json>
+void add_rope_scaling_json(const ModelConfig& m, Json& model) {
+  const RopeScaling& s = m.rope_scaling;
+  if (!s.on()) return;
+  model["rope_scaling"] = {{"kind", "yarn"},           {"factor", s.factor},
+                           {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
+                           {"old_context_len", s.old_context_len}, {"full_attention_only", s.full_attention_only}};
+}
 
 struct GoldenExportOptions {
   std::string run_dir;                  // a directory written by `olmoref train`

@@ -9,6 +9,7 @@
 #include "train/weights.h"
 #include "interop/safetensors.h"
 #include "core/rng.h"
+#include "train/golden_export.h"
 #include "train/trainer.h"
 
 namespace olmoref {
@@ -129,6 +130,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                 {"n_heads", cfg.model.n_heads}, {"n_kv_heads", cfg.model.n_kv_heads}, {"head_dim", cfg.model.head_dim},
                 {"ffn_hidden", cfg.model.ffn_hidden}, {"rope_theta", cfg.model.rope_theta},
                 {"swa_pattern", cfg.model.swa_pattern}};
+  add_rope_scaling_json(cfg.model, j["model"]);
   if (moe) {
     const MoEConfig& m = cfg.model.moe;
     j["model"]["moe"] = {{"n_experts", m.n_experts},

@@ -7,7 +7,8 @@ fields and run the same CPU stand-ins for OLMo-core's Triton MoE kernels.
 The "model" dict uses olmoref's ModelConfig names (vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim,
 rope_theta, norm_eps, swa_pattern and, for a mixture of experts, "moe": {n_experts, top_k, hidden, shared_hidden,
 lb_loss_weight, z_loss_weight, scale_loss_by_num_layers, lb_granularity, normalize_expert_weights}); a dense model
-also needs ffn_hidden.
+also needs ffn_hidden. A long-context model has "rope_scaling": {kind "yarn", factor, beta_fast, beta_slow,
+old_context_len, full_attention_only}, applied with OLMo-core's own with_rope_scaling.
 """
 import types
 
@@ -69,7 +70,7 @@ def olmo_core_config(m):
         # The FFN width is the bundle's, not llama_like's derivation from d_model (which may round differently).
         body = dict(block_name=TransformerBlockType.reordered_norm,
                     feed_forward=FeedForwardConfig(hidden_size=int(m["ffn_hidden"]), bias=False))
-    return TransformerConfig.llama_like(
+    config = TransformerConfig.llama_like(
         d_model=int(m["d_model"]), vocab_size=int(m["vocab_size"]), n_layers=int(m["n_layers"]),
         n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]),
         head_dim=int(m["head_dim"]) if int(m["head_dim"]) else None,
@@ -81,6 +82,17 @@ def olmo_core_config(m):
                                                     force_full_attention_on_last_layer=True),
         **body,
     )
+    rs = m.get("rope_scaling")
+    if rs is not None:
+        from olmo_core.nn.rope import YaRNRoPEScalingConfig
+
+        if rs.get("kind") != "yarn":
+            raise ValueError(f"model.rope_scaling kind {rs.get('kind')!r}: only \"yarn\" is known")
+        config = config.with_rope_scaling(
+            YaRNRoPEScalingConfig(factor=float(rs["factor"]), beta_fast=int(rs["beta_fast"]),
+                                  beta_slow=int(rs["beta_slow"]), old_context_len=int(rs["old_context_len"])),
+            full_attn_layers_only=bool(rs["full_attention_only"]))
+    return config
 
 
 # ---- CPU stand-ins for olmo_core.ops.moe.kernels (Triton) -----------------------------------------------------

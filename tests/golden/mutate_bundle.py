@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Negative controls for the framework replays: a copy of a golden bundle with one thing changed, the trace kept.
 
-Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z
+Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z | --drop-rope-scaling
 
   --swap-batches A B   steps A and B train on each other's batch (each record stays self-consistent: a data-loader
                        bug that the bundle's checksums cannot see);
   --lr-step K --lr-factor F   step K's lr multiplied by F (a schedule off by a little at one step);
-  --z-loss Z           the loss's z-loss multiplier set to Z (0: z-loss silently dropped).
+  --z-loss Z           the loss's z-loss multiplier set to Z (0: z-loss silently dropped);
+  --drop-rope-scaling  the model's long-context RoPE scaling (YaRN) removed, from bundle.json and hf/config.json
+                       (a loader that ignores the scaling).
 The replay of OUT must then differ from OUT/trace.jsonl (the unchanged golden trace) at the step named.
 """
 import argparse
@@ -21,6 +23,7 @@ ap.add_argument("--swap-batches", nargs=2, type=int)
 ap.add_argument("--lr-step", type=int)
 ap.add_argument("--lr-factor", type=float)
 ap.add_argument("--z-loss", type=float)
+ap.add_argument("--drop-rope-scaling", action="store_true")
 a = ap.parse_args()
 shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*"))
 meta = json.load(open(os.path.join(a.out, "bundle.json")))
@@ -37,4 +40,13 @@ if a.lr_step:
     meta["optim"].pop("lr_per_step_hex", None)  # the hex no longer matches; adapters read lr_per_step
 if a.z_loss is not None:
     meta["loss"]["z_loss"] = a.z_loss
+if a.drop_rope_scaling:
+    meta["model"].pop("rope_scaling")
+    hf_path = os.path.join(a.out, "hf", "config.json")
+    hf = json.load(open(hf_path))
+    for params in hf["rope_parameters"].values():
+        for key in [k for k in params if k not in ("rope_type", "rope_theta")]:
+            params.pop(key)
+        params["rope_type"] = "default"
+    json.dump(hf, open(hf_path, "w"), indent=2)
 json.dump(meta, open(os.path.join(a.out, "bundle.json"), "w"), indent=1)

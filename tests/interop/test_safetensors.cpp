@@ -286,7 +286,20 @@ TEST_CASE("hf_export: config.json describes the model for Olmo3ForCausalLM") {
   CHECK(c["rope_parameters"]["full_attention"]["rope_theta"] == 10000.0);
   CHECK(c["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000.0);
   CHECK(c["rope_parameters"]["sliding_attention"]["rope_type"] == "default");
+  CHECK(c["rope_parameters"]["full_attention"]["rope_type"] == "default");
   CHECK(c["rope_theta"] == 10000.0);
+  // YaRN (Olmo 3's long-context stage) on the full-attention layers only, as OLMo-core's to_hf_config writes it.
+  ModelConfig yarn = cfg;
+  yarn.rope_scaling.kind = RopeScalingKind::yarn;
+  const auto cy = nlohmann::json::parse(hf_config_json(yarn));
+  CHECK(cy["rope_parameters"]["full_attention"]["rope_type"] == "yarn");
+  CHECK(cy["rope_parameters"]["full_attention"]["factor"] == 8.0);
+  CHECK(cy["rope_parameters"]["full_attention"]["original_max_position_embeddings"] == 8192);
+  CHECK(cy["rope_parameters"]["full_attention"]["beta_fast"] == 32);
+  CHECK(cy["rope_parameters"]["full_attention"]["beta_slow"] == 1);
+  CHECK(cy["rope_parameters"]["full_attention"]["attention_factor"].get<double>() ==
+        doctest::Approx(1.2079441541679836).epsilon(1e-15));
+  CHECK(cy["rope_parameters"]["sliding_attention"]["rope_type"] == "default");
   CHECK(c["sliding_window"] == 8);
   CHECK(c["layer_types"] == nlohmann::json::array({"sliding_attention", "full_attention"}));
   CHECK(c["attention_bias"] == false);
@@ -409,6 +422,20 @@ TEST_CASE("hf_export: import converts bf16 and refuses checkpoints that do not f
     ModelConfig w = cfg;
     w.swa_pattern = {4, -1};
     CHECK(contains(import_error(w), "sliding_window"));
+    // A plain-RoPE checkpoint is not a YaRN model's, and a YaRN checkpoint must match the config's settings.
+    ModelConfig yarn = cfg;
+    yarn.rope_scaling.kind = RopeScalingKind::yarn;
+    CHECK(contains(import_error(yarn), "rope_parameters.full_attention.rope_type is \"default\""));
+    const ParamLayout yl(yarn);
+    export_hf_checkpoint(ckpt, yarn, yl, params.data());
+    CHECK(import_error(yarn).empty());
+    CHECK(contains(import_error(cfg), "rope_parameters.full_attention.rope_type is \"yarn\""));
+    ModelConfig other = yarn;
+    other.rope_scaling.factor = 4.0;
+    CHECK(contains(import_error(other), "rope_parameters.full_attention.factor"));
+    ModelConfig everywhere = yarn;
+    everywhere.rope_scaling.full_attention_only = false;
+    CHECK(contains(import_error(everywhere), "rope_parameters.sliding_attention.rope_type is \"default\""));
   }
   SUBCASE("more layers in the file than in the config, or fewer") {
     fs::remove(ckpt + "/config.json");  // so the tensor checks are what refuses

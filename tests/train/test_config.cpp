@@ -60,6 +60,21 @@ TEST_CASE("shipped configs parse, validate and report the published sizes") {
   CHECK(c14.model.n_params() == 26740864LL);
   CHECK(c14.model.ffn_hidden == 512);
   for (const char* name : {"tiny", "small", "parity"}) load_config(root() + "/configs/" + name + ".toml");
+  // Stages 2 and 3 (OLMo-core's midtrain and long-context scripts): the same model; 2M-token batches to 100B tokens,
+  // then 65,536-token instances with YaRN on the 8 full-attention layers only.
+  const TrainConfig mid = load_config(root() + "/configs/olmo3-7b-midtrain.toml");
+  CHECK(mid.model.n_params() == c7.model.n_params());
+  CHECK(mid.train.global_batch_instances * mid.train.seq_len == 2097152);
+  CHECK(mid.schedule.kind == "linear_with_warmup");
+  CHECK(mid.schedule.alpha_f == 0.0);
+  const TrainConfig lc = load_config(root() + "/configs/olmo3-7b-long-context.toml");
+  CHECK(lc.model.n_params() == c7.model.n_params());
+  CHECK(lc.train.seq_len == 65536);
+  CHECK(lc.train.global_batch_instances * lc.train.seq_len == 4194304);
+  int scaled = 0;
+  for (int64_t l = 0; l < lc.model.n_layers; ++l) scaled += lc.model.rope_scaled(l);
+  CHECK(scaled == 8);
+  CHECK(lc.model.rope_scaling.factor == 8.0);
   // The real shapes recompute each block in backward (docs/memory.md).
   CHECK(c7.train.activation_checkpointing == "full");
   CHECK(c32.train.activation_checkpointing == "full");
@@ -78,6 +93,26 @@ TEST_CASE("train.activation_checkpointing takes none or full; anything else name
     CHECK_MESSAGE(msg.find("\"none\"") != std::string::npos, msg);
     CHECK_MESSAGE(msg.find("\"full\"") != std::string::npos, msg);
   }
+}
+
+TEST_CASE("model.rope_scaling: YaRN on the full-attention layers, its keys refused without it, bad values named") {
+  const TrainConfig plain = parse_config_text(kValid, "t");
+  CHECK(!plain.model.rope_scaling.on());
+  CHECK(plain.to_toml().find("rope_") == plain.to_toml().find("rope_theta"));  // no scaling key written when off
+  const TrainConfig y = parse_config_text(kValid, "t", {"model.rope_scaling=yarn"});
+  CHECK(y.model.rope_scaling.factor == 8.0);  // Olmo 3's stage 3: factor 8, beta 32 / 1, from 8192 tokens
+  CHECK(y.model.rope_scaling.old_context_len == 8192);
+  CHECK(y.model.rope_scaled(0) == false);  // sliding window 8
+  CHECK(y.model.rope_scaled(1) == true);   // full attention
+  CHECK(y.model.rope_scaling.attention_factor() == doctest::Approx(1.2079441541679836).epsilon(1e-15));
+  const TrainConfig all = parse_config_text(kValid, "t", {"model.rope_scaling=yarn", "model.rope_scaling_full_attention_only=false"});
+  CHECK(all.model.rope_scaled(0) == true);
+  CHECK(error_of(kValid, {"model.rope_yarn_factor=4.0"}).find("model.rope_scaling is \"none\"") != std::string::npos);
+  CHECK(error_of(kValid, {"model.rope_scaling=ntk"}).find("model.rope_scaling") != std::string::npos);
+  CHECK(error_of(kValid, {"model.rope_scaling=yarn", "model.rope_yarn_factor=0.5"}).find("model.rope_yarn_factor") !=
+        std::string::npos);
+  CHECK(error_of(kValid, {"model.rope_scaling=yarn", "model.rope_yarn_beta_fast=1"}).find("model.rope_yarn_beta_fast") !=
+        std::string::npos);
 }
 
 TEST_CASE("sliding-window pattern: [w, w, w, full], last layer always full") {
@@ -155,13 +190,15 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       "schedule.warmup_min_lr=1e-6", "schedule.decay=100", "schedule.decay_min_lr=1e-7",
       "data.max_target_sequence_length=256", "data.mix_base_dir=/corpus", "data.mix_tokenizer=dolma2",
       "data.pad_id=1", "data.bos_id=2", "data.olmo_core_state=/ckpt/step10", "data.audit=true",
-      "train.activation_checkpointing=full", "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
+      "train.activation_checkpointing=full", "model.rope_scaling=yarn", "model.rope_yarn_factor=4.0",
+      "model.rope_yarn_beta_fast=16", "model.rope_yarn_beta_slow=2", "model.rope_yarn_old_context_len=64",
+      "model.rope_scaling_full_attention_only=false", "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
   const TrainConfig a = load_config(tiny, all_set);
   const TrainConfig b = parse_config_text(a.to_toml(), "resolved");
   CHECK(b.to_toml() == a.to_toml());
   CHECK(b.resume_hash() == a.resume_hash());
   CHECK(b.model_hash() == a.model_hash());
-  for (const char* key : {"moe_lb_granularity = 'local_batch'", "group_overrides", "activation_checkpointing = 'full'", "decay = 100", "pad_id = 1",
+  for (const char* key : {"rope_scaling = 'yarn'", "rope_yarn_old_context_len = 64", "rope_scaling_full_attention_only = false", "moe_lb_granularity = 'local_batch'", "group_overrides", "activation_checkpointing = 'full'", "decay = 100", "pad_id = 1",
                           "olmo_core_state", "hf_sha256", "step_increment_bugfix = false"})
     CHECK_MESSAGE(a.to_toml().find(key) != std::string::npos, key);
 
@@ -179,7 +216,7 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
   CHECK(neutral.resume_hash() == base.resume_hash());
   // Left at its default it is not written: the resolved text of every config without it is what it was.
   CHECK(load_config(tiny, {"train.activation_checkpointing=none"}).to_toml() == base.to_toml());
-  for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16"})
+  for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16", "model.rope_scaling=yarn"})
     CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
 }
 
