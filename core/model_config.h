@@ -64,8 +64,9 @@ struct ModelConfig {
   std::vector<int64_t> swa_pattern = {4096, 4096, 4096, -1};
   double init_std = 0.02;     // truncated normal at +-3 sigma for every weight matrix
   uint64_t init_seed = 0;
-  MoEConfig moe;              // routed experts in place of every block's dense feed-forward when enabled
   RopeScaling rope_scaling;   // off unless a long-context config sets model.rope_scaling
+  // Last: tests write models as designated initializers ending in `.moe = {}` (tests/common/test_models.h).
+  MoEConfig moe;              // routed experts in place of every block's dense feed-forward when enabled
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }

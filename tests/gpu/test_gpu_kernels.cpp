@@ -533,6 +533,37 @@ int check_moe() {
   return failed;
 }
 
+// Every MoE op through the device executor (device memory) against the CPU executor, the routing (moe_route,
+// moe_router_backward on tied logits) and the combine's backward included: the sequences the cuda-host test runs in
+// CI (tests/kernels/test_executor.cpp), with the same runners (tests/kernels/moe_cases.h).
+int check_moe_executor() {
+  int failed = 0, n_cases = 0;
+  CpuExecutor cpu;
+  kernels::KernelExecutor gpu(true);
+  auto same = [](const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+    for (size_t t = 0; t < a.size(); ++t)
+      if (!bits_equal(a[t], b[t])) return false;
+    return true;
+  };
+  for (const testing::MoECase& c : testing::moe_cases()) {
+    const bool ok = same(testing::run_moe_ops(cpu, c), testing::run_moe_ops(gpu, c));
+    if (!ok)
+      std::printf("moe executor ops E=%lld k=%lld R=%lld d=%lld: DIFFERENT\n", (long long)c.E, (long long)c.k,
+                  (long long)c.R, (long long)c.d);
+    failed += !ok, ++n_cases;
+  }
+  for (const testing::MoERouteCase& c : testing::moe_route_cases()) {
+    const bool ok = same(testing::run_moe_routing(cpu, c), testing::run_moe_routing(gpu, c));
+    if (!ok)
+      std::printf("moe routing E=%lld k=%lld normalize_p=%d lb_rows=%lld: DIFFERENT\n", (long long)c.E, (long long)c.k,
+                  c.normalize_p, (long long)c.lb_rows);
+    failed += !ok, ++n_cases;
+  }
+  std::printf("moe executor (dispatch, combine and its backward, scatter_add, shared mix, route, router backward): %d "
+              "of %d cases bitwise equal\n", n_cases - failed, n_cases);
+  return failed;
+}
+
 // test_gpu_kernels [--no-math-sweep] [--only NAME,NAME...]: every kernel family against the CPU, bit for bit.
 // Output is line-buffered (a crash or a timeout still leaves every line before it in the log) and an exception in
 // one family is reported as that family's failure, and the next family runs.
@@ -559,7 +590,7 @@ int main(int argc, char** argv) {
   const std::pair<const char*, int (*)()> families[] = {
       {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
       {"fused_norm", check_fused_norm}, {"elementwise", check_elementwise}, {"loss", check_loss},
-      {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe},
+      {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe}, {"moe_executor", check_moe_executor},
       {"model", check_model},     {"math", check_math}};
   int failed = 0, ran = 0;
   for (const auto& [name, check] : families) {

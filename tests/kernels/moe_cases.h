@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "core/executor.h"
 #include "core/moe_plan.h"
 
 namespace olmoref::testing {
@@ -95,6 +97,64 @@ inline std::vector<MoERouteCase> moe_route_cases() {
         out.push_back(std::move(c));
       }
   return out;
+}
+
+// ---- Each case through one executor, in its own memory (host or device), with host vectors in and out, so the
+// cuda-host test and the device check run the very same sequence against the CPU executor.
+
+template <typename T>
+Buffer<T> executor_copy(Executor& ex, const std::vector<T>& host, const char* what) {
+  Buffer<T> b(ex, static_cast<int64_t>(host.size()), what);
+  if (!host.empty()) b.upload(host.data(), static_cast<int64_t>(host.size()));
+  return b;
+}
+
+template <typename T>
+std::vector<float> host_bits(const Buffer<T>& b) {  // the buffer's bytes as floats, for a bitwise comparison
+  static_assert(sizeof(T) == sizeof(float), "compared as 32-bit words");
+  std::vector<T> h(static_cast<size_t>(b.size()));
+  if (!h.empty()) b.download(h.data(), b.size());
+  std::vector<float> out(h.size());
+  if (!h.empty()) std::memcpy(out.data(), h.data(), h.size() * sizeof(T));
+  return out;
+}
+
+// dispatch, combine, combine's backward (with x as its output gradient dout [R, d]), scatter_add, and the shared
+// mix written over its routed input as the model does. Returns xg, out, dx, dshared, drouted, dy, dweight.
+inline std::vector<std::vector<float>> run_moe_ops(Executor& ex, const MoECase& c) {
+  const int64_t R = c.R, d = c.d, k = c.k;
+  Buffer<int64_t> row_of = executor_copy(ex, c.plan.row_of, "row_of"), position = executor_copy(ex, c.plan.position, "position");
+  const MoEDispatch view{R, k, row_of.data(), position.data()};
+  Buffer<float> x = executor_copy(ex, c.x, "x"), y = executor_copy(ex, c.y, "y"), weight = executor_copy(ex, c.weight, "weight");
+  Buffer<float> dxg = executor_copy(ex, c.dxg, "dxg"), dx = executor_copy(ex, c.dx0, "dx"), shared = executor_copy(ex, c.shared, "shared");
+  Buffer<float> xg(ex, static_cast<int64_t>(c.y.size()), "xg"), out(ex, R * d, "out"), dshared(ex, R * d, "dshared");
+  Buffer<float> drouted(ex, R * d, "drouted"), dy(ex, static_cast<int64_t>(c.y.size()), "dy");
+  Buffer<float> dweight(ex, static_cast<int64_t>(c.weight.size()), "dweight");
+  ex.moe_dispatch(view, x.data(), xg.data(), d);
+  ex.moe_combine(view, y.data(), weight.data(), out.data(), d);
+  ex.moe_combine_backward(view, x.data(), y.data(), weight.data(), dy.data(), dweight.data(), d);
+  ex.moe_scatter_add(view, dxg.data(), dx.data(), d);
+  ex.moe_shared_combine(shared.data(), out.data(), k, out.data(), R * d);
+  ex.moe_shared_combine_backward(shared.data(), k, dshared.data(), drouted.data(), R * d);
+  return {host_bits(xg), host_bits(out), host_bits(dx), host_bits(dshared), host_bits(drouted), host_bits(dy),
+          host_bits(dweight)};
+}
+
+// moe_route, then moe_router_backward reading the executor's own routing, as in the model. Returns scores, lse,
+// top (its int32 bits), weight, dlogits.
+inline std::vector<std::vector<float>> run_moe_routing(Executor& ex, const MoERouteCase& c) {
+  const int64_t R = c.R, E = c.E, k = c.k;
+  Buffer<float> logits = executor_copy(ex, c.logits, "logits"), dweight = executor_copy(ex, c.dweight, "dweight");
+  Buffer<float> lb_grad = executor_copy(ex, c.lb_grad, "lb_grad");
+  Buffer<float> scores(ex, R * E, "scores"), lse(ex, R, "lse"), weight(ex, R * k, "weight"), dlogits(ex, R * E, "dlogits");
+  Buffer<int32_t> top(ex, R * k, "top");
+  ex.moe_route(logits.data(), R, E, k, c.normalize_p, scores.data(), lse.data(), top.data(), weight.data());
+  MoERouterBackward a;
+  a.R = R, a.E = E, a.k = k, a.normalize_p = c.normalize_p;
+  a.scores = scores.data(), a.lse = lse.data(), a.top = top.data(), a.weight = weight.data();
+  a.dweight = dweight.data(), a.lb_grad = lb_grad.data(), a.lb_rows = c.lb_rows, a.z_grad = c.z_grad;
+  ex.moe_router_backward(a, dlogits.data());
+  return {host_bits(scores), host_bits(lse), host_bits(top), host_bits(weight), host_bits(dlogits)};
 }
 
 }  // namespace olmoref::testing

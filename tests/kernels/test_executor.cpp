@@ -90,21 +90,7 @@ TEST_CASE("executor cuda-host: the MoE ops equal the CPU executor's bit for bit"
     CAPTURE(c.k);
     CAPTURE(c.R);
     CAPTURE(c.d);
-    const MoEDispatch view = moe::dispatch_of(c.plan);
-    const int64_t R = c.R, d = c.d, k = c.k;
-    auto run = [&](Executor& ex) {
-      std::vector<float> xg(c.y.size()), out(c.x.size()), dx = c.dx0, dshared(c.x.size()), drouted(c.x.size());
-      std::vector<float> dy(c.y.size()), dweight(c.weight.size());
-      ex.moe_dispatch(view, c.x.data(), xg.data(), d);
-      ex.moe_combine(view, c.y.data(), c.weight.data(), out.data(), d);
-      // The combine's backward with x as its output gradient dout [R, d].
-      ex.moe_combine_backward(view, c.x.data(), c.y.data(), c.weight.data(), dy.data(), dweight.data(), d);
-      ex.moe_scatter_add(view, c.dxg.data(), dx.data(), d);
-      ex.moe_shared_combine(c.shared.data(), out.data(), k, out.data(), R * d);
-      ex.moe_shared_combine_backward(c.shared.data(), k, dshared.data(), drouted.data(), R * d);
-      return std::vector<std::vector<float>>{xg, out, dx, dshared, drouted, dy, dweight};
-    };
-    const auto want = run(cpu), got = run(host);
+    const auto want = testing::run_moe_ops(cpu, c), got = testing::run_moe_ops(host, c);
     for (size_t t = 0; t < want.size(); ++t) {
       CAPTURE(t);
       CHECK(std::memcmp(want[t].data(), got[t].data(), want[t].size() * sizeof(float)) == 0);
@@ -127,22 +113,8 @@ TEST_CASE("executor cuda-host: moe_route and moe_router_backward equal the CPU e
     CAPTURE(c.normalize_p);
     CAPTURE(c.lb_rows);
     CAPTURE(c.z_grad);
-    const int64_t R = c.R, E = c.E, k = c.k;
-    auto run = [&](Executor& ex) {
-      std::vector<float> scores(static_cast<size_t>(R * E)), lse(static_cast<size_t>(R)), weight(static_cast<size_t>(R * k));
-      std::vector<float> dlogits(static_cast<size_t>(R * E));
-      std::vector<int32_t> top(static_cast<size_t>(R * k));
-      ex.moe_route(c.logits.data(), R, E, k, c.normalize_p, scores.data(), lse.data(), top.data(), weight.data());
-      MoERouterBackward a;
-      a.R = R, a.E = E, a.k = k, a.normalize_p = c.normalize_p;
-      a.scores = scores.data(), a.lse = lse.data(), a.top = top.data(), a.weight = weight.data();
-      a.dweight = c.dweight.data(), a.lb_grad = c.lb_grad.data(), a.lb_rows = c.lb_rows, a.z_grad = c.z_grad;
-      ex.moe_router_backward(a, dlogits.data());
-      std::vector<float> top_bits(top.size());
-      std::memcpy(top_bits.data(), top.data(), top.size() * sizeof(int32_t));
-      return std::vector<std::vector<float>>{scores, lse, top_bits, weight, dlogits};
-    };
-    const auto want = run(cpu), got = run(host);
+    const int64_t k = c.k;
+    const auto want = testing::run_moe_routing(cpu, c), got = testing::run_moe_routing(host, c);
     for (size_t t = 0; t < want.size(); ++t) {
       CAPTURE(t);
       CHECK(std::memcmp(want[t].data(), got[t].data(), want[t].size() * sizeof(float)) == 0);
