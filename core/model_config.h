@@ -64,7 +64,7 @@ struct ModelConfig {
   std::vector<int64_t> swa_pattern = {4096, 4096, 4096, -1};
   double init_std = 0.02;     // truncated normal at +-3 sigma for every weight matrix
   uint64_t init_seed = 0;
-  RopeScaling rope_scaling;   // off unless a long-context config sets model.rope_scaling
+  RopeScaling rope_scaling{};  // off unless a long-context config sets model.rope_scaling
   // Last: tests write models as designated initializers ending in `.moe = {}` (tests/common/test_models.h).
   MoEConfig moe;              // routed experts in place of every block's dense feed-forward when enabled
 
