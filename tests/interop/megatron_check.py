@@ -30,6 +30,9 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig  # noqa: E402
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden", "parity"))
+import selfcheck  # noqa: E402  (golden/parity/selfcheck.py)
+
 EOD, VOCAB, SEQ, G, MBS, SEED = 999, 1000, 64, 8, 2, 1234
 
 
@@ -192,13 +195,7 @@ def main():
             problems.append(f"--epoch on a Megatron run: exit {r.returncode}\n{r.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if problems:
-        print("\ninterop-megatron FAILED:")
-        for p in problems:
-            print("  -", p)
-        return 1
-    print("\ninterop-megatron OK")
-    return 0
+    return selfcheck.finish("interop-megatron", problems)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ from olmo_core.data.numpy_dataset import NumpyFSLDataset  # noqa: E402
 from olmo_core.train.checkpoint import Checkpointer  # noqa: E402
 from olmo_core.train.utils import EnvRngStates  # noqa: E402
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden", "parity"))
+import selfcheck  # noqa: E402  (golden/parity/selfcheck.py)
+
 EOS, PAD, VOCAB, SEQ, G, MB, SEED = 999, 998, 1000, 64, 8, 2, 34521
 
 
@@ -364,13 +367,7 @@ def main():
             problems.append(f"changed token file: exit {r.returncode}\n{r.stdout}{r.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if problems:
-        print("\ninterop-olmo-core FAILED:")
-        for p in problems:
-            print("  -", p)
-        return 1
-    print("\ninterop-olmo-core OK")
-    return 0
+    return selfcheck.finish("interop-olmo-core", problems)
 
 
 if __name__ == "__main__":
