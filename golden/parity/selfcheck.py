@@ -1,5 +1,13 @@
-"""The last lines of a self-check (golden/parity/selftest.py and moe_selftest.py, tests/interop/*_check.py): every
-problem found, one item each, under "NAME FAILED" (exit status 1), or "NAME OK" and what the run showed (0)."""
+"""What the self-checks (golden/parity/selftest.py and moe_selftest.py, tests/interop/*_check.py) share: a refusal
+they expect, and their last lines: every problem found, one item each, under "NAME FAILED" (exit status 1), or
+"NAME OK" and what the run showed (0)."""
+
+
+def expect_refusal(problems, what, r, says):
+    """r (a finished subprocess.run with text output) must be refused, exit 2 with `says` on stderr; else one problem
+    under `what`, with the command's output."""
+    if r.returncode != 2 or says not in r.stderr:
+        problems.append(f"{what}: exit {r.returncode}\n{r.stdout}{r.stderr}")
 
 
 def finish(name, problems, ok="", kept=""):
