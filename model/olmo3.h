@@ -205,8 +205,8 @@ class Olmo3 {
                             ThreadPool* pool, float* logits_out = nullptr);
 
   // FSDP with uneven runs: a rank with fewer micro-batches than others in its shard group takes part in the
-  // parameter gathers of one forward/backward without computing (the gate sees exactly the acquire/release
-  // sequence of forward_backward), so the group's collectives stay matched.
+  // parameter gathers of one forward/backward without computing (it walks the units as forward_backward does,
+  // walk_training_pass, so the gate sees exactly the same acquire/release sequence): the group's collectives match.
   //
   // With expert parallelism the pass also serves as an expert owner: every MoE layer's exchanges of forward and
   // backward run with no rows of its own, computing the owned experts on what the other ranks send.
