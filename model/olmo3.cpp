@@ -1,7 +1,9 @@
 // model/olmo3.cpp — the model's walk over its units: the embedding, the blocks (model/dense_block.cpp for the
 // attention sublayer and the dense feed-forward, model/moe_block.cpp for the mixture of experts) and the head, forward
-// and then backward, with each unit gathered just before it is used (FSDP, ParamGate). The exchanges live apart:
-// model/ep_exchange.cpp (expert parallelism) and model/idle_pass.cpp (the collectives of a pass without instances).
+// and then backward, with each unit gathered just before it is used (FSDP, ParamGate). The walk is written once
+// (walk_forward, walk_training_pass) and the steps plugged in: the model's work here (ComputeSteps), only the
+// exchanges in model/idle_pass.cpp (the collectives of a pass without instances). The expert-parallel exchange lives
+// apart: model/ep_exchange.cpp.
 //
 // Shapes: R = n_inst·T rows, d the model width, V the vocabulary.
 #include "model/olmo3.h"
@@ -43,13 +45,13 @@ std::vector<std::pair<int64_t, int64_t>> Olmo3::unit_reads(int unit, int ep_size
   return out;
 }
 
-void Olmo3::use_unit(const float* master, int unit) {
+void Olmo3::use_unit(int unit, bool working_copy) {
   if (!gate_) return;
   gate_->acquire(unit);
   // bf16 with a gate: the working copy is made unit by unit as units arrive (same bits: it is elementwise).
-  if (precision_ == Precision::bf16) {
+  if (working_copy && precision_ == Precision::bf16) {
     const auto [a, b] = unit_range(unit);
-    ex_->copy_round_bf16(master + a, params_bf16_.data() + a, b - a);
+    ex_->copy_round_bf16(master_ + a, params_bf16_.data() + a, b - a);
   }
 }
 
@@ -268,43 +270,161 @@ void Olmo3::block_forward(const float* params, int64_t l, int64_t n_inst) {
                                 cfg_.norm_eps, precision_ == Precision::bf16);
 }
 
-void Olmo3::forward(const float* params, const uint32_t* tokens, int64_t n_inst) {
-  Executor& e = *ex_;
-  if (cfg_.moe.enabled()) moe_inst_.assign(static_cast<size_t>(n_inst), MoEInstance{});
-  const int64_t R = n_inst * T_;
-  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
-  const float eps = cfg_.norm_eps;
-  use_unit(master_, 0);
-  // x [R, d] = embeddings [V, d] at tokens [R]
-  e.embedding_forward(params + layout_.embeddings, tokens, acts_[0].x.data(), R, d);
+void Olmo3::block_backward(const float* params, int64_t l, int64_t n_inst, int64_t global_n_targets,
+                           GradientLeaves& grads) {
+  LayerActs& A = acts_[static_cast<size_t>(l)];
+  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
+  const int64_t R = n_inst * T_, d = cfg_.d_model;
+  // out = h + RMSNorm(f): ∂h = dx (kept in dx, accumulated into below), ∂f [R, d] via the norm.
+  instance_norm_grads(grads, n_inst, o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), bw_.dx.data(),
+                      bw_.df.data(), d);
+  round_act(bw_.df.data(), R * d);
+  if (cfg_.moe.enabled())
+    moe_backward(params, A, o, n_inst, global_n_targets, grads);
+  else
+    dense_ffn_backward(params, A, o, n_inst, grads);
+  round_act(bw_.dx.data(), R * d);
+  attention_backward(params, A, o, l, n_inst, grads);  // ∂x [R, d] into dx
+}
+
+// The one order of a pass (olmo3.h, PassSteps): each unit gathered around its steps, forward here, backward below.
+void Olmo3::walk_forward(PassSteps& steps) {
+  use_unit(0, steps.working_copy);
+  steps.embedding_forward();
   drop_unit(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    use_unit(master_, static_cast<int>(l) + 1);
-    block_forward(params, l, n_inst);
+    use_unit(static_cast<int>(l) + 1, steps.working_copy);
+    steps.block_forward(l);
     drop_unit(static_cast<int>(l) + 1);
   }
-  use_unit(master_, n_units() - 1);
-  // hn [R, d] = RMSNorm(x_final [R, d])
-  e.rmsnorm_forward(x_final_.data(), params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d, eps);
-  round_act(hn_.data(), R * d);
-  // logits [R, V] = hn [R, d] · lm_headᵀ [d, V]
-  e.matmul_forward(hn_.data(), params + layout_.lm_head, logits_.data(), R, V, d);
-  round_act(logits_.data(), R * V);  // bf16 logits; the loss upcasts them (`.float()`)
+  use_unit(n_units() - 1, steps.working_copy);
+  steps.head_forward();
   drop_unit(n_units() - 1);
 }
 
+void Olmo3::walk_training_pass(PassSteps& steps) {
+  // Expert parallelism applies to a training pass only (forward_loss runs every expert here).
+  struct EpScope {
+    ExpertExchange*& now;
+    ~EpScope() { now = nullptr; }
+  } ep_scope{ep_now_};
+  ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
+  walk_forward(steps);
+  steps.loss();
+  use_unit(n_units() - 1, steps.working_copy);
+  steps.head_backward();
+  drop_unit(n_units() - 1);
+  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
+    use_unit(static_cast<int>(l) + 1, steps.working_copy);  // gathered again for backward, as FSDP does
+    if (checkpointing_ == ActivationCheckpointing::full) {
+      recomputing_ = true;
+      steps.block_forward(l);  // the block's activations again, the same bits (and exchanges) as forward's
+      recomputing_ = false;
+    }
+    steps.block_backward(l);
+    drop_unit(static_cast<int>(l) + 1);
+  }
+  steps.embedding_backward();  // reads no parameter: nothing to gather
+}
 
+// The model's work at each step of the walk.
+class Olmo3::ComputeSteps final : public Olmo3::PassSteps {
+ public:
+  ComputeSteps(Olmo3& model, const PassInputs& in) : PassSteps(true), m_(model), in_(in) {
+    // A forward records its instances' MoE sums afresh.
+    if (m_.cfg_.moe.enabled()) m_.moe_inst_.assign(static_cast<size_t>(in.n_instances), MoEInstance{});
+  }
+  void embedding_forward() override { m_.embedding_forward(in_); }
+  void block_forward(int64_t l) override { m_.block_forward(in_.params, l, in_.n_instances); }
+  void head_forward() override { m_.head_forward(in_); }
+  void loss() override { m_.loss_and_dlogits(in_); }
+  void head_backward() override { m_.head_backward(in_); }
+  void block_backward(int64_t l) override {
+    m_.block_backward(in_.params, l, in_.n_instances, in_.global_n_targets, *in_.grads);
+  }
+  void embedding_backward() override { m_.embedding_backward(in_); }
+
+ private:
+  Olmo3& m_;
+  const PassInputs& in_;
+};
+
+void Olmo3::embedding_forward(const PassInputs& in) {
+  // x [R, d] = embeddings [V, d] at tokens [R]
+  ex_->embedding_forward(in.params + layout_.embeddings, in.tokens, acts_[0].x.data(), in.n_instances * T_,
+                         cfg_.d_model);
+}
+
+void Olmo3::head_forward(const PassInputs& in) {
+  Executor& e = *ex_;
+  const int64_t R = in.n_instances * T_, d = cfg_.d_model, V = cfg_.vocab_size;
+  // hn [R, d] = RMSNorm(x_final [R, d])
+  e.rmsnorm_forward(x_final_.data(), in.params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d,
+                    cfg_.norm_eps);
+  round_act(hn_.data(), R * d);
+  // logits [R, V] = hn [R, d] · lm_headᵀ [d, V]
+  e.matmul_forward(hn_.data(), in.params + layout_.lm_head, logits_.data(), R, V, d);
+  round_act(logits_.data(), R * V);  // bf16 logits; the loss upcasts them (`.float()`)
+}
+
+void Olmo3::instance_losses(const PassInputs& in) {
+  const int64_t n_inst = in.n_instances, V = cfg_.vocab_size;
+  if (in.logits_out) logits_.download(in.logits_out, n_inst * T_ * V);
+  // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
+  ex_->cross_entropy(logits_.data(), in.tokens, n_inst, T_, V, z_loss_, in.global_n_targets, in.per_instance);
+  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
+    in.per_instance[b].moe_lb = moe_inst_[b].lb, in.per_instance[b].moe_z = moe_inst_[b].z;
+}
+
+void Olmo3::loss_and_dlogits(const PassInputs& in) {
+  instance_losses(in);
+  // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).
+  round_act(logits_.data(), in.n_instances * T_ * cfg_.vocab_size);
+  // bf16: every activation gradient is rounded once it is complete and every parameter gradient leaf once
+  // it is written (round_act, a no-op in fp32); chains continued across consumers round only at their end.
+  allocate_backward_buffers();
+}
+
+void Olmo3::head_backward(const PassInputs& in) {
+  const int64_t n_inst = in.n_instances, R = n_inst * T_, d = cfg_.d_model, V = cfg_.vocab_size;
+  GradientLeaves& grads = *in.grads;
+  // ∂lm_head_b [V, d] = ∂logits_bᵀ · hn_b over each instance's T rows
+  instance_weight_grads(grads, n_inst, layout_.lm_head, logits_.data(), hn_.data(), V, d);
+  // ∂hn [R, d] = ∂logits [R, V] · lm_head [V, d]
+  ex_->matmul_backward_input(logits_.data(), in.params + layout_.lm_head, bw_.dhn.data(), R, V, d, false);
+  round_act(bw_.dhn.data(), R * d);
+  // ∂x_final [R, d] into dx, the final norm's leaf per instance
+  instance_norm_grads(grads, n_inst, layout_.final_norm, x_final_.data(), in.params + layout_.final_norm,
+                      final_rms_.data(), bw_.dhn.data(), bw_.dx.data(), d);
+  round_act(bw_.dx.data(), R * d);
+  // dx now holds ∂loss/∂(output of the last block).
+}
+
+void Olmo3::embedding_backward(const PassInputs& in) {
+  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
+  // ∂embeddings_b [V, d]: instance b's T rows of dx added at their tokens, in position order
+  for (int64_t b = 0; b < in.n_instances; ++b) {
+    float* leaf = in.grads->leaf(b, layout_.embeddings, V * d);
+    ex_->embedding_backward(in.host_tokens + b * T_, bw_.dx.data() + b * T_ * d, leaf, T_, V, d);
+    round_act(leaf, V * d);
+    in.grads->commit(b, layout_.embeddings, V * d);
+  }
+}
 
 LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, ThreadPool* pool, float* logits_out) {
-  const uint32_t* tokens = begin_call(host_tokens, B_, pool);
+  PassInputs in;
+  in.tokens = begin_call(host_tokens, B_, pool);
   master_ = params;
-  params = working_params(params);
-  forward(params, tokens, B_);
-  if (logits_out) logits_.download(logits_out, logits_.size());
+  in.params = working_params(params);
+  in.host_tokens = host_tokens;
+  in.n_instances = B_;
+  in.global_n_targets = B_ * (T_ - 1);
   per_scratch_.assign(static_cast<size_t>(B_), LossSums{});
-  ex_->cross_entropy(logits_.data(), tokens, B_, T_, cfg_.vocab_size, z_loss_, B_ * (T_ - 1), per_scratch_.data());
-  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
-    per_scratch_[b].moe_lb = moe_inst_[b].lb, per_scratch_[b].moe_z = moe_inst_[b].z;
+  in.per_instance = per_scratch_.data();
+  in.logits_out = logits_out;
+  ComputeSteps steps(*this, in);
+  walk_forward(steps);
+  instance_losses(in);
   return loss_tree_sums(per_scratch_.data(), B_);
 }
 
@@ -325,70 +445,18 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   if (n_inst < 1 || n_inst > B_)
     throw std::invalid_argument("forward_backward: " + std::to_string(n_inst) + " instances for a model sized for " +
                                 std::to_string(B_));
-  Executor& e = *ex_;
-  const uint32_t* tokens = begin_call(host_tokens, n_inst, pool);
-  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
-  const int64_t R = n_inst * T_, T = T_;
+  PassInputs in;
+  in.tokens = begin_call(host_tokens, n_inst, pool);
   master_ = params;
-  params = working_params(params);  // bf16: the bf16 copy, for forward and backward alike
-  // Expert parallelism applies to this call only (forward_loss runs every expert here).
-  struct EpScope {
-    ExpertExchange*& now;
-    ~EpScope() { now = nullptr; }
-  } ep_scope{ep_now_};
-  ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
-  forward(params, tokens, n_inst);
-  if (logits_out) logits_.download(logits_out, R * V);
-  // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
-  e.cross_entropy(logits_.data(), tokens, n_inst, T, V, z_loss_, global_n_targets, per_instance);
-  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
-    per_instance[b].moe_lb = moe_inst_[b].lb, per_instance[b].moe_z = moe_inst_[b].z;
-  // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).
-  round_act(logits_.data(), R * V);
-  // bf16: every activation gradient is rounded once it is complete and every parameter gradient leaf once
-  // it is written (round_act, a no-op in fp32); chains continued across consumers round only at their end.
-  allocate_backward_buffers();
-  // LM head and final norm.
-  use_unit(master_, n_units() - 1);
-  // ∂lm_head_b [V, d] = ∂logits_bᵀ · hn_b over each instance's T rows
-  instance_weight_grads(grads, n_inst, layout_.lm_head, logits_.data(), hn_.data(), V, d);
-  // ∂hn [R, d] = ∂logits [R, V] · lm_head [V, d]
-  e.matmul_backward_input(logits_.data(), params + layout_.lm_head, bw_.dhn.data(), R, V, d, false);
-  round_act(bw_.dhn.data(), R * d);
-  // ∂x_final [R, d] into dx, the final norm's leaf per instance
-  instance_norm_grads(grads, n_inst, layout_.final_norm, x_final_.data(), params + layout_.final_norm,
-                      final_rms_.data(), bw_.dhn.data(), bw_.dx.data(), d);
-  round_act(bw_.dx.data(), R * d);
-  drop_unit(n_units() - 1);
-  // dx now holds ∂loss/∂(output of the last block).
-  for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
-    LayerActs& A = acts_[static_cast<size_t>(l)];
-    const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
-    use_unit(master_, static_cast<int>(l) + 1);  // gathered again for backward, as FSDP does
-    if (checkpointing_ == ActivationCheckpointing::full) {
-      recomputing_ = true;
-      block_forward(params, l, n_inst);  // A's activations again, the same bits as forward's
-      recomputing_ = false;
-    }
-    // out = h + RMSNorm(f): ∂h = dx (kept in dx, accumulated into below), ∂f [R, d] via the norm.
-    instance_norm_grads(grads, n_inst, o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), bw_.dx.data(),
-                        bw_.df.data(), d);
-    round_act(bw_.df.data(), R * d);
-    if (cfg_.moe.enabled())
-      moe_backward(params, A, o, n_inst, global_n_targets, grads);
-    else
-      dense_ffn_backward(params, A, o, n_inst, grads);
-    round_act(bw_.dx.data(), R * d);
-    attention_backward(params, A, o, l, n_inst, grads);  // ∂x [R, d] into dx
-    drop_unit(static_cast<int>(l) + 1);
-  }
-  // ∂embeddings_b [V, d]: instance b's T rows of dx added at their tokens, in position order
-  for (int64_t b = 0; b < n_inst; ++b) {
-    float* leaf = grads.leaf(b, layout_.embeddings, V * d);
-    e.embedding_backward(host_tokens + b * T, bw_.dx.data() + b * T * d, leaf, T, V, d);
-    round_act(leaf, V * d);
-    grads.commit(b, layout_.embeddings, V * d);
-  }
+  in.params = working_params(params);  // bf16: the bf16 copy, for forward and backward alike
+  in.host_tokens = host_tokens;
+  in.n_instances = n_inst;
+  in.global_n_targets = global_n_targets;
+  in.grads = &grads;
+  in.per_instance = per_instance;
+  in.logits_out = logits_out;
+  ComputeSteps steps(*this, in);
+  walk_training_pass(steps);
 }
 
 // The gradient temporaries, sized for micro_batch() instances, at the first backward (forward_loss never needs them).

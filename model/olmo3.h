@@ -205,8 +205,8 @@ class Olmo3 {
                             ThreadPool* pool, float* logits_out = nullptr);
 
   // FSDP with uneven runs: a rank with fewer micro-batches than others in its shard group takes part in the
-  // parameter gathers of one forward/backward without computing (the gate sees exactly the acquire/release
-  // sequence of forward_backward), so the group's collectives stay matched.
+  // parameter gathers of one forward/backward without computing (it walks the units as forward_backward does,
+  // walk_training_pass, so the gate sees exactly the same acquire/release sequence): the group's collectives match.
   //
   // With expert parallelism the pass also serves as an expert owner: every MoE layer's exchanges of forward and
   // backward run with no rows of its own, computing the owned experts on what the other ranks send.
@@ -234,15 +234,64 @@ class Olmo3 {
  private:
   // Points the model's CPU executor at this call's threads; returns the tokens in executor memory.
   const uint32_t* begin_call(const uint32_t* host_tokens, int64_t n_instances, ThreadPool* pool);
-  void forward(const float* params, const uint32_t* tokens, int64_t n_instances);
+
+  // A pass over the units has one order, the walk's (model/olmo3.cpp). Forward: the embedding, blocks 0..L-1, the
+  // head. A training pass goes on with the loss, then backward: the head, blocks L-1..0 (each first recomputed
+  // under full checkpointing), the embedding. The walk gathers each unit around its steps (FSDP: use_unit,
+  // drop_unit), holds the expert exchange for a training pass and marks the recompute; the steps do the work.
+  // ComputeSteps (olmo3.cpp) runs the model; IdleSteps (model/idle_pass.cpp) only the exchanges, so a rank without
+  // instances makes the same collectives in the same order.
+  class PassSteps {
+   public:
+    explicit PassSteps(bool working_copy) : working_copy(working_copy) {}
+    virtual ~PassSteps() = default;
+    // bf16 with a gate: the walk makes each unit's bf16 working copy as it arrives. An idle pass computes nothing in
+    // bf16 (its experts run in fp32: MoE is fp32 only), so it makes none.
+    const bool working_copy;
+    virtual void embedding_forward() {}
+    virtual void block_forward(int64_t layer) = 0;  // forward, and backward's recompute (recomputing_ set)
+    virtual void head_forward() {}
+    virtual void loss() {}
+    virtual void head_backward() {}
+    virtual void block_backward(int64_t layer) = 0;
+    virtual void embedding_backward() {}
+  };
+  class ComputeSteps;
+  class IdleSteps;
+  void walk_forward(PassSteps& steps);
+  void walk_training_pass(PassSteps& steps);
+  // What one forward_loss or forward_backward call computes on, carried through the walk by ComputeSteps.
+  struct PassInputs {
+    const float* params = nullptr;          // the working parameters (bf16: the copy)
+    const uint32_t* tokens = nullptr;       // [R] in executor memory
+    const uint32_t* host_tokens = nullptr;  // [R] on the host (the embedding backward reads them there)
+    int64_t n_instances = 0;
+    // forward_backward only: the loss's divisor, where the gradient leaves and the loss totals go, the logits copy.
+    int64_t global_n_targets = 0;
+    GradientLeaves* grads = nullptr;
+    LossSums* per_instance = nullptr;
+    float* logits_out = nullptr;
+  };
+  // The steps of ComputeSteps. The head's forward reads x_final_ and writes hn_, logits_; the loss writes the
+  // per-instance totals (instance_losses, forward_loss's loss too) and turns logits_ into ∂logits; the head's
+  // backward leaves ∂x_final in bw_.dx.
+  void embedding_forward(const PassInputs& in);
+  void head_forward(const PassInputs& in);
+  void instance_losses(const PassInputs& in);
+  void loss_and_dlogits(const PassInputs& in);
+  void head_backward(const PassInputs& in);
+  void embedding_backward(const PassInputs& in);
   // Block l from its input acts_[l].x [R, d] to the next block's input (x_final_ after the last), its activations
   // in acts_[l]; forward and, under full checkpointing, backward's recompute run this same code.
   void block_forward(const float* params, int64_t layer, int64_t n_instances);
+  // Block l's backward from ∂(its output) in bw_.dx to ∂(its input) there, its leaves to `grads`.
+  void block_backward(const float* params, int64_t layer, int64_t n_instances, int64_t global_n_targets,
+                      GradientLeaves& grads);
   // Full checkpointing: moves the one set of block buffers to acts_[layer] (kBlockWork); none: nothing to do.
   void bind_block_work(int64_t layer);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params);
-  void use_unit(const float* master, int unit);  // acquire (+ the bf16 copy of the unit)
+  void use_unit(int unit, bool working_copy);  // acquire (+ the bf16 copy of the unit from master_)
   void drop_unit(int unit);
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
   void round_act(float* x, int64_t n) const;

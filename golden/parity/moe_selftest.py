@@ -30,6 +30,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import selfcheck  # noqa: E402
 
 KEY = "blocks.0.feed_forward_moe.router.weight"  # the parameter the "badkey" defect renames
 
@@ -129,17 +130,11 @@ def main():
         if not a.keep and not problems:
             shutil.rmtree(root, ignore_errors=True)
 
-    print()
-    if problems:
-        print("golden-parity-moe-selftest FAILED:")
-        for p in problems:
-            print("  -", p)
-        print(f"  (bundles kept in {root})")
-        return 1
     n = sum(1 for v in fake.PERTURBATIONS.values() if v != "exit2") + len(fake.MADE_DEFECTS)
-    print(f"golden-parity-moe-selftest OK: 3 clean bundles (base, alt, drift) pass, {n} planted defects each caught "
-          f"by their gate, a misnamed weight refused (exit 2), in {time.time() - t0:.0f} s")
-    return 0
+    return selfcheck.finish("golden-parity-moe-selftest", problems,
+                            f"3 clean bundles (base, alt, drift) pass, {n} planted defects each caught by their gate, "
+                            f"a misnamed weight refused (exit 2), in {time.time() - t0:.0f} s",
+                            kept=f"bundles kept in {root}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_parity  # noqa: E402
 import make_fake_bundle  # noqa: E402
+import selfcheck  # noqa: E402
 
 
 def main():
@@ -110,15 +111,9 @@ def main():
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
 
-    if problems:
-        print("\ngolden-parity-selftest FAILED:")
-        for p in problems:
-            print("  -", p)
-        return 1
     n = len(make_fake_bundle.PERTURBATIONS) + len(make_fake_bundle.MADE_DEFECTS)
-    print(f"\ngolden-parity-selftest OK: clean bundle passes, {n} planted defects each caught by their gate, a drifting "
-          "correct bundle accepted, malformed bundle refused")
-    return 0
+    return selfcheck.finish("golden-parity-selftest", problems, f"clean bundle passes, {n} planted defects each caught "
+                            "by their gate, a drifting correct bundle accepted, malformed bundle refused")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,27 @@ void require_audit_clean(const LeakReport& r) {
   CHECK_FALSE(r.audit_failed);
 }
 
+// A mix-level leak: the instance and span checks fail, both first at `want` (the instance and its micro-batch there
+// too), and every contaminated document is the loader's doing.
+void require_leak_first_at(const LeakReport& r, const Pos& want) {
+  CHECK(r.contaminated);
+  for (const char* c : {"exact_instances", "verbatim_spans"}) require_status(r, c, "fail");
+  const nlohmann::json& first = first_of(r, "exact_instances");
+  CHECK(first["step"] == want.step);
+  CHECK(first["microbatch"] == want.microbatch);
+  CHECK(first["instance"] == want.instance);
+  CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
+  for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
+}
+
+// A stream-level bug of the ranks, seen at W = 4: the first offence is at step 1, in rank 1's micro-batch 1.
+void require_first_on_rank1(const nlohmann::json& first) {
+  CHECK(first["step"] == 1);
+  CHECK(first["microbatch"] == 1);
+  CHECK(first["rank"] == 1);
+  CHECK(first["world_size"] == 4);
+}
+
 }  // namespace
 
 TEST_CASE("fixture: the epoch does not divide into whole batches (tail padding has a tail)") {
@@ -128,17 +149,13 @@ TEST_CASE("planted: the loader adds the holdout file to the training mix -> ever
   REQUIRE(want.step > 0);
   for (const bool bloom : {false, true}) {
     const LeakReport r = f.run(PlantedBug::holdout_file_in_train_mix, bloom);
-    CHECK(r.contaminated);
+    require_leak_first_at(r, want);
     CHECK(r.exit_code() == 1);
-    for (const char* c : {"shared_files", "exact_instances", "exact_documents", "verbatim_spans", "ngram_fraction", "near_duplicates"})
+    for (const char* c : {"shared_files", "exact_documents", "ngram_fraction", "near_duplicates"})
       require_status(r, c, "fail");
     const nlohmann::json& first = first_of(r, "exact_instances");
-    CHECK(first["step"] == want.step);
-    CHECK(first["microbatch"] == want.microbatch);
     CHECK(first["rank"] == 0);
-    CHECK(first["instance"] == want.instance);
     CHECK(first["file"] == f.corpus.holdout[0]);
-    CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
     // The whole file is trained on except its tail past the last whole instance: every document that ends before
     // the tail is contaminated, none that lies in it.
     const int64_t delivered_end = f.H * f.base.dataset->sequence_length();
@@ -155,7 +172,6 @@ TEST_CASE("planted: the loader adds the holdout file to the training mix -> ever
     // The configured data itself is clean: every delivered document is the loader's doing, none can be accepted.
     CHECK(r.json["counts"]["by_cause"] == nlohmann::json{{"loader", r.json["counts"]["contaminated"]}});
     CHECK_FALSE(r.json["contaminated_documents"].empty());
-    for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
   }
 }
 
@@ -165,14 +181,7 @@ TEST_CASE("planted: holdout carve-out overlapping the training start -> exact_in
   const Pos want = first_position(n, f.G, f.mb, offset, f.steps, [&](int64_t id) { return id < f.H; });
   REQUIRE(want.step > 0);
   const LeakReport r = f.run(PlantedBug::holdout_carveout_overlap);
-  CHECK(r.contaminated);
-  for (const char* c : {"exact_instances", "verbatim_spans"}) require_status(r, c, "fail");
-  const nlohmann::json& first = first_of(r, "exact_instances");
-  CHECK(first["step"] == want.step);
-  CHECK(first["microbatch"] == want.microbatch);
-  CHECK(first["instance"] == want.instance);
-  CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
-  for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
+  require_leak_first_at(r, want);
   // 80% of the holdout instances are inside the training range, the first fifth never is.
   const int64_t contaminated = r.check("exact_instances")["contaminated"];
   CHECK(contaminated <= f.H - offset);
@@ -185,14 +194,7 @@ TEST_CASE("planted: oversampling before the split -> exact_instances / verbatim_
   const Pos want = first_position(n, f.G, f.mb, 0, f.steps, [&](int64_t id) { return id >= f.N && id < n1; });
   REQUIRE(want.step > 0);
   const LeakReport r = f.run(PlantedBug::oversample_before_split);
-  CHECK(r.contaminated);
-  for (const char* c : {"exact_instances", "verbatim_spans"}) require_status(r, c, "fail");
-  const nlohmann::json& first = first_of(r, "exact_instances");
-  CHECK(first["step"] == want.step);
-  CHECK(first["microbatch"] == want.microbatch);
-  CHECK(first["instance"] == want.instance);
-  CHECK(first_of(r, "verbatim_spans")["step"] == want.step);
-  for (const auto& d : r.json["contaminated_documents"]) CHECK(d["cause"] == "loader");
+  require_leak_first_at(r, want);
 }
 
 // ---- stream-level bugs: the overlap checks stay clean, an audit check fails
@@ -212,10 +214,7 @@ TEST_CASE("planted: per-rank shuffle seeds -> audit_partition / audit_layout at 
   REQUIRE(k < f.mb);
   for (const char* c : {"audit_partition", "audit_layout"}) {
     const nlohmann::json& first = first_of(r, c);
-    CHECK(first["step"] == 1);
-    CHECK(first["microbatch"] == 1);
-    CHECK(first["rank"] == 1);
-    CHECK(first["world_size"] == 4);
+    require_first_on_rank1(first);
     CHECK(first["instance"] == rank1.batch(0)[static_cast<size_t>(f.mb + k)]);
   }
 }
@@ -227,10 +226,7 @@ TEST_CASE("planted: one shuffle stream per rank (duplicates in the global batch)
   require_status(r, "audit_partition", "fail");
   require_status(r, "audit_layout", "fail");
   const nlohmann::json& first = first_of(r, "audit_partition");
-  CHECK(first["step"] == 1);
-  CHECK(first["microbatch"] == 1);
-  CHECK(first["rank"] == 1);
-  CHECK(first["world_size"] == 4);
+  require_first_on_rank1(first);
   CHECK(first["instance"] == GlobalOrder(kOlmoCoreDefaultSeed, 1, f.N, f.G).batch(0)[0]);
   CHECK(r.check("audit_partition")["first"]["reason"].get<std::string>().find("twice") != std::string::npos);
 }

@@ -30,6 +30,9 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig  # noqa: E402
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden", "parity"))
+import selfcheck  # noqa: E402  (golden/parity/selfcheck.py)
+
 EOD, VOCAB, SEQ, G, MBS, SEED = 999, 1000, 64, 8, 2, 1234
 
 
@@ -180,25 +183,16 @@ def main():
         write_megatron(os.path.join(work, "clean"), shorter)
         r = run(leak + ["--megatron-cache", os.path.join(work, "cache-clean"), "--megatron-data", os.path.join(work, "clean")])
         print(f"leakcheck on token files changed since the indices: exit {r.returncode}: {r.stderr.strip()[:160]}")
-        if r.returncode != 2 or "changed since the indices were built" not in r.stderr:
-            problems.append(f"changed token files: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        selfcheck.expect_refusal(problems, "changed token files", r, "changed since the indices were built")
         r = run(leak + ["--megatron-cache", os.path.join(work, "cache-clean"), "--megatron-data", os.path.join(work, "nope")])
-        if r.returncode != 2 or "nope" not in r.stderr:
-            problems.append(f"a prefix without indices: exit {r.returncode}\n{r.stderr}")
+        selfcheck.expect_refusal(problems, "a prefix without indices", r, "nope")
         # Options of olmoref's own loader are refused, not silently ignored.
         r = run(leak + ["--megatron-cache", os.path.join(work, "cache-leaky"), "--megatron-data", os.path.join(work, "leaky"),
                         "--epoch"])
-        if r.returncode != 2 or "describe olmoref's loader" not in r.stderr:
-            problems.append(f"--epoch on a Megatron run: exit {r.returncode}\n{r.stderr}")
+        selfcheck.expect_refusal(problems, "--epoch on a Megatron run", r, "describe olmoref's loader")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if problems:
-        print("\ninterop-megatron FAILED:")
-        for p in problems:
-            print("  -", p)
-        return 1
-    print("\ninterop-megatron OK")
-    return 0
+    return selfcheck.finish("interop-megatron", problems)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ from olmo_core.data.numpy_dataset import NumpyFSLDataset  # noqa: E402
 from olmo_core.train.checkpoint import Checkpointer  # noqa: E402
 from olmo_core.train.utils import EnvRngStates  # noqa: E402
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden", "parity"))
+import selfcheck  # noqa: E402  (golden/parity/selfcheck.py)
+
 EOS, PAD, VOCAB, SEQ, G, MB, SEED = 999, 998, 1000, 64, 8, 2, 34521
 
 
@@ -349,28 +352,19 @@ def main():
         r = leak("leaky", "--olmo-core-checkpoint", save, "--olmo-core-pad-id", str(PAD))
         print(f"leakcheck with a token file grown by 5 tokens since the checkpoint: exit {r.returncode}: "
               f"{r.stderr.strip()[:120]}")
-        if r.returncode != 2 or "dataset fingerprint" not in r.stderr:
-            problems.append(f"fingerprint mismatch: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        selfcheck.expect_refusal(problems, "fingerprint mismatch", r, "dataset fingerprint")
         r = leak("leaky", "--olmo-core-checkpoint", save)
-        if r.returncode != 2 or "--olmo-core-pad-id" not in r.stderr:
-            problems.append(f"checkpoint without the pad id: exit {r.returncode}\n{r.stderr}")
+        selfcheck.expect_refusal(problems, "checkpoint without the pad id", r, "--olmo-core-pad-id")
 
         # Token files that are not the ones the order was built for: refused, naming the work directory's files.
         with open(runs["clean"][0][0], "ab") as f:
             f.write(np.zeros(SEQ * 3, dtype=np.uint16).tobytes())  # three more instances
         r = leak("clean")
         print(f"leakcheck with a token file changed since the order was saved: exit {r.returncode}: {r.stderr.strip()[:150]}")
-        if r.returncode != 2 or "other sizes" not in r.stderr:
-            problems.append(f"changed token file: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        selfcheck.expect_refusal(problems, "changed token file", r, "other sizes")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if problems:
-        print("\ninterop-olmo-core FAILED:")
-        for p in problems:
-            print("  -", p)
-        return 1
-    print("\ninterop-olmo-core OK")
-    return 0
+    return selfcheck.finish("interop-olmo-core", problems)
 
 
 if __name__ == "__main__":
