@@ -16,12 +16,27 @@ const float* host_view(const Buffer<float>& b, const Executor& ex, std::vector<f
   return staging.data();
 }
 
-std::vector<float> collect_pieces(const ShardedState& s, const Buffer<float>& state, const std::vector<Ranges>& want,
-                                  uint64_t& pieces_sent) {
+int64_t span_begin(const Layout& layout, Span span, int rank) {
+  return span == Span::shard ? layout.begin(layout.shard_index_of(rank)) : layout.optimizer_begin(rank);
+}
+
+int64_t span_end(const Layout& layout, Span span, int rank) {
+  return span == Span::shard ? layout.end(layout.shard_index_of(rank)) : layout.optimizer_end(rank);
+}
+
+bool holds_whole_shards(const ShardedState& s, Span span) {
+  return span == Span::shard ? !s.placement.drops_any() : s.layout.dp_replicate == 1;
+}
+
+std::vector<float> collect_pieces(const ShardedState& s, const Buffer<float>& state, Span span,
+                                  const std::vector<Ranges>& want, uint64_t& pieces_sent) {
   const Layout& layout = s.layout;
   const StatePlacement& placement = s.placement;
   const int W = layout.world(), me = layout.rank;
-  const int64_t lo = layout.lo();
+  const int64_t lo = span_begin(layout, span, me);
+  // Optimizer ranges split a shard among its replicas: a piece never straddles two of them.
+  const bool by_replica = span == Span::optimizer;
+  const int64_t part = layout.optimizer_stride();
   // Every rank's wanted pieces with who serves each (the rank itself when it holds it): known to all from the layout.
   struct Served {
     StatePlacement::Piece piece;
@@ -30,9 +45,19 @@ std::vector<float> collect_pieces(const ShardedState& s, const Buffer<float>& st
   auto served = [&](int q) {
     std::vector<Served> out;
     const int shard = layout.shard_index_of(q);
+    const int64_t base = layout.begin(shard);
     for (const auto& [a, b] : want[static_cast<size_t>(q)])
-      for (const StatePlacement::Piece& p : placement.pieces(a, b))
-        out.push_back({p, placement.holds(q, p.expert) ? q : placement.source(shard, p.expert)});
+      for (const StatePlacement::Piece& p : placement.pieces(a, b)) {
+        if (!by_replica) {
+          out.push_back({p, placement.holds(q, p.expert) ? q : placement.source(shard, p.expert)});
+          continue;
+        }
+        for (int64_t x = p.begin; x < p.end;) {
+          const int64_t replica = (x - base) / part, y = std::min(p.end, base + (replica + 1) * part);
+          out.push_back({{x, y, p.expert}, layout.rank_of(shard, static_cast<int>(replica))});
+          x = y;
+        }
+      }
     return out;
   };
   std::vector<int64_t> send_counts(static_cast<size_t>(W), 0), recv_counts(static_cast<size_t>(W), 0);
