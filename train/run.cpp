@@ -93,8 +93,8 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
   const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
   const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
-  // The moments go to the optimizer range, a part of the shard's.
   upload_held(params_, hp.data());
+  // The moments cover only the optimizer range, a part of the shard's.
   upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
   upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
   std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);

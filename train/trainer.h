@@ -73,8 +73,8 @@ class Trainer {
   const dist::Layout& layout() const { return layout_; }
   dist::Comm& comm() { return *comm_; }
   // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures: the gradient
-  // and moments of its optimizer range only; under expert-resident state only the experts its replicate group runs
-  // (dist/expert_placement.h).
+  // and moments of its optimizer range only; under expert-resident state, of the parameters, only the experts its
+  // replicate group runs and its optimizer range (dist/expert_placement.h).
   int64_t state_bytes() const;
   // The same measured: bytes of those buffers resident in host memory (mincore), -1 on a device executor.
   int64_t state_resident_bytes() const;
@@ -181,7 +181,7 @@ class Trainer {
   Parallelism par_;
   dist::Comm* comm_;
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
-  std::unique_ptr<dist::Comm> replica_comm_;  // ranks of my shard index, by replicate index (split optimizer only)
+  std::unique_ptr<dist::Comm> replica_comm_;  // ranks of my shard index, by replicate index (dp_replicate > 1 only)
   std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
   std::unique_ptr<dist::CommExpertExchange> ep_exchange_;
   dist::Layout layout_;
@@ -189,9 +189,8 @@ class Trainer {
   uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()
   std::unique_ptr<StateDigest> state_digest_;  // the whole-vector roots of params_, m_ and v_
   // In executor memory: params_ on this rank's shard range, grad_shard_, m_ and v_ on its optimizer range (a part of
-  // the shard's: the distributed optimizer). Under expert-resident state the optimizer range is the shard's, and
-  // params, m and v are indexed as the whole range but only the held parts are ever written (host memory: the rest
-  // takes no pages).
+  // the shard's: the distributed optimizer). Under expert-resident state params_ is indexed as the whole range but
+  // only its held parts (StatePlacement::held_parameters) are ever written (host memory: the rest takes no pages).
   Buffer<float> params_, m_, v_, grad_shard_;
   std::vector<float> host_staging_;             // host_params() of a device executor
   // FSDP: the model's view of the full parameter vector when dp_shard > 1. Virtual memory only: each
