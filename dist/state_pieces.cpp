@@ -84,7 +84,11 @@ std::vector<float> collect_pieces(const ShardedState& s, const Buffer<float>& st
   s.world.alltoallv(send.empty() ? &none : send.data(), send_counts, recv.empty() ? nullptr : recv.data(), recv_counts,
                     "all-to-all of state pieces for a digest or checkpoint");
   pieces_sent += send.size() * sizeof(float);
+  // Sized once: growing it piece by piece would hold the old and the new copy at once (a shard's worth at 7B).
   std::vector<float> out;
+  size_t wanted = 0;
+  for (const Served& x : mine) wanted += static_cast<size_t>(x.piece.end - x.piece.begin);
+  out.reserve(wanted);
   for (const Served& x : mine) {
     const int64_t n = x.piece.end - x.piece.begin;
     const size_t at = out.size();
