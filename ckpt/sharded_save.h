@@ -14,7 +14,8 @@
 
 namespace olmoref::ckpt {
 
-// This rank's range [layout.lo(), layout.hi()) of each state vector, in executor memory.
+// This rank's buffers of the state vectors, in executor memory: the parameters on its shard's range, the moments
+// on its optimizer range (dist::Span).
 struct ShardBuffers {
   const Buffer<float>& params;
   const Buffer<float>& adam_m;
@@ -22,8 +23,8 @@ struct ShardBuffers {
 };
 
 // Writes <root>/stepNNNNNNNN (meta.step) and returns its path. `digest` hashes the whole vectors for the
-// manifest; the bytes of state pieces sent to the writers and hashers (expert-resident state) are added to
-// pieces_sent.
+// manifest; the bytes of state pieces sent to the writers and hashers (moments split over replicas,
+// expert-resident state) are added to pieces_sent.
 std::string save_sharded(const std::string& root, const CheckpointMeta& meta, const std::vector<Segment>& segments,
                          const SaveOptions& opts, const dist::ShardedState& state, const ShardBuffers& buffers,
                          StateDigest& digest, uint64_t& pieces_sent);

@@ -50,24 +50,40 @@ bool StatePlacement::group_holds(int replicate_index, int64_t expert) const {
   return group_holds_[static_cast<size_t>(replicate_index)][static_cast<size_t>(expert)] != 0;
 }
 
-Ranges StatePlacement::held(int rank) const {
+Ranges StatePlacement::held(int rank) const { return held_with(rank, 0, 0); }
+
+Ranges StatePlacement::held_parameters(int rank) const {
+  return held_with(rank, layout_.optimizer_begin(rank), layout_.optimizer_end(rank));
+}
+
+Ranges StatePlacement::held_with(int rank, int64_t o0, int64_t o1) const {
   const int s = layout_.shard_index_of(rank);
   Ranges out;
-  for (const Piece& p : pieces(layout_.begin(s), layout_.end(s))) {
-    if (!holds(rank, p.expert)) continue;
-    if (!out.empty() && out.back().second == p.begin)
-      out.back().second = p.end;
+  auto add = [&out](int64_t a, int64_t b) {
+    if (a >= b) return;
+    if (!out.empty() && out.back().second == a)
+      out.back().second = b;
     else
-      out.push_back({p.begin, p.end});
+      out.push_back({a, b});
+  };
+  // Pieces are in order and [o0, o1) is one run, so cutting each piece at it keeps the output sorted.
+  for (const Piece& p : pieces(layout_.begin(s), layout_.end(s))) {
+    if (holds(rank, p.expert)) {
+      add(p.begin, p.end);
+      continue;
+    }
+    add(std::max(p.begin, o0), std::min(p.end, o1));
   }
   return out;
 }
 
-int64_t StatePlacement::held_floats(int rank) const {
+int64_t floats_in(const Ranges& ranges) {
   int64_t n = 0;
-  for (const auto& [a, b] : held(rank)) n += b - a;
+  for (const auto& [a, b] : ranges) n += b - a;
   return n;
 }
+
+int64_t StatePlacement::held_floats(int rank) const { return floats_in(held(rank)); }
 
 int StatePlacement::source(int shard, int64_t expert) const {
   for (int g = 0; g < layout_.dp_replicate; ++g)

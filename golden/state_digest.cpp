@@ -33,30 +33,36 @@ std::vector<Digest128> range_leaves(const Buffer<float>& state, const Executor& 
 
 }  // namespace
 
-std::string StateDigest::sharded(const Buffer<float>& state) {
+std::string StateDigest::sharded(const Buffer<float>& state, dist::Span span) {
   const dist::Layout& layout = s_.layout;
-  const int64_t lo = layout.lo(), hi = layout.hi();
-  // An empty shard (more ranks than chunks) owns no chunk.
+  const int W = layout.world();
+  // Each rank hashes the chunks of its optimizer range (inside its shard's, so any span's buffer has them): the
+  // replicas of a shard split the hashing as they split the update.
+  const int64_t base = dist::span_begin(layout, span, layout.rank);
+  const int64_t lo = layout.optimizer_lo(), hi = layout.optimizer_hi();
+  // An empty range (more ranks than chunks) hashes no chunk.
   const int64_t c0 = lo / kDigestChunk, c1 = hi > lo ? (hi + kDigestChunk - 1) / kDigestChunk : c0;
-  const std::vector<Digest128> leaves = range_leaves(state, s_.ex, lo, hi, c0, c1);
-  if (layout.dp_shard == 1) return merkle_root(leaves).hex();  // this range is the whole vector
-  const int64_t per = layout.shard_stride() / kDigestChunk;    // chunks per shard
+  const std::vector<Digest128> leaves = range_leaves(state, s_.ex, base, base + state.size(), c0, c1);
+  if (W == 1) return merkle_root(leaves).hex();  // this range is the whole vector
+  const int64_t per = layout.optimizer_stride() / kDigestChunk;  // chunks per optimizer range
   std::vector<Digest128> mine(static_cast<size_t>(per));
   std::copy(leaves.begin(), leaves.end(), mine.begin());
-  std::vector<Digest128> all(static_cast<size_t>(per * layout.dp_shard));
-  s_.shard_group.allgather(mine.data(), mine.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
+  std::vector<Digest128> all(static_cast<size_t>(per * W));
+  s_.world.allgather(mine.data(), mine.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
   const int64_t chunks = (layout.total + kDigestChunk - 1) / kDigestChunk;
-  std::vector<Digest128> ordered;
-  for (int s = 0; s < layout.dp_shard; ++s) {
-    const int64_t first = layout.begin(s) / kDigestChunk;
-    for (int64_t c = 0; c < per && first + c < chunks && layout.begin(s) + c * kDigestChunk < layout.end(s); ++c)
-      ordered.push_back(all[static_cast<size_t>(s * per + c)]);
-  }
+  std::vector<Digest128> ordered(static_cast<size_t>(chunks));
+  for (int r = 0; r < W; ++r)
+    for (int64_t c = 0; c < per; ++c) {
+      const int64_t at = layout.optimizer_begin(r) + c * kDigestChunk;
+      if (at < layout.optimizer_end(r))
+        ordered[static_cast<size_t>(at / kDigestChunk)] = all[static_cast<size_t>(r * per + c)];
+    }
   return merkle_root(ordered).hex();
 }
 
-std::string StateDigest::operator()(const Buffer<float>& state, uint64_t& pieces_sent) {
-  if (!s_.placement.drops_any()) return sharded(state);
+std::string StateDigest::operator()(const Buffer<float>& state, dist::Span span, uint64_t& pieces_sent) {
+  // Every rank holds its whole optimizer range of the moments, and of the parameters too (dist::StatePlacement).
+  if (!s_.placement.drops_any() || span == dist::Span::optimizer) return sharded(state, span);
   static_assert(kDigestChunk == dist::kShardAlign, "digest chunks are the shards' alignment");
   const dist::Layout& layout = s_.layout;
   const int W = layout.world();
@@ -70,7 +76,7 @@ std::string StateDigest::operator()(const Buffer<float>& state, uint64_t& pieces
       want[static_cast<size_t>(q)].push_back({c * kDigestChunk, std::min(layout.total, (c + 1) * kDigestChunk)});
     widest = std::max(widest, chunks_of[static_cast<size_t>(q)].size());
   }
-  const std::vector<float> mine = dist::collect_pieces(s_, state, want, pieces_sent);
+  const std::vector<float> mine = dist::collect_pieces(s_, state, span, want, pieces_sent);
   std::vector<Digest128> leaves(widest);
   const float* next = mine.data();
   const std::vector<int64_t>& my_chunks = chunks_of[static_cast<size_t>(layout.rank)];

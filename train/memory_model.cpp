@@ -61,21 +61,26 @@ std::vector<std::pair<int64_t, int64_t>> fsdp_units(const ModelConfig& m, const 
 
 // What one rank holds at its peak; the fullest rank is the table's.
 struct RankParts {
-  int64_t state_floats = 0, shard_floats = 0;  // parameters (and each moment) held; the gradient shard
+  int64_t shard_floats = 0, state_floats = 0;  // the parameters' shard range; of it, what is held
+  int64_t optimizer_floats = 0;  // the optimizer range: the reduced gradient and each moment
   int slots = 0;                                // instance-tree slots at the same time (GradientTree)
   int64_t send_floats = 0, recv_floats = 0;     // the gradient all-to-all's blocks
   int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
+  int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
 
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
                      const std::vector<std::pair<int64_t, int64_t>>& units) {
   RankParts p;
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world()};
-  const int64_t N = split.global_instances, stride = L.shard_stride();
+  const int64_t N = split.global_instances, stride = L.optimizer_stride();
   const int W = L.world(), S = L.dp_shard;
   p.shard_floats = L.hi() - L.lo();
+  p.optimizer_floats = L.optimizer_hi() - L.optimizer_lo();
   // Device executors allocate the whole range; host memory takes pages only for what the rank holds.
-  p.state_floats = host_state ? P.held_floats(L.rank) : p.shard_floats;
+  p.state_floats = host_state ? dist::floats_in(P.held_parameters(L.rank)) : p.shard_floats;
+  if (L.dp_replicate > 1)
+    p.param_gather_floats = (L.dp_replicate + 1) * std::min(stride, dist::kParamGatherBlock);
   const auto [i0, i1] = split.instances_of_rank(L.rank);
   TreePlan plan = W == 1 ? TreePlan(N) : TreePlan(N, i0, i1);
   for (int64_t i = i0; i < i1; ++i) plan.feed_leaf(i);
@@ -107,11 +112,24 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
   for (int r = 0; r < L.world(); ++r) {
     L.rank = r;
     const RankParts p = rank_parts(cfg, L, P, host_state, units);
-    const int64_t floats = 3 * p.state_floats + p.shard_floats + p.slots * L.total + p.send_floats +
-                           std::max(p.recv_floats, p.gather_floats) + p.unit_floats;
+    const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.slots * L.total + p.send_floats +
+                           std::max({p.recv_floats, p.gather_floats, p.param_gather_floats}) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
   }
   return fullest;
+}
+
+// The step's transients never coexist, so the largest counts: an FSDP unit's gather vectors (host), the received
+// subtrees (host; on a device executor also their device copy) or the updated parameters' all-gather blocks (host).
+MemoryPart largest_transient(const RankParts& p, bool gpu, bool device_paths) {
+  const int64_t recv_bytes = kF32 * p.recv_floats * ((gpu ? 0 : 1) + (device_paths ? 1 : 0));
+  const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
+  const int64_t param_gather_bytes = kF32 * p.param_gather_floats;
+  if (recv_bytes >= std::max(gather_bytes, param_gather_bytes))
+    return {"received subtrees", recv_bytes, "transient: every rank's subtrees on my optimizer range, after backward"};
+  if (gather_bytes >= param_gather_bytes)
+    return {"FSDP gather buffers", gather_bytes, "transient: a unit's pieces for every shard rank and the unit received"};
+  return {"parameter all-gather", param_gather_bytes, "transient: the updated parameters' blocks from every replica"};
 }
 
 }  // namespace
@@ -147,14 +165,16 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     if (bytes > 0) out.parts.push_back({name, bytes, why});
   };
   const RankParts& p = fullest;
-  const std::string held = ep && !device_paths ? " (of the experts, those its group runs)" : "";
+  const std::string held = ep && !device_paths ? " (of the experts, those its group runs or its optimizer range holds)" : "";
   add("parameters", kF32 * p.state_floats, "fp32 master shard: params / dp_shard" + held);
-  add("AdamW moments", 2 * kF32 * p.state_floats, "m and v, like the parameters");
-  add("gradient shard", kF32 * p.shard_floats, "the reduced gradient: params / dp_shard");
+  add("AdamW moments", 2 * kF32 * p.optimizer_floats,
+      "m and v of the optimizer range: params / (dp_shard x dp_replicate)");
+  add("gradient shard", kF32 * p.optimizer_floats,
+      "the reduced gradient of the optimizer range: params / (dp_shard x dp_replicate)");
   add("gradient stack", kF32 * p.slots * n,
       std::to_string(p.slots) + " full-length instance-tree slots (<= ceil(log2 N) + 1, any layout)");
   if (!gpu)
-    add("subtree send blocks", kF32 * p.send_floats, "finished subtrees on every rank's shard: k x params / dp_shard x world");
+    add("subtree send blocks", kF32 * p.send_floats, "finished subtrees on every rank's optimizer range: k x params");
   if (L.dp_shard > 1) {
     if (device_paths) add("FSDP parameter view", kF32 * n, "the whole vector on the device, units copied in");
     if (!gpu) add("FSDP unit pages", kF32 * p.unit_floats, "the gathered unit in the host view (largest unit)");
@@ -179,22 +199,21 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     add("evaluation model",
         olmo3_memory_bytes(m, 1, T, parse_precision(cfg.train.precision), false) + kF32 * (n + T * m.vocab_size),
         "train/eval.h: its own model (micro-batch 1), a full gradient and logits");
-  // Host: an FSDP unit's gather vectors or the received subtrees (host; on a device executor also their device copy).
-  const int64_t recv_bytes = kF32 * p.recv_floats * ((gpu ? 0 : 1) + (device_paths ? 1 : 0));
-  const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
-  add(recv_bytes >= gather_bytes ? "received subtrees" : "FSDP gather buffers", std::max(recv_bytes, gather_bytes),
-      recv_bytes >= gather_bytes ? "transient: every rank's subtrees on my shard, after backward"
-                                 : "transient: a unit's pieces for every shard rank and the unit received");
+  const MemoryPart transient = largest_transient(p, gpu, device_paths);
+  add(transient.name, transient.bytes, transient.why);
   if (device_paths && !gpu) add("digest staging", kF32 * p.shard_floats, "the shard copied to the host to hash it");
   // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
   // is written: each writer (replicate group 0) holds zstd's output for its shard's params, m and v (each sized
   // ZSTD_compressBound and zero-filled; on a device executor also the state's host copies), then rank 0 reads every
   // shard file back whole, one at a time (ckpt::finish_save: read_file's growing buffer and its copy, two files' worth
   // of at most 3 x the shard each). What exceeds the step's own transients raises the peak.
+  // With the moments split over the replicas a writer also receives its shard's m and v (dist::collect_pieces).
   if (!gpu) {
     const int64_t step_extra =
-        kF32 * (p.slots * n + p.send_floats + p.unit_floats + std::max(p.recv_floats, p.gather_floats));
-    const int64_t write = kF32 * std::max<int64_t>(3 * p.shard_floats * (device_paths ? 2 : 1), 6 * L.shard_stride());
+        kF32 * (p.slots * n + p.send_floats + p.unit_floats +
+                std::max({p.recv_floats, p.gather_floats, p.param_gather_floats}));
+    const int64_t copies = device_paths ? 3 : (L.dp_replicate > 1 ? 2 : 0);
+    const int64_t write = kF32 * std::max<int64_t>((3 + copies) * p.shard_floats, 6 * L.shard_stride());
     add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.slots * n : 0) - step_extra,
         "zstd buffers of the shard's params, m, v; rank 0 reads each shard file back (6 x params / dp_shard)");
   }

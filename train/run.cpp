@@ -94,15 +94,16 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
   const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
   upload_held(params_, hp.data());
-  upload_held(m_, hm.data());
-  upload_held(v_, hv.data());
+  // The moments cover only the optimizer range, a part of the shard's.
+  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
+  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
   std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
   // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest. Each is a
   // collective, so every rank computes all three before any throws.
   StateDigest& digest = *state_digest_;
-  const bool same_p = digest(params_, checkpoint_pieces_sent_) == meta.digests.params,
-             same_m = digest(m_, checkpoint_pieces_sent_) == meta.digests.adam_m,
-             same_v = digest(v_, checkpoint_pieces_sent_) == meta.digests.adam_v;
+  const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
+             same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
+             same_v = digest(v_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_v;
   if (!same_p || !same_m || !same_v)
     throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
   if (opts.skip_moments) {

@@ -47,18 +47,6 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
 
 namespace {
 
-// The update's pieces (begin relative to lo) cut to the held ranges (absolute): AdamW is elementwise, so cutting a
-// tensor into parts changes no bit.
-std::vector<GroupPiece> held_pieces(const std::vector<GroupPiece>& pieces, const dist::Ranges& held, int64_t lo) {
-  std::vector<GroupPiece> out;
-  for (const GroupPiece& q : pieces)
-    for (const auto& [a, b] : held) {
-      const int64_t x = std::max(q.begin, a - lo), y = std::min(q.begin + q.n, b - lo);
-      if (x < y) out.push_back({x, y - x, q.group});
-    }
-  return out;
-}
-
 std::unique_ptr<Executor> make_fitting_executor(const TrainConfig& cfg, const Parallelism& par, ThreadPool* pool) {
   std::unique_ptr<Executor> ex = make_executor(cfg.train.executor, pool);
   check_run_fits(cfg, par, *ex);
@@ -119,24 +107,24 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));
-  const int64_t n = layout_.hi() - layout_.lo();
-  if (placement_.drops_any()) {
+  // The distributed optimizer: the replicas of a shard split its update (dist/layout.h), so the moments cover only
+  // this rank's optimizer range, all of it (under expert-resident state too: dist/expert_placement.h).
+  const int64_t n = layout_.hi() - layout_.lo(), n_opt = layout_.optimizer_hi() - layout_.optimizer_lo();
+  if (placement_.drops_any())
     params_.reset_untouched(*ex_, n, "fp32 master parameters");
-    m_.reset_untouched(*ex_, n, "AdamW first moments");
-    v_.reset_untouched(*ex_, n, "AdamW second moments");
-  } else {
+  else
     params_.reset(*ex_, n, "fp32 master parameters");
-    m_.reset(*ex_, n, "AdamW first moments");
-    v_.reset(*ex_, n, "AdamW second moments");
-  }
+  m_.reset(*ex_, n_opt, "AdamW first moments");
+  v_.reset(*ex_, n_opt, "AdamW second moments");
+  // The replicas of my shard, ordered by replicate index: they all-gather the parameters each one updated.
+  if (layout_.dp_replicate > 1) replica_comm_ = comm_->split(layout_.shard_index(), layout_.replicate_index());
   {
     std::vector<float> init(static_cast<size_t>(n));
     init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), init.data());
     upload_held(params_, init.data());
   }
   groups_ = param_groups(cfg_.optim, model_.layout());
-  pieces_ = held_pieces(group_pieces(model_.layout(), groups_, layout_.lo(), layout_.hi()),
-                        placement_.held(layout_.rank), layout_.lo());
+  pieces_ = group_pieces(model_.layout(), groups_, layout_.optimizer_lo(), layout_.optimizer_hi());
   state_digest_ = std::make_unique<StateDigest>(sharded_state());
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_);
@@ -151,9 +139,12 @@ std::string Trainer::op_profile() const {
 }
 
 int64_t Trainer::state_bytes() const {
-  // Device executors allocate the whole range (the parts not held are never written, but they are allocated).
-  const int64_t held = ex_->host_memory() ? placement_.held_floats(layout_.rank) : params_.size();
-  return static_cast<int64_t>((3 * held + grad_shard_.size()) * static_cast<int64_t>(sizeof(float)));
+  // Device executors allocate the parameters' whole range (the parts not held are never written, but they are
+  // allocated).
+  const int64_t params =
+      ex_->host_memory() ? dist::floats_in(placement_.held_parameters(layout_.rank)) : params_.size();
+  return static_cast<int64_t>((params + m_.size() + v_.size() + grad_shard_.size()) *
+                              static_cast<int64_t>(sizeof(float)));
 }
 
 int64_t Trainer::state_resident_bytes() const {
@@ -166,9 +157,18 @@ int64_t Trainer::state_resident_bytes() const {
   return n;
 }
 
-void Trainer::upload_held(Buffer<float>& b, const float* shard) {
-  const int64_t lo = layout_.lo();
-  for (const auto& [x, y] : placement_.held(layout_.rank)) b.upload(shard + (x - lo), y - x, x - lo);
+dist::Span Trainer::span_of(const Buffer<float>& b) const {
+  return &b == &params_ ? dist::Span::shard : dist::Span::optimizer;
+}
+
+void Trainer::upload_held(Buffer<float>& b, const float* range) {
+  const dist::Span span = span_of(b);
+  const int64_t lo = dist::span_begin(layout_, span, layout_.rank), hi = dist::span_end(layout_, span, layout_.rank);
+  if (span == dist::Span::optimizer) {
+    b.upload(range, hi - lo);
+    return;
+  }
+  for (const auto& [x, y] : placement_.held_parameters(layout_.rank)) b.upload(range + (x - lo), y - x, x - lo);
 }
 
 dist::ShardedState Trainer::sharded_state() { return {*ex_, layout_, placement_, *comm_, *shard_comm_}; }
@@ -177,7 +177,7 @@ std::vector<float> Trainer::params_on_rank0() {
   if (layout_.dp_shard != 1) throw std::logic_error("params_on_rank0: dp_shard 1 only");
   std::vector<dist::Ranges> want(static_cast<size_t>(layout_.world()));
   want[0] = {{0, layout_.total}};
-  return dist::collect_pieces(sharded_state(), params_, want, checkpoint_pieces_sent_);
+  return dist::collect_pieces(sharded_state(), params_, dist::Span::shard, want, checkpoint_pieces_sent_);
 }
 
 const float* Trainer::host_params() {
@@ -210,18 +210,18 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
     tree_.reset();
   } else {
     // Each finished maximal subtree goes straight into the all-to-all's send blocks (block (j, q): subtree q
-    // on rank j's shard range, padded to the stride), so the stack never holds more than ceil(log2 N) + 1.
+    // on rank j's optimizer range, padded to the stride), so the stack never holds more than ceil(log2 N) + 1.
     const auto [i0, i1] = split.instances_of_rank(layout_.rank);
     const int64_t k = static_cast<int64_t>(maximal_subtrees(split.global_instances, i0, i1).size());
-    const int64_t stride = layout_.shard_stride();
+    const int64_t stride = layout_.optimizer_stride();
     const int W = layout_.world();
     send_.assign(static_cast<size_t>(k * stride * W), 0.0f);
     tree_.reset_emitting(i0, i1, [this, k, stride, W](int q, const float* src, int64_t off, int64_t n) {
       for (int j = 0; j < W; ++j) {
-        const int s = j % layout_.dp_shard;
-        const int64_t a = std::max(off, layout_.begin(s)), b = std::min(off + n, layout_.end(s));
+        const int64_t lo = layout_.optimizer_begin(j);
+        const int64_t a = std::max(off, lo), b = std::min(off + n, layout_.optimizer_end(j));
         if (a < b)
-          ex_->to_host(send_.data() + (j * k + q) * stride + (a - layout_.begin(s)), src + (a - off),
+          ex_->to_host(send_.data() + (j * k + q) * stride + (a - lo), src + (a - off),
                        static_cast<size_t>(b - a) * sizeof(float));
       }
     });
@@ -302,7 +302,7 @@ LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* l
 
 void Trainer::reduce_gradient_to_shard(float* shard_out) {
   const int W = layout_.world();
-  const int64_t lo = layout_.lo(), len = layout_.hi() - lo;
+  const int64_t lo = layout_.optimizer_lo(), len = layout_.optimizer_hi() - lo;
   const BatchSplit split = batch_split();
   const int64_t N = split.global_instances;
   if (W == 1 || par_.debug_tree_shape != TreeShape::balanced) {  // the root is in slot 0
@@ -317,9 +317,9 @@ void Trainer::reduce_gradient_to_shard(float* shard_out) {
   }
   const std::vector<TreeNode>& mine = nodes_of[static_cast<size_t>(layout_.rank)];
   if (mine != tree_.nodes()) throw std::logic_error("instance tree: this rank's subtrees differ from the layout's");
-  // All-to-all: to rank j, my k nodes restricted to j's shard range (each padded to the shard stride, so an
-  // aligned layout with one node per rank sends exactly what the rank tree of whole subtrees sent).
-  const int64_t stride = layout_.shard_stride();
+  // All-to-all: to rank j, my k nodes restricted to j's optimizer range (each padded to the optimizer stride, so
+  // an aligned layout with one node per rank sends each rank only what it reduces).
+  const int64_t stride = layout_.optimizer_stride();
   const int64_t k = static_cast<int64_t>(mine.size());
   std::vector<int64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
   int64_t recv_total = 0;
@@ -384,7 +384,7 @@ StepResult Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   note_data_position();
   const StepBatch batch = source_->next();
-  const int64_t len = layout_.hi() - layout_.lo();
+  const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
   if (grad_shard_.size() != len) grad_shard_.reset(*ex_, len, "gradient shard");
   std::vector<LossSums> mine;
   if (par_.debug_float_allreduce) {
@@ -433,7 +433,7 @@ std::vector<LossSums> Trainer::float_allreduce_gradient(const StepBatch& batch) 
   }
   join_longer_runs(m1 - m0, p);
   comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
-  std::copy(acc.begin() + layout_.lo(), acc.begin() + layout_.hi(), grad_shard_.data());
+  std::copy(acc.begin() + layout_.optimizer_lo(), acc.begin() + layout_.optimizer_hi(), grad_shard_.data());
   return per;
 }
 
@@ -487,25 +487,27 @@ Trainer::StepLoss Trainer::loss(const std::vector<LossSums>& mine) {
   return out;
 }
 
-// Clip: the global norm from every shard's per-chunk Σg², added in chunk order (the single-process formula, so any
-// layout gives its bits), then the coefficient that scales the gradient down to optim.max_grad_norm.
+// Clip: the global norm from every optimizer range's per-chunk Σg², added in chunk order (the single-process formula,
+// so any layout gives its bits), then the coefficient that scales the gradient down to optim.max_grad_norm.
 Trainer::ClippedGradient Trainer::clip() {
-  const int64_t len = layout_.hi() - layout_.lo();
+  const int W = layout_.world();
+  const int64_t lo = layout_.optimizer_lo(), len = layout_.optimizer_hi() - lo;
   const int64_t chunks = (layout_.total + kNormChunk - 1) / kNormChunk;
   std::vector<double> part(static_cast<size_t>(chunks), 0.0);
-  // Shards start on chunk boundaries (the stride is a whole number of chunks; an empty shard owns no chunk), so
-  // the shard's own chunks are chunks of the flat vector.
-  const int64_t per = layout_.shard_stride() / kNormChunk;
-  if (len > 0 && (layout_.lo() % kNormChunk != 0 || (len + kNormChunk - 1) / kNormChunk > per))
-    throw std::logic_error("gradient norm: the shard is not a whole run of norm chunks");
+  // Optimizer ranges start on chunk boundaries (their stride is a whole number of chunks; an empty range owns no
+  // chunk), so the range's own chunks are chunks of the flat vector.
+  const int64_t per = layout_.optimizer_stride() / kNormChunk;
+  if (len > 0 && (lo % kNormChunk != 0 || (len + kNormChunk - 1) / kNormChunk > per))
+    throw std::logic_error("gradient norm: the optimizer range is not a whole run of norm chunks");
   std::vector<double> mine(static_cast<size_t>(per), 0.0);
   ex_->grad_norm_chunks(grad_shard_.data(), len, mine.data());
-  std::vector<double> all(static_cast<size_t>(per * layout_.dp_shard));
-  shard_comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather norm partials");
-  for (int s = 0; s < layout_.dp_shard; ++s)
+  std::vector<double> all(static_cast<size_t>(per * W));
+  comm_->allgather(mine.data(), mine.size() * sizeof(double), all.data(), "all-gather norm partials");
+  for (int r = 0; r < W; ++r)
     for (int64_t c = 0; c < per; ++c) {
-      const int64_t global = layout_.begin(s) / kNormChunk + c;
-      if (global < chunks && layout_.begin(s) + c * kNormChunk < layout_.end(s)) part[global] = all[s * per + c];
+      const int64_t at = layout_.optimizer_begin(r) + c * kNormChunk;
+      if (at < layout_.optimizer_end(r))
+        part[static_cast<size_t>(at / kNormChunk)] = all[static_cast<size_t>(r * per + c)];
     }
   double total = 0.0;
   for (double x : part) total += x;
@@ -513,12 +515,12 @@ Trainer::ClippedGradient Trainer::clip() {
   g.norm = std::sqrt(total);
   g.clip = clip_coefficient(g.norm, cfg_.optim.max_grad_norm);
   if (g.clip != 1.0f) ex_->scale(grad_shard_.data(), g.clip, len);
-  // Megatron's num-zeros: zero elements of the clipped gradient, my shard's count summed over the shard group
-  // (replicas hold the same shard, so they are not counted twice). Integers: the layout cannot change the sum.
+  // Megatron's num-zeros: zero elements of the clipped gradient, every optimizer range's count summed over the
+  // world. Integers: the layout cannot change the sum.
   g.num_zeros = ex_->count_zeros(grad_shard_.data(), len);
-  if (layout_.dp_shard > 1) {
-    std::vector<int64_t> every(static_cast<size_t>(layout_.dp_shard));
-    shard_comm_->allgather(&g.num_zeros, sizeof g.num_zeros, every.data(), "all-gather zero counts");
+  if (W > 1) {
+    std::vector<int64_t> every(static_cast<size_t>(W));
+    comm_->allgather(&g.num_zeros, sizeof g.num_zeros, every.data(), "all-gather zero counts");
     g.num_zeros = 0;
     for (int64_t z : every) g.num_zeros += z;
   }
@@ -540,6 +542,7 @@ Trainer::OptimizerOutcome Trainer::optimizer(int64_t batch_tokens, float ce_loss
     adamw_update(o.step, o.group_lr);
   else
     o.skipped = skip_step_update(ce_loss, static_cast<float>(g.norm), o.group_lr) == 0.0f ? 1 : 0;
+  gather_updated_params();
   if (dump) dump_optim_step(o, ce_loss, g);
   step_ = o.step;
   tokens_ += batch_tokens;
@@ -554,9 +557,41 @@ void Trainer::adamw_update(int64_t step, const std::vector<double>& group_lr) {
     adam.push_back(adamw_scalars(cfg_.optim, step, group_lr[g]));
     decay.push_back(adamw_group_decay(group_lr[g], groups_[g].weight_decay));
   }
+  float* params = optimizer_params();
   for (const GroupPiece& q : pieces_)
-    ex_->adamw(adam[q.group], decay[q.group], grad_shard_.data() + q.begin, params_.data() + q.begin,
-               m_.data() + q.begin, v_.data() + q.begin, q.n);
+    ex_->adamw(adam[q.group], decay[q.group], grad_shard_.data() + q.begin, params + q.begin, m_.data() + q.begin,
+               v_.data() + q.begin, q.n);
+}
+
+float* Trainer::optimizer_params() { return params_.data() + (layout_.optimizer_lo() - layout_.lo()); }
+
+// The replicas of a shard each updated their optimizer range of its parameters; they all-gather the ranges back, so
+// that every replica holds its shard again for the forward (or FSDP's gathers); under expert-resident state each
+// keeps only what it holds. Data movement only. By blocks, so the transient stays (dp_replicate + 1) blocks
+// whatever the model's size.
+void Trainer::gather_updated_params() {
+  if (!replica_comm_) return;
+  const int R = layout_.dp_replicate, s = layout_.shard_index(), me = layout_.replicate_index();
+  const int64_t lo = layout_.lo(), stride = layout_.optimizer_stride();
+  const dist::Ranges held = placement_.held_parameters(layout_.rank);
+  const int64_t block = std::min(stride, dist::kParamGatherBlock);
+  std::vector<float> mine(static_cast<size_t>(block)), all(static_cast<size_t>(block * R));
+  for (int64_t at = 0; at < stride; at += block) {
+    const int64_t n = std::min(block, stride - at);
+    const int64_t x0 = layout_.optimizer_lo() + at, x1 = std::min(layout_.optimizer_hi(), x0 + n);
+    if (x0 < x1) params_.download(mine.data(), x1 - x0, x0 - lo);
+    replica_comm_->allgather(mine.data(), static_cast<size_t>(n) * sizeof(float), all.data(),
+                             "all-gather updated parameters");
+    for (int g = 0; g < R; ++g) {
+      const int r = layout_.rank_of(s, g);
+      const int64_t y0 = layout_.optimizer_begin(r) + at, y1 = std::min(layout_.optimizer_end(r), y0 + n);
+      if (g == me) continue;
+      for (const auto& [a, b] : held) {
+        const int64_t x = std::max(a, y0), y = std::min(b, y1);
+        if (x < y) params_.upload(all.data() + g * n + (x - y0), y - x, x - lo);
+      }
+    }
+  }
 }
 
 // SkipStepAdamW: the decision from the global CE and the pre-clip norm (the same on every rank), then OLMo-core's
@@ -567,8 +602,9 @@ float Trainer::skip_step_update(float ce_loss, float norm, const std::vector<dou
   std::vector<elem::SkipStepScalars> sc;
   for (size_t g = 0; g < groups_.size(); ++g)
     sc.push_back(skip_step_scalars(cfg_.optim, group_lr[g], groups_[g].weight_decay, skip_.step, sf));
+  float* params = optimizer_params();
   for (const GroupPiece& q : pieces_)
-    ex_->skip_step_adamw(sc[q.group], grad_shard_.data() + q.begin, params_.data() + q.begin, m_.data() + q.begin,
+    ex_->skip_step_adamw(sc[q.group], grad_shard_.data() + q.begin, params + q.begin, m_.data() + q.begin,
                          v_.data() + q.begin, q.n);
   skip_.step = skip_step_next_count(cfg_.optim, skip_.step, sf);
   return sf;
@@ -601,7 +637,7 @@ StepResult Trainer::fingerprint(const StepBatch& batch, const StepLoss& loss, co
   r.num_zeros = g.num_zeros;
   r.skipped = opt.skipped;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
-  r.param_digest = (*state_digest_)(params_, digest_pieces_sent_);
+  r.param_digest = (*state_digest_)(params_, dist::Span::shard, digest_pieces_sent_);
   return out;
 }
 

@@ -59,20 +59,22 @@ class Trainer {
   std::string op_profile() const;
   int64_t step() const { return step_; }          // optimizer steps completed
   int64_t n_params() const { return model_.layout().total; }
-  // This rank's shard [layout().lo(), layout().hi()) of the fp32 master parameters and AdamW moments
-  // (the whole vectors in a single-process run), in executor memory.
+  // This rank's shard [layout().lo(), layout().hi()) of the fp32 master parameters (the whole vector in a
+  // single-process run), in executor memory.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   // The same on the host: the buffer itself for host-memory executors, else a copy made now.
   const float* host_params();
+  // The AdamW moments of this rank's optimizer range [layout().optimizer_lo(), layout().optimizer_hi()).
   std::vector<float> adam_m() const { return dist::host_copy(m_); }
   std::vector<float> adam_v() const { return dist::host_copy(v_); }
   // optim.kind = "skip_step_adamw": the loss and gradient-norm windows and the step count (checkpointed).
   const SkipStepState& skip_state() const { return skip_; }
   const dist::Layout& layout() const { return layout_; }
   dist::Comm& comm() { return *comm_; }
-  // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures: under expert
-  // parallelism only the experts its replicate group runs (dist/expert_placement.h).
+  // Bytes of persistent state this rank holds (params + grad shard + m + v), for the memory figures: the gradient
+  // and moments of its optimizer range only; under expert-resident state, of the parameters, only the experts its
+  // replicate group runs and its optimizer range (dist/expert_placement.h).
   int64_t state_bytes() const;
   // The same measured: bytes of those buffers resident in host memory (mincore), -1 on a device executor.
   int64_t state_resident_bytes() const;
@@ -82,14 +84,16 @@ class Trainer {
   uint64_t checkpoint_pieces_sent() const { return checkpoint_pieces_sent_; }
   // True when rank r holds every element of its shard's range (always, except expert-resident state).
   bool holds_whole_shard(int r) const {
-    return placement_.held_floats(r) == layout_.end(layout_.shard_index_of(r)) - layout_.begin(layout_.shard_index_of(r));
+    return dist::floats_in(placement_.held_parameters(r)) ==
+           layout_.end(layout_.shard_index_of(r)) - layout_.begin(layout_.shard_index_of(r));
   }
   // dp_shard = 1 only, collective: the whole parameter vector on rank 0 (empty elsewhere), the pieces rank 0 does
   // not hold coming from the ranks that do (expert-resident state; the [eval] backstop reads every parameter).
   std::vector<float> params_on_rank0();
-  // Bytes this rank sent through collectives (world and shard-group communicators).
+  // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
-    return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) + ep_bytes_sent();
+    return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
+           (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent();
   }
   // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
   uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
@@ -147,6 +151,8 @@ class Trainer {
   ClippedGradient clip();
   OptimizerOutcome optimizer(int64_t batch_tokens, float ce_loss, const ClippedGradient& g);
   void adamw_update(int64_t step, const std::vector<double>& group_lr);
+  float* optimizer_params();      // params_ at this rank's optimizer range
+  void gather_updated_params();   // the replicas of my shard exchange the ranges they updated
   float skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr);
   StepResult fingerprint(const StepBatch& batch, const StepLoss& loss, const ClippedGradient& g,
                          const OptimizerOutcome& opt);
@@ -159,10 +165,12 @@ class Trainer {
   // gathers, expert exchanges) without instances of their own (Olmo3::idle_pass).
   void join_longer_runs(int64_t my_runs, const float* params);
   void release_transients();           // frees the gradient buffers of a sharded step
-  // Writes a host copy of this rank's whole shard range into the parts of b this rank holds.
-  void upload_held(Buffer<float>& b, const float* shard);
-  // Finishes the instance tree on this rank's shard: every rank's maximal subtrees (restricted to each
-  // shard) travel to the shard's owners by one all-to-all, and the owner performs the tree's remaining adds.
+  // The range b is indexed by: params_ the shard's, the gradient and moments the optimizer range (dist::Span).
+  dist::Span span_of(const Buffer<float>& b) const;
+  // Writes a host copy of b's whole range (span_of(b)) into the parts of b this rank holds.
+  void upload_held(Buffer<float>& b, const float* range);
+  // Finishes the instance tree on this rank's optimizer range: every rank's maximal subtrees (restricted to each
+  // optimizer range) travel to its owner by one all-to-all, and the owner performs the tree's remaining adds.
   void reduce_gradient_to_shard(float* shard_out);
 
   TrainConfig cfg_;
@@ -173,14 +181,16 @@ class Trainer {
   Parallelism par_;
   dist::Comm* comm_;
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
+  std::unique_ptr<dist::Comm> replica_comm_;  // ranks of my shard index, by replicate index (dp_replicate > 1 only)
   std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
   std::unique_ptr<dist::CommExpertExchange> ep_exchange_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
   uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()
   std::unique_ptr<StateDigest> state_digest_;  // the whole-vector roots of params_, m_ and v_
-  // This rank's range, in executor memory. Under expert-resident state params, m and v are indexed as the whole
-  // range but only the held parts are ever written (host memory: the rest takes no pages).
+  // In executor memory: params_ on this rank's shard range, grad_shard_, m_ and v_ on its optimizer range (a part of
+  // the shard's: the distributed optimizer). Under expert-resident state params_ is indexed as the whole range but
+  // only its held parts (StatePlacement::held_parameters) are ever written (host memory: the rest takes no pages).
   Buffer<float> params_, m_, v_, grad_shard_;
   std::vector<float> host_staging_;             // host_params() of a device executor
   // FSDP: the model's view of the full parameter vector when dp_shard > 1. Virtual memory only: each

@@ -3,7 +3,8 @@
 # ranks, shard x replicate products such as 3x1, 1x3, 3x2, 2x3, uneven runs of micro-batches), fp32 and bf16,
 # and at any micro-batch size (divisors or not), writes byte-identical traces to the single-process run;
 # resumes across layouts and micro-batch sizes (resume-check, a chain of restarts, a kill -9 during a 3-rank
-# checkpoint) continue identically; two negative controls (the old micro-batch-chain order, a float
+# checkpoint) continue identically; the replicas split the gradient and moments (the distributed optimizer) and
+# together hold one copy of them; two negative controls (the old micro-batch-chain order, a float
 # all-reduce) break the invariance; a rank that dies or hangs ends the job quickly, naming the rank, and
 # leaves no checkpoint marked complete.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -33,6 +34,21 @@ for layout in 1x1 2x1 1x2 3x1 1x3 4x1 5x1 6x1 2x2 3x2 2x3; do
   run_layout "$layout" "$layout" "${cfg[@]}"
   same single "$layout" "fp32 layout $layout (micro-batch 2)"
 done
+# The distributed optimizer: the replicas of a shard split its reduced gradient and AdamW moments, so the ranks
+# hold one copy of them between them, not one per replica. Each rank's `--report-comm` state is its shard's
+# parameters plus its part of the gradient, m and v (4 bytes each): over the ranks 4·(dp_replicate·n + 3n) bytes for n
+# parameters, 1.25x the single process's 16n at 1x2, 2x2 and 3x2 (2x before), 1.5x at 1x3 (3x before).
+python3 - "$work" <<'PY' || { echo "distributed optimizer: the moments are not split over the replicas"; exit 1; }
+import re, sys
+def states(name):
+    return [float(x) for x in re.findall(r"state ([0-9.]+) MiB", open(f"{sys.argv[1]}/{name}.log").read())]
+one = states("1x1")[0]
+for layout, want in (("1x2", 1.25), ("2x2", 1.25), ("1x3", 1.5), ("3x2", 1.25)):
+    got = sum(states(layout)) / one
+    print(f"distributed optimizer: {layout} ranks hold {got:.3f}x the single process's state together (want {want})")
+    if abs(got - want) > 0.01:
+        sys.exit(1)
+PY
 # 8 ranks need 8 micro-batches: micro-batch 1 (12 over 8 ranks: runs of 2 and 1), also 5x1 with runs 3,3,2,2,2.
 for layout in 8x1 5x1 3x2; do
   run_layout "$layout-mb1" "$layout" "${base[@]}" --set train.micro_batch_instances=1
