@@ -29,25 +29,17 @@ judges (docs/golden.md).
 
 Exit status: 0 replayed; 2 the bundle is malformed or TorchTitan cannot be imported.
 """
-import json
 import logging
 import os
 import re
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import Bundle, BundleError, adapter_args, setup_torch  # noqa: E402
+from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
 
 # The one place the TorchTitan release is pinned (tools/setup_python.sh installs it into OLMOREF_VENV).
 TORCHTITAN_VERSION = "0.3.0"
-
-
-def fail(msg):
-    print(f"torchtitan_replay: {msg}", file=sys.stderr)
-    return 2
 
 
 def import_torchtitan():
@@ -60,7 +52,13 @@ def import_torchtitan():
         raise ImportError(f"torchtitan is not installed (pip install 'torchtitan=={TORCHTITAN_VERSION}')")
     if v != TORCHTITAN_VERSION:
         raise ImportError(f"torchtitan {v} is installed; this adapter is pinned to {TORCHTITAN_VERSION}")
-    import torchtitan.experiments.transformers_modeling_backend  # noqa: F401
+    try:
+        import torchtitan.experiments.transformers_modeling_backend  # noqa: F401
+        import torchtitan.trainer  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"{e}: its Trainer imports torchdata and datasets, which torchtitan's wheel leaves to be "
+                          f"installed beside it (pip install --no-deps torchdata; pip install 'datasets>=3.6.0,<4.8.0')"
+                          f"; run it with $OLMOREF_VENV/bin/python (bash tools/setup_python.sh makes it)")
     return v
 
 
@@ -401,38 +399,10 @@ def replay(bundle, threads, work):
 
 
 def main(argv=None):
-    args = adapter_args(__doc__, argv, "what TorchTitan did natively and what was added, JSON")
-    try:
-        bundle = Bundle(args.bundle, args.steps)
-        check_recipe(bundle)
-    except BundleError as e:
-        return fail(f"bad bundle: {e}")
-    if bundle.meta.get("precision") != "fp32":
-        print(f"torchtitan_replay: note: the run used precision {bundle.meta.get('precision')}; this replay computes "
-              f"in fp32, so expect bf16-sized differences", file=sys.stderr)
-    try:
-        version = import_torchtitan()
-    except ImportError as e:
-        return fail(f"cannot import TorchTitan: {e}; run it with $OLMOREF_VENV/bin/python (bash tools/setup_python.sh "
-                    f"makes it)")
     logging.getLogger("torchtitan").setLevel(logging.WARNING)
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="olmoref-tt-replay.") as work:
-        try:
-            records, native, added = replay(bundle, args.threads, work)
-        except BundleError as e:
-            return fail(f"bad bundle: {e}")
-    with open(args.out + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(args.out + ".tmp", args.out)
-    report = {"framework": "torchtitan", "version": version, "native": native, "added": added, "steps": bundle.S}
-    with open(args.report, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    print(f"torchtitan_replay: {bundle.S} steps through TorchTitan {version}'s Trainer in {time.time() - t0:.1f} s; "
-          f"last loss {records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0].split(':')[0] for a in added)}",
-          file=sys.stderr)
-    return 0
+    return adapter_main(__doc__, argv, name="torchtitan_replay", framework="torchtitan",
+                        report_help="what TorchTitan did natively and what was added, JSON", check_recipe=check_recipe,
+                        import_framework=import_torchtitan, replay=replay)
 
 
 if __name__ == "__main__":
