@@ -121,7 +121,7 @@ def run_on_cpu():
 
 # ---- the pieces TorchTitan's config takes ---------------------------------------------------------------------------
 
-def model_spec(torch):
+def model_spec():
     """The transformers backend's own pieces under one spec; only the attention implementation differs."""
     from torchtitan.experiments.transformers_modeling_backend import (HFTransformerModel,
                                                                       HFTransformerStateDictAdapter,
@@ -196,7 +196,7 @@ def lr_config(torch, bundle, native, added):
     want = [float(x) for x in bundle.optim["lr_per_step"][:bundle.S]]
     sch = bundle.meta.get("schedule") or {}
     if sch.get("kind") == "cosine" and sch.get("peak_lr") is not None:
-        # The peak rides in the factor (the optimizer's lr is 1.0), as the bundle's lr is peak * f(step).
+        # Its lr is the optimizer's (the peak) times the factor; a warmup longer than total_steps it would shorten.
         own = LRSchedulersContainer.Config(warmup_steps=int(sch["warmup"]), decay_type="cosine",
                                            min_lr_factor=float(sch["alpha_f"]),
                                            total_steps=max(int(sch["t_max"]), int(sch["warmup"])))
@@ -327,7 +327,7 @@ def replay(bundle, threads, work):
         return next(iter(HFTransformerStateDictAdapter.from_hf(None, {hf_name: None})))
 
     lr_cfg, base_lr = lr_config(torch, bundle, native, added)
-    spec = model_spec(torch)
+    spec = model_spec()
     config = TransformersBackendConfig(
         hf_model=hf_dir, hf_assets_path=hf_dir, dump_folder=os.path.join(work, "dump"), model_spec=spec,
         tokenizer=pretokenized_config(), dataloader=bundle_batches_config(torch, bundle),
