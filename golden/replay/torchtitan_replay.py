@@ -56,9 +56,9 @@ def import_torchtitan():
         import torchtitan.experiments.transformers_modeling_backend  # noqa: F401
         import torchtitan.trainer  # noqa: F401
     except ImportError as e:
-        raise ImportError(f"{e}: its Trainer imports torchdata and datasets, which torchtitan's wheel leaves to be "
-                          f"installed beside it (pip install --no-deps torchdata; pip install 'datasets>=3.6.0,<4.8.0')"
-                          f"; run it with $OLMOREF_VENV/bin/python (bash tools/setup_python.sh makes it)")
+        raise ImportError(f"{e}: its Trainer imports torchdata and datasets, which the venv's torchtitan (installed "
+                          f"without its dependencies) lacks (docs/golden.md, section 8, says what to install); run it "
+                          f"with $OLMOREF_VENV/bin/python (bash tools/setup_python.sh makes it)")
     return v
 
 

@@ -20,7 +20,8 @@ olmoref_ensure_venv replay_torchtitan
 # The venv's torchtitan is installed without its dependencies; its Trainer imports torchdata (its data loader base)
 # and datasets (its validator's text loaders).
 "$py" -c "import torchtitan.trainer" > "$work/import.log" 2>&1 ||
-  skip "TorchTitan's Trainer cannot be imported from $OLMOREF_VENV ($(tail -n1 "$work/import.log")): it needs torchdata and datasets<4.8 beside torchtitan (bash tools/setup_python.sh)"
+  skip "TorchTitan's Trainer cannot be imported from $OLMOREF_VENV ($(tail -n1 "$work/import.log")): it needs \
+torchdata and datasets beside torchtitan (docs/golden.md, section 8; bash tools/setup_python.sh)"
 FRAMEWORK=torchtitan PY=$py
 replay_make_bundle 1
 if [ "${1:-pass}" = pass ]; then
