@@ -299,6 +299,53 @@ def trace_logger_class():
 
 # ---- the run ----------------------------------------------------------------------------------------------------
 
+def describe_run(bundle, titan_name, native, added):
+    """The report's account of what TorchTitan's own code did and what the adapter added to it."""
+    S, G, mb, T, max_norm = bundle.S, bundle.G, bundle.mb, bundle.T, float(bundle.optim["max_grad_norm"])
+    native += [f"HFTransformerTrainer (transformers_modeling_backend) over one gloo rank, {S} steps of {G // mb} "
+               f"micro-batches of {mb} x {T} tokens, fp32, debug.deterministic",
+               "model: the backend's HFTransformerModel around transformers' Olmo3ForCausalLM from hf/config.json, "
+               "its parallelize_hf_transformers, no activation checkpointing",
+               "weights: checkpoint.initial_load_in_hf from hf/model.safetensors through HFTransformerStateDictAdapter",
+               "loss normalisation: the Trainer's global_valid_tokens (every label of the step)",
+               f"clipping: clip_grad_norm_ with training.max_norm {max_norm}, its logged grad_norm",
+               f"optimizer: OptimizersContainer, torch AdamW (for-loop) with ParamGroupConfig no-decay group "
+               f"{[titan_name(n) for n in bundle.optim['no_decay']]} at weight_decay 0"]
+    added += ["run_on_cpu: TorchTitan's device_type/device_module set to the CPU in the modules that copied them "
+              "at import (torchtitan/tools/utils.py:55 picks \"cuda\" when no accelerator is found), with CpuDevice "
+              "answering its memory monitor's queries",
+              "ModelSpec olmoref_olmo3: the backend's model, parallelize and state dict adapter, with "
+              "set_attn_implementation('eager') first (FlexAttention has no CPU backward; the backend's causal "
+              "BlockMask drops the sliding window)",
+              "BundleBatches (a BaseDataLoader): the bundle's batches in order, checked against their checksums",
+              "Pretokenized (a BaseTokenizer that encodes nothing): the bundle has token ids and no tokenizer",
+              "TraceLogger (a metrics BaseLogger): keeps the metrics the Trainer logs each step, for the trace"]
+    if bundle.z_loss != 0:
+        added.append(f"ZLossCrossEntropy (a BaseLoss): TorchTitan's cross_entropy_loss + {bundle.z_loss} * "
+                     f"logsumexp^2 (TorchTitan has no z-loss); its two sums are read around each train_step")
+    else:
+        native.append("loss: CrossEntropyLoss (sum over targets / global_valid_tokens)")
+
+
+def trace_records(bundle, metrics, steps_terms):
+    """One trace record per step from what the Trainer logged (metrics[step]) and the loss terms' sums."""
+    records = []
+    N = bundle.N
+    for s in range(1, bundle.S + 1):
+        m = metrics.get(s, {})
+        lrs = [v for k, v in m.items() if k.startswith("lr/")]
+        for key in ("loss_metrics/global_avg_loss", "grad_norm"):
+            if key not in m or not lrs:
+                raise RuntimeError(f"TorchTitan recorded no '{key}' or lr for step {s} (recorded: {sorted(m)})")
+        if len(set(lrs)) != 1:
+            raise RuntimeError(f"step {s}: the optimizer's groups stepped with different lrs {lrs}")
+        loss = float(m["loss_metrics/global_avg_loss"])
+        ce, z = (steps_terms[s]["ce"] / N, steps_terms[s]["z"] / N) if bundle.z_loss != 0 else (loss, 0.0)
+        records.append({"step": s, "loss": loss, "ce": ce, "z": z, "grad_norm": float(m["grad_norm"]),
+                        "lr": lrs[0]})
+    return records
+
+
 def replay(bundle, threads, work):
     torch = setup_torch(threads)
     import torch.distributed as dist
@@ -310,9 +357,6 @@ def replay(bundle, threads, work):
 
     run_on_cpu()
     native, added = [], []
-    added.append("run_on_cpu: TorchTitan's device_type/device_module set to the CPU in the modules that copied them "
-                 "at import (torchtitan/tools/utils.py:55 picks \"cuda\" when no accelerator is found), with "
-                 "CpuDevice answering its memory monitor's queries")
     S, G, mb, T = bundle.S, bundle.G, bundle.mb, bundle.T
     hf_dir = os.path.join(bundle.path, bundle.meta["hf_dir"])
     # One rank, gloo, rendezvous through a file: no port to collide with parallel tests; Trainer.init_distributed
@@ -341,26 +385,7 @@ def replay(bundle, threads, work):
                                             initial_load_model_only=True, initial_load_path=os.path.abspath(hf_dir)),
         activation_checkpoint=None, metrics=MetricsProcessor.Config(log_freq=1),
         debug=DebugConfig(deterministic=True, seed=0, enable_structured_logging=False))
-    native += [f"HFTransformerTrainer (transformers_modeling_backend) over one gloo rank, {S} steps of {G // mb} "
-               f"micro-batches of {mb} x {T} tokens, fp32, debug.deterministic",
-               "model: the backend's HFTransformerModel around transformers' Olmo3ForCausalLM from hf/config.json, "
-               "its parallelize_hf_transformers, no activation checkpointing",
-               "weights: checkpoint.initial_load_in_hf from hf/model.safetensors through HFTransformerStateDictAdapter",
-               "loss normalisation: the Trainer's global_valid_tokens (every label of the step)",
-               f"clipping: clip_grad_norm_ with training.max_norm {max_norm}, its logged grad_norm",
-               f"optimizer: OptimizersContainer, torch AdamW (for-loop) with ParamGroupConfig no-decay group "
-               f"{[titan_name(n) for n in bundle.optim['no_decay']]} at weight_decay 0"]
-    added += ["ModelSpec olmoref_olmo3: the backend's model, parallelize and state dict adapter, with "
-              "set_attn_implementation('eager') first (FlexAttention has no CPU backward; the backend's causal "
-              "BlockMask drops the sliding window)",
-              "BundleBatches (a BaseDataLoader): the bundle's batches in order, checked against their checksums",
-              "Pretokenized (a BaseTokenizer that encodes nothing): the bundle has token ids and no tokenizer",
-              "TraceLogger (a metrics BaseLogger): keeps the metrics the Trainer logs each step, for the trace"]
-    if bundle.z_loss != 0:
-        added.append(f"ZLossCrossEntropy (a BaseLoss): TorchTitan's cross_entropy_loss + {bundle.z_loss} * "
-                     f"logsumexp^2 (TorchTitan has no z-loss)")
-    else:
-        native.append("loss: CrossEntropyLoss (sum over targets / global_valid_tokens)")
+    describe_run(bundle, titan_name, native, added)
     try:
         trainer = config.build()
         recorder = trace_logger_class()
@@ -381,21 +406,7 @@ def replay(bundle, threads, work):
     finally:
         dist.destroy_process_group()
 
-    records = []
-    N = bundle.N
-    for s in range(1, S + 1):
-        m = recorder.metrics.get(s, {})
-        lrs = [v for k, v in m.items() if k.startswith("lr/")]
-        for key in ("loss_metrics/global_avg_loss", "grad_norm"):
-            if key not in m or not lrs:
-                raise RuntimeError(f"TorchTitan recorded no '{key}' or lr for step {s} (recorded: {sorted(m)})")
-        if len(set(lrs)) != 1:
-            raise RuntimeError(f"step {s}: the optimizer's groups stepped with different lrs {lrs}")
-        loss = float(m["loss_metrics/global_avg_loss"])
-        ce, z = (steps_terms[s]["ce"] / N, steps_terms[s]["z"] / N) if bundle.z_loss != 0 else (loss, 0.0)
-        records.append({"step": s, "loss": loss, "ce": ce, "z": z, "grad_norm": float(m["grad_norm"]),
-                        "lr": lrs[0]})
-    return records, native, added
+    return trace_records(bundle, recorder.metrics, steps_terms), native, added
 
 
 def main(argv=None):
