@@ -50,6 +50,8 @@ constexpr Framework kFrameworks[] = {
      "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "OLMOREF_OLMO_CORE_VENV", "venv-olmo-core",
      "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
+    {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "OLMOREF_VENV", "venv",
+     "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf"},
 };
 
 const Framework& framework_named(const std::string& name) {

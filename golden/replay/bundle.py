@@ -7,6 +7,9 @@ the recipe's loss terms. Only what each framework's own trainer does differs, so
 import argparse
 import json
 import os
+import sys
+import tempfile
+import time
 
 
 class BundleError(Exception):
@@ -134,3 +137,46 @@ def adapter_args(doc, argv, report_help):
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     return ap.parse_args(argv)
+
+
+def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, import_framework, replay):
+    """The frame of an adapter that runs a framework's own trainer: the arguments (adapter_args), the bundle checked
+    by Bundle and by check_recipe(bundle) (raising BundleError), import_framework() returning the framework's
+    version (raising ImportError saying what to install), replay(bundle, threads, work_dir) returning (records,
+    native, added), then the trace and the report written. `name` prefixes its messages, `framework` is the
+    report's. Returns the exit status: 0 replayed, 2 the bundle is malformed or the framework cannot be imported."""
+    args = adapter_args(doc, argv, report_help)
+
+    def fail(msg):
+        print(f"{name}: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        bundle = Bundle(args.bundle, args.steps)
+        check_recipe(bundle)
+    except BundleError as e:
+        return fail(f"bad bundle: {e}")
+    if bundle.meta.get("precision") != "fp32":
+        print(f"{name}: note: the run used precision {bundle.meta.get('precision')}; this replay computes in fp32, "
+              f"so expect bf16-sized differences", file=sys.stderr)
+    try:
+        version = import_framework()
+    except ImportError as e:
+        return fail(f"cannot import {framework}: {e}")
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-replay.") as work:
+        try:
+            records, native, added = replay(bundle, args.threads, work)
+        except BundleError as e:
+            return fail(f"bad bundle: {e}")
+    with open(args.out + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(args.out + ".tmp", args.out)
+    with open(args.report, "w") as f:
+        json.dump({"framework": framework, "version": version, "native": native, "added": added,
+                   "steps": bundle.S}, f, indent=2)
+        f.write("\n")
+    print(f"{name}: {bundle.S} steps through {framework} {version}'s trainer in {time.time() - t0:.1f} s; last loss "
+          f"{records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0].split(':')[0] for a in added)}",
+          file=sys.stderr)
+    return 0
