@@ -2,7 +2,7 @@
 # environments live, whether they can run the checks, and the steps the runners share (the demo corpus, a parity
 # dump checked by a peer). The venvs sit outside the clone so builds and `git clean` never touch them.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -44,6 +44,12 @@ olmoref_ensure_venv() {
   "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchtitan==0.3.0" &&
     "$OLMOREF_VENV/bin/python" -m pip install tensorboard tyro "spmd_types==0.2.3" ||
     skip "pip could not install torchtitan 0.3.0 (with tensorboard, tyro, spmd_types) into $OLMOREF_VENV (no network?)"
+  # TorchTitan's Trainer (golden replay --framework torchtitan) imports torchdata and datasets. datasets' own pins
+  # would move huggingface_hub and fsspec back under transformers, so it comes alone, then what it imports.
+  "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchdata==0.11.0" "datasets==4.7.0" &&
+    "$OLMOREF_VENV/bin/python" -m pip install "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas "multiprocess<0.70.19" \
+      xxhash "httpx<1.0.0" requests ||
+    skip "pip could not install torchdata 0.11.0 and datasets 4.7.0 (with their imports) into $OLMOREF_VENV (no network?)"
   py="$(olmoref_venv_python)"
   [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
 }

@@ -27,26 +27,18 @@ REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md,
 
 Exit status: 0 replayed; 2 the bundle is malformed, or OLMo-core (with its transformers extra) cannot be imported.
 """
-import json
 import logging
 import os
 import sys
-import tempfile
-import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import model_windows, olmo_core_config, windows  # noqa: E402
-from bundle import Bundle, BundleError, adapter_args, setup_torch  # noqa: E402
+from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
 
 # The one place the OLMo-core release is pinned (tools/setup_python.sh installs this one).
 OLMO_CORE_VERSION = "3.0.0"
-
-
-def fail(msg):
-    print(f"olmo_core_replay: {msg}", file=sys.stderr)
-    return 2
 
 
 def import_olmo_core():
@@ -316,41 +308,19 @@ def replay(bundle, threads, work):
     return records, native, added
 
 
-def main(argv=None):
-    args = adapter_args(__doc__, argv, "what OLMo-core did natively and what was added, JSON")
-
+def import_olmo_core_venv():
+    """import_olmo_core, its error naming the venv this adapter runs in."""
     try:
-        bundle = Bundle(args.bundle, args.steps)
-        check_recipe(bundle)
-    except BundleError as e:
-        return fail(f"bad bundle: {e}")
-    if bundle.meta.get("precision") != "fp32":
-        print(f"olmo_core_replay: note: the run used precision {bundle.meta.get('precision')}; this replay computes "
-              f"in fp32, so expect bf16-sized differences", file=sys.stderr)
-    try:
-        version = import_olmo_core()
+        return import_olmo_core()
     except ImportError as e:
-        return fail(f"cannot import OLMo-core: {e}; run it with $OLMOREF_OLMO_CORE_VENV/bin/python "
-                    f"(bash tools/setup_python.sh makes it)")
-    steps = bundle.S
+        raise ImportError(f"{e}; run it with $OLMOREF_OLMO_CORE_VENV/bin/python (bash tools/setup_python.sh makes it)")
+
+
+def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="olmoref-oc-replay.") as work:
-        try:
-            records, native, added = replay(bundle, args.threads, work)
-        except BundleError as e:
-            return fail(f"bad bundle: {e}")
-    with open(args.out + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(args.out + ".tmp", args.out)
-    report = {"framework": "olmo-core", "version": version, "native": native, "added": added, "steps": steps}
-    with open(args.report, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    print(f"olmo_core_replay: {steps} steps through OLMo-core {version}'s Trainer in {time.time() - t0:.1f} s; "
-          f"last loss {records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0] for a in added)}",
-          file=sys.stderr)
-    return 0
+    return adapter_main(__doc__, argv, name="olmo_core_replay", framework="olmo-core",
+                        report_help="what OLMo-core did natively and what was added, JSON", check_recipe=check_recipe,
+                        import_framework=import_olmo_core_venv, replay=replay)
 
 
 if __name__ == "__main__":
