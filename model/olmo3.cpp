@@ -225,6 +225,7 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
   m.backward = f32 * (R * (4 * d + 3 * qd + 3 * kd) + ffn_bw);
   m.logits = f32 * (R * (2 * d + 1) + R * V);  // x_final, hn [R, d], final_rms [R], logits [R, V]
   m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
+  if (cfg.rope_scaling.on()) m.working += f32 * T * cfg.head_dim;  // the scaled layers' own pair of tables
   if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
   if (kernel_scratch) m.kernel_scratch = f32 * (2 * stats * T + 2 * stats * cfg.head_dim);  // P, dS, per-head dk/dv
   return m;
