@@ -44,8 +44,10 @@ control() {  # control NAME "FIRST FAILING TEXT" MUTATION...: a mutated bundle m
 }
 
 # Steps 4 and 7 on each other's batch, step 6's lr 1 % high, the z-loss dropped: each must fail at its step.
+# replay_controls [NAME...]: those of the three (swapped, lr, no-z-loss); all three without arguments.
 replay_controls() {
-  control swapped "FAIL: loss .* first at step 4" --swap-batches 4 7
-  control lr "FAIL: .*first at step 6" --lr-step 6 --lr-factor 1.01
-  control no-z-loss "FAIL: loss .* first at step 1" --z-loss 0
+  local names=" ${*:-swapped lr no-z-loss} "
+  [[ $names != *" swapped "* ]] || control swapped "FAIL: loss .* first at step 4" --swap-batches 4 7
+  [[ $names != *" lr "* ]] || control lr "FAIL: .*first at step 6" --lr-step 6 --lr-factor 1.01
+  [[ $names != *" no-z-loss "* ]] || control no-z-loss "FAIL: loss .* first at step 1" --z-loss 0
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# tests/golden/replay_torchtitan.sh pass|controls — meson tests golden-replay-torchtitan(-controls): TorchTitan's own
-# Trainer replays a golden bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
+# tests/golden/replay_torchtitan.sh — meson test golden-replay-torchtitan: TorchTitan's own Trainer replays a golden
+# bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
 #
-#   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
-#             golden/replay/rules-torchtitan.toml; prints the rules' rows (worst per-step relative differences).
-#   controls  one copy of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must
-#             fail, naming the step: the z-loss dropped (loss from step 1), which also runs TorchTitan's own
-#             CrossEntropyLoss rather than the added ZLossCrossEntropy. The hf-trainer and olmo-core tests run all
-#             three controls; each TorchTitan replay costs a full Trainer start, so one is enough here.
+#   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
+#      golden/replay/rules-torchtitan.toml; prints the rules' rows (worst per-step relative differences).
+#   2. one copy of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
+#      naming the step: the z-loss dropped (loss from step 1), which also runs TorchTitan's own CrossEntropyLoss
+#      rather than the added ZLossCrossEntropy. The olmo-core controls run all three; each TorchTitan replay costs a
+#      full Trainer start, so one is enough here.
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-torchtitan: ..." when the venv, TorchTitan's Trainer or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -24,10 +24,7 @@ olmoref_ensure_venv replay_torchtitan
 torchdata and datasets beside torchtitan (docs/golden.md, section 8; bash tools/setup_python.sh)"
 FRAMEWORK=torchtitan PY=$py
 replay_make_bundle 1
-if [ "${1:-pass}" = pass ]; then
-  replay_same
-  grep -E "^torchtitan_replay:" "$work/same.log" || true
-  exit 0
-fi
+replay_same
+grep -E "^torchtitan_replay:" "$work/same.log" || true
 control no-z-loss "FAIL: loss .* first at step 1" --z-loss 0
 exit $replay_failed
