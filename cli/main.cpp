@@ -4,6 +4,9 @@
 #include <exception>
 #include <string>
 #include <vector>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "cli/data_commands.h"
 #include "dist/comm.h"
@@ -11,6 +14,13 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+#ifdef __GLIBC__
+  // A fixed mmap threshold: every buffer of 1 MiB or more is its own mapping and goes back to the system when freed.
+  // glibc's default raises the threshold (to 32 MiB) after the first such buffer is freed, so the unit-sized
+  // gradient blocks and the checkpoint's read buffers would stay resident in the heap after use, and the per-rank
+  // peak would no longer be what the memory model (train/memory_model.h) predicts and the refusal relies on.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   CLI::App app{"olmoref: a deterministic, reproducibility-first reference trainer for Olmo 3"};
   app.require_subcommand(1);
   olmoref::register_commands(app);

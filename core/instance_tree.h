@@ -170,36 +170,45 @@ T tree_sum_range(const T* x, int64_t lo, int64_t hi) {
   return tree_sum_range(x, lo, m) + tree_sum_range(x, m, hi);
 }
 
-// W ranks take contiguous runs of M micro-batches: rank r gets [r·(M/W) + min(r, M%W), ...), the first
-// M%W ranks one more. Needs M >= W.
-inline std::pair<int64_t, int64_t> microbatches_of_rank(int r, int64_t M, int W) {
-  const int64_t q = M / W, rem = M % W;
-  const int64_t b = r * q + std::min<int64_t>(r, rem);
-  return {b, b + q + (r < rem ? 1 : 0)};
-}
-inline int rank_of_microbatch(int64_t m, int64_t M, int W) {
-  const int64_t q = M / W, rem = M % W, big = rem * (q + 1);  // big: micro-batches of the ranks with one extra
-  return static_cast<int>(m < big ? m / (q + 1) : rem + (m - big) / q);
+// Micro-batch m of M runs on rank m mod W, in round m / W: in every round the ranks hold consecutive micro-batches,
+// so the owners of the gradient (dist/gradient_owners.h) receive consecutive nodes of the tree and need no more
+// slots than one process does. Rank r's micro-batches are r, r + W, r + 2W, ... (needs M >= W).
+inline int rank_of_microbatch(int64_t m, int64_t /*M*/, int W) { return static_cast<int>(m % W); }
+inline std::vector<int64_t> microbatches_of_rank(int r, int64_t M, int W) {
+  std::vector<int64_t> out;
+  for (int64_t m = r; m < M; m += W) out.push_back(m);
+  return out;
 }
 
 // Which instances each micro-batch and each rank of a step holds. Micro-batch m is instances
-// [m·mb, min((m+1)·mb, G)) (the last one may be shorter); rank r holds the contiguous run of
-// micro-batches [r·(M/W) + min(r, M%W), ...) (the first M%W ranks one more), so any G, mb and W with
-// M >= W are allowed and only change who computes which nodes of the tree.
+// [m·mb, min((m+1)·mb, G)) (the last one may be shorter); rank r holds micro-batches r, r + W, ... (round t is
+// micro-batches [t·W, (t+1)·W)), so any G, mb and W with M >= W are allowed and only change who computes which
+// nodes of the tree.
 struct BatchSplit {
   int64_t global_instances = 0, microbatch_instances = 0;
   int world = 1;
 
   int64_t n_microbatches() const { return (global_instances + microbatch_instances - 1) / microbatch_instances; }
+  // Every rank makes this many forward/backward passes; in the last round ranks past the last micro-batch join
+  // without instances (Olmo3::idle_pass).
+  int64_t n_rounds() const { return (n_microbatches() + world - 1) / world; }
   std::pair<int64_t, int64_t> instances_of_microbatch(int64_t m) const {
     return {m * microbatch_instances, std::min(global_instances, (m + 1) * microbatch_instances)};
   }
-  std::pair<int64_t, int64_t> microbatches_of_rank(int r) const {
+  // Rank r's micro-batch in round t, or -1 when it has none there.
+  int64_t microbatch_of(int r, int64_t round) const {
+    const int64_t m = round * world + r;
+    return m < n_microbatches() ? m : -1;
+  }
+  std::vector<int64_t> microbatches_of_rank(int r) const {
     return olmoref::microbatches_of_rank(r, n_microbatches(), world);
   }
-  std::pair<int64_t, int64_t> instances_of_rank(int r) const {
-    const auto [m0, m1] = microbatches_of_rank(r);
-    return {instances_of_microbatch(m0).first, m1 > m0 ? instances_of_microbatch(m1 - 1).second : instances_of_microbatch(m0).first};
+  // Rank r's instances in the order it computes them (its micro-batches' instances, micro-batch by micro-batch).
+  std::vector<int64_t> instances_of_rank(int r) const {
+    std::vector<int64_t> out;
+    for (const int64_t m : microbatches_of_rank(r))
+      for (auto [a, b] = instances_of_microbatch(m); a < b; ++a) out.push_back(a);
+    return out;
   }
   int rank_of_microbatch(int64_t m) const { return olmoref::rank_of_microbatch(m, n_microbatches(), world); }
   // Throws, saying what to change, when some rank would get no micro-batch.

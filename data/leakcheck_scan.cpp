@@ -133,8 +133,7 @@ class RankStream {
       loader_->next_batch(b_);
       --steps_left_;
       ++steps_done_;
-      const auto [m0, m1] = Loader::microbatches_of_rank(rank_, b_.n_microbatches(), world_size_);
-      for (int64_t m = m0; m < m1; ++m) {
+      for (const int64_t m : Loader::microbatches_of_rank(rank_, b_.n_microbatches(), world_size_)) {
         const auto toks = b_.microbatch_tokens(m);
         c.tokens.insert(c.tokens.end(), toks.begin(), toks.end());
         const auto ids = b_.microbatch_ids(m);

@@ -198,7 +198,7 @@ int Loader::rank_of_microbatch(int64_t microbatch, int64_t n_microbatches, int w
   return olmoref::rank_of_microbatch(microbatch, n_microbatches, world_size);
 }
 
-std::pair<int64_t, int64_t> Loader::microbatches_of_rank(int rank, int64_t n_microbatches, int world_size) {
+std::vector<int64_t> Loader::microbatches_of_rank(int rank, int64_t n_microbatches, int world_size) {
   return olmoref::microbatches_of_rank(rank, n_microbatches, world_size);
 }
 

@@ -46,7 +46,7 @@ struct LoaderConfig {
   uint64_t seed = kOlmoCoreDefaultSeed;
   int64_t global_batch_instances = 0;  // OLMo-core global_batch_size / sequence_length
   int64_t microbatch_instances = 0;    // instances per micro-batch (the last of a step may be shorter)
-  int world_size = 1;                  // data-parallel ranks: contiguous runs of micro-batches (M >= W)
+  int world_size = 1;                  // data-parallel ranks: micro-batch m on rank m mod W (M >= W)
   int rank = -1;                       // which rank's micro-batches to audit; -1 = all
   std::shared_ptr<AuditLog> audit;     // optional
   HoldoutSpec holdout;                 // reported, and opened by holdout_dataset()
@@ -124,9 +124,9 @@ class Loader {
   // instance order, unshuffled). Throws if holdout_kind() is none.
   std::shared_ptr<const FslDataset> holdout_dataset() const;
 
-  // Micro-batch <-> rank layout (contiguous runs); see the header comment.
+  // Micro-batch <-> rank layout (micro-batch m on rank m mod W); see the header comment.
   static int rank_of_microbatch(int64_t microbatch, int64_t n_microbatches, int world_size);
-  static std::pair<int64_t, int64_t> microbatches_of_rank(int rank, int64_t n_microbatches, int world_size);
+  static std::vector<int64_t> microbatches_of_rank(int rank, int64_t n_microbatches, int world_size);
 
   // Writes the audit records of `batch` (what next_batch does when an audit log is configured).
   void write_audit(const GlobalBatch& batch, AuditLog& log, int rank) const;

@@ -168,11 +168,16 @@ void PlantedBugHooks::fill_row(Loader& l, std::vector<int64_t>& ids) {
   const std::span<const uint32_t> row = l.order_->batch(b);
   for (int64_t i = 0; i < G; ++i) ids[static_cast<size_t>(i)] = d.id_offset + row[static_cast<size_t>(i)];
   if (c.debug_bug == PlantedBug::same_stream_per_rank && c.world_size > 1) {
-    // Every rank's block of micro-batches holds what the first block holds.
-    const int64_t per_rank = G / c.world_size;
+    // Every rank's micro-batches hold what rank 0's hold: rank r's k-th micro-batch (m = r + k·W, Loader::
+    // microbatches_of_rank) is a copy of rank 0's k-th (m = k·W).
+    const int64_t mb = c.microbatch_instances, M = (G + mb - 1) / mb;
     for (int r = 1; r < c.world_size; ++r) {
       if (c.rank >= 0 && r != c.rank) continue;
-      std::copy(ids.begin(), ids.begin() + per_rank, ids.begin() + r * per_rank);
+      for (int64_t m = r; m < M; m += c.world_size) {
+        const int64_t from = (m - r) * mb, to = m * mb, len = std::min(mb, G - to);
+        if (from + len > G) continue;
+        std::copy(ids.begin() + from, ids.begin() + from + len, ids.begin() + to);
+      }
     }
   }
 }

@@ -22,7 +22,31 @@ GradientTree::GradientTree(int64_t n_instances, int64_t n_floats, std::unique_pt
       shape_(shape),
       mb_(microbatch_instances),
       plan_(n_instances),
-      mb_plan_((n_instances + microbatch_instances - 1) / microbatch_instances) {}
+      mb_plan_((n_instances + microbatch_instances - 1) / microbatch_instances),
+      slot_floats_(n_floats),
+      window_hi_(n_floats) {}
+
+void GradientTree::use_windows(int64_t floats) {
+  if (floats < 1 || floats > n_floats_) throw std::logic_error("GradientTree: window capacity out of range");
+  if (floats != slot_floats_) release();
+  slot_floats_ = floats;
+  window_lo_ = 0, window_hi_ = 0;  // no leaf until the first window is set
+}
+
+void GradientTree::set_window(int64_t lo, int64_t hi) {
+  if (lo < 0 || hi > n_floats_ || hi < lo || hi - lo > slot_floats_)
+    throw std::logic_error("GradientTree: window [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           ") does not fit slots of " + std::to_string(slot_floats_) + " floats");
+  window_lo_ = lo, window_hi_ = hi;
+}
+
+float* GradientTree::at(int slot, int64_t offset, int64_t n) {
+  if (offset < window_lo_ || offset + n > window_hi_)
+    throw std::logic_error("GradientTree: a leaf [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                           ") outside the unit whose backward runs [" + std::to_string(window_lo_) + ", " +
+                           std::to_string(window_hi_) + ")");
+  return slots_[static_cast<size_t>(slot)].data() + (offset - window_lo_);
+}
 
 void GradientTree::reset_emitting(int64_t first, int64_t last, EmitFn emit) {
   if (shape_ != TreeShape::balanced) throw std::logic_error("GradientTree: emission needs the balanced tree");
@@ -65,20 +89,21 @@ void GradientTree::begin_microbatch(int64_t first, int64_t count) {
   }
   if (static_cast<int>(slots_.size()) < needed) slots_.resize(static_cast<size_t>(needed));
   for (int i = 0; i < needed; ++i)
-    if (slots_[static_cast<size_t>(i)].size() != n_floats_)
-      slots_[static_cast<size_t>(i)].reset(*ex_, n_floats_, "instance-tree slot " + std::to_string(i) + " (a full gradient)");
+    if (slots_[static_cast<size_t>(i)].size() != slot_floats_)
+      slots_[static_cast<size_t>(i)].reset(*ex_, slot_floats_,
+                                           "instance-tree slot " + std::to_string(i) +
+                                               (slot_floats_ == n_floats_ ? " (a full gradient)" : " (one unit)"));
   peak_ = std::max(peak_, needed);
 }
 
-float* GradientTree::leaf(int64_t instance, int64_t offset, int64_t) {
-  return slots_[static_cast<size_t>(steps_[static_cast<size_t>(instance)].slot)].data() + offset;
+float* GradientTree::leaf(int64_t instance, int64_t offset, int64_t n) {
+  return at(steps_[static_cast<size_t>(instance)].slot, offset, n);
 }
 
 void GradientTree::commit(int64_t instance, int64_t offset, int64_t n) {
   const TreePlan::Step& st = steps_[static_cast<size_t>(instance)];
-  for (const TreePlan::Merge& m : st.merges)
-    ex_->tree_add(slots_[static_cast<size_t>(m.dst)].data() + offset, slots_[static_cast<size_t>(m.src)].data() + offset, n);
-  if (st.emit_slot >= 0) emit_(st.emit_index, slots_[static_cast<size_t>(st.emit_slot)].data() + offset, offset, n);
+  for (const TreePlan::Merge& m : st.merges) ex_->tree_add(at(m.dst, offset, n), at(m.src, offset, n), n);
+  if (st.emit_slot >= 0) emit_(st.emit_index, at(st.emit_slot, offset, n), offset, n);
 }
 
 void GradientTree::release() { std::vector<Buffer<float>>().swap(slots_); }

@@ -53,6 +53,13 @@ class GradientTree : public GradientLeaves {
   float* leaf(int64_t instance, int64_t offset, int64_t n) override;
   void commit(int64_t instance, int64_t offset, int64_t n) override;
 
+  // Unit windows (the owners' reduction, dist/gradient_owners.h): slots hold `floats` values, not the whole flat
+  // vector, and from set_window(lo, hi) on (hi - lo <= floats) leaves may only be written inside [lo, hi): a rank
+  // then never holds a full-length gradient, only the unit whose backward runs.
+  void use_windows(int64_t floats);
+  void set_window(int64_t lo, int64_t hi);
+  int64_t slot_floats() const { return slot_floats_; }
+
   // After the last micro-batch: the maximal whole subtrees of the fed range. Without emission slot i holds
   // node i; with emission they went to the EmitFn, in this order.
   const std::vector<TreeNode>& nodes() const { return emit_ ? plan_.emitted() : plan_.stack(); }
@@ -75,6 +82,9 @@ class GradientTree : public GradientLeaves {
   int64_t count_ = 0;
   std::vector<Buffer<float>> slots_;
   int peak_ = 0;
+  int64_t slot_floats_;                 // each slot's length: n_floats_, or the windows' capacity
+  int64_t window_lo_ = 0, window_hi_;   // the flat-vector range the slots hold now
+  float* at(int slot, int64_t offset, int64_t n);
 };
 
 }  // namespace olmoref

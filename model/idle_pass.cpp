@@ -26,7 +26,7 @@ class Olmo3::IdleSteps final : public Olmo3::PassSteps {
 };
 
 void Olmo3::idle_pass(const float* params) {
-  if (!gate_ && !(ep_ != nullptr && cfg_.moe.enabled())) return;  // no collective to join
+  if (!gate_ && !sink_ && !(ep_ != nullptr && cfg_.moe.enabled())) return;  // no collective to join
   IdleSteps steps(*this, params);
   walk_training_pass(steps);
 }

@@ -312,8 +312,13 @@ void Olmo3::walk_training_pass(PassSteps& steps) {
   ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
   walk_forward(steps);
   steps.loss();
+  auto unit_gradient = [this](int unit, auto&& backward) {
+    if (sink_) sink_->unit_backward_begins(unit);
+    backward();
+    if (sink_) sink_->unit_backward_done(unit);
+  };
   use_unit(n_units() - 1, steps.working_copy);
-  steps.head_backward();
+  unit_gradient(n_units() - 1, [&] { steps.head_backward(); });
   drop_unit(n_units() - 1);
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     use_unit(static_cast<int>(l) + 1, steps.working_copy);  // gathered again for backward, as FSDP does
@@ -322,10 +327,10 @@ void Olmo3::walk_training_pass(PassSteps& steps) {
       steps.block_forward(l);  // the block's activations again, the same bits (and exchanges) as forward's
       recomputing_ = false;
     }
-    steps.block_backward(l);
+    unit_gradient(static_cast<int>(l) + 1, [&] { steps.block_backward(l); });
     drop_unit(static_cast<int>(l) + 1);
   }
-  steps.embedding_backward();  // reads no parameter: nothing to gather
+  unit_gradient(0, [&] { steps.embedding_backward(); });  // reads no parameter: nothing to gather
 }
 
 // The model's work at each step of the walk.

@@ -123,6 +123,17 @@ class ParamGate {
   virtual void release(int unit) = 0;  // ... and may be dropped from now on
 };
 
+// Told around each unit's backward in a training pass, a pass without instances (idle_pass) included: every leaf
+// of the unit is written and committed between the two calls, and no other unit's. The reduction at the owners
+// (dist/gradient_owners.h) sends a unit's finished subtrees to their owners as soon as its backward ends, so a rank
+// holds the gradient of one unit at a time; every rank makes the same calls, so its exchanges match.
+class UnitGradientSink {
+ public:
+  virtual ~UnitGradientSink() = default;
+  virtual void unit_backward_begins(int unit) = 0;
+  virtual void unit_backward_done(int unit) = 0;
+};
+
 // Expert parallelism (docs/canonical/moe.md "Expert parallelism"): the ranks of an EP group route their own
 // tokens, send each dispatched row to the rank that owns its expert (moe::ep_experts) and get the expert's
 // results back. Data movement only; every float is computed by the same op on the same inputs as in one process.
@@ -182,6 +193,7 @@ class Olmo3 {
   ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
+  void set_unit_gradient_sink(UnitGradientSink* sink) { sink_ = sink; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
   std::pair<int64_t, int64_t> unit_range(int unit) const;  // [begin, end) in the flat vector
   // The parts of unit_range(unit) that forward_backward and idle_pass read on rank ep_index of an EP group of
@@ -368,6 +380,7 @@ class Olmo3 {
   Executor* ex_;
   Buffer<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
   ParamGate* gate_ = nullptr;
+  UnitGradientSink* sink_ = nullptr;
   const float* master_ = nullptr;  // the fp32 parameters of the current call (what use_unit rounds from)
   ParamLayout layout_;
   int64_t B_, T_, R_;

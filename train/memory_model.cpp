@@ -1,8 +1,8 @@
 // train/memory_model.cpp — the per-rank peak, part by part, from the shapes alone (no buffer is allocated). Each
 // part names the code that allocates it; docs/memory.md says how each grows. The parts coexist at the peak (the
-// last backward of a step: the state, the tree's slots, the model's buffers and one FSDP unit), except the two
-// transients, which never overlap: an FSDP unit's gather (during forward and backward) and the received subtrees
-// of the gradient exchange (after them); the peak takes the larger.
+// last backward of a step: the state, the tree's slots and a unit's exchange blocks, the model's buffers and one FSDP
+// unit), except the two transients, which never overlap: an FSDP unit's gather (during forward and backward) and the
+// updated parameters' all-gather among replicas (after the update); the peak takes the larger.
 #include "train/memory_model.h"
 
 #include <algorithm>
@@ -63,8 +63,13 @@ std::vector<std::pair<int64_t, int64_t>> fsdp_units(const ModelConfig& m, const 
 struct RankParts {
   int64_t shard_floats = 0, state_floats = 0;  // the parameters' shard range; of it, what is held
   int64_t optimizer_floats = 0;  // the optimizer range: the reduced gradient and each moment
-  int slots = 0;                                // instance-tree slots at the same time (GradientTree)
-  int64_t send_floats = 0, recv_floats = 0;     // the gradient all-to-all's blocks
+  // The instance tree. One process: `local_slots` full-length slots (GradientTree). Several ranks
+  // (dist::OwnerReduction): `local_slots` slots one unit wide, `owner_slots` slots of the optimizer range, and one
+  // unit's send and receive blocks.
+  int local_slots = 0, owner_slots = 0;
+  int64_t local_floats = 0, owner_floats = 0;
+  int64_t send_floats = 0, recv_floats = 0;     // the largest unit's all-to-all blocks (host)
+  int64_t gradient_floats() const { return local_floats + owner_floats + send_floats + recv_floats; }
   int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
@@ -81,16 +86,42 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
   p.state_floats = host_state ? dist::floats_in(P.held_parameters(L.rank)) : p.shard_floats;
   if (L.dp_replicate > 1)
     p.param_gather_floats = (L.dp_replicate + 1) * std::min(stride, dist::kParamGatherBlock);
-  const auto [i0, i1] = split.instances_of_rank(L.rank);
-  TreePlan plan = W == 1 ? TreePlan(N) : TreePlan(N, i0, i1);
-  for (int64_t i = i0; i < i1; ++i) plan.feed_leaf(i);
-  p.slots = plan.peak_slots();
-  if (W > 1) {
-    p.send_floats = static_cast<int64_t>(maximal_subtrees(N, i0, i1).size()) * stride * W;
-    for (int j = 0; j < W; ++j) {
-      const auto [a, b] = split.instances_of_rank(j);
-      p.recv_floats += static_cast<int64_t>(maximal_subtrees(N, a, b).size()) * stride;
+  if (W == 1) {
+    TreePlan plan(N);
+    for (int64_t i = 0; i < N; ++i) plan.feed_leaf(i);
+    p.local_slots = plan.peak_slots();
+    p.local_floats = p.local_slots * L.total;
+  } else {
+    // dist::OwnerReduction, round by round: my micro-batch's emitting plan (one unit wide), every rank's subtrees
+    // fed to the owner plan, and the largest unit's blocks.
+    int64_t widest_unit = 0, widest_piece = 0;
+    for (const auto& [a, b] : units) {
+      widest_unit = std::max(widest_unit, b - a);
+      widest_piece = std::max(widest_piece, std::min(b, L.optimizer_hi()) - std::max(a, L.optimizer_lo()));
     }
+    TreePlan owner(N);
+    int64_t most_sent = 0, most_received = 0;
+    for (int64_t t = 0; t < split.n_rounds(); ++t) {
+      int64_t received = 0;
+      for (int r = 0; r < W; ++r) {
+        const int64_t m = split.microbatch_of(r, t);
+        if (m < 0) continue;
+        const auto [a, b] = split.instances_of_microbatch(m);
+        const std::vector<TreeNode> nodes = maximal_subtrees(N, a, b);
+        received += static_cast<int64_t>(nodes.size());
+        for (const TreeNode& node : nodes) p.owner_slots = std::max(p.owner_slots, owner.feed(node).slot + 1);
+        if (r != L.rank) continue;
+        most_sent = std::max(most_sent, static_cast<int64_t>(nodes.size()));
+        TreePlan local(N, a, b);
+        for (int64_t i = a; i < b; ++i) local.feed_leaf(i);
+        p.local_slots = std::max(p.local_slots, local.peak_slots());
+      }
+      most_received = std::max(most_received, received);
+    }
+    p.local_floats = p.local_slots * widest_unit;
+    p.owner_floats = p.owner_slots * p.optimizer_floats;
+    p.send_floats = most_sent * widest_unit;
+    p.recv_floats = most_received * std::max<int64_t>(0, widest_piece);
   }
   if (S > 1)
     for (const auto& [a, b] : units) {
@@ -112,21 +143,18 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
   for (int r = 0; r < L.world(); ++r) {
     L.rank = r;
     const RankParts p = rank_parts(cfg, L, P, host_state, units);
-    const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.slots * L.total + p.send_floats +
-                           std::max({p.recv_floats, p.gather_floats, p.param_gather_floats}) + p.unit_floats;
+    const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.gradient_floats() +
+                           std::max(p.gather_floats, p.param_gather_floats) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
   }
   return fullest;
 }
 
-// The step's transients never coexist, so the largest counts: an FSDP unit's gather vectors (host), the received
-// subtrees (host; on a device executor also their device copy) or the updated parameters' all-gather blocks (host).
-MemoryPart largest_transient(const RankParts& p, bool gpu, bool device_paths) {
-  const int64_t recv_bytes = kF32 * p.recv_floats * ((gpu ? 0 : 1) + (device_paths ? 1 : 0));
+// The step's transients never coexist, so the larger counts: an FSDP unit's gather vectors (host) or the updated
+// parameters' all-gather blocks (host).
+MemoryPart largest_transient(const RankParts& p, bool gpu) {
   const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
   const int64_t param_gather_bytes = kF32 * p.param_gather_floats;
-  if (recv_bytes >= std::max(gather_bytes, param_gather_bytes))
-    return {"received subtrees", recv_bytes, "transient: every rank's subtrees on my optimizer range, after backward"};
   if (gather_bytes >= param_gather_bytes)
     return {"FSDP gather buffers", gather_bytes, "transient: a unit's pieces for every shard rank and the unit received"};
   return {"parameter all-gather", param_gather_bytes, "transient: the updated parameters' blocks from every replica"};
@@ -171,10 +199,19 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
       "m and v of the optimizer range: params / (dp_shard x dp_replicate)");
   add("gradient shard", kF32 * p.optimizer_floats,
       "the reduced gradient of the optimizer range: params / (dp_shard x dp_replicate)");
-  add("gradient stack", kF32 * p.slots * n,
-      std::to_string(p.slots) + " full-length instance-tree slots (<= ceil(log2 N) + 1, any layout)");
-  if (!gpu)
-    add("subtree send blocks", kF32 * p.send_floats, "finished subtrees on every rank's optimizer range: k x params");
+  if (W == 1) {
+    add("gradient stack", kF32 * p.local_floats,
+        std::to_string(p.local_slots) + " full-length instance-tree slots (<= ceil(log2 N) + 1)");
+  } else {
+    add("gradient stack", kF32 * p.local_floats,
+        std::to_string(p.local_slots) + " slots of the largest unit (<= ceil(log2 micro-batch) + 1)");
+    add("owner tree slots", kF32 * p.owner_floats,
+        std::to_string(p.owner_slots) + " slots of the optimizer range (<= ceil(log2 N) + 1): params / W each");
+    if (!gpu) {
+      add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
+      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on my slice of a unit");
+    }
+  }
   if (L.dp_shard > 1) {
     if (device_paths) add("FSDP parameter view", kF32 * n, "the whole vector on the device, units copied in");
     if (!gpu) add("FSDP unit pages", kF32 * p.unit_floats, "the gathered unit in the host view (largest unit)");
@@ -199,7 +236,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     add("evaluation model",
         olmo3_memory_bytes(m, 1, T, parse_precision(cfg.train.precision), false) + kF32 * (n + T * m.vocab_size),
         "train/eval.h: its own model (micro-batch 1), a full gradient and logits");
-  const MemoryPart transient = largest_transient(p, gpu, device_paths);
+  const MemoryPart transient = largest_transient(p, gpu);
   add(transient.name, transient.bytes, transient.why);
   if (device_paths && !gpu) add("digest staging", kF32 * p.shard_floats, "the shard copied to the host to hash it");
   // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
@@ -210,11 +247,10 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   // With the moments split over the replicas a writer also receives its shard's m and v (dist::collect_pieces).
   if (!gpu) {
     const int64_t step_extra =
-        kF32 * (p.slots * n + p.send_floats + p.unit_floats +
-                std::max({p.recv_floats, p.gather_floats, p.param_gather_floats}));
+        kF32 * (p.gradient_floats() + p.unit_floats + std::max(p.gather_floats, p.param_gather_floats));
     const int64_t copies = device_paths ? 3 : (L.dp_replicate > 1 ? 2 : 0);
     const int64_t write = kF32 * std::max<int64_t>((3 + copies) * p.shard_floats, 6 * L.shard_stride());
-    add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.slots * n : 0) - step_extra,
+    add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.gradient_floats() : 0) - step_extra,
         "zstd buffers of the shard's params, m, v; rank 0 reads each shard file back (6 x params / dp_shard)");
   }
   if (!gpu) add("process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)");

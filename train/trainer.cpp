@@ -105,6 +105,11 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     ep_exchange_ = std::make_unique<dist::CommExpertExchange>(*ep_comm_);
     model_.set_expert_exchange(ep_exchange_.get());
   }
+  if (layout_.world() > 1 && !par.debug_float_allreduce) {
+    std::vector<std::pair<int64_t, int64_t>> units;
+    for (int u = 0; u < model_.n_units(); ++u) units.push_back(model_.unit_range(u));
+    owners_ = std::make_unique<dist::OwnerReduction>(*ex_, *comm_, layout_, batch_split(), std::move(units));
+  }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));
   // The distributed optimizer: the replicas of a shard split its update (dist/layout.h), so the moments cover only
@@ -192,68 +197,52 @@ void Trainer::release_transients() {
   if (layout_.dp_shard == 1) return;
   // FSDP: outside the step a rank keeps only its shards (parameter units were released as used).
   tree_.release();
+  if (owners_) owners_->release();
 }
 
 BatchSplit Trainer::batch_split() const {
   return {cfg_.train.global_batch_instances, cfg_.train.micro_batch_instances, layout_.world()};
 }
 
-// This rank's contiguous run of micro-batches, each fed to the instance tree as its instances' leaves
-// (docs/canonical/step.md). Whatever the micro-batch size, the tree's adds are the same; only how many
-// leaves one forward/backward produces changes.
+// This rank's micro-batches, each fed to the instance tree as its instances' leaves (docs/canonical/step.md).
+// Whatever the micro-batch size, the tree's adds are the same; only how many leaves one forward/backward produces
+// changes. Several ranks go round by round (micro-batch m on rank m mod W): every rank makes the same number of
+// passes, a rank without a micro-batch in the last round joins its collectives without instances.
 void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out) {
   const BatchSplit split = batch_split();
   const int64_t T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
   per_instance.assign(static_cast<size_t>(split.global_instances), LossSums{});
   routing_.assign(static_cast<size_t>(split.global_instances), 0);
-  if (layout_.world() == 1 || par_.debug_tree_shape != TreeShape::balanced) {
-    tree_.reset();
-  } else {
-    // Each finished maximal subtree goes straight into the all-to-all's send blocks (block (j, q): subtree q
-    // on rank j's optimizer range, padded to the stride), so the stack never holds more than ceil(log2 N) + 1.
-    const auto [i0, i1] = split.instances_of_rank(layout_.rank);
-    const int64_t k = static_cast<int64_t>(maximal_subtrees(split.global_instances, i0, i1).size());
-    const int64_t stride = layout_.optimizer_stride();
-    const int W = layout_.world();
-    send_.assign(static_cast<size_t>(k * stride * W), 0.0f);
-    tree_.reset_emitting(i0, i1, [this, k, stride, W](int q, const float* src, int64_t off, int64_t n) {
-      for (int j = 0; j < W; ++j) {
-        const int64_t lo = layout_.optimizer_begin(j);
-        const int64_t a = std::max(off, lo), b = std::min(off + n, layout_.optimizer_end(j));
-        if (a < b)
-          ex_->to_host(send_.data() + (j * k + q) * stride + (a - lo), src + (a - off),
-                       static_cast<size_t>(b - a) * sizeof(float));
-      }
-    });
-  }
-  const auto [m0, m1] = split.microbatches_of_rank(layout_.rank);
   const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
-  for (int64_t m = m0; m < m1; ++m) {
+  if (!owners_) {
+    tree_.reset();
+    for (int64_t m = 0; m < split.n_microbatches(); ++m) {
+      const auto [a, b] = split.instances_of_microbatch(m);
+      tree_.begin_microbatch(a, b - a);
+      model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), tree_,
+                              per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
+      keep_routing(a, b);
+    }
+    return;
+  }
+  owners_->begin_step();
+  model_.set_unit_gradient_sink(owners_.get());
+  struct SinkScope {
+    Olmo3& model;
+    ~SinkScope() { model.set_unit_gradient_sink(nullptr); }
+  } scope{model_};
+  for (int64_t t = 0; t < split.n_rounds(); ++t) {
+    GradientLeaves* leaves = owners_->begin_round(t);
+    const int64_t m = split.microbatch_of(layout_.rank, t);
+    if (!leaves) {
+      model_.idle_pass(p);
+      continue;
+    }
     const auto [a, b] = split.instances_of_microbatch(m);
-    tree_.begin_microbatch(a, b - a);
-    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), tree_,
+    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), *leaves,
                             per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
     keep_routing(a, b);
   }
-  join_longer_runs(m1 - m0, p);
-}
-
-// Ranks of a shard group gather parameter units together once per forward and once per backward, and the ranks
-// of an EP group exchange expert rows once per MoE layer in each. When the runs of micro-batches differ in length,
-// the shorter runs join the remaining passes without instances (still serving their experts). With expert
-// parallelism every rank of the world makes the longest run's passes, so the two kinds of group never wait on
-// each other in a different order.
-void Trainer::join_longer_runs(int64_t my_runs, const float* params) {
-  const bool ep = par_.ep > 1;
-  if (layout_.dp_shard == 1 && !ep) return;
-  const BatchSplit split = batch_split();
-  int64_t longest = 0;
-  for (int j = 0; j < layout_.world(); ++j) {
-    const bool peer = ep || j / layout_.dp_shard == layout_.replicate_index();
-    const auto [m0, m1] = split.microbatches_of_rank(j);
-    if (peer) longest = std::max(longest, m1 - m0);
-  }
-  for (int64_t i = my_runs; i < longest; ++i) model_.idle_pass(params);
 }
 
 void Trainer::keep_routing(int64_t first, int64_t last) {
@@ -301,58 +290,13 @@ LossSums Trainer::compute_gradient(const StepBatch& batch, float* grad, float* l
 }
 
 void Trainer::reduce_gradient_to_shard(float* shard_out) {
-  const int W = layout_.world();
-  const int64_t lo = layout_.optimizer_lo(), len = layout_.optimizer_hi() - lo;
-  const BatchSplit split = batch_split();
-  const int64_t N = split.global_instances;
-  if (W == 1 || par_.debug_tree_shape != TreeShape::balanced) {  // the root is in slot 0
-    ex_->copy(shard_out, tree_.slot(0) + lo, static_cast<size_t>(len) * sizeof(float));
+  if (owners_) {
+    owners_->finish(shard_out);
     return;
   }
-  // Every rank's maximal subtrees are known to all from the layout alone, so block sizes need no exchange.
-  std::vector<std::vector<TreeNode>> nodes_of(static_cast<size_t>(W));
-  for (int j = 0; j < W; ++j) {
-    const auto [a, b] = split.instances_of_rank(j);
-    nodes_of[static_cast<size_t>(j)] = maximal_subtrees(N, a, b);
-  }
-  const std::vector<TreeNode>& mine = nodes_of[static_cast<size_t>(layout_.rank)];
-  if (mine != tree_.nodes()) throw std::logic_error("instance tree: this rank's subtrees differ from the layout's");
-  // All-to-all: to rank j, my k nodes restricted to j's optimizer range (each padded to the optimizer stride, so
-  // an aligned layout with one node per rank sends each rank only what it reduces).
-  const int64_t stride = layout_.optimizer_stride();
-  const int64_t k = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
-  int64_t recv_total = 0;
-  for (int j = 0; j < W; ++j) {
-    send_counts[static_cast<size_t>(j)] = k * stride;
-    recv_counts[static_cast<size_t>(j)] = static_cast<int64_t>(nodes_of[static_cast<size_t>(j)].size()) * stride;
-    recv_total += recv_counts[static_cast<size_t>(j)];
-  }
-  std::vector<float> recv(static_cast<size_t>(recv_total));
-  // send_ was filled while the subtrees finished (compute_local_tree).
-  comm_->alltoallv(send_.data(), send_counts, recv.data(), recv_counts, "all-to-all gradient subtrees");
-  std::vector<float>().swap(send_);
-  // The owner finishes the tree on the executor: the same left-to-right plan, fed whole subtrees in rank
-  // (= index) order.
-  Buffer<float> recv_dev;
-  float* received = recv.data();
-  if (!ex_->host_memory()) {
-    recv_dev.reset(*ex_, recv_total, "received gradient subtrees");
-    recv_dev.upload(recv.data(), recv_total);
-    received = recv_dev.data();
-  }
-  TreePlan plan(N);
-  std::vector<float*> slot(static_cast<size_t>(plan.max_slots()), nullptr);
-  float* next = received;
-  for (int j = 0; j < W; ++j)
-    for (const TreeNode& node : nodes_of[static_cast<size_t>(j)]) {
-      const TreePlan::Step st = plan.feed(node);
-      slot[static_cast<size_t>(st.slot)] = next;
-      next += stride;
-      for (const TreePlan::Merge& mg : st.merges)
-        ex_->tree_add(slot[static_cast<size_t>(mg.dst)], slot[static_cast<size_t>(mg.src)], len);
-    }
-  ex_->copy(shard_out, slot[0], static_cast<size_t>(len) * sizeof(float));
+  // One process: the root is in slot 0.
+  const int64_t lo = layout_.optimizer_lo(), len = layout_.optimizer_hi() - lo;
+  ex_->copy(shard_out, tree_.slot(0) + lo, static_cast<size_t>(len) * sizeof(float));
 }
 
 // ---- The step ----------------------------------------------------------------------------------------------------
@@ -420,9 +364,13 @@ std::vector<LossSums> Trainer::float_allreduce_gradient(const StepBatch& batch) 
   std::vector<float> acc(static_cast<size_t>(n), 0.0f);
   std::vector<LossSums> per(static_cast<size_t>(split.global_instances));
   routing_.assign(static_cast<size_t>(split.global_instances), 0);
-  const auto [m0, m1] = split.microbatches_of_rank(layout_.rank);
   const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
-  for (int64_t m = m0; m < m1; ++m) {
+  for (int64_t t = 0; t < split.n_rounds(); ++t) {
+    const int64_t m = split.microbatch_of(layout_.rank, t);
+    if (m < 0) {  // the round's collectives (FSDP gathers, expert exchanges) without instances
+      model_.idle_pass(p);
+      continue;
+    }
     const auto [a, b] = split.instances_of_microbatch(m);
     GradientTree mtree(b - a, n, *ex_);
     mtree.begin_microbatch(0, b - a);
@@ -431,7 +379,6 @@ std::vector<LossSums> Trainer::float_allreduce_gradient(const StepBatch& batch) 
     keep_routing(a, b);
     for (int64_t i = 0; i < n; ++i) acc[i] += mtree.slot(0)[i];
   }
-  join_longer_runs(m1 - m0, p);
   comm_->float_allreduce_sum_unordered(acc.data(), static_cast<size_t>(n), "negative-control allreduce");
   std::copy(acc.begin() + layout_.optimizer_lo(), acc.begin() + layout_.optimizer_hi(), grad_shard_.data());
   return per;
@@ -450,35 +397,38 @@ constexpr size_t kDenseRecordBytes = offsetof(InstanceRecord, moe_lb);
 }  // namespace
 
 // Loss: every instance's exact fp64 totals (and MoE routing digest) reach every rank by one all-gather of records,
-// padded to the longest run; then every rank adds them by the instance tree (core/loss_tree.h).
+// each rank's instances in its order, padded to the most any rank has; then every rank adds them by the instance tree (core/loss_tree.h).
 Trainer::StepLoss Trainer::loss(const std::vector<LossSums>& mine) {
   StepLoss out{{}, routing_};
   std::vector<LossSums> every = mine;
   const int W = layout_.world();
   if (W > 1) {
     const BatchSplit split = batch_split();
-    int64_t widest = 0;
+    std::vector<std::vector<int64_t>> of_rank(static_cast<size_t>(W));
+    size_t widest = 0;
     for (int j = 0; j < W; ++j) {
-      const auto [a, b] = split.instances_of_rank(j);
-      widest = std::max(widest, b - a);
+      of_rank[static_cast<size_t>(j)] = split.instances_of_rank(j);
+      widest = std::max(widest, of_rank[static_cast<size_t>(j)].size());
     }
     const size_t bytes = cfg_.model.moe.enabled() ? sizeof(InstanceRecord) : kDenseRecordBytes;
-    std::vector<unsigned char> send(bytes * static_cast<size_t>(widest), 0), all(send.size() * static_cast<size_t>(W));
-    const auto [i0, i1] = split.instances_of_rank(layout_.rank);
-    for (int64_t i = i0; i < i1; ++i) {
-      const LossSums& s = mine[static_cast<size_t>(i)];
-      const InstanceRecord rec{s.ce, s.z, s.moe_lb, s.moe_z, routing_[static_cast<size_t>(i)]};
-      std::memcpy(send.data() + bytes * static_cast<size_t>(i - i0), &rec, bytes);
+    std::vector<unsigned char> send(bytes * widest, 0), all(send.size() * static_cast<size_t>(W));
+    const std::vector<int64_t>& own = of_rank[static_cast<size_t>(layout_.rank)];
+    for (size_t k = 0; k < own.size(); ++k) {
+      const size_t i = static_cast<size_t>(own[k]);
+      const LossSums& s = mine[i];
+      const InstanceRecord rec{s.ce, s.z, s.moe_lb, s.moe_z, routing_[i]};
+      std::memcpy(send.data() + bytes * k, &rec, bytes);
     }
     comm_->allgather(send.data(), send.size(), all.data(), "all-gather per-instance loss totals");
     for (int j = 0; j < W; ++j) {
-      const auto [a, b] = split.instances_of_rank(j);
-      for (int64_t i = a; i < b; ++i) {
+      const std::vector<int64_t>& theirs = of_rank[static_cast<size_t>(j)];
+      for (size_t k = 0; k < theirs.size(); ++k) {
         InstanceRecord rec;
-        std::memcpy(&rec, all.data() + bytes * static_cast<size_t>(j * widest + i - a), bytes);
-        LossSums& s = every[static_cast<size_t>(i)];
+        std::memcpy(&rec, all.data() + bytes * (static_cast<size_t>(j) * widest + k), bytes);
+        const size_t i = static_cast<size_t>(theirs[k]);
+        LossSums& s = every[i];
         s.ce = rec.ce, s.z = rec.z, s.moe_lb = rec.moe_lb, s.moe_z = rec.moe_z;
-        out.routing[static_cast<size_t>(i)] = rec.routing;
+        out.routing[i] = rec.routing;
       }
     }
   }

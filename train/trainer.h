@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.h"
 #include "dist/comm.h"
 #include "dist/expert_placement.h"
+#include "dist/gradient_owners.h"
 #include "dist/layout.h"
 #include "dist/state_pieces.h"
 #include "dist/unit_gather.h"
@@ -97,6 +98,10 @@ class Trainer {
   }
   // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
   uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
+  // Several ranks: the most gradient bytes held at once during a step's reduction, and the longest single gradient
+  // value held (a tree slot or one exchanged block; never the flat vector's length); -1 in one process.
+  int64_t gradient_peak_bytes() const { return owners_ ? 4 * owners_->peak_floats() : -1; }
+  int64_t gradient_longest_buffer_bytes() const { return owners_ ? 4 * owners_->longest_buffer() : -1; }
   int ep() const { return par_.ep; }
   ThreadPool& pool() { return pool_; }
 
@@ -158,19 +163,16 @@ class Trainer {
                          const OptimizerOutcome& opt);
   void dump_optim_state(const std::string& name, const Buffer<float>& b) const;  // TEST ONLY
   void dump_optim_step(const OptimizerOutcome& opt, float ce_loss, const ClippedGradient& g) const;  // TEST ONLY
-  // Forward/backward of this rank's micro-batches into tree_ (its maximal subtrees are left in the slots);
+  // Forward/backward of this rank's micro-batches: one process into tree_ (the root is left in slot 0), several
+  // ranks round by round into owners_ (each unit's subtrees reduced at their owners as its backward ends);
   // per_instance[i] receives global instance i's loss totals for this rank's instances.
   void compute_local_tree(const StepBatch& batch, std::vector<LossSums>& per_instance, float* logits_out);
-  // Ranks whose run of micro-batches is shorter than others' join the remaining passes' collectives (parameter
-  // gathers, expert exchanges) without instances of their own (Olmo3::idle_pass).
-  void join_longer_runs(int64_t my_runs, const float* params);
   void release_transients();           // frees the gradient buffers of a sharded step
   // The range b is indexed by: params_ the shard's, the gradient and moments the optimizer range (dist::Span).
   dist::Span span_of(const Buffer<float>& b) const;
   // Writes a host copy of b's whole range (span_of(b)) into the parts of b this rank holds.
   void upload_held(Buffer<float>& b, const float* range);
-  // Finishes the instance tree on this rank's optimizer range: every rank's maximal subtrees (restricted to each
-  // optimizer range) travel to its owner by one all-to-all, and the owner performs the tree's remaining adds.
+  // The instance tree's root on this rank's optimizer range (several ranks: finished by owners_ during backward).
   void reduce_gradient_to_shard(float* shard_out);
 
   TrainConfig cfg_;
@@ -202,14 +204,14 @@ class Trainer {
   std::vector<ParamGroup> groups_;  // OLMo-core's param groups (core/optim.h)
   std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
-  GradientTree tree_;  // the step's instance tree: at most ceil(log2 N) + 1 full-length partial gradients
+  GradientTree tree_;  // one process: the step's instance tree, at most ceil(log2 N) + 1 full-length partial gradients
+  std::unique_ptr<dist::OwnerReduction> owners_;  // several ranks: the tree at the owners, one unit at a time
   std::vector<std::vector<int32_t>> routing_choices_;  // MoE: see last_routing()
   bool capture_choices_ = false;                        // set by compute_gradient only
   std::vector<uint64_t> routing_;  // MoE: each global instance's routing digest of this step (this rank's range)
   // MoE: the step's expert load [L, E] over every rank, and the step routing digest (hex) of every instance's.
   void moe_step_record(TraceRecord& r, const std::vector<uint64_t>& routing);
   void keep_routing(int64_t first, int64_t last);  // instances [first, last) of the model's last forward
-  std::vector<float> send_;  // multi-rank: the finished subtrees, already laid out for the all-to-all
   // Where each step's batch came from (the manifest's data_history): extended before every draw; unknown after a
   // resume from a checkpoint that did not record it, or with a batch source that is not the data loader.
   ckpt::DataHistory history_;

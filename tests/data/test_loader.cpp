@@ -97,12 +97,12 @@ TEST_CASE("micro-batches are contiguous slices of the row; ranks take contiguous
     CHECK(std::equal(first.begin(), first.end(), toks.begin()));
   }
   CHECK(Loader::rank_of_microbatch(0, 4, 2) == 0);
-  CHECK(Loader::rank_of_microbatch(1, 4, 2) == 0);
-  CHECK(Loader::rank_of_microbatch(2, 4, 2) == 1);
-  CHECK(Loader::microbatches_of_rank(1, 8, 4) == std::pair<int64_t, int64_t>{2, 4});
-  CHECK(Loader::microbatches_of_rank(0, 4, 3) == std::pair<int64_t, int64_t>{0, 2});  // 4 over 3 ranks: 2, 1, 1
-  CHECK(Loader::microbatches_of_rank(2, 4, 3) == std::pair<int64_t, int64_t>{3, 4});
-  CHECK(Loader::rank_of_microbatch(2, 4, 3) == 1);
+  CHECK(Loader::rank_of_microbatch(1, 4, 2) == 1);
+  CHECK(Loader::rank_of_microbatch(2, 4, 2) == 0);
+  CHECK(Loader::microbatches_of_rank(1, 8, 4) == std::vector<int64_t>{1, 5});
+  CHECK(Loader::microbatches_of_rank(0, 4, 3) == std::vector<int64_t>{0, 3});  // 4 over 3 ranks: 2, 1, 1
+  CHECK(Loader::microbatches_of_rank(2, 4, 3) == std::vector<int64_t>{2});
+  CHECK(Loader::rank_of_microbatch(3, 4, 3) == 0);
   // A micro-batch size that does not divide the global batch: the last micro-batch holds the remainder.
   Loader odd(config(ds, 12, 5));
   const GlobalBatch ob = odd.next_batch();
@@ -252,7 +252,7 @@ TEST_CASE("audit log: one record per instance of each micro-batch, with rank, fi
     CHECK(r.epoch == b.epoch);
     CHECK(r.batch == b.batch);
     CHECK(r.microbatch == k / 2);
-    CHECK(r.rank == (k / 2 < 2 ? 0 : 1));
+    CHECK(r.rank == (k / 2) % 2);  // micro-batch m on rank m mod W
     CHECK(r.instance == b.instance_ids[static_cast<size_t>(k)]);
     const auto loc = ds->locate(r.instance);
     CHECK(r.file == ds->file(static_cast<size_t>(loc.file)).path());
@@ -263,15 +263,17 @@ TEST_CASE("audit log: one record per instance of each micro-batch, with rank, fi
   }
   CHECK(all.back().epoch == 2);
 
-  // Each rank's log is exactly its share; together they are the global batch, in order.
+  // Each rank's log is exactly its share (micro-batches 0, 2 on rank 0; 1, 3 on rank 1); together they are the
+  // global batch, in order.
   const std::vector<AuditRecord> r0 = read_audit_log(tmp.file("rank0.jsonl"));
   const std::vector<AuditRecord> r1 = read_audit_log(tmp.file("rank1.jsonl"));
   CHECK(r0.size() == all.size() / 2);
   CHECK(r1.size() == all.size() / 2);
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t k = 0; k < 4; ++k) {
-      CHECK(r0[static_cast<size_t>(s * 4 + k)] == all[static_cast<size_t>(s * 8 + k)]);
-      CHECK(r1[static_cast<size_t>(s * 4 + k)] == all[static_cast<size_t>(s * 8 + 4 + k)]);
+      const int64_t own = (k / 2) * 4 + k % 2;  // the k-th instance of a rank: micro-batch 2·(k/2) + rank
+      CHECK(r0[static_cast<size_t>(s * 4 + k)] == all[static_cast<size_t>(s * 8 + own)]);
+      CHECK(r1[static_cast<size_t>(s * 4 + k)] == all[static_cast<size_t>(s * 8 + own + 2)]);
     }
   }
 
