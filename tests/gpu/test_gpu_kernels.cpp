@@ -428,15 +428,15 @@ int check_attention() {
     float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
     float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
     float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));
-    float *sp = to_device(std::vector<float>(stats * static_cast<size_t>(c.T))), *sds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
+    float *sp = to_device(std::vector<float>(stats * static_cast<size_t>(c.T))), *row_d = to_device(std::vector<float>(stats));
     float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
     a.q = dq_in, a.k = dk_in, a.v = dv_in, a.out = dout_in, a.row_max = dm, a.row_sum = dl, a.dout = dgo;
-    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.scratch_ds = sds, a.dk_head = dkh, a.dv_head = dvh;
+    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
     kernels::attention_backward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
     const bool same = err == cudaSuccess && bits_equal(from_device(ddq, qn), dq_ref) && bits_equal(from_device(ddk, kn), dk_ref) &&
                       bits_equal(from_device(ddv, kn), dv_ref);
-    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, sds, dkh, dvh}) cudaFree(p);
+    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, row_d, dkh, dvh}) cudaFree(p);
     bwd_failed += !same;
   }
   std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);
