@@ -1,18 +1,22 @@
-// kernels/attention_exact.h — sliding-window causal GQA attention forward in exact mode (docs/canonical/
-// attention.md), one source for the CUDA kernel and its host execution. Backward is not written yet.
+// kernels/attention_exact.h — sliding-window causal GQA attention in exact mode (docs/canonical/attention.md), one
+// source for the CUDA kernels and their host execution.
 //
-// One 32-thread block per (instance b, head h, query i), keys j in [lo(i), i]. Thread t takes keys lo+t,
-// lo+t+32, ...: each score one fma chain over d from 0, times scale; the row max is the first occurrence of
-// the largest score (what the CPU's sequential max gives, ±0 included); e_j = expf(s_j − m) and the
+// Forward: a fixed grid of 32-thread blocks strides over the query rows (b, h, i), keys j in [lo(i), i]. Thread t
+// takes keys lo+t, lo+t+32, ...: each score one fma chain over d from 0, times scale; the row max is the first
+// occurrence of the largest score (what the CPU's sequential max gives, ±0 included); e_j = expf(s_j − m) and the
 // denominator l is the 32-lane sum with lane = (j − lo) mod 32 and the lane tree; P_j = e_j / l (bf16: rounded).
-// Then thread t computes output dims d = t, t+32, ...: one fma chain over j ascending of P_j·v_jd.
-// Scores/probabilities go to a scratch row of T floats per block (global memory).
+// Then thread t computes output dims d = t, t+32, ...: one fma chain over j ascending of P_j·v_jd. A block keeps
+// its row's scores in its own scratch row of T floats (global memory), so scratch is [blocks in flight, T]: linear in
+// T, where a block per row would need [B·H·T, T] (17 GiB at Olmo 3 7B, seq 8192, micro-batch 2).
 //
-// Backward, three kernels in the order of attention.md: (1) a warp per query recomputes P with the forward's
-// operations, dP_j (chain over d), D (chain over d, one thread), dS_j = (P_j·(dP_j − D))·scale, the bf16
-// roundings, and dq (chain over j per d); P and dS rows are kept in scratch [B·H·T, T]. (2) a block per
-// (instance, query head, key j), thread per d: dk_h and dv_h as chains over the queries i = j..hi(j) ascending.
-// (3) per KV head the group sum over its query heads in ascending order.
+// Backward, three kernels in the order of attention.md: (1) the query blocks, striding over the rows as the forward
+// does: P recomputed with the forward's operations, dP_j (chain over d), D (chain over d, one thread; kept as
+// [B, H, T]), dS_j = (P_j·(dP_j − D))·scale, the bf16 roundings, and dq (chain over j per d); the dS row is the
+// block's scratch row. (2) a block per (instance, query head, key j), thread per d: dk_h and dv_h as chains over
+// the queries i = j..hi(j) ascending, 32 queries at a time: thread t recomputes P_ij and dS_ij of query i0 + t with
+// (1)'s very operations (attention_prob_grad) from the saved m, l, D, and the chains go on through the stored
+// accumulators (an fp32 store and reload keeps the bits), so no [B·H·T, T] P or dS is ever stored. (3) per KV head
+// the group sum over its query heads in ascending order.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,12 @@
 
 namespace olmoref::kernels {
 
+// Blocks in flight over the query rows (forward and backward's query kernel), each with its own scratch row of T
+// floats. A fixed count from the shape alone (never the SM count): enough to fill an H200 (132 SMs, at most 32
+// resident blocks each), and the rows a block takes never change a bit, since each row is computed whole by one
+// block. At T = 8192 the scratch is 128 MiB.
+inline constexpr int64_t kAttentionRowBlocks = 4096;
+
 struct AttentionArgs {
   int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0, window = 0;  // window 0: full causal
   float scale = 1.0f;
@@ -31,19 +41,31 @@ struct AttentionArgs {
   const float *q = nullptr, *k = nullptr, *v = nullptr;  // [B·T, H·hd], [B·T, KV·hd] ×2
   float* out = nullptr;                                  // [B·T, H·hd]
   float *row_max = nullptr, *row_sum = nullptr;          // [B, H, T]
-  float* scratch = nullptr;                              // [B·H·T, T]: forward scores/P; backward P
+  // [attention_row_blocks, T]: a block's row of forward scores/P or backward dS
+  float* scratch = nullptr;
+  int64_t row_blocks = kAttentionRowBlocks;  // at most this many blocks in flight (tests take fewer to stride more)
   // backward only
   const float* dout = nullptr;                           // [B·T, H·hd]
   float* dq = nullptr;                                   // [B·T, H·hd]
   float *dk = nullptr, *dv = nullptr;                    // [B·T, KV·hd]
-  float* scratch_ds = nullptr;                           // [B·H·T, T]
+  float* row_d = nullptr;                                // [B, H, T]: D_i = chain over d of dO_id·o_id
   float *dk_head = nullptr, *dv_head = nullptr;          // [B, H, T, hd]
 };
+
+// The blocks in flight over the B·H·T query rows, and so the rows of scratch: [attention_row_blocks, T].
+OLMOREF_HD inline int64_t attention_row_blocks(const AttentionArgs& a) {
+  const int64_t rows = a.B * a.H * a.T;
+  return rows < a.row_blocks ? rows : a.row_blocks;
+}
 
 struct AttentionShared {
   float lane[32];
   int64_t first[32];
   float m;
+};
+// The key kernel's 32 queries in flight: their P_ij and dS_ij for the block's key j.
+struct AttentionKeyShared {
+  float p[32], ds[32];
 };
 
 // Query row `row` = (b·H + h)·T + i: its instance, heads, key band [lo, i] (n keys) and row widths.
@@ -71,13 +93,32 @@ OLMOREF_HD inline float attention_score(const AttentionArgs& a, const QueryRow& 
   return acc * a.scale;
 }
 
+// P_j and dS_j of query row `row` at key j (0-based from qr.lo), from the saved m, l and D = dO·o: P with exactly
+// the forward's operations, so it has the forward's bits. Both kernels of the backward that use them (the query
+// kernel's dq, the key kernel's dk/dv) call this one function, so they see the same bits. bf16: both rounded, as
+// they enter the dq/dk/dv products as bf16 operands.
+struct ProbGrad {
+  float p, ds;
+};
+OLMOREF_HD inline ProbGrad attention_prob_grad(const AttentionArgs& a, const QueryRow& qr, int64_t row, int64_t j,
+                                               float D) {
+  const float* qi = a.q + (qr.b * a.T + qr.i) * qr.qw + qr.h * a.hd;
+  const float* doi = a.dout + (qr.b * a.T + qr.i) * qr.qw + qr.h * a.hd;
+  const float* vj = a.v + (qr.b * a.T + qr.lo + j) * qr.kw + qr.g * a.hd;
+  float dp = 0.0f;
+  for (int64_t d = 0; d < a.hd; ++d) dp = hd_fma(doi[d], vj[d], dp);
+  const float p = det::impl::expf(attention_score(a, qr, qi, j) - a.row_max[row]) / a.row_sum[row];
+  const float ds = (p * (dp - D)) * a.scale;
+  return {a.bf16 ? round_bf16(p) : p, a.bf16 ? round_bf16(ds) : ds};
+}
+
+// Query row `row` with the block's scratch row s [T].
 OLMOREF_BLOCK_BODY
 template <class Block>
-OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
+OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row, float* s) {
   const QueryRow qr = query_row(a, row);
   const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
   const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
-  float* s = a.scratch + row * a.T;
   blk.phase([&](int t, auto&) {
     float m = -hd_float(0x7f800000u);
     int64_t first = n;
@@ -120,35 +161,26 @@ OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const Att
   });
 }
 
-// Backward (1): query row `row` = (b·H + h)·T + i.
+// Backward (1): query row `row` = (b·H + h)·T + i with the block's scratch row [T] for its dS.
 OLMOREF_BLOCK_BODY
 template <class Block>
-OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row) {
+OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row,
+                                         float* scratch_row) {
   const QueryRow qr = query_row(a, row);
   const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
-  const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
   const float* doi = a.dout + (b * a.T + i) * qw + h * a.hd;
   const float* oi = a.out + (b * a.T + i) * qw + h * a.hd;
-  float* P = a.scratch + row * a.T + lo;  // row i, columns lo..i
-  float* dS = a.scratch_ds + row * a.T + lo;
+  float* dS = scratch_row;  // keys lo..i
   blk.phase([&](int t, auto&) {
     if (t == 0) {  // D = chain over d of dO_d·o_d
       float acc = 0.0f;
       for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(doi[d], oi[d], acc);
       sh.m = acc;
+      a.row_d[row] = acc;  // for the key kernel's dS
     }
   });
   blk.phase([&](int t, auto&) {
-    const float m = a.row_max[row], l = a.row_sum[row], D = sh.m;
-    for (int64_t j = t; j < n; j += 32) {
-      const float* vj = a.v + (b * a.T + lo + j) * kw + g * a.hd;
-      float dp = 0.0f;
-      for (int64_t d = 0; d < a.hd; ++d) dp = hd_fma(doi[d], vj[d], dp);
-      const float p = det::impl::expf(attention_score(a, qr, qi, j) - m) / l;
-      const float ds = (p * (dp - D)) * a.scale;
-      P[j] = a.bf16 ? round_bf16(p) : p;  // P and dS enter the dq/dk/dv products as bf16 operands
-      dS[j] = a.bf16 ? round_bf16(ds) : ds;
-    }
+    for (int64_t j = t; j < n; j += 32) dS[j] = attention_prob_grad(a, qr, row, j, sh.m).ds;
   });
   blk.phase([&](int t, auto&) {
     float* dqi = a.dq + (b * a.T + i) * qw + h * a.hd;
@@ -160,25 +192,47 @@ OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const 
   });
 }
 
+// Block `block` of `blocks` in flight: the query rows block, block + blocks, ... with scratch row `block`, through
+// body(row, scratch_row) (attention_forward_row or attention_backward_query).
+OLMOREF_BLOCK_BODY
+template <class RowBody>
+OLMOREF_HD void attention_block_rows(const AttentionArgs& a, int64_t block, int64_t blocks, RowBody&& body) {
+  float* scratch_row = a.scratch + block * a.T;
+  for (int64_t row = block; row < a.B * a.H * a.T; row += blocks) body(row, scratch_row);
+}
+
 // Backward (2): key `key` = (b·H + h)·T + j, per query head; thread t takes d = t, t+32, ...
 OLMOREF_BLOCK_BODY
 template <class Block>
-OLMOREF_HD void attention_backward_key(Block& blk, const AttentionArgs& a, int64_t key) {
+OLMOREF_HD void attention_backward_key(Block& blk, AttentionKeyShared& sh, const AttentionArgs& a, int64_t key) {
   const int64_t j = key % a.T, bh = key / a.T, h = bh % a.H, b = bh / a.H;
   const int64_t hi = a.window > 0 && j + a.window - 1 < a.T - 1 ? j + a.window - 1 : a.T - 1;
   const int64_t qw = a.H * a.hd;
-  blk.phase([&](int t, auto&) {
-    for (int64_t d = t; d < a.hd; d += 32) {
-      float dk = 0.0f, dv = 0.0f;
-      for (int64_t i = j; i <= hi; ++i) {
-        const int64_t qrow = bh * a.T + i;
-        dk = hd_fma(a.scratch_ds[qrow * a.T + j], a.q[(b * a.T + i) * qw + h * a.hd + d], dk);
-        dv = hd_fma(a.scratch[qrow * a.T + j], a.dout[(b * a.T + i) * qw + h * a.hd + d], dv);
+  for (int64_t i0 = j; i0 <= hi; i0 += 32) {
+    const int64_t n = hi - i0 + 1 < 32 ? hi - i0 + 1 : 32;
+    blk.phase([&](int t, auto&) {
+      if (t >= n) return;
+      const int64_t row = bh * a.T + i0 + t;
+      const QueryRow qr = query_row(a, row);
+      const ProbGrad pg = attention_prob_grad(a, qr, row, j - qr.lo, a.row_d[row]);
+      sh.p[t] = pg.p, sh.ds[t] = pg.ds;
+    });
+    blk.phase([&](int t, auto&) {
+      const bool last = i0 + 32 > hi;  // the chains end here: the bf16 rounding
+      for (int64_t d = t; d < a.hd; d += 32) {
+        float* dk_out = a.dk_head + key * a.hd + d;
+        float* dv_out = a.dv_head + key * a.hd + d;
+        float dk = i0 == j ? 0.0f : *dk_out, dv = i0 == j ? 0.0f : *dv_out;
+        for (int64_t c = 0; c < n; ++c) {
+          const int64_t at = (b * a.T + i0 + c) * qw + h * a.hd + d;
+          dk = hd_fma(sh.ds[c], a.q[at], dk);
+          dv = hd_fma(sh.p[c], a.dout[at], dv);
+        }
+        *dk_out = last && a.bf16 ? round_bf16(dk) : dk;
+        *dv_out = last && a.bf16 ? round_bf16(dv) : dv;
       }
-      a.dk_head[key * a.hd + d] = a.bf16 ? round_bf16(dk) : dk;
-      a.dv_head[key * a.hd + d] = a.bf16 ? round_bf16(dv) : dv;
-    }
-  });
+    });
+  }
 }
 
 // Backward (3): element e of dk/dv [B·T, KV·hd]: the group's query heads in ascending order.

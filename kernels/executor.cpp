@@ -87,6 +87,12 @@ T* KernelExecutor::workspace(Buffer<T>& b, int64_t n, const char* what) {
   return b.data();
 }
 
+int64_t KernelExecutor::workspace_bytes() const {
+  const auto bytes = [](const auto&... b) { return ((b.size() * static_cast<int64_t>(sizeof(*b.data()))) + ...); };
+  return bytes(att_rows_, att_row_d_, att_dk_head_, att_dv_head_, ce_terms_, z_terms_, ce_total_, z_total_,
+               norm_chunks_, zero_chunks_, emb_start_, emb_order_);
+}
+
 // ---- GEMM: the three products of a linear layer as strided views (ref/gemm.h) ----
 namespace {
 GemmArgs gemm_view(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_row, int64_t a_col, const float* B,
@@ -285,11 +291,18 @@ AttentionArgs attention_args(const AttentionShape& s) {
 }
 }  // namespace
 
+int64_t attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd) {
+  AttentionArgs a;
+  a.B = B, a.H = H, a.T = T;
+  const int64_t rows = B * H * T;
+  return static_cast<int64_t>(sizeof(float)) * (attention_row_blocks(a) * T + rows + 2 * rows * hd);
+}
+
 void KernelExecutor::attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
                                        float* out, float* row_max, float* row_sum) {
   AttentionArgs a = attention_args(s);
   a.q = q, a.k = k, a.v = v, a.out = out, a.row_max = row_max, a.row_sum = row_sum;
-  a.scratch = workspace(att_p_, s.B * s.H * s.T * s.T, "attention scores [B·H·T, T]");
+  a.scratch = workspace(att_rows_, attention_row_blocks(a) * s.T, "attention score rows [blocks in flight, T]");
   if (on_device_) OLMOREF_DEVICE(attention_forward_device(a));
   else attention_forward_host(a);
 }
@@ -302,8 +315,8 @@ void KernelExecutor::attention_backward(const AttentionShape& s, const float* q,
   a.row_sum = const_cast<float*>(row_sum), a.dout = dout;
   a.dq = dq, a.dk = dk, a.dv = dv;
   const int64_t rows = s.B * s.H * s.T;
-  a.scratch = workspace(att_p_, rows * s.T, "attention probabilities [B·H·T, T]");
-  a.scratch_ds = workspace(att_ds_, rows * s.T, "attention score gradients [B·H·T, T]");
+  a.scratch = workspace(att_rows_, attention_row_blocks(a) * s.T, "attention dS rows [blocks in flight, T]");
+  a.row_d = workspace(att_row_d_, rows, "attention D = dO·o [B, H, T]");
   a.dk_head = workspace(att_dk_head_, rows * s.hd, "per-head key gradients [B, H, T, hd]");
   a.dv_head = workspace(att_dv_head_, rows * s.hd, "per-head value gradients [B, H, T, hd]");
   if (on_device_) OLMOREF_DEVICE(attention_backward_device(a));

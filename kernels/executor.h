@@ -26,6 +26,8 @@ class KernelExecutor final : public Executor {
   OLMOREF_EXECUTOR_OPS(, override)
   void synchronize() override;
   int64_t memory_available() const override;
+  // Bytes of kernel scratch held now (every workspace buffer, grown to the largest call so far).
+  int64_t workspace_bytes() const;
   // TEST ONLY negative control: every GEMM splits K into slabs added afterwards (GemmArgs::debug_split_k).
   void set_debug_split_k(bool on) { debug_split_k_ = on; }
 
@@ -38,11 +40,16 @@ class KernelExecutor final : public Executor {
 
   bool on_device_;
   bool debug_split_k_ = false;
-  // Kernel scratch, grown to the largest call: attention P and dS [B·H·T, T], per-head dk/dv [B, H, T, hd],
-  // the loss's fp64 row terms [R] and instance totals [B], norm chunk totals, the embedding position order.
-  Buffer<float> att_p_, att_ds_, att_dk_head_, att_dv_head_;
+  // Kernel scratch, grown to the largest call: attention's rows of scores or dS [blocks in flight, T], D [B, H, T]
+  // and per-head dk/dv [B, H, T, hd]; the loss's fp64 row terms [R] and instance totals [B], norm chunk totals, the
+  // embedding position order.
+  Buffer<float> att_rows_, att_row_d_, att_dk_head_, att_dv_head_;
   Buffer<double> ce_terms_, z_terms_, ce_total_, z_total_, norm_chunks_, zero_chunks_;
   Buffer<int64_t> emb_start_, emb_order_;
 };
+
+// The attention workspace of a shape: score/dS rows [min(B·H·T, kAttentionRowBlocks), T], D [B, H, T] and per-head
+// dk/dv [B, H, T, hd], in bytes; linear in T (the memory estimate of model/olmo3.cpp counts it).
+int64_t attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd);
 
 }  // namespace olmoref::kernels

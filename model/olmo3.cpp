@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "core/loss_tree.h"
+#include "kernels/executor.h"
 
 namespace olmoref {
 
@@ -227,7 +228,7 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
   m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
   if (cfg.rope_scaling.on()) m.working += f32 * T * cfg.head_dim;  // the scaled layers' own pair of tables
   if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
-  if (kernel_scratch) m.kernel_scratch = f32 * (2 * stats * T + 2 * stats * cfg.head_dim);  // P, dS, per-head dk/dv
+  if (kernel_scratch) m.kernel_scratch = kernels::attention_workspace_bytes(B, cfg.n_heads, T, cfg.head_dim);
   return m;
 }
 

@@ -164,7 +164,7 @@ struct ModelMemory {
   int64_t backward = 0;     // the backward's gradient temporaries
   int64_t logits = 0;       // the head: final norm input and output [R, d] and the logits [R, V]
   int64_t working = 0;      // RoPE tables, tokens, the loss's row terms and (bf16) the working copy of the weights
-  int64_t kernel_scratch = 0;  // the CUDA kernels' largest scratch: attention's [B·H·T, T] buffers
+  int64_t kernel_scratch = 0;  // the CUDA kernels' largest scratch: attention's rows of T per block, D, dk/dv
   int64_t total() const { return activations + backward + logits + working + kernel_scratch; }
 };
 ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,

@@ -221,7 +221,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   add("logits", mm.logits, "[R, V] and the final norm's [R, d]; x micro-batch x seq");
   add("working copies", mm.working,
       "RoPE tables, tokens, loss rows" + std::string(cfg.train.precision == "bf16" ? ", the bf16 weights" : ""));
-  add("kernel scratch", mm.kernel_scratch, "attention's [B·H·T, T] P and dS: x micro-batch x seq^2");
+  add("kernel scratch", mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
   if (m.moe.enabled()) {
     const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;
     // LayerActs' host routing of every layer (scores [R, E], lse [R], top and weight [R, k], the plan [S] x 2).

@@ -387,9 +387,25 @@ int check_embed_rope() {
   return failed;
 }
 
+// Every case with the default blocks in flight and with 3 (each block takes many rows through one scratch row), and
+// the long cases (more rows than kAttentionRowBlocks); the scratch is exactly [attention_row_blocks, T], so memcheck
+// sees a block that strays from its row.
+std::vector<std::pair<testing::AttentionCase, int64_t>> attention_runs() {
+  std::vector<std::pair<testing::AttentionCase, int64_t>> runs;
+  for (const int64_t row_blocks : {kernels::kAttentionRowBlocks, int64_t{3}})
+    for (const testing::AttentionCase& c : testing::attention_cases()) runs.emplace_back(c, row_blocks);
+  for (const testing::AttentionCase& c : testing::long_attention_cases())
+    runs.emplace_back(c, kernels::kAttentionRowBlocks);
+  return runs;
+}
+float* attention_scratch(kernels::AttentionArgs& a, int64_t row_blocks) {
+  a.row_blocks = row_blocks;
+  return to_device(std::vector<float>(static_cast<size_t>(kernels::attention_row_blocks(a) * a.T)));
+}
+
 int check_attention() {
   int failed = 0, n_cases = 0;
-  for (const testing::AttentionCase& c : testing::attention_cases()) {
+  for (const auto& [c, row_blocks] : attention_runs()) {
     ++n_cases;
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
@@ -399,7 +415,7 @@ int check_attention() {
     kernels::AttentionArgs a = testing::attention_args(c);
     float *dq = to_device(o.q), *dk = to_device(o.k), *dv = to_device(o.v), *dout = to_device(std::vector<float>(out_n));
     float *dm = to_device(std::vector<float>(stats)), *dl = to_device(std::vector<float>(stats));
-    float* ds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
+    float* ds = attention_scratch(a, row_blocks);
     a.q = dq, a.k = dk, a.v = dv, a.out = dout, a.row_max = dm, a.row_sum = dl, a.scratch = ds;
     kernels::attention_forward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
@@ -407,14 +423,14 @@ int check_attention() {
                       bits_equal(from_device(dm, stats), m_ref) && bits_equal(from_device(dl, stats), l_ref);
     for (float* p : {dq, dk, dv, dout, dm, dl, ds}) cudaFree(p);
     if (!same) {
-      std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d\n", (long long)c.T, (long long)c.H,
-                  (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16);
+      std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d blocks=%lld\n", (long long)c.T,
+                  (long long)c.H, (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16, (long long)row_blocks);
       ++failed;
     }
   }
   std::printf("attention forward exact: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
   int bwd_failed = 0;
-  for (const testing::AttentionCase& c : testing::attention_cases()) {
+  for (const auto& [c, row_blocks] : attention_runs()) {
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
@@ -428,15 +444,15 @@ int check_attention() {
     float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
     float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
     float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));
-    float *sp = to_device(std::vector<float>(stats * static_cast<size_t>(c.T))), *sds = to_device(std::vector<float>(stats * static_cast<size_t>(c.T)));
+    float *sp = attention_scratch(a, row_blocks), *row_d = to_device(std::vector<float>(stats));
     float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
     a.q = dq_in, a.k = dk_in, a.v = dv_in, a.out = dout_in, a.row_max = dm, a.row_sum = dl, a.dout = dgo;
-    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.scratch_ds = sds, a.dk_head = dkh, a.dv_head = dvh;
+    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
     kernels::attention_backward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
     const bool same = err == cudaSuccess && bits_equal(from_device(ddq, qn), dq_ref) && bits_equal(from_device(ddk, kn), dk_ref) &&
                       bits_equal(from_device(ddv, kn), dv_ref);
-    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, sds, dkh, dvh}) cudaFree(p);
+    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, row_d, dkh, dvh}) cudaFree(p);
     bwd_failed += !same;
   }
   std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);

@@ -21,6 +21,11 @@ inline std::vector<AttentionCase> attention_cases() {
           {2, 40, 4, 4, 6, 16, false}, {1, 70, 6, 2, 5, 0, false},  {1, 45, 4, 2, 8, 16, true},
           {1, 33, 2, 1, 40, 7, false}};
 }
+// Sequences past a thousand keys, more query rows than the kernels' blocks in flight: full causal fp32, GQA with a
+// window and bf16.
+inline std::vector<AttentionCase> long_attention_cases() {
+  return {{1, 1100, 4, 2, 8, 0, false}, {1, 1100, 4, 1, 16, 300, true}};
+}
 struct AttentionOperands {
   std::vector<float> q, k, v;
 };

@@ -12,10 +12,10 @@
 
 namespace olmoref::testing {
 
-// fn(case, q/k/v operands) for every attention case.
+// fn(case, q/k/v operands) for every attention case (or every one of `cases`).
 template <class Fn>
-void for_each_attention_case(const Fn& fn) {
-  for (const AttentionCase& c : attention_cases()) {
+void for_each_attention_case(const Fn& fn, const std::vector<AttentionCase>& cases = attention_cases()) {
+  for (const AttentionCase& c : cases) {
     CAPTURE(c.T);
     CAPTURE(c.H);
     CAPTURE(c.KV);

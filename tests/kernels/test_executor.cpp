@@ -16,6 +16,7 @@
 #include "model/executors.h"
 #include "ref/cpu_executor.h"
 #include "ref/moe.h"
+#include "tests/kernels/attention_cases.h"
 #include "tests/kernels/model_cases.h"
 #include "tests/kernels/moe_cases.h"
 
@@ -128,6 +129,35 @@ TEST_CASE("executor cuda-host: moe_route and moe_router_backward equal the CPU e
     ++cases;
   }
   CHECK(cases == 33);
+}
+
+// At 65536 query rows of 256 keys a [B·H·T, T] buffer would be 64 MiB (and P and dS 128 MiB); the executor's whole
+// scratch after a forward and a backward must be the linear bound, rows of T only for the blocks in flight.
+TEST_CASE("executor cuda-host: attention's workspace is linear in T, never [B·H·T, T], with the CPU executor's bits") {
+  const testing::AttentionCase c{4, 256, 64, 16, 2, 0, false};
+  const int64_t rows = c.B * c.H * c.T;
+  const testing::AttentionOperands o = testing::attention_operands(c, 5), g = testing::attention_operands(c, 6);
+  const AttentionShape shape = testing::attention_shape(c);
+  const size_t qn = static_cast<size_t>(rows * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
+  auto run = [&](Executor& ex) {
+    std::vector<float> out(qn), m(static_cast<size_t>(rows)), l(m.size()), dq(qn), dk(kn), dv(kn);
+    ex.attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data());
+    ex.attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
+                          dq.data(), dk.data(), dv.data());
+    out.insert(out.end(), dq.begin(), dq.end());
+    out.insert(out.end(), dk.begin(), dk.end());
+    out.insert(out.end(), dv.begin(), dv.end());
+    return out;
+  };
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  const std::vector<float> want = run(cpu), got = run(host);
+  CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+  const int64_t bound = kernels::attention_workspace_bytes(c.B, c.H, c.T, c.hd);
+  CHECK(host.workspace_bytes() == bound);
+  CHECK(bound == 4 * (kernels::kAttentionRowBlocks * c.T + rows * (1 + 2 * c.hd)));
+  CHECK(8 * bound < 4 * rows * c.T);  // one [B·H·T, T] buffer is more than eight times the whole scratch
 }
 
 TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradients") {
