@@ -1,6 +1,7 @@
 #include "dist/gradient_owners.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -100,6 +101,7 @@ void OwnerReduction::unit_backward_begins(int unit) {
 
 void OwnerReduction::unit_backward_done(int unit) {
   if (unit != unit_) throw std::logic_error("OwnerReduction: unit " + std::to_string(unit) + " ended, not begun");
+  const auto t0 = std::chrono::steady_clock::now();
   const int W = layout_.world();
   const int64_t mine = piece_floats(unit, layout_.rank);
   std::vector<int64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W)), recv_at(static_cast<size_t>(W) + 1, 0);
@@ -123,6 +125,7 @@ void OwnerReduction::unit_backward_done(int unit) {
     }
   }
   unit_ = -1;
+  exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void OwnerReduction::finish(float* shard_out) {

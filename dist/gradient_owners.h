@@ -54,6 +54,9 @@ class OwnerReduction final : public UnitGradientSink {
   // predicts and tests/dist checks.
   int64_t peak_floats() const { return peak_floats_; }
   int64_t longest_buffer() const { return longest_buffer_; }
+  // Wall seconds spent in the per-unit exchanges and the owners' adds, over the run (the exchange's share of the
+  // step time: bench/hsdp_bench.sh).
+  double exchange_seconds() const { return exchange_seconds_; }
 
  private:
   struct OwnerFeed {
@@ -77,6 +80,7 @@ class OwnerReduction final : public UnitGradientSink {
   std::vector<float> send_, recv_;
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
   int64_t peak_floats_ = 0, longest_buffer_ = 0;
+  double exchange_seconds_ = 0.0;
 };
 
 }  // namespace olmoref::dist

@@ -16,9 +16,13 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::runtime_error("cannot reserve address space for the parameter view");
   base_ = static_cast<float*>(p);
-  // A device executor reads the units from device memory: they are gathered on the host, then copied into a
-  // device view of the whole vector (the state, gradients and moments stay sharded).
-  if (!ex.host_memory()) device_view_.reset(ex, layout.total, "FSDP parameter view (the units are gathered into it)");
+  // A device executor reads the units from device memory: each is gathered on the host, then copied into one
+  // buffer as long as the largest unit (the model acquires one unit at a time: Olmo3::walk_forward).
+  if (!ex.host_memory()) {
+    int64_t longest = 0;
+    for (int u = 0; u < model.n_units(); ++u) longest = std::max(longest, model.unit_range(u).second - model.unit_range(u).first);
+    device_unit_.reset(ex, longest, "FSDP unit buffer (the unit in use, gathered)");
+  }
 }
 
 UnitGather::~UnitGather() { ::munmap(base_, bytes_); }
@@ -27,7 +31,7 @@ UnitGather::~UnitGather() { ::munmap(base_, bytes_); }
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
 // reads only its own experts). Exact pieces, no padding; the pages of experts a rank never reads are never
 // written, so they take no memory.
-void UnitGather::acquire(int unit) {
+const float* UnitGather::acquire(int unit) {
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   const auto [a, b] = model_.unit_range(unit);
   const Layout& L = layout_;
@@ -69,8 +73,9 @@ void UnitGather::acquire(int unit) {
       std::copy(next, next + (p1 - p0), base_ + p0);
       next += p1 - p0;
     }
-  if (device_view_.size() > 0)
-    for (const auto& [r0, r1] : reads[static_cast<size_t>(me)]) device_view_.upload(base_ + r0, r1 - r0, r0);
+  if (device_unit_.size() == 0) return base_;
+  for (const auto& [r0, r1] : reads[static_cast<size_t>(me)]) device_unit_.upload(base_ + r0, r1 - r0, r0 - a);
+  return unit_at_flat_offsets(device_unit_.data(), a);
 }
 
 // Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).

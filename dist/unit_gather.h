@@ -26,10 +26,10 @@ class UnitGather : public ParamGate {
   UnitGather(const UnitGather&) = delete;
   UnitGather& operator=(const UnitGather&) = delete;
 
-  // What the model reads [layout.total]: the device view, or the host view itself.
-  float* base() { return device_view_.size() > 0 ? device_view_.data() : base_; }
+  // The host view [layout.total] (a host executor reads the units there).
+  float* base() { return base_; }
 
-  void acquire(int unit) override;
+  const float* acquire(int unit) override;
   void release(int unit) override;
 
  private:
@@ -42,7 +42,9 @@ class UnitGather : public ParamGate {
   // Address space for the whole vector (MAP_NORESERVE): only the units being used take pages.
   float* base_ = nullptr;
   size_t bytes_ = 0;
-  Buffer<float> device_view_;  // device executors: the gathered units copied to the device
+  // Device executors: the unit in use, copied from the host view into one unit-sized buffer (the model reads it at
+  // flat offsets), so the device never holds more than the largest unit of the gathered parameters.
+  Buffer<float> device_unit_;
 };
 
 // The model's expert exchange (model/olmo3.h) over the communicator of one EP group.

@@ -13,10 +13,10 @@ class Olmo3::IdleSteps final : public Olmo3::PassSteps {
   IdleSteps(Olmo3& model, const float* params) : PassSteps(false), m_(model), params_(params) {}
   // Forward, and backward's recompute under full checkpointing: the same exchange again.
   void block_forward(int64_t l) override {
-    if (m_.ep_now_) m_.ep_forward(params_, block(l), l, nullptr, nullptr, nullptr, nullptr);
+    if (m_.ep_now_) m_.ep_forward(m_.reading(params_), block(l), l, nullptr, nullptr, nullptr, nullptr);
   }
   void block_backward(int64_t l) override {
-    if (m_.ep_now_) m_.ep_backward(params_, block(l), l, nullptr, nullptr, nullptr, nullptr, nullptr);
+    if (m_.ep_now_) m_.ep_backward(m_.reading(params_), block(l), l, nullptr, nullptr, nullptr, nullptr, nullptr);
   }
 
  private:

@@ -48,22 +48,29 @@ std::vector<std::pair<int64_t, int64_t>> Olmo3::unit_reads(int unit, int ep_size
 
 void Olmo3::use_unit(int unit, bool working_copy) {
   if (!gate_) return;
-  gate_->acquire(unit);
-  // bf16 with a gate: the working copy is made unit by unit as units arrive (same bits: it is elementwise).
+  const float* fp32 = gate_->acquire(unit);
+  unit_read_ = fp32;
+  // bf16 with a gate: the working copy is made unit by unit as units arrive (same bits: it is elementwise), into
+  // a buffer one unit long, so no rank holds a bf16 copy of the whole vector either.
   if (working_copy && precision_ == Precision::bf16) {
     const auto [a, b] = unit_range(unit);
-    ex_->copy_round_bf16(master_ + a, params_bf16_.data() + a, b - a);
+    int64_t longest = 0;
+    for (int u = 0; u < n_units(); ++u) longest = std::max(longest, unit_range(u).second - unit_range(u).first);
+    if (unit_bf16_.size() != longest) unit_bf16_.reset(*ex_, longest, "bf16 working copy of one unit");
+    ex_->copy_round_bf16(fp32 + a, unit_bf16_.data(), b - a);
+    unit_read_ = unit_at_flat_offsets(unit_bf16_.data(), a);
   }
 }
 
 void Olmo3::drop_unit(int unit) {
-  if (gate_) gate_->release(unit);
+  if (!gate_) return;
+  gate_->release(unit);
+  unit_read_ = nullptr;
 }
 
 const float* Olmo3::working_params(const float* params) {
-  if (precision_ == Precision::fp32) return params;
+  if (precision_ == Precision::fp32 || gate_) return params;  // with a gate the steps read the unit in use
   if (params_bf16_.size() != layout_.total) params_bf16_.reset(*ex_, layout_.total, "bf16 working copy of the parameters");
-  if (gate_) return params_bf16_.data();  // filled per unit by use_unit
   // FSDP2 MixedPrecisionPolicy(param_dtype=bf16): every parameter, norms and embeddings included, is used
   // as a bf16 copy rounded from the fp32 master. The copy is a pure function of the master, so making it
   // per micro-batch gives the same bits as once per step.
@@ -341,19 +348,26 @@ class Olmo3::ComputeSteps final : public Olmo3::PassSteps {
     // A forward records its instances' MoE sums afresh.
     if (m_.cfg_.moe.enabled()) m_.moe_inst_.assign(static_cast<size_t>(in.n_instances), MoEInstance{});
   }
-  void embedding_forward() override { m_.embedding_forward(in_); }
-  void block_forward(int64_t l) override { m_.block_forward(in_.params, l, in_.n_instances); }
-  void head_forward() override { m_.head_forward(in_); }
+  void embedding_forward() override { m_.embedding_forward(unit()); }
+  void block_forward(int64_t l) override { m_.block_forward(m_.reading(in_.params), l, in_.n_instances); }
+  void head_forward() override { m_.head_forward(unit()); }
   void loss() override { m_.loss_and_dlogits(in_); }
-  void head_backward() override { m_.head_backward(in_); }
+  void head_backward() override { m_.head_backward(unit()); }
   void block_backward(int64_t l) override {
-    m_.block_backward(in_.params, l, in_.n_instances, in_.global_n_targets, *in_.grads);
+    m_.block_backward(m_.reading(in_.params), l, in_.n_instances, in_.global_n_targets, *in_.grads);
   }
   void embedding_backward() override { m_.embedding_backward(in_); }
 
  private:
+  // The pass's inputs with the parameters of the unit in use (Olmo3::reading).
+  const PassInputs& unit() {
+    at_unit_ = in_;
+    at_unit_.params = m_.reading(in_.params);
+    return at_unit_;
+  }
   Olmo3& m_;
   const PassInputs& in_;
+  PassInputs at_unit_;
 };
 
 void Olmo3::embedding_forward(const PassInputs& in) {
@@ -421,7 +435,6 @@ void Olmo3::embedding_backward(const PassInputs& in) {
 LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, ThreadPool* pool, float* logits_out) {
   PassInputs in;
   in.tokens = begin_call(host_tokens, B_, pool);
-  master_ = params;
   in.params = working_params(params);
   in.host_tokens = host_tokens;
   in.n_instances = B_;
@@ -454,7 +467,6 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
                                 std::to_string(B_));
   PassInputs in;
   in.tokens = begin_call(host_tokens, n_inst, pool);
-  master_ = params;
   in.params = working_params(params);  // bf16: the bf16 copy, for forward and backward alike
   in.host_tokens = host_tokens;
   in.n_instances = n_inst;

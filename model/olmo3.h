@@ -119,9 +119,17 @@ struct MoEInstance {
 class ParamGate {
  public:
   virtual ~ParamGate() = default;
-  virtual void acquire(int unit) = 0;  // the unit's range of the parameter buffer is valid from now on
+  // The unit's parameters are valid from now on at base + x for x in the unit's range [a, b) of the flat vector
+  // (base need not point at an allocation: a unit-sized device buffer is returned as unit_at_flat_offsets).
+  virtual const float* acquire(int unit) = 0;
   virtual void release(int unit) = 0;  // ... and may be dropped from now on
 };
+
+// A pointer p with p + x addressing unit[x - a] for x in [a, a + unit's length): a buffer holding one unit, read at
+// the flat vector's offsets. Integer arithmetic, modulo 2^64, so the address may lie below the buffer.
+inline float* unit_at_flat_offsets(float* unit, int64_t a) {
+  return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(unit) - static_cast<uintptr_t>(a) * sizeof(float));
+}
 
 // Told around each unit's backward in a training pass, a pass without instances (idle_pass) included: every leaf
 // of the unit is written and committed between the two calls, and no other unit's. The reduction at the owners
@@ -303,8 +311,11 @@ class Olmo3 {
   void bind_block_work(int64_t layer);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params);
-  void use_unit(int unit, bool working_copy);  // acquire (+ the bf16 copy of the unit from master_)
+  void use_unit(int unit, bool working_copy);  // acquire (+ the bf16 copy of the unit)
   void drop_unit(int unit);
+  // Where a step reads parameters: `params` without a gate; with one, the unit in use (its fp32 values from the
+  // gate, or its bf16 working copy), valid on that unit's range only.
+  const float* reading(const float* params) const { return gate_ ? unit_read_ : params; }
   // bf16: rounds x[0..n) to bf16 in place; fp32: nothing.
   void round_act(float* x, int64_t n) const;
   AttentionShape attention_shape(int64_t layer, int64_t n_instances) const;
@@ -381,7 +392,8 @@ class Olmo3 {
   Buffer<float> params_bf16_;  // bf16 copy of the master weights (bf16 precision only)
   ParamGate* gate_ = nullptr;
   UnitGradientSink* sink_ = nullptr;
-  const float* master_ = nullptr;  // the fp32 parameters of the current call (what use_unit rounds from)
+  const float* unit_read_ = nullptr;  // with a gate: the unit in use, read at flat offsets (reading())
+  Buffer<float> unit_bf16_;           // with a gate in bf16: the unit in use's working copy
   ParamLayout layout_;
   int64_t B_, T_, R_;
   Buffer<float> rope_cos_, rope_sin_;  // [T, hd/2] (ref/ops.h make_rope_table)

@@ -213,14 +213,18 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     }
   }
   if (L.dp_shard > 1) {
-    if (device_paths) add("FSDP parameter view", kF32 * n, "the whole vector on the device, units copied in");
+    if (device_paths) add("FSDP unit buffer", kF32 * p.unit_floats, "the unit in use on the device (largest unit)");
     if (!gpu) add("FSDP unit pages", kF32 * p.unit_floats, "the gathered unit in the host view (largest unit)");
   }
   add("activations", mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
   add("backward temporaries", mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
   add("logits", mm.logits, "[R, V] and the final norm's [R, d]; x micro-batch x seq");
-  add("working copies", mm.working,
-      "RoPE tables, tokens, loss rows" + std::string(cfg.train.precision == "bf16" ? ", the bf16 weights" : ""));
+  // bf16 under FSDP: the working copy is made unit by unit into one unit-sized buffer (Olmo3::use_unit).
+  const bool bf16 = cfg.train.precision == "bf16";
+  const int64_t working = mm.working - (bf16 && L.dp_shard > 1 ? kF32 * (n - p.unit_floats) : 0);
+  add("working copies", working,
+      "RoPE tables, tokens, loss rows" +
+          std::string(bf16 ? (L.dp_shard > 1 ? ", the bf16 copy of the unit in use" : ", the bf16 weights") : ""));
   add("kernel scratch", mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
   if (m.moe.enabled()) {
     const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;

@@ -296,7 +296,7 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
   const double n = static_cast<double>(trainer.n_params()) * 4.0;
   const double ring = world > 1 ? 2.0 * n * (world - 1) / world : 0.0;
   const double steps = static_cast<double>(std::max<int64_t>(done, 1));
-  char ep_part[200] = "", resident[48] = "", grad_part[160] = "";  // one write per rank: lines do not interleave
+  char ep_part[200] = "", resident[48] = "", grad_part[220] = "";  // one write per rank: lines do not interleave
   if (trainer.ep() > 1)
     std::snprintf(ep_part, sizeof ep_part,
                   "; state pieces for step digests %.3f MiB/step, for checkpoints and evals %.3f MiB/step; "
@@ -305,9 +305,12 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
                   static_cast<double>(trainer.checkpoint_pieces_sent()) / steps / (1 << 20),
                   static_cast<double>(trainer.ep_bytes_sent()) / steps / (1 << 20));
   if (trainer.gradient_peak_bytes() >= 0)
-    std::snprintf(grad_part, sizeof grad_part, "; gradient buffers peak %.4f MiB, longest %.4f MiB (the flat vector %.4f MiB)",
+    std::snprintf(grad_part, sizeof grad_part,
+                  "; gradient buffers peak %.4f MiB, longest %.4f MiB (the flat vector %.4f MiB); gradient exchange "
+                  "%.4f s/step",
                   static_cast<double>(trainer.gradient_peak_bytes()) / (1 << 20),
-                  static_cast<double>(trainer.gradient_longest_buffer_bytes()) / (1 << 20), n / (1 << 20));
+                  static_cast<double>(trainer.gradient_longest_buffer_bytes()) / (1 << 20), n / (1 << 20),
+                  trainer.gradient_exchange_seconds() / steps);
   if (const int64_t r = trainer.state_resident_bytes(); r >= 0)
     std::snprintf(resident, sizeof resident, " (%.2f MiB resident)", static_cast<double>(r) / (1 << 20));
   std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s%s%s\n",

@@ -102,6 +102,7 @@ class Trainer {
   // value held (a tree slot or one exchanged block; never the flat vector's length); -1 in one process.
   int64_t gradient_peak_bytes() const { return owners_ ? 4 * owners_->peak_floats() : -1; }
   int64_t gradient_longest_buffer_bytes() const { return owners_ ? 4 * owners_->longest_buffer() : -1; }
+  double gradient_exchange_seconds() const { return owners_ ? owners_->exchange_seconds() : 0.0; }
   int ep() const { return par_.ep; }
   ThreadPool& pool() { return pool_; }
 

@@ -88,12 +88,16 @@ for name, mb in [(l, 2) for l in ("2x1", "1x2", "3x1", "1x3", "4x1", "5x1", "6x1
           f"{bound * 4 / (1 << 20):.3f})")
 PY
 # T5 x T3: data-parallel ranks on the CUDA executor's host execution (device-memory code paths: staged
-# all-to-all blocks, the owners' tree on the executor, FSDP units copied into the device view) equal the CPU's
+# all-to-all blocks, the owners' tree on the executor, FSDP units copied into a unit-sized device buffer) equal the CPU's
 # single process.
 for layout in 1x2 1x3 2x1 3x2; do
   run_layout "$layout-cuda-host" "$layout" "${cfg[@]}" --executor cuda-host
   same single "$layout-cuda-host" "fp32 layout $layout on cuda-host (micro-batch 2)"
 done
+# bf16 under FSDP on the device paths: the unit in use is copied into one unit-sized device buffer and its bf16
+# working copy into another, both read at the flat vector's offsets.
+run_layout "2x1-bf16-cuda-host" 2x1 "${cfg[@]}" "${bf16[@]}" --executor cuda-host
+same single-bf16 "2x1-bf16-cuda-host" "bf16 layout 2x1 on cuda-host (micro-batch 2)"
 # Audit logs after a resume at fewer ranks: the 2-rank logs lose their records past the checkpoint, and all the
 # directory's logs together hold exactly the uninterrupted run's records (step, instance, tokens).
 run_layout audit-2x1 2x1 "${cfg[@]}"
