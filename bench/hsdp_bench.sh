@@ -21,7 +21,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1
         --set train.micro_batch_instances="${MICRO_BATCH:-2}")
-M=$("$BIN" config "${common[@]}" | sed -nE 's/.*= ([0-9]+) micro-batches.*/\1/p')
+M=$("$BIN" config --config "$config" --set train.micro_batch_instances="${MICRO_BATCH:-2}" |
+    sed -nE 's/.*= ([0-9]+) micro-batches.*/\1/p')
 printf "%-8s %-7s %10s %14s %12s %12s %14s %14s %12s\n" layout threads "s/step" "sent MiB/step" "ring AR MiB" "FSDP2 MiB" \
   "exchange s" "state MiB/rank" "max RSS MiB"
 for layout in ${LAYOUTS:-1x1 2x1 3x1 2x2 3x2}; do

@@ -21,7 +21,6 @@ struct ShardedState {
   const Layout& layout;              // each rank's range [lo, hi)
   const StatePlacement& placement;   // which parts of its range a rank holds
   Comm& world;
-  Comm& shard_group;                 // the ranks of my replicate group, ordered by shard index
 };
 
 // Which range of the flat vector a rank's buffer of one state vector is indexed by: the parameters cover the

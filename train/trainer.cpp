@@ -176,7 +176,7 @@ void Trainer::upload_held(Buffer<float>& b, const float* range) {
   for (const auto& [x, y] : placement_.held_parameters(layout_.rank)) b.upload(range + (x - lo), y - x, x - lo);
 }
 
-dist::ShardedState Trainer::sharded_state() { return {*ex_, layout_, placement_, *comm_, *shard_comm_}; }
+dist::ShardedState Trainer::sharded_state() { return {*ex_, layout_, placement_, *comm_}; }
 
 std::vector<float> Trainer::params_on_rank0() {
   if (layout_.dp_shard != 1) throw std::logic_error("params_on_rank0: dp_shard 1 only");

@@ -27,14 +27,13 @@ TEST_CASE("state digest: a device-memory state hashed block by block has the who
   layout.total = n;
   const dist::StatePlacement placement;
   dist::Comm& world = dist::world();
-  const std::unique_ptr<dist::Comm> shard_group = world.split(0, 0);
   for (const char* name : {"cpu", "cuda-host"}) {
     CAPTURE(name);
     const std::unique_ptr<Executor> ex = make_executor(name, nullptr);
     Buffer<float> state;
     state.reset(*ex, n, "state");
     state.upload(host.data(), n);
-    StateDigest digest({*ex, layout, placement, world, *shard_group});
+    StateDigest digest({*ex, layout, placement, world});
     uint64_t sent = 0;
     CHECK(digest(state, sent) == want);
     // One bit flipped in the last block changes the root.
