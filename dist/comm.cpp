@@ -28,7 +28,8 @@ class LocalComm : public Comm {
     if (send != recv) std::memmove(recv, send, bytes);
   }
   void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
-                 const std::vector<int64_t>&, const char*) override {
+                 const std::vector<int64_t>&, const char*, const std::vector<int64_t>* send_at) override {
+    if (send_at) send += send_at->at(0);
     if (send != recv) std::memmove(recv, send, static_cast<size_t>(send_counts.at(0)) * sizeof(float));
   }
   std::unique_ptr<Comm> split(int, int) override { return std::make_unique<LocalComm>(); }
@@ -81,11 +82,13 @@ class MpiComm : public Comm {
     wait(req, what);
   }
   void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
-                 const std::vector<int64_t>& recv_counts, const char* what) override {
+                 const std::vector<int64_t>& recv_counts, const char* what,
+                 const std::vector<int64_t>* send_at) override {
     std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
     int64_t so = 0, ro = 0;
     for (int j = 0; j < size_; ++j) {
       const auto J = static_cast<size_t>(j);
+      if (send_at) so = (*send_at)[J];
       if (so + send_counts[J] > INT32_MAX || ro + recv_counts[J] > INT32_MAX)
         throw std::runtime_error(std::string(what) + ": more than 2^31 floats in one all-to-all (the MPI count limit); "
                                  "use more dp_shard ranks so each rank's gradient range is smaller");

@@ -32,10 +32,12 @@ class Comm {
   virtual void allgather(const void* send, size_t bytes, void* recv, const char* what) = 0;
   // send holds size() blocks of `bytes` (block j goes to rank j); recv gets block i from rank i.
   virtual void alltoall(const void* send, size_t bytes, void* recv, const char* what) = 0;
-  // Blocks of different lengths: send_counts[j] floats go to rank j (blocks back to back in rank order),
-  // recv_counts[i] floats arrive from rank i (likewise). Data movement only.
+  // Blocks of different lengths: send_counts[j] floats go to rank j (blocks back to back in rank order, or from
+  // send + send_at[j] when send_at is given: blocks may then overlap, so one copy serves several ranks),
+  // recv_counts[i] floats arrive from rank i (back to back). Data movement only.
   virtual void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
-                         const std::vector<int64_t>& recv_counts, const char* what) = 0;
+                         const std::vector<int64_t>& recv_counts, const char* what,
+                         const std::vector<int64_t>* send_at = nullptr) = 0;
   // A sub-communicator of the ranks with the same color, ordered by key.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
   // TEST ONLY: MPI_Allreduce(SUM) on floats, the order left to the library (negative control).

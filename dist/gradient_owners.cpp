@@ -23,7 +23,8 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
       split_(split),
       units_(std::move(units)),
       local_(split.global_instances, layout.total, ex),
-      owner_plan_(split.global_instances) {
+      owner_plan_(split.global_instances),
+      chunks_(std::min(layout.world(), kMaxExchangeChunks)) {
   int64_t at = 0;
   for (const auto& [a, b] : units_) {
     if (a != at || b <= a) throw std::logic_error("OwnerReduction: the model's units do not tile the flat vector");
@@ -42,6 +43,8 @@ static std::pair<int64_t, int64_t> owner_piece(const Layout& L, const std::pair<
 int64_t OwnerReduction::piece_floats(int unit, int rank) const {
   return owner_piece(layout_, units_[static_cast<size_t>(unit)], rank).second;
 }
+
+int64_t OwnerReduction::chunk_floats(int64_t piece) const { return std::max<int64_t>(1, (piece + chunks_ - 1) / chunks_); }
 
 void OwnerReduction::begin_step() { owner_plan_ = TreePlan(split_.global_instances); }
 
@@ -71,15 +74,22 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
   const int64_t mine = split_.microbatch_of(layout_.rank, round);
   if (mine < 0) return nullptr;
   const auto [a, b] = split_.instances_of_microbatch(mine);
-  // Subtree q of this micro-batch, tensor slice by tensor slice, into each owner's block q of this unit's send.
+  // Subtree q of this micro-batch, tensor slice by tensor slice, into each owner's blocks of this unit's send:
+  // owner j's region holds, chunk by chunk, the k subtrees' values of that chunk of its piece ([chunk][q][...]), so
+  // each chunk's exchange sends one contiguous block to each owner.
   local_.reset_emitting(a, b, [this, W](int q, const float* src, int64_t off, int64_t n) {
     const auto& unit = units_[static_cast<size_t>(unit_)];
+    const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
     for (int j = 0; j < W; ++j) {
       const auto [lo, floats] = owner_piece(layout_, unit, j);
-      const int64_t x = std::max(off, lo), y = std::min(off + n, lo + floats);
-      if (x < y)
-        ex_->to_host(send_.data() + send_at_[static_cast<size_t>(j)] + q * floats + (x - lo), src + (x - off),
-                     static_cast<size_t>(y - x) * sizeof(float));
+      const int64_t clen = chunk_floats(floats);
+      for (int64_t x = std::max(off, lo), y = std::min(off + n, lo + floats); x < y;) {
+        const int64_t c_lo = (x - lo) / clen * clen, len = std::min(clen, floats - c_lo);
+        const int64_t end = std::min(y, lo + c_lo + len);
+        ex_->to_host(send_.data() + send_at_[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo),
+                     src + (x - off), static_cast<size_t>(end - x) * sizeof(float));
+        x = end;
+      }
     }
   });
   local_.begin_microbatch(a, b - a);
@@ -103,25 +113,39 @@ void OwnerReduction::unit_backward_done(int unit) {
   if (unit != unit_) throw std::logic_error("OwnerReduction: unit " + std::to_string(unit) + " ended, not begun");
   const auto t0 = std::chrono::steady_clock::now();
   const int W = layout_.world();
-  const int64_t mine = piece_floats(unit, layout_.rank);
-  std::vector<int64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W)), recv_at(static_cast<size_t>(W) + 1, 0);
-  for (int j = 0; j < W; ++j) {
-    send_counts[static_cast<size_t>(j)] = send_at_[static_cast<size_t>(j) + 1] - send_at_[static_cast<size_t>(j)];
-    recv_counts[static_cast<size_t>(j)] = nodes_per_rank_[static_cast<size_t>(j)] * mine;
-    recv_at[static_cast<size_t>(j) + 1] = recv_at[static_cast<size_t>(j)] + recv_counts[static_cast<size_t>(j)];
-  }
-  recv_.resize(static_cast<size_t>(recv_at.back()));
-  comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, "all-to-all gradient subtrees of a unit");
-  note_memory();
-  // The owner plan's steps of this round, on my slice of the unit: the same adds in the same order as in one process.
-  if (mine > 0) {
-    const int64_t at = owner_piece(layout_, units_[static_cast<size_t>(unit)], layout_.rank).first - layout_.optimizer_lo();
+  const auto& u = units_[static_cast<size_t>(unit)];
+  const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
+  const int64_t mine = piece_floats(unit, layout_.rank), my_clen = chunk_floats(mine);
+  const int64_t at = owner_piece(layout_, u, layout_.rank).first - layout_.optimizer_lo();
+  // One all-to-all per chunk: the owner receives every rank's subtrees on one chunk of its piece at a time, so the
+  // receive blocks are a chunk wide, not the piece.
+  std::vector<int64_t> send_counts(static_cast<size_t>(W)), send_at(static_cast<size_t>(W)),
+      recv_counts(static_cast<size_t>(W)), recv_at(static_cast<size_t>(W) + 1, 0);
+  for (int c = 0; c < chunks_; ++c) {
+    for (int j = 0; j < W; ++j) {
+      const int64_t floats = piece_floats(unit, j), clen = chunk_floats(floats);
+      const int64_t c_lo = std::min(floats, c * clen), len = std::min(clen, floats - c_lo);
+      send_counts[static_cast<size_t>(j)] = k * len;
+      send_at[static_cast<size_t>(j)] = send_at_[static_cast<size_t>(j)] + c_lo * k;
+    }
+    const int64_t my_lo = std::min(mine, c * my_clen), my_len = std::min(my_clen, mine - my_lo);
+    for (int r = 0; r < W; ++r) {
+      recv_counts[static_cast<size_t>(r)] = nodes_per_rank_[static_cast<size_t>(r)] * my_len;
+      recv_at[static_cast<size_t>(r) + 1] = recv_at[static_cast<size_t>(r)] + recv_counts[static_cast<size_t>(r)];
+    }
+    if (recv_.size() < static_cast<size_t>(recv_at.back())) recv_.resize(static_cast<size_t>(recv_at.back()));
+    comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, "all-to-all gradient subtrees of a unit",
+                     &send_at);
+    note_memory();
+    // The owner plan's steps of this round, on this chunk of my slice of the unit: the same adds in the same order
+    // as in one process.
+    if (my_len == 0) continue;
     for (const OwnerFeed& f : feeds_) {
       owner_slots_[static_cast<size_t>(f.step.slot)].upload(
-          recv_.data() + recv_at[static_cast<size_t>(f.rank)] + f.index * mine, mine, at);
+          recv_.data() + recv_at[static_cast<size_t>(f.rank)] + f.index * my_len, my_len, at + my_lo);
       for (const TreePlan::Merge& mg : f.step.merges)
-        ex_->tree_add(owner_slots_[static_cast<size_t>(mg.dst)].data() + at,
-                      owner_slots_[static_cast<size_t>(mg.src)].data() + at, mine);
+        ex_->tree_add(owner_slots_[static_cast<size_t>(mg.dst)].data() + at + my_lo,
+                      owner_slots_[static_cast<size_t>(mg.src)].data() + at + my_lo, my_len);
     }
   }
   unit_ = -1;

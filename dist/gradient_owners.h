@@ -12,10 +12,10 @@
 // Gradient memory per rank, in floats (u: the largest unit, n/W: the optimizer range, k <= 2·ceil(log2 mb)):
 //   local slots  (ceil(log2 mb) + 1) · u     the micro-batch's pending nodes, one unit wide
 //   send blocks  k · u                       this unit's finished subtrees, cut by owner
-//   recv blocks  Σ_r k_r · (u ∩ n/W)          every rank's subtrees on my slice of the unit (host)
+//   recv blocks  Σ_r k_r · (u ∩ n/W) / C      every rank's subtrees on a chunk of my slice (host; C = min(W, 16)
+//                                            chunks, one all-to-all each)
 //   owner slots  (ceil(log2 N) + 1) · n/W     the step's pending nodes on my optimizer range
-// No gradient value held is ever the flat vector's length. The receive blocks are the one part that does not shrink
-// with W when an owner's range holds whole units (up to W·k units side by side, host memory).
+// No gradient value held is ever the flat vector's length.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +64,7 @@ class OwnerReduction final : public UnitGradientSink {
     TreePlan::Step step;  // where the owner plan puts it and the adds that follow
   };
   int64_t piece_floats(int unit, int rank) const;  // |unit ∩ rank's optimizer range|
+  int64_t chunk_floats(int64_t piece) const;       // a piece is exchanged in chunks_ chunks of this many floats
   void note_memory();
 
   Executor* ex_;
@@ -79,6 +80,10 @@ class OwnerReduction final : public UnitGradientSink {
   std::vector<int64_t> send_at_;            // this unit: where owner j's blocks start in send_
   std::vector<float> send_, recv_;
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
+  // A unit's exchange runs in min(W, kMaxExchangeChunks) all-to-alls, each on one chunk of every owner's piece: an
+  // owner then receives W·k blocks of a chunk (about k pieces' worth), not W·k pieces.
+  static constexpr int kMaxExchangeChunks = 16;
+  int chunks_;
   int64_t peak_floats_ = 0, longest_buffer_ = 0;
   double exchange_seconds_ = 0.0;
 };

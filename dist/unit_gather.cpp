@@ -49,15 +49,29 @@ const float* UnitGather::acquire(int unit) {
       if (std::max(lo, r0) < std::min(hi, r1)) out.push_back({std::max(lo, r0), std::min(hi, r1)});
     return out;
   };
-  std::vector<int64_t> send_counts(static_cast<size_t>(S), 0), recv_counts(static_cast<size_t>(S), 0);
+  // Ranks that read the same pieces of my part (all of them, without expert parallelism) share one copy of them.
+  std::vector<int64_t> send_counts(static_cast<size_t>(S), 0), recv_counts(static_cast<size_t>(S), 0),
+      send_at(static_cast<size_t>(S), 0);
+  std::vector<Ranges> sent;  // the distinct piece lists copied so far, at sent_at
+  std::vector<int64_t> sent_at;
   std::vector<float> send;
-  for (int q = 0; q < S; ++q)
-    for (const auto& [p0, p1] : pieces(me, q)) {
+  for (int q = 0; q < S; ++q) {
+    const Ranges mine = pieces(me, q);
+    for (const auto& [p0, p1] : mine) send_counts[static_cast<size_t>(q)] += p1 - p0;
+    const auto same = std::find(sent.begin(), sent.end(), mine);
+    if (same != sent.end()) {
+      send_at[static_cast<size_t>(q)] = sent_at[static_cast<size_t>(same - sent.begin())];
+      continue;
+    }
+    send_at[static_cast<size_t>(q)] = static_cast<int64_t>(send.size());
+    sent.push_back(mine);
+    sent_at.push_back(static_cast<int64_t>(send.size()));
+    for (const auto& [p0, p1] : mine) {
       const size_t at = send.size();
       send.resize(at + static_cast<size_t>(p1 - p0));
       ex_.to_host(send.data() + at, params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
-      send_counts[static_cast<size_t>(q)] += p1 - p0;
     }
+  }
   int64_t total = 0;
   for (int s = 0; s < S; ++s) {
     for (const auto& [p0, p1] : pieces(s, me)) recv_counts[static_cast<size_t>(s)] += p1 - p0;
@@ -66,7 +80,7 @@ const float* UnitGather::acquire(int unit) {
   std::vector<float> recv(static_cast<size_t>(total));
   const float none = 0.0f;
   shard_group_.alltoallv(send.empty() ? &none : send.data(), send_counts, recv.data(), recv_counts,
-                         "gather parameters of a unit");
+                         "gather parameters of a unit", &send_at);
   const float* next = recv.data();
   for (int s = 0; s < S; ++s)
     for (const auto& [p0, p1] : pieces(s, me)) {

@@ -70,12 +70,16 @@ struct RankParts {
   int64_t local_floats = 0, owner_floats = 0;
   int64_t send_floats = 0, recv_floats = 0;     // the largest unit's all-to-all blocks (host)
   int64_t gradient_floats() const { return local_floats + owner_floats + send_floats + recv_floats; }
+  // The send and receive blocks grow at the first unit exchange (the head's, in the first round's backward) and
+  // are freed after the step: with one round no forward gather meets them, and backward's first gather (the head's)
+  // comes before them.
+  bool gathers_meet_exchange = false;
   int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
 
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
-                     const std::vector<std::pair<int64_t, int64_t>>& units) {
+                     const std::vector<std::pair<int64_t, int64_t>>& units, bool ep) {
   RankParts p;
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world()};
   const int64_t N = split.global_instances, stride = L.optimizer_stride();
@@ -118,45 +122,53 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
       }
       most_received = std::max(most_received, received);
     }
+    p.gathers_meet_exchange = split.n_rounds() > 1;
     p.local_floats = p.local_slots * widest_unit;
     p.owner_floats = p.owner_slots * p.optimizer_floats;
     p.send_floats = most_sent * widest_unit;
-    p.recv_floats = most_received * std::max<int64_t>(0, widest_piece);
+    // dist::OwnerReduction exchanges a unit in min(W, 16) chunks of every owner's piece, one all-to-all each.
+    const int64_t chunks = std::min(W, 16);
+    p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + chunks - 1) / chunks);
   }
   if (S > 1)
     for (const auto& [a, b] : units) {
-      // dist::UnitGather::acquire: my part of the unit for each of the S ranks, the whole unit received, and the
-      // unit's pages in the view.
+      // dist::UnitGather::acquire: my part of the unit once (under expert parallelism at most once for each of the S
+      // ranks, which read different experts), the whole unit received, and the unit's pages in the view.
       const int64_t mine = std::max<int64_t>(0, std::min(b, L.hi()) - std::max(a, L.lo()));
       p.unit_floats = std::max(p.unit_floats, b - a);
-      p.gather_floats = std::max(p.gather_floats, S * mine + (b - a));
+      p.gather_floats = std::max(p.gather_floats, (ep ? S : 1) * mine + (b - a));
     }
   return p;
+}
+
+int64_t transient_gather_floats(const RankParts& p) {
+  if (p.gathers_meet_exchange) return p.gather_floats;
+  return std::max<int64_t>(0, p.gather_floats - p.send_floats - p.recv_floats);
 }
 
 // The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
 // first of them. `rank` receives its index.
 RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::StatePlacement& P, bool host_state,
-                       const std::vector<std::pair<int64_t, int64_t>>& units, int& rank) {
+                       const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int& rank) {
   RankParts fullest;
   int64_t fullest_floats = -1;
   for (int r = 0; r < L.world(); ++r) {
     L.rank = r;
-    const RankParts p = rank_parts(cfg, L, P, host_state, units);
+    const RankParts p = rank_parts(cfg, L, P, host_state, units, ep);
     const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.gradient_floats() +
-                           std::max(p.gather_floats, p.param_gather_floats) + p.unit_floats;
+                           std::max(transient_gather_floats(p), p.param_gather_floats) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
   }
   return fullest;
 }
 
 // The step's transients never coexist, so the larger counts: an FSDP unit's gather vectors (host) or the updated
-// parameters' all-gather blocks (host).
+// parameters' all-gather blocks (host). A gather that never meets the exchange blocks counts only beyond them.
 MemoryPart largest_transient(const RankParts& p, bool gpu) {
-  const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
+  const int64_t gather_bytes = gpu ? 0 : kF32 * transient_gather_floats(p);
   const int64_t param_gather_bytes = kF32 * p.param_gather_floats;
   if (gather_bytes >= param_gather_bytes)
-    return {"FSDP gather buffers", gather_bytes, "transient: a unit's pieces for every shard rank and the unit received"};
+    return {"FSDP gather buffers", gather_bytes, "transient: my part of a unit (sent once) and the unit received"};
   return {"parameter all-gather", param_gather_bytes, "transient: the updated parameters' blocks from every replica"};
 }
 
@@ -184,7 +196,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
 
   RankMemory out;
   out.device = gpu;
-  const RankParts fullest = fullest_rank(cfg, L, P, !device_paths, units, out.rank);
+  const RankParts fullest = fullest_rank(cfg, L, P, !device_paths, units, ep, out.rank);
   const ActivationCheckpointing ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
   const ModelMemory mm = olmo3_memory(m, B, T, parse_precision(cfg.train.precision), device_paths, ac);
   const std::string recompute = ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
@@ -209,7 +221,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
         std::to_string(p.owner_slots) + " slots of the optimizer range (<= ceil(log2 N) + 1): params / W each");
     if (!gpu) {
       add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
-      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on my slice of a unit");
+      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
     }
   }
   if (L.dp_shard > 1) {
@@ -251,7 +263,7 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   // With the moments split over the replicas a writer also receives its shard's m and v (dist::collect_pieces).
   if (!gpu) {
     const int64_t step_extra =
-        kF32 * (p.gradient_floats() + p.unit_floats + std::max(p.gather_floats, p.param_gather_floats));
+        kF32 * (p.gradient_floats() + p.unit_floats + std::max(transient_gather_floats(p), p.param_gather_floats));
     const int64_t copies = device_paths ? 3 : (L.dp_replicate > 1 ? 2 : 0);
     const int64_t write = kF32 * std::max<int64_t>((3 + copies) * p.shard_floats, 6 * L.shard_stride());
     add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.gradient_floats() : 0) - step_extra,
