@@ -29,6 +29,20 @@
 
 namespace olmoref {
 
+namespace {
+template <class Json>
+void rope_scaling_into(const ModelConfig& m, Json& model) {
+  const RopeScaling& s = m.rope_scaling;
+  if (!s.on()) return;
+  model["rope_scaling"] = {{"kind", "yarn"},           {"factor", s.factor},
+                           {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
+                           {"old_context_len", s.old_context_len}, {"full_attention_only", s.full_attention_only}};
+}
+}  // namespace
+
+void add_rope_scaling_json(const ModelConfig& m, nlohmann::json& model) { rope_scaling_into(m, model); }
+void add_rope_scaling_json(const ModelConfig& m, nlohmann::ordered_json& model) { rope_scaling_into(m, model); }
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;  // keys in the order written, for readers
 

@@ -13,7 +13,7 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -23,15 +23,9 @@ namespace olmoref {
 
 // A bundle's "model" dict (and parity-dump's) carries "rope_scaling" only when model.rope_scaling is on: {"kind":
 // "yarn", "factor", "beta_fast", "beta_slow", "old_context_len", "full_attention_only"}, OLMo-core's
-// YaRNRoPEScalingConfig fields and with_rope_scaling's flag. Adds it to `model` (a json or an ordered_json).
-template <class Json>
-void add_rope_scaling_json(const ModelConfig& m, Json& model) {
-  const RopeScaling& s = m.rope_scaling;
-  if (!s.on()) return;
-  model["rope_scaling"] = {{"kind", "yarn"},           {"factor", s.factor},
-                           {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
-                           {"old_context_len", s.old_context_len}, {"full_attention_only", s.full_attention_only}};
-}
+// YaRNRoPEScalingConfig fields and with_rope_scaling's flag. Adds it to `model`.
+void add_rope_scaling_json(const ModelConfig& m, nlohmann::json& model);
+void add_rope_scaling_json(const ModelConfig& m, nlohmann::ordered_json& model);
 
 struct GoldenExportOptions {
   std::string run_dir;                  // a directory written by `olmoref train`
