@@ -214,6 +214,10 @@ void register_commands(CLI::App& app) {
                   "the end; the values computed do not change");
     cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
                   "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
+    cmd->add_option("--debug-exchange-chunks", o->parallel.debug_exchange_chunks,
+                    "TEST ONLY: exchange each unit's gradient subtrees in N chunks (default: by size, "
+                    "dist::exchange_chunks); the trace must not change")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--debug-moe-unordered-combine", o->parallel.debug_moe_unordered_combine,
                   "TEST ONLY: add each token's experts in arrival order, as an atomic scatter does, not in rank order "
                   "(mixture-of-experts models); must change the trace");

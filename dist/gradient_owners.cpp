@@ -16,7 +16,7 @@ int64_t longest_unit(const std::vector<std::pair<int64_t, int64_t>>& units) {
 }  // namespace
 
 OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                               std::vector<std::pair<int64_t, int64_t>> units)
+                               std::vector<std::pair<int64_t, int64_t>> units, int chunks)
     : ex_(&ex),
       comm_(&comm),
       layout_(layout),
@@ -24,7 +24,7 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
       units_(std::move(units)),
       local_(split.global_instances, layout.total, ex),
       owner_plan_(split.global_instances),
-      chunks_(std::min(layout.world(), kMaxExchangeChunks)) {
+      chunks_(chunks > 0 ? chunks : exchange_chunks(layout, units_)) {
   int64_t at = 0;
   for (const auto& [a, b] : units_) {
     if (a != at || b <= a) throw std::logic_error("OwnerReduction: the model's units do not tile the flat vector");
@@ -38,6 +38,14 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
 static std::pair<int64_t, int64_t> owner_piece(const Layout& L, const std::pair<int64_t, int64_t>& unit, int j) {
   const int64_t lo = std::max(unit.first, L.optimizer_begin(j)), hi = std::min(unit.second, L.optimizer_end(j));
   return {lo, std::max<int64_t>(0, hi - lo)};
+}
+
+int exchange_chunks(const Layout& L, const std::vector<std::pair<int64_t, int64_t>>& units) {
+  int64_t longest = 0;
+  for (const auto& unit : units)
+    for (int j = 0; j < L.world(); ++j) longest = std::max(longest, owner_piece(L, unit, j).second);
+  const int64_t wanted = (longest + kExchangeChunkFloats - 1) / kExchangeChunkFloats;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({wanted, L.world(), kMaxExchangeChunks})));
 }
 
 int64_t OwnerReduction::piece_floats(int unit, int rank) const {

@@ -12,8 +12,8 @@
 // Gradient memory per rank, in floats (u: the largest unit, n/W: the optimizer range, k <= 2·ceil(log2 mb)):
 //   local slots  (ceil(log2 mb) + 1) · u     the micro-batch's pending nodes, one unit wide
 //   send blocks  k · u                       this unit's finished subtrees, cut by owner
-//   recv blocks  Σ_r k_r · (u ∩ n/W) / C      every rank's subtrees on a chunk of my slice (host; C = min(W, 16)
-//                                            chunks, one all-to-all each)
+//   recv blocks  Σ_r k_r · (u ∩ n/W) / C      every rank's subtrees on a chunk of my slice (host; C chunks, one
+//                                            all-to-all each: exchange_chunks)
 //   owner slots  (ceil(log2 N) + 1) · n/W     the step's pending nodes on my optimizer range
 // No gradient value held is ever the flat vector's length.
 #pragma once
@@ -31,11 +31,19 @@
 
 namespace olmoref::dist {
 
+// A unit's exchange runs in C all-to-alls, each on one chunk of every owner's piece, so an owner receives W·k blocks
+// of a chunk (about k pieces' worth when C = W), not W·k pieces. Chunks pay only when pieces are large (each
+// all-to-all costs a round of latency): C = min(W, 16, ceil(longest piece / 4 MiB)), the same on every rank.
+constexpr int kMaxExchangeChunks = 16;
+constexpr int64_t kExchangeChunkFloats = int64_t{1} << 20;
+int exchange_chunks(const Layout& layout, const std::vector<std::pair<int64_t, int64_t>>& units);
+
 class OwnerReduction final : public UnitGradientSink {
  public:
-  // units: the model's units [begin, end) (Olmo3::unit_range), which tile the flat vector.
+  // units: the model's units [begin, end) (Olmo3::unit_range), which tile the flat vector. chunks: the exchange's
+  // chunk count, 0 for exchange_chunks() (tests force others; any count gives the same bits).
   OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                 std::vector<std::pair<int64_t, int64_t>> units);
+                 std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0);
 
   // Starts a step: the owner plan restarts at instance 0.
   void begin_step();
@@ -80,10 +88,7 @@ class OwnerReduction final : public UnitGradientSink {
   std::vector<int64_t> send_at_;            // this unit: where owner j's blocks start in send_
   std::vector<float> send_, recv_;
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
-  // A unit's exchange runs in min(W, kMaxExchangeChunks) all-to-alls, each on one chunk of every owner's piece: an
-  // owner then receives W·k blocks of a chunk (about k pieces' worth), not W·k pieces.
-  static constexpr int kMaxExchangeChunks = 16;
-  int chunks_;
+  int chunks_;  // exchange_chunks()
   int64_t peak_floats_ = 0, longest_buffer_ = 0;
   double exchange_seconds_ = 0.0;
 };

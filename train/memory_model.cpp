@@ -13,6 +13,7 @@
 #include "core/instance_tree.h"
 #include "core/params.h"
 #include "dist/expert_placement.h"
+#include "dist/gradient_owners.h"
 #include "dist/layout.h"
 #include "model/olmo3.h"
 
@@ -79,7 +80,7 @@ struct RankParts {
 };
 
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
-                     const std::vector<std::pair<int64_t, int64_t>>& units, bool ep) {
+                     const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int64_t exchange_chunks) {
   RankParts p;
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world()};
   const int64_t N = split.global_instances, stride = L.optimizer_stride();
@@ -126,9 +127,8 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
     p.local_floats = p.local_slots * widest_unit;
     p.owner_floats = p.owner_slots * p.optimizer_floats;
     p.send_floats = most_sent * widest_unit;
-    // dist::OwnerReduction exchanges a unit in min(W, 16) chunks of every owner's piece, one all-to-all each.
-    const int64_t chunks = std::min(W, 16);
-    p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + chunks - 1) / chunks);
+    // dist::OwnerReduction exchanges a unit in chunks of every owner's piece, one all-to-all each.
+    p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + exchange_chunks - 1) / exchange_chunks);
   }
   if (S > 1)
     for (const auto& [a, b] : units) {
@@ -152,9 +152,10 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
                        const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int& rank) {
   RankParts fullest;
   int64_t fullest_floats = -1;
+  const int64_t chunks = dist::exchange_chunks(L, units);
   for (int r = 0; r < L.world(); ++r) {
     L.rank = r;
-    const RankParts p = rank_parts(cfg, L, P, host_state, units, ep);
+    const RankParts p = rank_parts(cfg, L, P, host_state, units, ep, chunks);
     const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.gradient_floats() +
                            std::max(transient_gather_floats(p), p.param_gather_floats) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;

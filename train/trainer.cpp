@@ -108,7 +108,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
     for (int u = 0; u < model_.n_units(); ++u) units.push_back(model_.unit_range(u));
-    owners_ = std::make_unique<dist::OwnerReduction>(*ex_, *comm_, layout_, batch_split(), std::move(units));
+    owners_ = std::make_unique<dist::OwnerReduction>(*ex_, *comm_, layout_, batch_split(), std::move(units),
+                                                     par.debug_exchange_chunks);
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));

@@ -44,6 +44,7 @@ struct Parallelism {
   TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
   bool debug_moe_unordered_combine = false;  // TEST ONLY: MoE combine in arrival order (moe.h); must change the trace
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
+  int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
 };
 
 class Trainer {

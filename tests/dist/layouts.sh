@@ -55,6 +55,12 @@ for layout in 8x1 5x1 3x2; do
   run_layout "$layout-mb1" "$layout" "${base[@]}" --set train.micro_batch_instances=1
   same single "$layout-mb1" "fp32 layout $layout (micro-batch 1)"
 done
+# The owners' exchange in chunks (chosen automatically only for pieces over 4 MiB, so forced here; owners without a
+# piece of a unit get empty chunks): the same bits.
+for layout in 3x1 2x2; do
+  run_layout "$layout-chunks" "$layout" "${cfg[@]}" --debug-exchange-chunks 5
+  same single "$layout-chunks" "fp32 layout $layout, the gradient exchanged in 5 chunks per unit"
+done
 # The tree at the owners: no rank ever holds a full-length gradient, and what a rank holds for the gradient is at
 # most ceil(log2 N) + 1 slices of its optimizer range plus one unit's local slots and exchange blocks
 # (docs/canonical/step.md). The bound is computed here from the config's shapes, not taken from the trainer.
