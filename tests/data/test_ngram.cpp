@@ -108,12 +108,12 @@ AuditRecord rec(int64_t step, int64_t mb, int64_t rank, int64_t instance, int64_
   return r;
 }
 
-// G = 4 instances, mb = 1, so 4 micro-batches; W ranks own contiguous blocks.
+// G = 4 instances, mb = 1, so 4 micro-batches; micro-batch m on rank m mod W.
 std::vector<AuditRecord> stream(int64_t steps, int W) {
   std::vector<AuditRecord> v;
   for (int r = 0; r < W; ++r)  // rank files concatenated
     for (int64_t s = 1; s <= steps; ++s)
-      for (int64_t m = r * 4 / W; m < (r + 1) * 4 / W; ++m) v.push_back(rec(s, m, r, (s - 1) * 4 + m));
+      for (int64_t m = r; m < 4; m += W) v.push_back(rec(s, m, r, (s - 1) * 4 + m));
   return v;
 }
 
@@ -140,12 +140,12 @@ TEST_CASE("audit checks: each defect is reported at its first position") {
   SUBCASE("a micro-batch from the wrong rank") {
     auto s = stream(3, 2);
     for (auto& r : s)
-      if (r.step == 2 && r.microbatch == 1) r.rank = 1;
+      if (r.step == 2 && r.microbatch == 1) r.rank = 0;  // rank 1's (1 mod 2)
     const CheckResult c = check_partition(s, expect(2));
     REQUIRE(c.failed());
     CHECK(c.first->step == 2);
     CHECK(c.first->microbatch == 1);
-    CHECK(c.first->rank == 1);
+    CHECK(c.first->rank == 0);
   }
   SUBCASE("an instance twice in one global batch, and again in the epoch") {
     auto s = stream(3, 1);

@@ -341,11 +341,20 @@ TEST_CASE("the memory model: recompute, ranks and the alternatives it offers com
   // 32 blocks: none keeps 32 block sets, full the 32 inputs and one set.
   CHECK(part(none_8, "activations") > 10 * part(full_8, "activations"));
   CHECK(part(full_8, "gradient stack") == part(none_8, "gradient stack"));
-  // The state falls as 1/dp_shard; the stack keeps full-length slots (7 at 8x1: 64 instances per rank).
+  // The state and the owners' slots fall as 1/W: 9 slots of the optimizer range (512 instances fed in nodes of the
+  // micro-batch's 2 make at most log2(256) + 1 pending). A rank's own slots hold one unit, the largest (the head,
+  // V·d + d), two of them at micro-batch 2, whatever the layout: no full-length gradient.
   const RankMemory full_64 = predict_rank_memory(c7, {64, 1, 1, "cuda"});
+  const int64_t n = c7.model.n_params();
   CHECK(part(full_64, "parameters") * 8 <= part(full_8, "parameters") + 65536 * 4 * 8);
-  CHECK(part(full_8, "gradient stack") == 7 * c7.model.n_params() * 4);
-  CHECK(full_8.largest().name == "gradient stack");
+  const int64_t head = c7.model.vocab_size * c7.model.d_model + c7.model.d_model;
+  CHECK(part(full_8, "gradient stack") == 2 * head * 4);
+  CHECK(part(full_64, "gradient stack") == part(full_8, "gradient stack"));
+  for (const auto& [m, W] : {std::pair{&full_8, 8}, std::pair{&full_64, 64}}) {
+    CHECK(part(*m, "owner tree slots") >= 9 * (n / W) * 4);
+    CHECK(part(*m, "owner tree slots") <= 9 * (n / W + 65536) * 4);
+  }
+  CHECK(full_8.largest().name == "owner tree slots");
   // What would fit a budget between the two: recompute, named with its peak.
   const int64_t budget = (full_8.peak() + none_8.peak()) / 2;
   const std::string fits = memory_alternatives(none, gpu8, budget);
