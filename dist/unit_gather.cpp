@@ -18,11 +18,7 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
   base_ = static_cast<float*>(p);
   // A device executor reads the units from device memory: each is gathered on the host, then copied into one
   // buffer as long as the largest unit (the model acquires one unit at a time: Olmo3::walk_forward).
-  if (!ex.host_memory()) {
-    int64_t longest = 0;
-    for (int u = 0; u < model.n_units(); ++u) longest = std::max(longest, model.unit_range(u).second - model.unit_range(u).first);
-    device_unit_.reset(ex, longest, "FSDP unit buffer (the unit in use, gathered)");
-  }
+  if (!ex.host_memory()) device_unit_.reset(ex, model.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
 }
 
 UnitGather::~UnitGather() { ::munmap(base_, bytes_); }

@@ -28,4 +28,8 @@ std::unique_ptr<Executor> make_executor(const std::string& name, ThreadPool* poo
   return std::make_unique<kernels::KernelExecutor>(name == "cuda");
 }
 
+int64_t cuda_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd) {
+  return kernels::attention_workspace_bytes(B, H, T, hd);
+}
+
 }  // namespace olmoref

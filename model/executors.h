@@ -2,6 +2,7 @@
 // kernels/ (the CUDA exact kernels), which implement core/executor.h's op table without knowing each other.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -15,5 +16,8 @@ class ThreadPool;
 std::unique_ptr<Executor> make_executor(const std::string& name, ThreadPool* pool);
 // Why `name` cannot run here ("" when it can): checked at start, before any work.
 std::string executor_unavailable(const std::string& name);
+// The CUDA executors' attention workspace for B instances of T tokens, H heads of hd (kernels/executor.h), for the
+// memory model.
+int64_t cuda_attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd);
 
 }  // namespace olmoref

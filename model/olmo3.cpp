@@ -14,7 +14,7 @@
 #include <stdexcept>
 
 #include "core/loss_tree.h"
-#include "kernels/executor.h"
+#include "model/executors.h"
 
 namespace olmoref {
 
@@ -24,6 +24,12 @@ std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
   if (unit == n_units() - 1) return {layout_.final_norm, layout_.lm_head + V * d};
   const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
   return {o.w_q, o.ffn_norm + d};
+}
+
+int64_t Olmo3::largest_unit() const {
+  int64_t longest = 0;
+  for (int u = 0; u < n_units(); ++u) longest = std::max(longest, unit_range(u).second - unit_range(u).first);
+  return longest;
 }
 
 std::vector<std::pair<int64_t, int64_t>> Olmo3::unit_reads(int unit, int ep_size, int ep_index) const {
@@ -54,9 +60,7 @@ void Olmo3::use_unit(int unit, bool working_copy) {
   // a buffer one unit long, so no rank holds a bf16 copy of the whole vector either.
   if (working_copy && precision_ == Precision::bf16) {
     const auto [a, b] = unit_range(unit);
-    int64_t longest = 0;
-    for (int u = 0; u < n_units(); ++u) longest = std::max(longest, unit_range(u).second - unit_range(u).first);
-    if (unit_bf16_.size() != longest) unit_bf16_.reset(*ex_, longest, "bf16 working copy of one unit");
+    if (unit_bf16_.size() == 0) unit_bf16_.reset(*ex_, largest_unit(), "bf16 working copy of one unit");
     ex_->copy_round_bf16(fp32 + a, unit_bf16_.data(), b - a);
     unit_read_ = unit_at_flat_offsets(unit_bf16_.data(), a);
   }
@@ -235,7 +239,7 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
   m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
   if (cfg.rope_scaling.on()) m.working += f32 * T * cfg.head_dim;  // the scaled layers' own pair of tables
   if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
-  if (kernel_scratch) m.kernel_scratch = kernels::attention_workspace_bytes(B, cfg.n_heads, T, cfg.head_dim);
+  if (kernel_scratch) m.kernel_scratch = cuda_attention_workspace_bytes(B, cfg.n_heads, T, cfg.head_dim);
   return m;
 }
 

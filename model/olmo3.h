@@ -204,6 +204,7 @@ class Olmo3 {
   void set_unit_gradient_sink(UnitGradientSink* sink) { sink_ = sink; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
   std::pair<int64_t, int64_t> unit_range(int unit) const;  // [begin, end) in the flat vector
+  int64_t largest_unit() const;                             // the longest unit_range, in floats
   // The parts of unit_range(unit) that forward_backward and idle_pass read on rank ep_index of an EP group of
   // ep_size (ascending, disjoint): the whole unit, except that a block's routed experts are only its own
   // (the others run on their owners, moe::ep_experts). ep_size 1: the whole unit.
