@@ -107,10 +107,12 @@ struct RopeView {
   PRE void moe_shared_combine_backward(const float* dout, int64_t k, float* dshared, float* drouted, int64_t n)     \
       POST;                                                                                                          \
   /* ---- loss (docs/canonical/loss.md) ---- */                                                                      \
-  /* logits [B·T, V] of B instances become ∂loss/∂logits; per_instance (host) [B] receives each instance's fp64 */   \
-  /* totals, which are the leaves of the loss tree. */                                                               \
-  PRE void cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V, float z_coef,       \
-                         int64_t global_n_targets, LossSums* per_instance) POST;                                     \
+  /* Positions [t0, t0 + rows) of one instance: their logits [rows, V] become ∂loss/∂logits and (host) ce_terms, */ \
+  /* z_terms [rows] receive the rows' fp64 terms. tokens [T] are the instance's (executor memory); position t */    \
+  /* predicts tokens[t + 1], T − 1 none. Rows are independent, so an instance may come in any split into runs; */   \
+  /* the model sums each instance's T terms (docs/canonical/loss.md). */                                             \
+  PRE void cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T, int64_t V, \
+                              float z_coef, int64_t global_n_targets, double* ce_terms, double* z_terms) POST;       \
   /* ---- elementwise ---- */                                                                                        \
   PRE void add(const float* a, const float* b, float* out, int64_t n) POST;  /* out = a + b (residuals) */           \
   PRE void round_bf16(float* x, int64_t n) POST;                                                                     \

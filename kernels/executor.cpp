@@ -89,8 +89,8 @@ T* KernelExecutor::workspace(Buffer<T>& b, int64_t n, const char* what) {
 
 int64_t KernelExecutor::workspace_bytes() const {
   const auto bytes = [](const auto&... b) { return ((b.size() * static_cast<int64_t>(sizeof(*b.data()))) + ...); };
-  return bytes(att_rows_, att_row_d_, att_dk_head_, att_dv_head_, ce_terms_, z_terms_, ce_total_, z_total_,
-               norm_chunks_, zero_chunks_, emb_start_, emb_order_);
+  return bytes(att_rows_, att_row_d_, att_dk_head_, att_dv_head_, ce_terms_, z_terms_, norm_chunks_, zero_chunks_,
+               emb_start_, emb_order_);
 }
 
 // ---- GEMM: the three products of a linear layer as strided views (ref/gemm.h) ----
@@ -324,21 +324,18 @@ void KernelExecutor::attention_backward(const AttentionShape& s, const float* q,
 }
 
 // ---- loss and the step's reductions ----
-void KernelExecutor::cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
-                                   float z_coef, int64_t global_n_targets, LossSums* per_instance) {
+void KernelExecutor::cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T,
+                                        int64_t V, float z_coef, int64_t global_n_targets, double* ce_terms,
+                                        double* z_terms) {
   LossArgs a;
-  a.R = B * T, a.T = T, a.V = V, a.logits = logits, a.tokens = tokens, a.z_coef = z_coef;
+  a.R = rows, a.T = T, a.V = V, a.t0 = t0, a.logits = logits, a.tokens = tokens, a.z_coef = z_coef;
   a.global_n_targets = global_n_targets;
-  a.ce_terms = workspace(ce_terms_, B * T, "loss row terms (ce)");
-  a.z_terms = workspace(z_terms_, B * T, "loss row terms (z)");
-  a.ce_total = workspace(ce_total_, B, "per-instance loss totals (ce)");
-  a.z_total = workspace(z_total_, B, "per-instance loss totals (z)");
+  a.ce_terms = workspace(ce_terms_, rows, "loss row terms (ce)");
+  a.z_terms = workspace(z_terms_, rows, "loss row terms (z)");
   if (on_device_) OLMOREF_DEVICE(cross_entropy_device(a));
   else cross_entropy_host(a);
-  std::vector<double> ce(static_cast<size_t>(B)), z(static_cast<size_t>(B));
-  to_host(ce.data(), a.ce_total, ce.size() * sizeof(double));
-  to_host(z.data(), a.z_total, z.size() * sizeof(double));
-  for (int64_t b = 0; b < B; ++b) per_instance[b] = {ce[static_cast<size_t>(b)], z[static_cast<size_t>(b)], T - 1};
+  to_host(ce_terms, a.ce_terms, static_cast<size_t>(rows) * sizeof(double));
+  to_host(z_terms, a.z_terms, static_cast<size_t>(rows) * sizeof(double));
 }
 void KernelExecutor::grad_norm_chunks(const float* grad, int64_t n, double* out) {
   const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;

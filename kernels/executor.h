@@ -44,7 +44,7 @@ class KernelExecutor final : public Executor {
   // and per-head dk/dv [B, H, T, hd]; the loss's fp64 row terms [R] and instance totals [B], norm chunk totals, the
   // embedding position order.
   Buffer<float> att_rows_, att_row_d_, att_dk_head_, att_dv_head_;
-  Buffer<double> ce_terms_, z_terms_, ce_total_, z_total_, norm_chunks_, zero_chunks_;
+  Buffer<double> ce_terms_, z_terms_, norm_chunks_, zero_chunks_;
   Buffer<int64_t> emb_start_, emb_order_;
 };
 

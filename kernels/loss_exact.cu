@@ -42,6 +42,7 @@ void cross_entropy_device(const LossArgs& a) {
   if (a.R == 0) return;
   cross_entropy_row_kernel<<<static_cast<unsigned>(a.R), 32>>>(a);
   check_launch("cross_entropy_row_kernel");
+  if (!a.ce_total) return;
   loss_totals_kernel<<<static_cast<unsigned>(a.R / a.T), 32>>>(a);
   check_launch("loss_totals_kernel");
 }

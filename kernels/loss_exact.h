@@ -17,14 +17,16 @@
 namespace olmoref::kernels {
 
 struct LossArgs {
-  int64_t R = 0, T = 0, V = 0;  // R rows = instances · T
+  // R rows, the first at position t0 of its instance: whole instances (t0 = 0, R = instances · T), or a run of rows
+  // of one instance (t0 + R <= T) when the head works in row chunks.
+  int64_t R = 0, T = 0, V = 0, t0 = 0;
   float* logits = nullptr;      // [R, V], replaced by ∂loss/∂logits
-  const uint32_t* tokens = nullptr;  // [R]; row r's target is tokens[r + 1] (none at t = T − 1)
+  const uint32_t* tokens = nullptr;  // from the first row's instance start; row r's target is tokens[t0 + r + 1]
   float z_coef = 0.0f;
   int64_t global_n_targets = 1;
   double* ce_terms = nullptr;   // [R]
   double* z_terms = nullptr;    // [R]
-  double* ce_total = nullptr;   // [R / T]: per instance
+  double* ce_total = nullptr;   // [R / T]: per instance, whole instances only; nullptr: no totals
   double* z_total = nullptr;
 };
 
@@ -37,7 +39,7 @@ OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void cross_entropy_row(Block& blk, LossShared& sh, const LossArgs& a, int64_t row) {
   float* x = a.logits + row * a.V;
-  const int64_t t_pos = row % a.T;
+  const int64_t t_pos = (a.t0 + row) % a.T;
   if (t_pos == a.T - 1) {  // no target: a zero gradient row and zero terms
     blk.phase([&](int t, auto&) {
       for (int64_t v = t; v < a.V; v += 32) x[v] = 0.0f;
@@ -45,7 +47,7 @@ OLMOREF_HD void cross_entropy_row(Block& blk, LossShared& sh, const LossArgs& a,
     });
     return;
   }
-  const int64_t y = a.tokens[row + 1];
+  const int64_t y = a.tokens[a.t0 + row + 1];
   blk.phase([&](int t, auto&) {  // lane maxima (order-free: max ignores the order of its operands)
     float m = -hd_float(0x7f800000u);
     for (int64_t v = t; v < a.V; v += 32) m = m < x[v] ? x[v] : m;
@@ -151,7 +153,7 @@ OLMOREF_HD void zero_count_chunk(Block& blk, LossShared& sh, const ZeroCountArgs
   chunk_lane_total(blk, sh, a.x, a.n, a.chunk, a.out, c, CountZeros{});
 }
 
-void cross_entropy_host(const LossArgs& a);  // rows, then per-instance totals
+void cross_entropy_host(const LossArgs& a);  // rows, then per-instance totals (when asked for)
 void cross_entropy_device(const LossArgs& a);
 void grad_norm_chunks_host(const NormChunkArgs& a);
 void grad_norm_chunks_device(const NormChunkArgs& a);

@@ -6,7 +6,8 @@ void cross_entropy_host(const LossArgs& a) {
   LossShared sh;
   HostBlock<NoRegs, 32> blk;
   for (int64_t r = 0; r < a.R; ++r) cross_entropy_row(blk, sh, a, r);
-  for (int64_t b = 0; b < a.R / a.T; ++b) loss_instance_totals(blk, sh, a, b);
+  if (a.ce_total)
+    for (int64_t b = 0; b < a.R / a.T; ++b) loss_instance_totals(blk, sh, a, b);
 }
 
 void grad_norm_chunks_host(const NormChunkArgs& a) {

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "core/loss_tree.h"
+#include "core/reduce.h"
 #include "model/executors.h"
 
 namespace olmoref {
@@ -200,7 +201,23 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   x_final_.reset(e, R * d, "final block output");
   final_rms_.reset(e, R, "final norm statistics");
   hn_.reset(e, R * d, "final norm output");
-  logits_.reset(e, R * cfg_.vocab_size, "logits [micro-batch tokens, vocabulary]");
+  set_head_chunk_rows_for_test(head_chunk_rows(cfg_.vocab_size, T_));
+}
+
+void Olmo3::set_head_chunk_rows_for_test(int64_t rows) {
+  if (rows < 1) throw std::invalid_argument("head chunk rows must be >= 1");
+  head_rows_ = std::min(rows, T_);
+  logits_.reset(*ex_, head_rows_ * cfg_.vocab_size, "logits [a run of an instance's rows, vocabulary]");
+  ce_terms_.assign(static_cast<size_t>(T_), 0.0);
+  z_terms_.assign(static_cast<size_t>(T_), 0.0);
+}
+
+int64_t head_chunk_rows(int64_t vocab_size, int64_t seq_len) {
+  constexpr int64_t kLogitsBytes = int64_t{256} << 20;
+  const int64_t row_bytes = vocab_size * static_cast<int64_t>(sizeof(float));
+  int64_t rows = 1;
+  while (rows < seq_len && 2 * rows * row_bytes <= kLogitsBytes) rows *= 2;
+  return std::min(rows, seq_len);
 }
 
 void Olmo3::bind_block_work(int64_t layer) {
@@ -235,7 +252,8 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
   m.activations = f32 * (cfg.n_layers * R * d + kept_blocks * block_work);
   // dx, dhn, df, dao [R, d]; datt, dq, dq_raw [R, qd]; dk, dk_raw, dv [R, kd]; the feed-forward's
   m.backward = f32 * (R * (4 * d + 3 * qd + 3 * kd) + ffn_bw);
-  m.logits = f32 * (R * (2 * d + 1) + R * V);  // x_final, hn [R, d], final_rms [R], logits [R, V]
+  // x_final, hn [R, d], final_rms [R], one run's logits [rows, V]
+  m.logits = f32 * (R * (2 * d + 1) + head_chunk_rows(V, T) * V);
   m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
   if (cfg.rope_scaling.on()) m.working += f32 * T * cfg.head_dim;  // the scaled layers' own pair of tables
   if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
@@ -323,7 +341,6 @@ void Olmo3::walk_training_pass(PassSteps& steps) {
   } ep_scope{ep_now_};
   ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
   walk_forward(steps);
-  steps.loss();
   auto unit_gradient = [this](int unit, auto&& backward) {
     if (sink_) sink_->unit_backward_begins(unit);
     backward();
@@ -355,7 +372,6 @@ class Olmo3::ComputeSteps final : public Olmo3::PassSteps {
   void embedding_forward() override { m_.embedding_forward(unit()); }
   void block_forward(int64_t l) override { m_.block_forward(m_.reading(in_.params), l, in_.n_instances); }
   void head_forward() override { m_.head_forward(unit()); }
-  void loss() override { m_.loss_and_dlogits(in_); }
   void head_backward() override { m_.head_backward(unit()); }
   void block_backward(int64_t l) override {
     m_.block_backward(m_.reading(in_.params), l, in_.n_instances, in_.global_n_targets, *in_.grads);
@@ -381,45 +397,64 @@ void Olmo3::embedding_forward(const PassInputs& in) {
 }
 
 void Olmo3::head_forward(const PassInputs& in) {
-  Executor& e = *ex_;
-  const int64_t R = in.n_instances * T_, d = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t R = in.n_instances * T_, d = cfg_.d_model;
   // hn [R, d] = RMSNorm(x_final [R, d])
-  e.rmsnorm_forward(x_final_.data(), in.params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d,
-                    cfg_.norm_eps);
+  ex_->rmsnorm_forward(x_final_.data(), in.params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d,
+                       cfg_.norm_eps);
   round_act(hn_.data(), R * d);
-  // logits [R, V] = hn [R, d] · lm_headᵀ [d, V]
-  e.matmul_forward(hn_.data(), in.params + layout_.lm_head, logits_.data(), R, V, d);
-  round_act(logits_.data(), R * V);  // bf16 logits; the loss upcasts them (`.float()`)
+  // A training pass takes the loss in the head's backward, where the head's products need the same logits.
+  const bool forward_only = in.grads == nullptr;
+  if (forward_only) head_rows(in, false);
 }
 
-void Olmo3::instance_losses(const PassInputs& in) {
-  const int64_t n_inst = in.n_instances, V = cfg_.vocab_size;
-  if (in.logits_out) logits_.download(in.logits_out, n_inst * T_ * V);
-  // The loss of each instance on its own: its fp64 totals are the leaves of the loss tree.
-  ex_->cross_entropy(logits_.data(), in.tokens, n_inst, T_, V, z_loss_, in.global_n_targets, in.per_instance);
-  for (size_t b = 0; b < moe_inst_.size() && cfg_.moe.enabled(); ++b)
-    in.per_instance[b].moe_lb = moe_inst_[b].lb, in.per_instance[b].moe_z = moe_inst_[b].z;
-}
-
-void Olmo3::loss_and_dlogits(const PassInputs& in) {
-  instance_losses(in);
-  // logits_ now holds dlogits [R, V] (bf16: rounded, the gradient of the bf16 logits tensor).
-  round_act(logits_.data(), in.n_instances * T_ * cfg_.vocab_size);
-  // bf16: every activation gradient is rounded once it is complete and every parameter gradient leaf once
-  // it is written (round_act, a no-op in fp32); chains continued across consumers round only at their end.
-  allocate_backward_buffers();
+// The logits, the loss and (backward) the head's two gradient products, over runs of at most head_rows_ rows of one
+// instance, so the logits are never [R, V] at once. Per run of n rows from position t0:
+//   logits [n, V] = hn rows [n, d] · lm_headᵀ [d, V]; the loss turns them into ∂logits and n row terms;
+//   ∂lm_head_b [V, d]: its chain over the instance's rows goes on over the run's (accumulate after the first run);
+//   ∂hn rows [n, d] = ∂logits [n, V] · lm_head [V, d].
+// The logits and ∂hn are row-local, each ∂lm_head output is one chain continued in row order and the instance's
+// loss totals sum its T row terms as one vector, so every split into runs gives the whole instance's bits
+// (docs/canonical/loss.md).
+void Olmo3::head_rows(const PassInputs& in, bool backward) {
+  Executor& e = *ex_;
+  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
+  const float* lm_head = in.params + layout_.lm_head;
+  for (int64_t b = 0; b < in.n_instances; ++b) {
+    float* leaf = backward ? in.grads->leaf(b, layout_.lm_head, V * d) : nullptr;
+    for (int64_t t0 = 0; t0 < T_; t0 += head_rows_) {
+      const int64_t n = std::min(head_rows_, T_ - t0), row = b * T_ + t0;
+      const float* hn = hn_.data() + row * d;
+      e.matmul_forward(hn, lm_head, logits_.data(), n, V, d);
+      round_act(logits_.data(), n * V);  // bf16 logits; the loss upcasts them (`.float()`)
+      if (in.logits_out) logits_.download(in.logits_out + row * V, n * V);
+      e.cross_entropy_rows(logits_.data(), in.tokens + b * T_, t0, n, T_, V, z_loss_, in.global_n_targets,
+                           ce_terms_.data() + t0, z_terms_.data() + t0);
+      if (!backward) continue;
+      // bf16: ∂logits rounded (the gradient of the bf16 logits tensor); every activation gradient is rounded once
+      // it is complete and every parameter gradient leaf once it is written (round_act, a no-op in fp32).
+      round_act(logits_.data(), n * V);
+      e.matmul_backward_weight(logits_.data(), hn, leaf, n, V, d, t0 > 0);
+      e.matmul_backward_input(logits_.data(), lm_head, bw_.dhn.data() + row * d, n, V, d, false);
+    }
+    if (backward) {
+      round_act(leaf, V * d);
+      in.grads->commit(b, layout_.lm_head, V * d);
+    }
+    // The instance's fp64 totals are the leaves of the loss tree.
+    in.per_instance[b] = {canonical_sum_f64(ce_terms_.data(), T_), canonical_sum_f64(z_terms_.data(), T_), T_ - 1};
+    if (cfg_.moe.enabled())
+      in.per_instance[b].moe_lb = moe_inst_[static_cast<size_t>(b)].lb,
+      in.per_instance[b].moe_z = moe_inst_[static_cast<size_t>(b)].z;
+  }
 }
 
 void Olmo3::head_backward(const PassInputs& in) {
-  const int64_t n_inst = in.n_instances, R = n_inst * T_, d = cfg_.d_model, V = cfg_.vocab_size;
-  GradientLeaves& grads = *in.grads;
-  // ∂lm_head_b [V, d] = ∂logits_bᵀ · hn_b over each instance's T rows
-  instance_weight_grads(grads, n_inst, layout_.lm_head, logits_.data(), hn_.data(), V, d);
-  // ∂hn [R, d] = ∂logits [R, V] · lm_head [V, d]
-  ex_->matmul_backward_input(logits_.data(), in.params + layout_.lm_head, bw_.dhn.data(), R, V, d, false);
+  const int64_t n_inst = in.n_instances, R = n_inst * T_, d = cfg_.d_model;
+  allocate_backward_buffers();
+  head_rows(in, true);
   round_act(bw_.dhn.data(), R * d);
   // ∂x_final [R, d] into dx, the final norm's leaf per instance
-  instance_norm_grads(grads, n_inst, layout_.final_norm, x_final_.data(), in.params + layout_.final_norm,
+  instance_norm_grads(*in.grads, n_inst, layout_.final_norm, x_final_.data(), in.params + layout_.final_norm,
                       final_rms_.data(), bw_.dhn.data(), bw_.dx.data(), d);
   round_act(bw_.dx.data(), R * d);
   // dx now holds ∂loss/∂(output of the last block).
@@ -447,8 +482,7 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, T
   in.per_instance = per_scratch_.data();
   in.logits_out = logits_out;
   ComputeSteps steps(*this, in);
-  walk_forward(steps);
-  instance_losses(in);
+  walk_forward(steps);  // the loss too (head_forward)
   return loss_tree_sums(per_scratch_.data(), B_);
 }
 

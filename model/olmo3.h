@@ -170,11 +170,16 @@ ActivationCheckpointing parse_activation_checkpointing(const std::string& mode);
 struct ModelMemory {
   int64_t activations = 0;  // the blocks' activations kept for backward (full: the inputs plus one block's set)
   int64_t backward = 0;     // the backward's gradient temporaries
-  int64_t logits = 0;       // the head: final norm input and output [R, d] and the logits [R, V]
+  int64_t logits = 0;       // the head: final norm input and output [R, d] and one run of rows' logits [rows, V]
   int64_t working = 0;      // RoPE tables, tokens, the loss's row terms and (bf16) the working copy of the weights
   int64_t kernel_scratch = 0;  // the CUDA kernels' largest scratch: attention's rows of T per block, D, dk/dv
   int64_t total() const { return activations + backward + logits + working + kernel_scratch; }
 };
+// The rows of one instance whose logits the head holds at once. Whole micro-batches would hold [R, V] (6.6 GiB at
+// 7B, micro-batch 2, V 100352), so the head and the loss run over runs of at most this many rows of one instance:
+// the largest power of two whose [rows, V] fp32 logits fit 256 MiB (at least 1), or the whole instance if smaller.
+int64_t head_chunk_rows(int64_t vocab_size, int64_t seq_len);
+
 ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
                          bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
@@ -242,6 +247,8 @@ class Olmo3 {
   // forward_backward.
   LossSums forward_loss(const float* params, const uint32_t* tokens, ThreadPool* pool, float* logits_out = nullptr);
 
+  // TEST ONLY: the head's runs of rows (head_chunk_rows), to check that any split gives the same bits.
+  void set_head_chunk_rows_for_test(int64_t rows);
   // TEST ONLY: combine the experts in arrival order (moe::combine_unordered_for_test); MoE models only.
   void set_debug_unordered_combine(bool on);
   // MoE only: the instances of the last forward (forward_backward or forward_loss), [n_instances].
@@ -272,7 +279,6 @@ class Olmo3 {
     virtual void embedding_forward() {}
     virtual void block_forward(int64_t layer) = 0;  // forward, and backward's recompute (recomputing_ set)
     virtual void head_forward() {}
-    virtual void loss() {}
     virtual void head_backward() {}
     virtual void block_backward(int64_t layer) = 0;
     virtual void embedding_backward() {}
@@ -293,13 +299,12 @@ class Olmo3 {
     LossSums* per_instance = nullptr;
     float* logits_out = nullptr;
   };
-  // The steps of ComputeSteps. The head's forward reads x_final_ and writes hn_, logits_; the loss writes the
-  // per-instance totals (instance_losses, forward_loss's loss too) and turns logits_ into ∂logits; the head's
-  // backward leaves ∂x_final in bw_.dx.
+  // The steps of ComputeSteps. The head's forward reads x_final_ and writes hn_ (forward_loss: and the loss, by
+  // head_rows); the head's backward runs the loss and the head's products by head_rows and leaves ∂x_final in bw_.dx.
+  // The per-instance loss totals come from head_rows in both.
   void embedding_forward(const PassInputs& in);
   void head_forward(const PassInputs& in);
-  void instance_losses(const PassInputs& in);
-  void loss_and_dlogits(const PassInputs& in);
+  void head_rows(const PassInputs& in, bool backward);
   void head_backward(const PassInputs& in);
   void embedding_backward(const PassInputs& in);
   // Block l from its input acts_[l].x [R, d] to the next block's input (x_final_ after the last), its activations
@@ -405,7 +410,10 @@ class Olmo3 {
   const RopeView& rope_of(int64_t layer) const { return cfg_.rope_scaled(layer) ? scaled_rope_ : rope_; }
   Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
-  Buffer<float> x_final_, final_rms_, hn_, logits_;  // [R, d], [R], [R, d], [R, V]
+  Buffer<float> x_final_, final_rms_, hn_;  // [R, d], [R], [R, d]
+  int64_t head_rows_;                        // head_chunk_rows, or set_head_chunk_rows_for_test
+  Buffer<float> logits_;                     // [head_rows_, V]: one run of rows' logits, then their ∂logits
+  std::vector<double> ce_terms_, z_terms_;   // [T] (host): the instance's loss row terms, run by run
   BackwardBuffers bw_;
   std::vector<LossSums> per_scratch_;
   std::vector<MoEInstance> moe_inst_;

@@ -140,10 +140,12 @@ void ProfiledExecutor::embedding_backward(const uint32_t* host_tokens, const flo
                                           int64_t V, int64_t d) {
   timed("embedding_backward", 0, [&](Executor& e) { e.embedding_backward(host_tokens, dx, dtable, R, V, d); });
 }
-void ProfiledExecutor::cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
-                                     float z_coef, int64_t global_n_targets, LossSums* per_instance) {
-  timed("cross_entropy", 0,
-        [&](Executor& e) { e.cross_entropy(logits, tokens, B, T, V, z_coef, global_n_targets, per_instance); });
+void ProfiledExecutor::cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T,
+                                          int64_t V, float z_coef, int64_t global_n_targets, double* ce_terms,
+                                          double* z_terms) {
+  timed("cross_entropy", 0, [&](Executor& e) {
+    e.cross_entropy_rows(logits, tokens, t0, rows, T, V, z_coef, global_n_targets, ce_terms, z_terms);
+  });
 }
 void ProfiledExecutor::add(const float* a, const float* b, float* out, int64_t n) {
   timed("add (residual)", 0, [&](Executor& e) { e.add(a, b, out, n); });

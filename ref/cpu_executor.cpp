@@ -123,11 +123,10 @@ void CpuExecutor::embedding_backward(const uint32_t* host_tokens, const float* d
                                      int64_t V, int64_t d) {
   olmoref::embedding_backward(host_tokens, dx, dtable, R, V, d, pool_);
 }
-void CpuExecutor::cross_entropy(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V, float z_coef,
-                                int64_t global_n_targets, LossSums* per_instance) {
-  for (int64_t b = 0; b < B; ++b)
-    per_instance[b] = cross_entropy_forward_backward(logits + b * T * V, tokens + b * T, 1, T, V, z_coef,
-                                                     global_n_targets, pool_);
+void CpuExecutor::cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T,
+                                     int64_t V, float z_coef, int64_t global_n_targets, double* ce_terms,
+                                     double* z_terms) {
+  olmoref::cross_entropy_rows(logits, tokens, t0, rows, T, V, z_coef, global_n_targets, ce_terms, z_terms, pool_);
 }
 void CpuExecutor::add(const float* a, const float* b, float* out, int64_t n) {
   auto body = [&](int64_t s, int64_t e) {

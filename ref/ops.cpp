@@ -575,21 +575,20 @@ void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, 
 //   ∂/∂x_v = (p_v · (1 + 2·z_coef·lse) − [v = y]) · (1/N),  p_v = e_v / S,  N = global target count.
 // Rows without a target get a zero gradient. Per-row terms are summed with canonical_sum_f64.
 
-LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
-                                        float z_coef, int64_t global_n_targets, ThreadPool* pool) {
-  const int64_t R = B * T;
-  std::vector<double> ce_terms(static_cast<size_t>(R), 0.0), z_terms(static_cast<size_t>(R), 0.0);
+void cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T, int64_t V,
+                        float z_coef, int64_t global_n_targets, double* ce_terms, double* z_terms, ThreadPool* pool) {
   const float inv_n = 1.0f / static_cast<float>(global_n_targets);
   const simd::SimdOps* fast = simd_path();
-  run(pool, R, 4, [&](int64_t rb, int64_t re) {
+  run(pool, rows, 4, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       float* x = logits + r * V;
-      const int64_t t = r % T;
+      const int64_t t = t0 + r;
       if (t == T - 1) {
         for (int64_t v = 0; v < V; ++v) x[v] = 0.0f;
+        ce_terms[r] = 0.0, z_terms[r] = 0.0;
         continue;
       }
-      const int64_t y = tokens[r + 1];
+      const int64_t y = tokens[t + 1];
       float m, S;
       const float xy = x[y];
       if (fast) {
@@ -611,6 +610,15 @@ LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, i
       x[y] = ((ey / S) * coef - 1.0f) * inv_n;
     }
   });
+}
+
+LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
+                                        float z_coef, int64_t global_n_targets, ThreadPool* pool) {
+  const int64_t R = B * T;
+  std::vector<double> ce_terms(static_cast<size_t>(R)), z_terms(static_cast<size_t>(R));
+  for (int64_t b = 0; b < B; ++b)
+    cross_entropy_rows(logits + b * T * V, tokens + b * T, 0, T, T, V, z_coef, global_n_targets,
+                       ce_terms.data() + b * T, z_terms.data() + b * T, pool);
   LossSums sums;
   sums.ce = canonical_sum_f64(ce_terms.data(), R);
   sums.z = canonical_sum_f64(z_terms.data(), R);

@@ -102,6 +102,10 @@ void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, 
 // Returns the fp64 sums Σ ce and Σ z_coef·lse² over this micro-batch's valid positions.
 LossSums cross_entropy_forward_backward(float* logits, const uint32_t* tokens, int64_t B, int64_t T, int64_t V,
                                         float z_coef, int64_t global_n_targets, ThreadPool* pool);
+// The same for positions [t0, t0 + rows) of one instance (tokens [T]): logits [rows, V] become the gradient and
+// ce_terms, z_terms [rows] receive the rows' fp64 terms (Executor::cross_entropy_rows).
+void cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T, int64_t V,
+                        float z_coef, int64_t global_n_targets, double* ce_terms, double* z_terms, ThreadPool* pool);
 
 // ---- The instance tree's add (docs/canonical/step.md): dst[0..n) = dst[0..n) + src[0..n) ----
 void tree_add(float* dst, const float* src, int64_t n, ThreadPool* pool);

@@ -231,7 +231,9 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   }
   add("activations", mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
   add("backward temporaries", mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
-  add("logits", mm.logits, "[R, V] and the final norm's [R, d]; x micro-batch x seq");
+  add("logits", mm.logits,
+      "one run of " + std::to_string(head_chunk_rows(m.vocab_size, T)) +
+          " rows' logits [rows, V] (<= 256 MiB), the final norm's [R, d]");
   // bf16 under FSDP: the working copy is made unit by unit into one unit-sized buffer (Olmo3::use_unit).
   const bool bf16 = cfg.train.precision == "bf16";
   const int64_t working = mm.working - (bf16 && L.dp_shard > 1 ? kF32 * (n - p.unit_floats) : 0);

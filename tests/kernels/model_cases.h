@@ -21,6 +21,7 @@ struct ModelCase {
   ModelConfig cfg;
   int64_t micro_batch = 2, instances = 3, seq_len = 13;
   Precision precision = Precision::fp32;
+  int64_t head_rows = 0;  // > 0: the head's runs of rows (Olmo3::set_head_chunk_rows_for_test); 0: the model's own
 };
 
 inline std::vector<ModelCase> model_cases() {
@@ -54,6 +55,7 @@ struct ModelRun {
 // The step gradient of `instances` instances fed in micro-batches of micro_batch, on executor ex.
 inline ModelRun run_model_case(const ModelCase& mc, Executor& ex) {
   Olmo3 model(mc.cfg, mc.micro_batch, mc.seq_len, mc.precision, &ex);
+  if (mc.head_rows > 0) model.set_head_chunk_rows_for_test(mc.head_rows);
   const ParamLayout& L = model.layout();
   const int64_t T = mc.seq_len, N = mc.instances, V = mc.cfg.vocab_size;
   std::vector<float> host_params(static_cast<size_t>(L.total));

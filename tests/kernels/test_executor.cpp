@@ -14,6 +14,7 @@
 #include "core/skip_step.h"
 #include "kernels/executor.h"
 #include "model/executors.h"
+#include "model/init.h"
 #include "ref/cpu_executor.h"
 #include "ref/moe.h"
 #include "tests/kernels/attention_cases.h"
@@ -37,6 +38,55 @@ TEST_CASE("executor cuda-host: every case's loss, logits and gradients equal the
     ++cases;
   }
   CHECK(cases == 6);
+}
+
+// The head and the loss run over runs of rows of one instance (Olmo3::head_rows) so the logits are never [R, V]:
+// every split must give the whole instance's bits, on both executors, in the training pass and in forward_loss. Runs
+// of 1 row, of 5 (a short last run at T 13 and 70), of 32 (past T 13: one run) and of 64 (70 = 64 + 6).
+TEST_CASE("model: the head in runs of rows gives the bits of whole instances, training and forward_loss") {
+  ThreadPool pool(2);
+  CpuExecutor cpu(&pool);
+  kernels::KernelExecutor host(false);
+  int cases = 0;
+  for (const testing::ModelCase& whole : testing::model_cases()) {
+    for (Executor* ex : {static_cast<Executor*>(&cpu), static_cast<Executor*>(&host)}) {
+      CAPTURE(whole.cfg.d_model);
+      CAPTURE(static_cast<int>(whole.precision));
+      CAPTURE(ex->name());
+      testing::ModelCase one_run = whole;
+      one_run.head_rows = whole.seq_len;
+      const testing::ModelRun want = testing::run_model_case(one_run, *ex);
+      for (const int64_t rows : {int64_t{1}, int64_t{5}, int64_t{32}, int64_t{64}}) {
+        CAPTURE(rows);
+        testing::ModelCase split = whole;
+        split.head_rows = rows;
+        CHECK(testing::model_runs_differ(want, testing::run_model_case(split, *ex), ParamLayout(whole.cfg)) == "");
+        ++cases;
+      }
+      // forward_loss: the loss tree's sums and the logits.
+      auto forward = [&](int64_t rows) {
+        Olmo3 model(whole.cfg, whole.micro_batch, whole.seq_len, whole.precision, ex);
+        model.set_head_chunk_rows_for_test(rows);
+        const ParamLayout& L = model.layout();
+        std::vector<float> host_params(static_cast<size_t>(L.total));
+        init_params(whole.cfg, L, host_params.data());
+        Buffer<float> params(*ex, L.total, "test parameters");
+        params.upload(host_params.data(), L.total);
+        std::vector<uint32_t> tokens(static_cast<size_t>(whole.micro_batch * whole.seq_len));
+        std::mt19937 rng(7);
+        for (auto& t : tokens) t = static_cast<uint32_t>(rng() % static_cast<uint32_t>(whole.cfg.vocab_size));
+        std::vector<float> logits(tokens.size() * static_cast<size_t>(whole.cfg.vocab_size));
+        const LossSums sums = model.forward_loss(params.data(), tokens.data(), nullptr, logits.data());
+        return std::pair{std::vector<double>{sums.ce, sums.z, sums.moe_lb, sums.moe_z}, logits};
+      };
+      const auto [want_sums, want_logits] = forward(whole.seq_len);
+      const auto [got_sums, got_logits] = forward(5);
+      CHECK(std::memcmp(want_sums.data(), got_sums.data(), want_sums.size() * sizeof(double)) == 0);
+      REQUIRE(want_logits.size() == got_logits.size());
+      CHECK(std::memcmp(want_logits.data(), got_logits.data(), want_logits.size() * sizeof(float)) == 0);
+    }
+  }
+  CHECK(cases == 6 * 2 * 4);
 }
 
 // The optimizer updates on lengths that fill no launch evenly, with specials (zeros of both signs, NaN, inf) in the
