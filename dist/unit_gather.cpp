@@ -1,10 +1,6 @@
 #include "dist/unit_gather.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <stdexcept>
 #include <utility>
 
 namespace olmoref::dist {
@@ -12,21 +8,15 @@ namespace olmoref::dist {
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group)
     : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group) {
-  bytes_ = static_cast<size_t>(layout.total) * sizeof(float);
-  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("cannot reserve address space for the parameter view");
-  base_ = static_cast<float*>(p);
-  // A device executor reads the units from device memory: each is gathered on the host, then copied into one
-  // buffer as long as the largest unit (the model acquires one unit at a time: Olmo3::walk_forward).
-  if (!ex.host_memory()) device_unit_.reset(ex, model.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+  unit_.reset(ex, model.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
 }
 
-UnitGather::~UnitGather() { ::munmap(base_, bytes_); }
+UnitGather::~UnitGather() = default;
 
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
-// reads only its own experts). Exact pieces, no padding; the pages of experts a rank never reads are never
-// written, so they take no memory.
+// reads only its own experts). Exact pieces, no padding; what a rank never reads of the unit buffer is never
+// written.
 const float* UnitGather::acquire(int unit) {
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   const auto [a, b] = model_.unit_range(unit);
@@ -80,21 +70,10 @@ const float* UnitGather::acquire(int unit) {
   const float* next = recv.data();
   for (int s = 0; s < S; ++s)
     for (const auto& [p0, p1] : pieces(s, me)) {
-      std::copy(next, next + (p1 - p0), base_ + p0);
+      unit_.upload(next, p1 - p0, p0 - a);
       next += p1 - p0;
     }
-  if (device_unit_.size() == 0) return base_;
-  for (const auto& [r0, r1] : reads[static_cast<size_t>(me)]) device_unit_.upload(base_ + r0, r1 - r0, r0 - a);
-  return unit_at_flat_offsets(device_unit_.data(), a);
-}
-
-// Returns the unit's whole pages to the OS (pages shared with a neighbouring unit stay).
-void UnitGather::release(int unit) {
-  const auto [a, b] = model_.unit_range(unit);
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(base_ + a) + page - 1) / page * page;
-  const uintptr_t last = reinterpret_cast<uintptr_t>(base_ + b) / page * page;
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  return unit_at_flat_offsets(unit_.data(), a);
 }
 
 void CommExpertExchange::allgather(const int64_t* mine, int64_t n, int64_t* all) {

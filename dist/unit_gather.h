@@ -26,11 +26,9 @@ class UnitGather : public ParamGate {
   UnitGather(const UnitGather&) = delete;
   UnitGather& operator=(const UnitGather&) = delete;
 
-  // The host view [layout.total] (a host executor reads the units there).
-  float* base() { return base_; }
-
+  // The unit in the unit buffer, read at the flat vector's offsets (unit_at_flat_offsets).
   const float* acquire(int unit) override;
-  void release(int unit) override;
+  void release(int) override {}  // the next acquire overwrites the buffer
 
  private:
   const Olmo3& model_;
@@ -39,12 +37,9 @@ class UnitGather : public ParamGate {
   Executor& ex_;
   const Buffer<float>& params_;
   Comm& shard_group_;
-  // Address space for the whole vector (MAP_NORESERVE): only the units being used take pages.
-  float* base_ = nullptr;
-  size_t bytes_ = 0;
-  // Device executors: the unit in use, copied from the host view into one unit-sized buffer (the model reads it at
-  // flat offsets), so the device never holds more than the largest unit of the gathered parameters.
-  Buffer<float> device_unit_;
+  // The unit in use [largest unit] in the executor's memory, reused by every unit (the model acquires one at a time:
+  // Olmo3::walk_forward), so no rank holds more than the largest unit of the gathered parameters, host or device.
+  Buffer<float> unit_;
 };
 
 // The model's expert exchange (model/olmo3.h) over the communicator of one EP group.

@@ -133,7 +133,7 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
   if (S > 1)
     for (const auto& [a, b] : units) {
       // dist::UnitGather::acquire: my part of the unit once (under expert parallelism at most once for each of the S
-      // ranks, which read different experts), the whole unit received, and the unit's pages in the view.
+      // ranks, which read different experts) and the whole unit received, then copied into the unit buffer.
       const int64_t mine = std::max<int64_t>(0, std::min(b, L.hi()) - std::max(a, L.lo()));
       p.unit_floats = std::max(p.unit_floats, b - a);
       p.gather_floats = std::max(p.gather_floats, (ep ? S : 1) * mine + (b - a));
@@ -225,10 +225,9 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
       add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
     }
   }
-  if (L.dp_shard > 1) {
-    if (device_paths) add("FSDP unit buffer", kF32 * p.unit_floats, "the unit in use on the device (largest unit)");
-    if (!gpu) add("FSDP unit pages", kF32 * p.unit_floats, "the gathered unit in the host view (largest unit)");
-  }
+  if (L.dp_shard > 1)
+    add("FSDP unit buffer", kF32 * p.unit_floats,
+        gpu ? "the unit in use on the device (largest unit)" : "the unit in use (largest unit)");
   add("activations", mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
   add("backward temporaries", mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
   add("logits", mm.logits,

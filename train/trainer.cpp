@@ -134,7 +134,6 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   state_digest_ = std::make_unique<StateDigest>(sharded_state());
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_);
-    full_view_ = unit_gather_->base();
     model_.set_param_gate(unit_gather_.get());
   }
 }
@@ -214,7 +213,7 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
   const int64_t T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
   per_instance.assign(static_cast<size_t>(split.global_instances), LossSums{});
   routing_.assign(static_cast<size_t>(split.global_instances), 0);
-  const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
+  const float* p = params_for_model();
   if (!owners_) {
     tree_.reset();
     for (int64_t m = 0; m < split.n_microbatches(); ++m) {
@@ -365,7 +364,7 @@ std::vector<LossSums> Trainer::float_allreduce_gradient(const StepBatch& batch) 
   std::vector<float> acc(static_cast<size_t>(n), 0.0f);
   std::vector<LossSums> per(static_cast<size_t>(split.global_instances));
   routing_.assign(static_cast<size_t>(split.global_instances), 0);
-  const float* p = layout_.dp_shard == 1 ? params_.data() : full_view_;
+  const float* p = params_for_model();
   for (int64_t t = 0; t < split.n_rounds(); ++t) {
     const int64_t m = split.microbatch_of(layout_.rank, t);
     if (m < 0) {  // the round's collectives (FSDP gathers, expert exchanges) without instances

@@ -202,7 +202,9 @@ class Trainer {
   // to the OS right after (ParamGate), so a rank never holds more than a unit or two of other ranks'
   // parameters.
   std::unique_ptr<dist::UnitGather> unit_gather_;
-  float* full_view_ = nullptr;
+  // What forward_backward and idle_pass are given: the whole vector without FSDP; with it nothing, since the model
+  // reads only the unit in use (ParamGate::acquire), and a stray read should fault, not read a shard as the vector.
+  const float* params_for_model() const { return layout_.dp_shard == 1 ? params_.data() : nullptr; }
   std::vector<ParamGroup> groups_;  // OLMo-core's param groups (core/optim.h)
   std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
