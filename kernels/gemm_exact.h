@@ -3,8 +3,9 @@
 //
 // C[M,N] (=|+=) A[M,K]·B[K,N] with strided views. Every output element is ONE accumulator, a chain of
 // fma over k = 0, 1, ..., K-1 in order, starting from 0 or from C (accumulate). The block computes a
-// BM x BN tile: for each K-slab of BK it stages A[row0.., k0..] and B[k0.., col0..] in shared memory, then
-// each of its 256 threads continues the chains of its TM x TN outputs over the slab's kk = 0..kn-1 in order.
+// BM x BN tile: for each K-slab of BK it stages A[row0.., k0..] and B[k0.., col0..] in shared memory (double
+// buffered: the next slab is fetched while this one is used), then each of its 256 threads continues the chains
+// of its TM x TN outputs over the slab's kk = 0..kn-1 in order, k outermost, operands in registers.
 // Tiling is over i/j only: no split-K, no tensor cores, no reassociation. The K tail is a shorter slab (never
 // zero padding: fma(0, 0, -0) would turn a -0 accumulator into +0). Grid: ceil(N/BN) x ceil(M/BM) blocks,
 // a function of the shape only.
@@ -66,64 +67,138 @@ OLMOREF_HD inline void gemm_store(const GemmArgs& g, int64_t at, float acc) {
   }
 }
 
-inline constexpr int kGemmBM = 64, kGemmBN = 64, kGemmBK = 16, kGemmTM = 4, kGemmTN = 4;
+// The tile: 128 x 128 outputs per block of 256 threads, 8 x 8 per thread, slabs of 8 k. Thread t (tr = t / 16,
+// tc = t % 16) owns rows {0, 64} + tr·4 + {0..3} and columns {0, 64} + tc·4 + {0..3} of the tile, so a warp's reads
+// of a k-row of the staged slab are 4-float runs: the 16 column runs side by side, the row runs broadcast.
+inline constexpr int kGemmBM = 128, kGemmBN = 128, kGemmBK = 8, kGemmTM = 8, kGemmTN = 8;
 inline constexpr int kGemmThreads = (kGemmBM / kGemmTM) * (kGemmBN / kGemmTN);  // 256
+inline constexpr int kGemmRun = 4, kGemmRunGap = 64;                             // a thread's rows/columns
+inline constexpr int kGemmStaged = kGemmBK * kGemmBM / kGemmThreads;             // 4 of A and 4 of B per slab
+// Shared rows are padded to 132 floats: a slab stored k-fast (8 threads writing one tile row's 8 k) lands in 8
+// different banks, and every 4-float run stays 16-byte aligned.
+inline constexpr int kGemmPitch = kGemmBM + 4;
 
 struct GemmShared {
-  float a[kGemmBK][kGemmBM];  // a[kk][i] = A(row0 + i, k0 + kk)
-  float b[kGemmBK][kGemmBN];  // b[kk][j] = B(k0 + kk, col0 + j)
+  // Two slabs, alternating: the block reads slab s from one while its threads stage slab s + 1 into the other.
+  alignas(16) float a[2][kGemmBK][kGemmPitch];  // a[buf][kk][i] = A(row0 + i, k0 + kk)
+  alignas(16) float b[2][kGemmBK][kGemmPitch];  // b[buf][kk][j] = B(k0 + kk, col0 + j)
 };
 
 struct GemmRegs {
-  float acc[kGemmTM][kGemmTN];
+  float acc[kGemmTM][kGemmTN];  // one chain per output
+  float next_a[kGemmStaged], next_b[kGemmStaged];  // the next slab's elements, in flight during this slab's fmas
 };
 
-// Block (bi, bj) of the grid: output rows [bi*BM, ...), columns [bj*BN, ...).
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable  // instantiated with DeviceBlock on the device, HostBlock on the host
+// A thread's row (or column) i in [0, 8) of the tile.
+OLMOREF_HD inline int gemm_local(int t16, int i) { return (i / kGemmRun) * kGemmRunGap + t16 * kGemmRun + i % kGemmRun; }
+
+// Four consecutive shared floats: one 16-byte load on the device.
+OLMOREF_HD inline void gemm_load4(const float* p, float* out) {
+#if defined(__CUDA_ARCH__)
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+#else
+  for (int i = 0; i < 4; ++i) out[i] = p[i];
 #endif
+}
+
+// Element e in [0, BK·BM) of a slab as (kk, i): consecutive threads walk the operand's unit-stride direction, so
+// the global loads coalesce whether the tile's k or its rows/columns are contiguous in memory.
+OLMOREF_HD inline void gemm_slab_coords(int e, bool k_contiguous, int& kk, int& i) {
+  if (k_contiguous) kk = e % kGemmBK, i = e / kGemmBK;
+  else kk = e / kGemmBM, i = e % kGemmBM;
+}
+
+// Thread t's staged elements of the slab at k0 (kn valid k), from global memory. Past the matrix: 0, never read
+// into a chain (the chains stop at kn, rows and columns past the matrix are never stored).
+OLMOREF_HD inline void gemm_fetch_slab(const GemmArgs& g, int64_t row0, int64_t col0, int64_t k0, int kn, int t,
+                                       GemmRegs& r) {
+  OLMOREF_UNROLL
+  for (int s = 0; s < kGemmStaged; ++s) {
+    const int e = t + s * kGemmThreads;
+    int kk, i;
+    gemm_slab_coords(e, g.a_col == 1, kk, i);
+    r.next_a[s] = kk < kn && row0 + i < g.M ? g.A[(row0 + i) * g.a_row + (k0 + kk) * g.a_col] : 0.0f;
+    gemm_slab_coords(e, g.b_row == 1, kk, i);
+    r.next_b[s] = kk < kn && col0 + i < g.N ? g.B[(k0 + kk) * g.b_row + (col0 + i) * g.b_col] : 0.0f;
+  }
+}
+
+OLMOREF_HD inline void gemm_store_slab(const GemmArgs& g, GemmShared& sh, int buf, int t, const GemmRegs& r) {
+  OLMOREF_UNROLL
+  for (int s = 0; s < kGemmStaged; ++s) {
+    const int e = t + s * kGemmThreads;
+    int kk, i;
+    gemm_slab_coords(e, g.a_col == 1, kk, i);
+    sh.a[buf][kk][i] = r.next_a[s];
+    gemm_slab_coords(e, g.b_row == 1, kk, i);
+    sh.b[buf][kk][i] = r.next_b[s];
+  }
+}
+
+// Block (bi, bj) of the grid: output rows [bi*BM, ...), columns [bj*BN, ...). Per slab, k outside the thread's 8 x 8
+// outputs: a k-row's 8 A values and 8 B values come into registers once and feed 64 fmas, each output's chain going
+// on in ascending k exactly as the reference's.
+OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void gemm_exact_block(Block& blk, GemmShared& sh, const GemmArgs& g, int64_t bi, int64_t bj) {
   const int64_t row0 = bi * kGemmBM, col0 = bj * kGemmBN;
-  constexpr int tcols = kGemmBN / kGemmTN;  // threads across a tile row
-  // Thread t owns outputs rows row0 + (t / tcols)*TM + i, columns col0 + (t % tcols)*TN + j.
+  constexpr int tcols = kGemmBN / kGemmTN;  // 16 threads across a tile row
+  const int64_t slabs = (g.K + kGemmBK - 1) / kGemmBK;
+  auto slab_len = [&](int64_t s) { return static_cast<int>(g.K - s * kGemmBK < kGemmBK ? g.K - s * kGemmBK : kGemmBK); };
   blk.phase([&](int t, GemmRegs& r) {
+    OLMOREF_UNROLL
     for (int i = 0; i < kGemmTM; ++i)
+      OLMOREF_UNROLL
       for (int j = 0; j < kGemmTN; ++j) {
-        const int64_t row = row0 + (t / tcols) * kGemmTM + i, col = col0 + (t % tcols) * kGemmTN + j;
+        const int64_t row = row0 + gemm_local(t / tcols, i), col = col0 + gemm_local(t % tcols, j);
         r.acc[i][j] = g.accumulate && row < g.M && col < g.N ? g.C[row * g.ldc + col] : 0.0f;
       }
+    if (slabs > 0) {
+      gemm_fetch_slab(g, row0, col0, 0, slab_len(0), t, r);
+      gemm_store_slab(g, sh, 0, t, r);
+    }
   });
-  for (int64_t k0 = 0; k0 < g.K; k0 += kGemmBK) {
-    const int kn = static_cast<int>(g.K - k0 < kGemmBK ? g.K - k0 : kGemmBK);
-    // Stage the slab: BK*BM + BK*BN elements, 8 per thread. Rows/columns past the matrix are never stored.
-    blk.phase([&](int t, GemmRegs&) {
-      for (int e = t; e < kGemmBK * kGemmBM; e += kGemmThreads) {
-        const int kk = e / kGemmBM, i = e % kGemmBM;
-        const int64_t row = row0 + i;
-        sh.a[kk][i] = kk < kn && row < g.M ? g.A[row * g.a_row + (k0 + kk) * g.a_col] : 0.0f;
-      }
-      for (int e = t; e < kGemmBK * kGemmBN; e += kGemmThreads) {
-        const int kk = e / kGemmBN, j = e % kGemmBN;
-        const int64_t col = col0 + j;
-        sh.b[kk][j] = kk < kn && col < g.N ? g.B[(k0 + kk) * g.b_row + col * g.b_col] : 0.0f;
-      }
-    });
-    // Continue every chain over the slab, kk ascending.
+  for (int64_t s = 0; s < slabs; ++s) {
+    const int buf = static_cast<int>(s & 1), kn = slab_len(s);
+    const bool more = s + 1 < slabs;
     blk.phase([&](int t, GemmRegs& r) {
-      const int ti = (t / tcols) * kGemmTM, tj = (t % tcols) * kGemmTN;
-      for (int i = 0; i < kGemmTM; ++i)
-        for (int j = 0; j < kGemmTN; ++j) {
-          float acc = g.debug_split_k ? 0.0f : r.acc[i][j];
-          for (int kk = 0; kk < kn; ++kk) acc = hd_fma(sh.a[kk][ti + i], sh.b[kk][tj + j], acc);
-          r.acc[i][j] = g.debug_split_k ? r.acc[i][j] + acc : acc;
+      if (more) gemm_fetch_slab(g, row0, col0, (s + 1) * kGemmBK, slab_len(s + 1), t, r);
+      const int tr = (t / tcols) * kGemmRun, tc = (t % tcols) * kGemmRun;
+#if !defined(__CUDA_ARCH__)
+      if (g.debug_split_k) {  // TEST ONLY (host): the slab's chains start fresh and are added afterwards
+        OLMOREF_UNROLL
+        for (int i = 0; i < kGemmTM; ++i)
+          OLMOREF_UNROLL
+          for (int j = 0; j < kGemmTN; ++j) {
+            float part = 0.0f;
+            for (int kk = 0; kk < kn; ++kk)
+              part = hd_fma(sh.a[buf][kk][gemm_local(t / tcols, i)], sh.b[buf][kk][gemm_local(t % tcols, j)], part);
+            r.acc[i][j] = r.acc[i][j] + part;
+          }
+      } else
+#endif
+        for (int kk = 0; kk < kn; ++kk) {
+          float a[kGemmTM], b[kGemmTN];
+          gemm_load4(&sh.a[buf][kk][tr], a);
+          gemm_load4(&sh.a[buf][kk][kGemmRunGap + tr], a + kGemmRun);
+          gemm_load4(&sh.b[buf][kk][tc], b);
+          gemm_load4(&sh.b[buf][kk][kGemmRunGap + tc], b + kGemmRun);
+          OLMOREF_UNROLL
+          for (int i = 0; i < kGemmTM; ++i)
+            OLMOREF_UNROLL
+            for (int j = 0; j < kGemmTN; ++j) r.acc[i][j] = hd_fma(a[i], b[j], r.acc[i][j]);
         }
+      // The other buffer was last read in the previous phase, before its barrier.
+      if (more) gemm_store_slab(g, sh, buf ^ 1, t, r);
     });
   }
   blk.phase([&](int t, GemmRegs& r) {
+    OLMOREF_UNROLL
     for (int i = 0; i < kGemmTM; ++i)
+      OLMOREF_UNROLL
       for (int j = 0; j < kGemmTN; ++j) {
-        const int64_t row = row0 + (t / tcols) * kGemmTM + i, col = col0 + (t % tcols) * kGemmTN + j;
+        const int64_t row = row0 + gemm_local(t / tcols, i), col = col0 + gemm_local(t % tcols, j);
         if (row < g.M && col < g.N) gemm_store(g, row * g.ldc + col, r.acc[i][j]);
       }
   });

@@ -17,11 +17,14 @@ struct GemmCase {
   bool accumulate;
 };
 
-// Odd sizes, single rows/columns, K shorter and longer than a slab, tiles cut in every direction.
+// Odd sizes, single rows/columns, K shorter and longer than a slab (one slab, an odd number and an even number of
+// slabs, for the two buffers), tiles (128 x 128) whole and cut in every direction, and a thread's two runs of rows
+// and columns half full.
 inline std::vector<GemmCase> gemm_cases() {
   std::vector<GemmCase> out;
-  const int64_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {64, 64, 16}, {65, 63, 17}, {130, 70, 33}, {17, 200, 1},
-                               {1, 129, 64}, {200, 1, 48}, {96, 160, 100}};
+  const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {64, 64, 16},  {65, 63, 17},  {130, 70, 33},
+                               {17, 200, 1},  {1, 129, 64},   {200, 1, 48},  {96, 160, 100}, {128, 128, 8},
+                               {129, 257, 9}, {300, 140, 20}, {257, 3, 130}};
   for (const auto& s : shapes)
     for (int layout = 0; layout < 3; ++layout)
       for (const bool acc : {false, true}) out.push_back({s[0], s[1], s[2], layout, acc});

@@ -52,7 +52,7 @@ TEST_CASE("gemm exact: the kernel's tiles, slabs and per-thread chains equal the
     CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
     ++cases;
   }
-  CHECK(cases == 54);
+  CHECK(cases == 78);
 }
 
 TEST_CASE("gemm exact negative control: split-K slabs added afterwards give other bits") {
