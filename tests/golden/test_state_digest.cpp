@@ -17,27 +17,39 @@
 
 using namespace olmoref;
 
+namespace {
+
+// n random fp32 bit patterns (NaNs included: the digest hashes bits), one process's layout of them.
+struct RandomVector {
+  RandomVector(int64_t n, uint32_t seed) : host(static_cast<size_t>(n)) {
+    std::mt19937 rng(seed);
+    for (float& x : host) {
+      const uint32_t bits = rng();
+      std::memcpy(&x, &bits, 4);
+    }
+    layout.total = n;
+  }
+  std::vector<float> host;
+  dist::Layout layout;
+  const dist::StatePlacement placement;
+  dist::Comm& world = dist::world();
+};
+
+}  // namespace
+
 TEST_CASE("state digest: a device-memory state hashed block by block has the whole vector's root") {
   // 300 chunks and a short one: more than one 256-chunk block, the last block partial.
   const int64_t n = 300 * kDigestChunk + 12345;
-  std::vector<float> host(static_cast<size_t>(n));
-  std::mt19937 rng(7);
-  for (float& x : host) {
-    const uint32_t bits = rng();
-    std::memcpy(&x, &bits, 4);
-  }
+  RandomVector v(n, 7);
+  const std::vector<float>& host = v.host;
   const std::string want = merkle_digest(host.data(), n).hex();
-  dist::Layout layout;
-  layout.total = n;
-  const dist::StatePlacement placement;
-  dist::Comm& world = dist::world();
   for (const char* name : {"cpu", "cuda-host"}) {
     CAPTURE(name);
     const std::unique_ptr<Executor> ex = make_executor(name, nullptr);
     Buffer<float> state;
     state.reset(*ex, n, "state");
     state.upload(host.data(), n);
-    StateDigest digest({*ex, layout, placement, world});
+    StateDigest digest({*ex, v.layout, v.placement, v.world});
     uint64_t sent = 0;
     CHECK(digest(state, sent) == want);
     // One bit flipped in the last block changes the root.
@@ -69,30 +81,21 @@ TEST_CASE("state digest: the root depends on neither the thread count nor the bl
   // 37 whole chunks and a short one: the last leaf short, and forced blocks of 1, 3 and 7 chunks end at every kind
   // of boundary (a whole block, a partial last block, a block holding only the short chunk).
   const int64_t n = 37 * kDigestChunk + 4321;
-  std::vector<float> host(static_cast<size_t>(n));
-  std::mt19937 rng(33);
-  for (float& x : host) {
-    const uint32_t bits = rng();
-    std::memcpy(&x, &bits, 4);
-  }
-  const std::string want = reference_root(host);
-  CHECK(merkle_digest(host.data(), n).hex() == want);
-  dist::Layout layout;
-  layout.total = n;
-  const dist::StatePlacement placement;
-  dist::Comm& world = dist::world();
+  RandomVector v(n, 33);
+  const std::string want = reference_root(v.host);
+  CHECK(merkle_digest(v.host.data(), n).hex() == want);
   for (const char* name : {"cpu", "cuda-host"}) {
     const std::unique_ptr<Executor> ex = make_executor(name, nullptr);
     Buffer<float> state;
     state.reset(*ex, n, "state");
-    state.upload(host.data(), n);
+    state.upload(v.host.data(), n);
     for (int threads : {0, 1, 2, 3}) {  // 0: no pool, the calling thread alone
       std::unique_ptr<ThreadPool> pool = threads > 0 ? std::make_unique<ThreadPool>(threads) : nullptr;
       for (int64_t block : {StateDigest::kStreamChunks, int64_t{1}, int64_t{3}, int64_t{7}}) {
         CAPTURE(name);
         CAPTURE(threads);
         CAPTURE(block);
-        StateDigest digest({*ex, layout, placement, world}, pool.get());
+        StateDigest digest({*ex, v.layout, v.placement, v.world}, pool.get());
         digest.set_debug_stream_chunks(block);
         uint64_t sent = 0;
         CHECK(digest(state, sent) == want);
