@@ -2,28 +2,10 @@
 
 #include <algorithm>
 #include <future>
-#include <memory>
 
 #include "core/parallel.h"
 
 namespace olmoref {
-
-namespace {
-
-// A host block of floats, grown to the largest block asked for and never initialised (the download overwrites it).
-class Staging {
- public:
-  float* floats(int64_t n) {
-    if (n > capacity_) data_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n)), capacity_ = n;
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  int64_t capacity_ = 0;
-};
-
-}  // namespace
 
 std::vector<Digest128> StateDigest::range_leaves(const Buffer<float>& state, int64_t lo, int64_t hi, int64_t c0,
                                                  int64_t c1) {
@@ -34,13 +16,14 @@ std::vector<Digest128> StateDigest::range_leaves(const Buffer<float>& state, int
     return leaves;
   }
   // Two blocks in flight: block k downloads (on this thread, the executor's) into one staging buffer while the pool
-  // hashes block k - 1 from the other. Declared before `hashing`, so an exception waits for the hashing first.
-  Staging staging[2];
+  // hashes block k - 1 from the other. An exception leaves through `hashing`'s destructor, which waits for it.
   std::future<void> hashing;
   for (int64_t b0 = c0, k = 0; b0 < c1; b0 += stream_chunks_, ++k) {
     const int64_t b1 = std::min(c1, b0 + stream_chunks_);
     const int64_t x0 = std::max(lo, b0 * kDigestChunk), x1 = std::min(hi, b1 * kDigestChunk);
-    float* block = staging[k % 2].floats(x1 - x0);
+    std::vector<float>& staging = staging_[k % 2];
+    if (static_cast<int64_t>(staging.size()) < x1 - x0) staging.resize(static_cast<size_t>(x1 - x0));
+    float* block = staging.data();
     state.download(block, x1 - x0, x0 - lo);
     if (hashing.valid()) hashing.get();  // block k - 1 hashed: its buffer is free for block k + 1
     hashing = std::async(std::launch::async, [this, block, x0, x1, b0, b1, c0, &leaves] {

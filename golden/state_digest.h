@@ -47,6 +47,8 @@ class StateDigest {
   ThreadPool* pool_;
   int64_t stream_chunks_ = kStreamChunks;
   std::vector<std::vector<int64_t>> hashed_chunks_;  // every rank's, made on first use
+  // The two blocks' host copies, kept from digest to digest: a fresh 64 MiB buffer costs its page faults each time.
+  std::vector<float> staging_[2];
 };
 
 }  // namespace olmoref
