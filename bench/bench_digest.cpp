@@ -7,7 +7,7 @@
 //   before   the digest before issue 33: each block downloaded, then hashed, on the calling thread alone;
 //   overlap  StateDigest without a pool: the next block downloads while one other thread hashes this one;
 //   pool     StateDigest on a ThreadPool of THREADS threads (the trainer's, --threads);
-// and checks that the three roots agree.
+// taken in turn, and checks that the three roots agree.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -64,15 +64,11 @@ std::string digest_before(const Executor& ex, const Buffer<float>& state) {
   return merkle_root(leaves).hex();
 }
 
-// Best of `repeats` wall seconds of `digest`; its root goes to `root`.
-double best_seconds(int repeats, const std::function<std::string()>& digest, std::string& root) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    root = digest();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
+// Wall seconds of one call of `digest`; its root goes to `root`.
+double seconds(const std::function<std::string()>& digest, std::string& root) {
+  const auto t0 = std::chrono::steady_clock::now();
+  root = digest();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -102,9 +98,14 @@ int main(int argc, char** argv) {
     StateDigest overlap({*ex, layout, placement, world}), pooled({*ex, layout, placement, world}, &pool);
     uint64_t sent = 0;
     std::string want, got_overlap, got_pool;
-    const double before = best_seconds(repeats, [&] { return digest_before(*ex, state); }, want);
-    const double alone = best_seconds(repeats, [&] { return overlap(state, sent); }, got_overlap);
-    const double pooled_s = best_seconds(repeats, [&] { return pooled(state, sent); }, got_pool);
+    // The best of each, the three taken in turn (as bench/step_time.sh alternates binaries) so that the other work
+    // of a shared machine weighs on all three alike.
+    double before = 1e30, alone = 1e30, pooled_s = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      before = std::min(before, seconds([&] { return digest_before(*ex, state); }, want));
+      alone = std::min(alone, seconds([&] { return overlap(state, sent); }, got_overlap));
+      pooled_s = std::min(pooled_s, seconds([&] { return pooled(state, sent); }, got_pool));
+    }
     if (got_overlap != want || got_pool != want)
       throw std::runtime_error(std::string(name) + ": the roots differ: before " + want + ", overlap " + got_overlap +
                                ", pool " + got_pool);
