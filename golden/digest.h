@@ -6,6 +6,7 @@
 // Chunks are defined on the logical flat vector, so shards aligned to chunks (the HSDP issue) give
 // the same root. Never XOR or sum digests: permutations would collide.
 // data_digest: XXH3-64 over the batch's token ids as little-endian uint32, in global batch order.
+// Every leaf is one chunk's hash in its own slot, so hashing them on any number of threads gives the same root.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,8 @@
 
 namespace olmoref {
 
+class ThreadPool;  // core/parallel.h
+
 inline constexpr int64_t kDigestChunk = 1 << 16;
 
 struct Digest128 {
@@ -25,8 +28,9 @@ struct Digest128 {
 };
 
 Digest128 merkle_digest(const float* data, int64_t n);
-// Leaf digests for chunks [c0, c1) of a vector of n floats (for sharded callers).
-std::vector<Digest128> merkle_leaves(const float* data, int64_t n, int64_t c0, int64_t c1);
+// Leaf digests of chunks [c0, c1) of a vector of n floats into out [c1 - c0] (for sharded callers); `data` points at
+// element 0 of the whole vector. A pool splits the chunks over its threads (nullptr: the calling thread alone).
+void merkle_leaves(const float* data, int64_t n, int64_t c0, int64_t c1, Digest128* out, ThreadPool* pool = nullptr);
 Digest128 merkle_root(const std::vector<Digest128>& leaves);
 uint64_t data_digest(const uint32_t* tokens, int64_t n);
 std::string hex64(uint64_t x);

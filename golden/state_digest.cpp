@@ -1,37 +1,38 @@
 #include "golden/state_digest.h"
 
 #include <algorithm>
+#include <future>
 
-#include "golden/digest.h"
+#include "core/parallel.h"
 
 namespace olmoref {
 
-namespace {
-
-// Chunks a device executor's state passes through the host at a time: 256 chunks of 64 Ki floats, 64 MiB. The digest
-// is hashed on the host, so a device copy of the whole range (29 GiB of fp32 parameters at 7B) would otherwise sit
-// there every step; by blocks the host holds one block, whatever the model's size.
-constexpr int64_t kStreamChunks = 256;
-
-// The Merkle leaves of chunks [c0, c1) of the whole vector, read from `state`, which holds [lo, hi) of it.
-std::vector<Digest128> range_leaves(const Buffer<float>& state, const Executor& ex, int64_t lo, int64_t hi, int64_t c0,
-                                    int64_t c1) {
+std::vector<Digest128> StateDigest::range_leaves(const Buffer<float>& state, int64_t lo, int64_t hi, int64_t c0,
+                                                 int64_t c1) {
+  std::vector<Digest128> leaves(static_cast<size_t>(c1 - c0));
   // merkle_leaves indexes chunks of the whole vector; it is given a pointer as if at element 0.
-  if (ex.host_memory()) return merkle_leaves(state.data() - lo, hi, c0, c1);
-  std::vector<Digest128> leaves;
-  std::vector<float> staging;
-  for (int64_t b0 = c0; b0 < c1; b0 += kStreamChunks) {
-    const int64_t b1 = std::min(c1, b0 + kStreamChunks);
-    const int64_t x0 = std::max(lo, b0 * kDigestChunk), x1 = std::min(hi, b1 * kDigestChunk);
-    staging.resize(static_cast<size_t>(x1 - x0));
-    state.download(staging.data(), x1 - x0, x0 - lo);
-    const std::vector<Digest128> part = merkle_leaves(staging.data() - x0, x1, b0, b1);
-    leaves.insert(leaves.end(), part.begin(), part.end());
+  if (s_.ex.host_memory()) {
+    merkle_leaves(state.data() - lo, hi, c0, c1, leaves.data(), pool_);
+    return leaves;
   }
+  // Two blocks in flight: block k downloads (on this thread, the executor's) into one staging buffer while the pool
+  // hashes block k - 1 from the other. An exception leaves through `hashing`'s destructor, which waits for it.
+  std::future<void> hashing;
+  for (int64_t b0 = c0, k = 0; b0 < c1; b0 += stream_chunks_, ++k) {
+    const int64_t b1 = std::min(c1, b0 + stream_chunks_);
+    const int64_t x0 = std::max(lo, b0 * kDigestChunk), x1 = std::min(hi, b1 * kDigestChunk);
+    std::vector<float>& staging = staging_[k % 2];
+    if (static_cast<int64_t>(staging.size()) < x1 - x0) staging.resize(static_cast<size_t>(x1 - x0));
+    float* block = staging.data();
+    state.download(block, x1 - x0, x0 - lo);
+    if (hashing.valid()) hashing.get();  // block k - 1 hashed: its buffer is free for block k + 1
+    hashing = std::async(std::launch::async, [this, block, x0, x1, b0, b1, c0, &leaves] {
+      merkle_leaves(block - x0, x1, b0, b1, leaves.data() + (b0 - c0), pool_);
+    });
+  }
+  if (hashing.valid()) hashing.get();
   return leaves;
 }
-
-}  // namespace
 
 std::string StateDigest::sharded(const Buffer<float>& state, dist::Span span) {
   const dist::Layout& layout = s_.layout;
@@ -42,7 +43,7 @@ std::string StateDigest::sharded(const Buffer<float>& state, dist::Span span) {
   const int64_t lo = layout.optimizer_lo(), hi = layout.optimizer_hi();
   // An empty range (more ranks than chunks) hashes no chunk.
   const int64_t c0 = lo / kDigestChunk, c1 = hi > lo ? (hi + kDigestChunk - 1) / kDigestChunk : c0;
-  const std::vector<Digest128> leaves = range_leaves(state, s_.ex, base, base + state.size(), c0, c1);
+  const std::vector<Digest128> leaves = range_leaves(state, base, base + state.size(), c0, c1);
   if (W == 1) return merkle_root(leaves).hex();  // this range is the whole vector
   const int64_t per = layout.optimizer_stride() / kDigestChunk;  // chunks per optimizer range
   std::vector<Digest128> mine(static_cast<size_t>(per));
@@ -78,14 +79,11 @@ std::string StateDigest::operator()(const Buffer<float>& state, dist::Span span,
   }
   const std::vector<float> mine = dist::collect_pieces(s_, state, span, want, pieces_sent);
   std::vector<Digest128> leaves(widest);
-  const float* next = mine.data();
   const std::vector<int64_t>& my_chunks = chunks_of[static_cast<size_t>(layout.rank)];
-  for (size_t i = 0; i < my_chunks.size(); ++i) {
-    const int64_t c = my_chunks[i], n = std::min(layout.total, (c + 1) * kDigestChunk) - c * kDigestChunk;
-    // merkle_leaves indexes chunks of the whole vector; give it a pointer as if at element 0.
-    leaves[i] = merkle_leaves(next - c * kDigestChunk, c * kDigestChunk + n, c, c + 1)[0];
-    next += n;
-  }
+  // `mine` holds my chunks in order (hashed_chunks ascends), each whole but the vector's last, which can only come
+  // last: as a vector of its own, its chunk i is chunk my_chunks[i] of the whole.
+  merkle_leaves(mine.data(), static_cast<int64_t>(mine.size()), 0, static_cast<int64_t>(my_chunks.size()),
+                leaves.data(), pool_);
   std::vector<Digest128> all(widest * static_cast<size_t>(W));
   s_.world.allgather(leaves.data(), leaves.size() * sizeof(Digest128), all.data(), "all-gather digest leaves");
   const int64_t chunks = (layout.total + kDigestChunk - 1) / kDigestChunk;

@@ -131,7 +131,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   }
   groups_ = param_groups(cfg_.optim, model_.layout());
   pieces_ = group_pieces(model_.layout(), groups_, layout_.optimizer_lo(), layout_.optimizer_hi());
-  state_digest_ = std::make_unique<StateDigest>(sharded_state());
+  state_digest_ = std::make_unique<StateDigest>(sharded_state(), &pool_);  // its leaves hashed on the step's threads
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_);
     model_.set_param_gate(unit_gather_.get());
