@@ -15,6 +15,7 @@
 #include "dist/expert_placement.h"
 #include "dist/gradient_owners.h"
 #include "dist/layout.h"
+#include "golden/state_digest.h"
 #include "model/olmo3.h"
 
 namespace olmoref {
@@ -256,7 +257,10 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
         "train/eval.h: its own model (micro-batch 1), a full gradient and logits");
   const MemoryPart transient = largest_transient(p, gpu);
   add(transient.name, transient.bytes, transient.why);
-  if (device_paths && !gpu) add("digest staging", kF32 * p.shard_floats, "the shard copied to the host to hash it");
+  // StateDigest: the optimizer range reaches the host in blocks, one downloading while the other is hashed.
+  if (device_paths && !gpu)
+    add("digest staging", kF32 * std::min(p.optimizer_floats, 2 * StateDigest::kStreamChunks * kDigestChunk),
+        "two blocks of the range being hashed (64 MiB each at most)");
   // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
   // is written: each writer (replicate group 0) holds zstd's output for its shard's params, m and v (each sized
   // ZSTD_compressBound and zero-filled; on a device executor also the state's host copies), then rank 0 reads every
