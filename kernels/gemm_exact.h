@@ -214,4 +214,8 @@ void gemm_exact_host(const GemmArgs& g);
 // The CUDA launch on device pointers (kernels/gemm_exact.cu); only with a CUDA build.
 void gemm_exact_device(const GemmArgs& g);
 
+// Only the listed blocks (bi, bj) of the grid, each as gemm_exact_host computes it: blocks are independent, so a
+// sample of a real shape's tiles is checked on the host in seconds where the whole grid would take hours.
+void gemm_exact_host_tiles(const GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& blocks);
+
 }  // namespace olmoref::kernels

@@ -15,7 +15,8 @@
 #       preflight  nvidia-smi, every carried binary's libraries resolve (the loader's own trace), mpirun answers,
 #                  gpu-smoke (one fma chain, bitwise); a failure here stops the script, its reason in summary.txt;
 #       kernels    test_gpu_kernels: every kernel bit for bit against the CPU (launches synchronised, so a fault
-#                  names its kernel);
+#                  names its kernel), the real-step shapes whole (tests/kernels/real_shape_cases.h); the dry run
+#                  takes a sample of those through test_real_shapes;
 #       bench      bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one;
@@ -131,14 +132,16 @@ preflight() {
 }
 kernels() {  # kernels [ARGS]: the device kernels against the CPU; in the dry run their decomposition on the host
   if [ "$dry" = 1 ]; then
-    "$bin_root/tests/kernels/test_decomposition" && "$bin_root/tests/kernels/test_executor"
+    # The sampled real shapes only in the kernels step: the sanitizer steps pass arguments and skip them on the device.
+    "$bin_root/tests/kernels/test_decomposition" && "$bin_root/tests/kernels/test_executor" &&
+      { [ $# -gt 0 ] || "$bin_root/tests/kernels/test_real_shapes"; }
   else
     "${sanitizer[@]}" "$bin_root/tests/gpu/test_gpu_kernels" "$@"
   fi
 }
 memcheck() {
   [ "$dry" = 1 ] || sanitizer+=(memcheck)
-  kernels --no-math-sweep || return $?
+  kernels --no-math-sweep --no-real-shapes || return $?
   local w rc
   w=$(mktemp -d)
   python3 golden/traces/make_tiny_corpus.py "$w/tiny.u16" || return 2
@@ -163,7 +166,7 @@ if ! step preflight 60 preflight; then
   exit 1
 fi
 sed -n '/===== preflight/,$p' "$out/checks.log" >> "$out/device.txt"
-step kernels 100 kernels
+step kernels 120 kernels
 step bench 130 bash bench/gpu_bench.sh "$out" "$bin_root/olmoref"
 step training 150 bash tests/gpu/training.sh
 step memcheck 60 memcheck

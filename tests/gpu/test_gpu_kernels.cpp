@@ -32,6 +32,7 @@
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
 #include "tests/kernels/norm_cases.h"
+#include "tests/kernels/real_shape_cases.h"
 #include "tests/kernels/swiglu_cases.h"
 #include "tests/kernels/model_cases.h"
 #include "tests/kernels/moe_cases.h"
@@ -490,6 +491,82 @@ int check_math() {
   return failed;
 }
 
+// Device buffers of one real-shape run, freed together (also when a check throws).
+struct DeviceBuffers {
+  std::vector<void*> held;
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* p : held) cudaFree(p);
+  }
+  template <typename T>
+  T* copy(const T* host, int64_t n) {
+    T* d = nullptr;
+    check_cuda(cudaMalloc(&d, static_cast<size_t>(n) * sizeof(T)), __LINE__);
+    held.push_back(d);
+    if (host) check_cuda(cudaMemcpy(d, host, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice), __LINE__);
+    return d;
+  }
+  template <typename T>
+  T* empty(int64_t n) { return copy(static_cast<const T*>(nullptr), n); }
+};
+template <typename T>
+void copy_back(T* host, const T* device, int64_t n) {
+  check_cuda(cudaDeviceSynchronize(), __LINE__);  // a fault in the kernel surfaces here, before the copy
+  check_cuda(cudaMemcpy(host, device, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost), __LINE__);
+}
+
+// The real-shape cases (tests/kernels/real_shape_cases.h) whole on the device, every output against ref/ on every
+// host core: the host execution in CI checks only a sample of each.
+int check_real_shapes() {
+  testing::RealShapeExecutor ex;
+  ex.gemm = [](const kernels::GemmArgs& h, const std::vector<std::pair<int64_t, int64_t>>&) {
+    DeviceBuffers d;
+    kernels::GemmArgs g = h;
+    // The extent of a strided view: its last element's offset + 1.
+    g.A = d.copy(h.A, (h.M - 1) * h.a_row + (h.K - 1) * h.a_col + 1);
+    g.B = d.copy(h.B, (h.K - 1) * h.b_row + (h.N - 1) * h.b_col + 1);
+    g.C = d.empty<float>((h.M - 1) * h.ldc + h.N);
+    kernels::gemm_exact_device(g);
+    copy_back(h.C, g.C, (h.M - 1) * h.ldc + h.N);
+  };
+  ex.attention_forward = [](const kernels::AttentionArgs& h, const testing::AttentionSample&) {
+    DeviceBuffers d;
+    const int64_t qn = h.B * h.T * h.H * h.hd, kn = h.B * h.T * h.KV * h.hd, stats = h.B * h.H * h.T;
+    kernels::AttentionArgs a = h;
+    a.q = d.copy(h.q, qn), a.k = d.copy(h.k, kn), a.v = d.copy(h.v, kn);
+    a.out = d.empty<float>(qn), a.row_max = d.empty<float>(stats), a.row_sum = d.empty<float>(stats);
+    a.scratch = d.empty<float>(kernels::attention_row_blocks(a) * a.T);
+    kernels::attention_forward_device(a);
+    copy_back(h.out, a.out, qn), copy_back(h.row_max, a.row_max, stats), copy_back(h.row_sum, a.row_sum, stats);
+  };
+  ex.attention_backward = [](const kernels::AttentionArgs& h, const testing::AttentionSample&) {
+    DeviceBuffers d;
+    const int64_t qn = h.B * h.T * h.H * h.hd, kn = h.B * h.T * h.KV * h.hd, stats = h.B * h.H * h.T;
+    kernels::AttentionArgs a = h;
+    a.q = d.copy(h.q, qn), a.k = d.copy(h.k, kn), a.v = d.copy(h.v, kn), a.out = d.copy(h.out, qn);
+    a.row_max = d.copy(h.row_max, stats), a.row_sum = d.copy(h.row_sum, stats), a.dout = d.copy(h.dout, qn);
+    a.dq = d.empty<float>(qn), a.dk = d.empty<float>(kn), a.dv = d.empty<float>(kn);
+    a.scratch = d.empty<float>(kernels::attention_row_blocks(a) * a.T), a.row_d = d.empty<float>(stats);
+    a.dk_head = d.empty<float>(stats * a.hd), a.dv_head = d.empty<float>(stats * a.hd);
+    kernels::attention_backward_device(a);
+    copy_back(h.dq, a.dq, qn), copy_back(h.dk, a.dk, kn), copy_back(h.dv, a.dv, kn);
+  };
+  ex.cross_entropy = [](const kernels::LossArgs& h) {
+    DeviceBuffers d;
+    kernels::LossArgs a = h;
+    a.logits = d.copy(h.logits, h.R * h.V), a.tokens = d.copy(h.tokens, h.t0 + h.R);
+    a.ce_terms = d.empty<double>(h.R), a.z_terms = d.empty<double>(h.R);
+    a.ce_total = d.empty<double>(h.R / h.T), a.z_total = d.empty<double>(h.R / h.T);
+    kernels::cross_entropy_device(a);
+    copy_back(h.logits, a.logits, h.R * h.V), copy_back(h.ce_terms, a.ce_terms, h.R), copy_back(h.z_terms, a.z_terms, h.R);
+    copy_back(h.ce_total, a.ce_total, h.R / h.T), copy_back(h.z_total, a.z_total, h.R / h.T);
+  };
+  ThreadPool pool(0);
+  return testing::check_real_shapes(ex, &pool);
+}
+
 // Whole micro-batches of the model through the device executor (kernels/executor.h, device memory) against the
 // CPU executor: the same cases tests/kernels/test_executor.cpp runs through the host execution in CI.
 int check_model() {
@@ -580,20 +657,23 @@ int check_moe_executor() {
   return failed;
 }
 
-// test_gpu_kernels [--no-math-sweep] [--only NAME,NAME...]: every kernel family against the CPU, bit for bit.
+// test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--only NAME,NAME...]: every kernel family against the CPU, bit for bit.
 // Output is line-buffered (a crash or a timeout still leaves every line before it in the log) and an exception in
 // one family is reported as that family's failure, and the next family runs.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bool no_math_sweep = false;  // for the sanitizers: the math sweep is long and has no shared memory
+  bool no_real_shapes = false;  // for the sanitizers too: gigabytes of operands, minutes under memcheck
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-math-sweep") == 0) {
       no_math_sweep = true;
+    } else if (std::strcmp(argv[i], "--no-real-shapes") == 0) {
+      no_real_shapes = true;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.append(",").append(argv[++i]).append(",");
     } else {
-      std::fprintf(stderr, "usage: test_gpu_kernels [--no-math-sweep] [--only NAME,...]; unknown argument %s\n", argv[i]);
+      std::fprintf(stderr, "usage: test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--only NAME,...]; unknown argument %s\n", argv[i]);
       return 2;
     }
   }
@@ -607,11 +687,12 @@ int main(int argc, char** argv) {
       {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
       {"fused_norm", check_fused_norm}, {"elementwise", check_elementwise}, {"loss", check_loss},
       {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe}, {"moe_executor", check_moe_executor},
-      {"model", check_model},     {"math", check_math}};
+      {"model", check_model},     {"real_shapes", check_real_shapes}, {"math", check_math}};
   int failed = 0, ran = 0;
   for (const auto& [name, check] : families) {
     if (!only.empty() && only.find("," + std::string(name) + ",") == std::string::npos) continue;
     if (no_math_sweep && std::strcmp(name, "math") == 0) continue;
+    if (no_real_shapes && std::strcmp(name, "real_shapes") == 0) continue;
     ++ran;
     try {
       failed += check() != 0;

@@ -1,0 +1,24 @@
+// The exact kernels' decompositions at real-step shapes, executed on the host over a sample of each shape (GEMM
+// tiles, attention rows and keys, every cross-entropy row: tests/kernels/real_shape_cases.h), bit for bit against
+// ref/. The device runs the same cases whole (tests/gpu/test_gpu_kernels.cpp, family real_shapes).
+#include <doctest.h>
+
+#include "core/parallel.h"
+#include "tests/kernels/real_shape_cases.h"
+
+using namespace olmoref;
+
+TEST_CASE("real shapes: GEMM 2048x8192x2048 and the LM head's dW at V 100352, sampled tiles") {
+  ThreadPool pool(0);
+  CHECK(testing::check_real_gemm(testing::host_real_shape_executor(), &pool) == 0);
+}
+
+TEST_CASE("real shapes: attention at T 2048 window 1024 and T 8192 full, hd 128, sampled rows and keys") {
+  ThreadPool pool(0);
+  CHECK(testing::check_real_attention(testing::host_real_shape_executor(), &pool) == 0);
+}
+
+TEST_CASE("real shapes: cross-entropy at V 100352, every row") {
+  ThreadPool pool(0);
+  CHECK(testing::check_real_cross_entropy(testing::host_real_shape_executor(), &pool) == 0);
+}
