@@ -2,13 +2,14 @@
 # tools/gpu_carry.sh — builds what a bare device machine runs tools/gpu_check.sh with, into one folder, gpu-carry/
 # (ignored by git; the device call names it: `carry: ["gpu-carry"]`, then `bash tools/gpu_check.sh`):
 #
-#   gpu-carry/olmoref, gpu-carry/tests/gpu/test_gpu_{kernels,smoke}
+#   gpu-carry/olmoref, gpu-carry/tests/gpu/test_gpu_{kernels,smoke}, gpu-carry/bench/gemm_bench
 #       built in build-gpu/ for an explicit x86-64 level (cpu_isa=x86-64-v3, AVX2: any x86 server of the last ten
 #       years), so a binary built here cannot stop with an illegal instruction there; results are bitwise the same
 #       for every level (tier T4);
 #   gpu-carry/lib/   every shared library they load except the C/C++ runtime (the device machine has glibc,
 #       libstdc++, libgcc_s and the CUDA driver; its CUDA runtime need not be on the loader path, so libcudart is
-#       carried);
+#       carried); cuBLAS is not: libcublas (54 MB) and libcublasLt (541 MB) are ten times what a device call carries,
+#       so bench/gemm_bench loads it at run time where the device machine has one and runs without it elsewhere;
 #   gpu-carry/mpi/   Open MPI as Debian installs it (mpirun, plugins, help texts, PMIx) and the libraries they load,
 #       under its installed paths, relocated at run time (OPAL_PREFIX and friends in gpu-carry/env.sh): the checks
 #       with two processes need mpirun there. Without ssh, mpirun launches through its `isolated` starter.
@@ -44,16 +45,17 @@ fill() {
     build=build-gpu
     [ -f build-gpu/build.ninja ] ||
       meson setup build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled > /dev/null
-    ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke > /dev/null
+    ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke bench/gemm_bench > /dev/null
   fi
   rm -rf "$carry"
-  mkdir -p "$carry/tests/gpu" "$carry/lib" "$carry/mpi"
+  mkdir -p "$carry/tests/gpu" "$carry/bench" "$carry/lib" "$carry/mpi"
   cp "$build/olmoref" "$carry/"
   local t f name path
   for t in test_gpu_kernels test_gpu_smoke; do
     [ -x "$build/tests/gpu/$t" ] && cp "$build/tests/gpu/$t" "$carry/tests/gpu/"
   done
-  libs_of "$carry/olmoref" "$carry"/tests/gpu/* | while read -r name path; do cp -L "$path" "$carry/lib/$name"; done
+  [ -x "$build/bench/gemm_bench" ] && cp "$build/bench/gemm_bench" "$carry/bench/"
+  libs_of "$carry/olmoref" "$carry"/tests/gpu/* "$carry"/bench/* | while read -r name path; do cp -L "$path" "$carry/lib/$name"; done
 
   # Open MPI: the packages whose libmpi the binaries link, every file but docs, Java and static libraries.
   local mpi_files
@@ -113,7 +115,8 @@ cat > "$jail/work/check.sh" << 'EOF'
 set -uo pipefail
 source /carry/env.sh
 cd /work
-for b in /carry/olmoref /carry/tests/gpu/*; do
+for b in /carry/olmoref /carry/tests/gpu/* /carry/bench/*; do
+  [ -e "$b" ] || continue
   libs=$(LD_TRACE_LOADED_OBJECTS=1 "$b")
   if [[ "$libs" == *"not found"* ]]; then echo "$libs"; echo "FAILED: $b cannot load a library"; exit 1; fi
   echo "$b: every library resolves"

@@ -17,7 +17,9 @@
 #       kernels    test_gpu_kernels: every kernel bit for bit against the CPU (launches synchronised, so a fault
 #                  names its kernel), the real-step shapes whole (tests/kernels/real_shape_cases.h); the dry run
 #                  takes a sample of those through test_real_shapes;
-#       bench      bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
+#       bench      bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends; then
+#                  bench/gemm_bench: the exact GEMM and cublasSgemm on each of the step's GEMM shapes, a row each
+#                  (the dry run prints the shape list: `gemm_bench --dry-run`);
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
@@ -93,7 +95,7 @@ step() {  # step NAME LIMIT_S COMMAND...: runs it with its output streamed into 
     echo "planted failure (GPU_CHECK_PLANT=$name)" >> "$out/checks.log"
     rc=3
   elif declare -F "$1" > /dev/null; then  # a function of this script: timeout needs a process
-    timeout --kill-after=5 "$limit" stdbuf -oL -eL bash -c "$(declare -f); $(declare -p sanitizer bin_root dry); $*" \
+    timeout --kill-after=5 "$limit" stdbuf -oL -eL bash -c "$(declare -f); $(declare -p sanitizer bin_root dry out); $*" \
       >> "$out/checks.log" 2>&1
     rc=$?
   else
@@ -114,7 +116,7 @@ preflight() {
   fi
   uname -m; nproc; head -n 30 /proc/cpuinfo | grep -m 1 "model name" || true
   local b missing=0
-  for b in "$bin_root/olmoref" "$bin_root"/tests/gpu/test_gpu_*; do
+  for b in "$bin_root/olmoref" "$bin_root"/tests/gpu/test_gpu_* "$bin_root/bench/gemm_bench"; do
     [ -f "$b" ] && [ -x "$b" ] || continue
     # The loader's own trace (what ldd prints, without needing ldd): a library it cannot find is "not found".
     local libs
@@ -151,6 +153,24 @@ memcheck() {
   rm -rf "$w"
   return $rc
 }
+bench() {  # training throughput (bench/gpu_bench.sh), then the exact GEMM against cuBLAS (bench/gemm_bench.cu)
+  local rc=0 gemm_bench=$bin_root/bench/gemm_bench
+  bash bench/gpu_bench.sh "$out" "$bin_root/olmoref" || rc=$?
+  if [ ! -x "$gemm_bench" ]; then
+    echo "gemm_bench: not run: $gemm_bench is missing (a build without CUDA)"
+  elif [ "$dry" = 1 ]; then
+    "$gemm_bench" --dry-run || rc=$?
+  else
+    # cuBLAS does not travel (tools/gpu_carry.sh): a pip-installed one is used where the device machine has it.
+    if [ -z "${GEMM_BENCH_CUBLAS:-}" ]; then
+      local lib
+      lib=$(python3 -c 'import glob, nvidia.cublas as c; print(sorted(glob.glob(c.__path__[0] + "/lib/libcublas.so.*"))[-1])' 2> /dev/null) &&
+        export GEMM_BENCH_CUBLAS=$lib
+    fi
+    "$gemm_bench" --out "$out/bench.json" || rc=$?
+  fi
+  return $rc
+}
 racecheck() {
   [ "$dry" = 1 ] || sanitizer+=(racecheck)
   kernels --no-math-sweep --only gemm,attention
@@ -167,7 +187,7 @@ if ! step preflight 60 preflight; then
 fi
 sed -n '/===== preflight/,$p' "$out/checks.log" >> "$out/device.txt"
 step kernels 120 kernels
-step bench 130 bash bench/gpu_bench.sh "$out" "$bin_root/olmoref"
+step bench 160 bench
 step training 150 bash tests/gpu/training.sh
 step memcheck 60 memcheck
 step racecheck 60 racecheck

@@ -6,7 +6,7 @@
 #   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
 #      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run; the kernels step checked the
-#      real-step shapes (a sample, through the host execution);
+#      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list;
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
 #      after it still run; a planted failure in the preflight stops the script at once, saying why.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -60,6 +60,8 @@ for case in ("gemm 2048x8192x2048", "lm_head dW [100352, 2048]", "attention T 20
              "attention T 8192 hd 128 full causal", "cross-entropy V 100352"):
     assert f"real shape {case}" in kernels_log, f"the kernels step did not check the real shape {case}"
 assert "DIFFERS" not in kernels_log
+if "gemm_bench: not run" not in log:
+    assert "gemm_bench --dry-run: 24 shapes" in log, "the bench step did not build gemm_bench's shape list"
 print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
 PY
 

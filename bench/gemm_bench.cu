@@ -1,0 +1,279 @@
+// bench/gemm_bench.cu — the exact GEMM (kernels::gemm_exact_device) against cuBLAS fp32 (cublasSgemm) on the GEMM
+// shapes of a training step, on the device (run by tools/gpu_check.sh's bench step, after bench/gpu_bench.sh).
+//
+//   gemm_bench [--dry-run] [--out BENCH_JSON] [CONFIG.toml...]   (default configs/olmo3-100m.toml configs/olmo3-1b.toml)
+//
+// Shapes: for each linear layer of the config (q/k/v/out, ffn up (w1, w3) and down (w2), the LM head) its three
+// products at R = micro_batch_instances x seq_len rows — forward Y[R, out] = X·Wᵀ, input gradient dX[R, in] = dY·W,
+// weight gradient dW[out, in] = dYᵀ·X — with ref/gemm.h's layouts (tests/kernels/gemm_cases.h). Each shape prints
+// and appends to BENCH_JSON (a JSON array, the format of bench/gpu_bench.sh's rows; rewritten after every shape so a
+// run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak.
+// --dry-run builds and prints the shape list without touching a device (the dry run of tools/gpu_check.sh).
+//
+// cuBLAS is loaded at run time (dlopen): libcublasLt alone is 541 MB, far past the 64 MiB a device call carries
+// (tools/gpu_carry.sh), so the binary must start without it; where the device has no libcublas.so.13 (GEMM_BENCH_CUBLAS
+// names one), the rows carry the exact GEMM alone and say why. Math mode CUBLAS_DEFAULT_MATH with
+// NVIDIA_TF32_OVERRIDE=0: plain fp32 FFMA, no TF32 tensor cores, the peer an exact fp32 product can be held to.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm_exact.h"
+#include "tests/kernels/gemm_cases.h"
+#include "train/config.h"
+
+namespace {
+
+using namespace olmoref;
+
+// NVIDIA H200 SXM datasheet (nvidia.com/en-us/data-center/h200, "FP32: 67 TFLOPS"): dense fp32 on the CUDA cores,
+// the ceiling of both an exact FFMA chain and cublasSgemm without TF32. bench/gpu_bench.sh uses the same figure.
+constexpr double kFp32PeakTflops = 67.0;
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_bench: ") + what + ": " + cudaGetErrorString(err));
+}
+
+struct Shape {
+  std::string config, product;
+  testing::GemmCase gemm;  // layout 0 forward, 1 input gradient, 2 weight gradient
+  double flops() const { return 2.0 * double(gemm.M) * double(gemm.N) * double(gemm.K); }
+};
+
+// The step's GEMM shapes of one config: each distinct linear layer (in -> out) once, its three products.
+std::vector<Shape> step_shapes(const std::string& path) {
+  const TrainConfig cfg = load_config(path);
+  const ModelConfig& m = cfg.model;
+  const int64_t R = cfg.train.micro_batch_instances * cfg.train.seq_len;
+  const int64_t hd = m.head_dim ? m.head_dim : m.d_model / m.n_heads;
+  const int64_t qd = m.n_heads * hd, kd = m.n_kv_heads * hd;
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  name = name.substr(0, name.rfind(".toml"));
+  // (in, out) -> layer names; layers of one shape are one entry (q/k/v/out are all d x d in MHA).
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> layers;
+  auto add = [&](int64_t in, int64_t out, const std::string& layer) {
+    for (auto& [io, names] : layers)
+      if (io == std::make_pair(in, out)) { names += "/" + layer; return; }
+    layers.push_back({{in, out}, layer});
+  };
+  add(m.d_model, qd, "q");
+  add(m.d_model, kd, "k");
+  add(m.d_model, kd, "v");
+  add(qd, m.d_model, "out");
+  add(m.d_model, m.ffn_hidden, "ffn_up");
+  add(m.ffn_hidden, m.d_model, "ffn_down");
+  add(m.d_model, m.vocab_size, "lm_head");
+  std::vector<Shape> shapes;
+  for (const auto& [io, layer] : layers) {
+    const auto [in, out] = io;
+    shapes.push_back({name, layer + " forward", {R, out, in, 0, false}});
+    shapes.push_back({name, layer + " input-gradient", {R, in, out, 1, false}});
+    shapes.push_back({name, layer + " weight-gradient", {out, in, R, 2, false}});
+  }
+  return shapes;
+}
+
+// cublasSgemm through dlopen: the few entry points used, or why they are not there.
+struct Cublas {
+  using Create = cublasStatus_t (*)(cublasHandle_t*);
+  using Destroy = cublasStatus_t (*)(cublasHandle_t);
+  using SetMath = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
+  using Sgemm = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                                   const float*, int, const float*, int, const float*, float*, int);
+  cublasHandle_t handle = nullptr;
+  Sgemm sgemm = nullptr;
+  Destroy destroy = nullptr;
+  std::string missing;  // why there is no cuBLAS column; empty when there is one
+
+  Cublas() {
+    setenv("NVIDIA_TF32_OVERRIDE", "0", 1);  // before the library reads it: no TF32 whatever the math mode
+    const char* named = std::getenv("GEMM_BENCH_CUBLAS");
+    void* lib = nullptr;
+    for (const char* candidate : {named, "libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.13"})
+      if (candidate && (lib = dlopen(candidate, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) {
+      // dlerror's text goes to the log only: the row's reason is a fixed string, with no quotes to escape in JSON.
+      std::printf("gemm_bench: dlopen of cuBLAS failed: %s\n", dlerror());
+      missing = "no libcublas.so.13 on this machine (set GEMM_BENCH_CUBLAS to one)";
+      return;
+    }
+    auto create = reinterpret_cast<Create>(dlsym(lib, "cublasCreate_v2"));
+    auto set_math = reinterpret_cast<SetMath>(dlsym(lib, "cublasSetMathMode"));
+    sgemm = reinterpret_cast<Sgemm>(dlsym(lib, "cublasSgemm_v2"));
+    destroy = reinterpret_cast<Destroy>(dlsym(lib, "cublasDestroy_v2"));
+    if (!create || !set_math || !sgemm || !destroy) {
+      missing = "libcublas.so.13 lacks cublasCreate_v2, cublasSetMathMode, cublasSgemm_v2 or cublasDestroy_v2";
+    } else if (create(&handle) != CUBLAS_STATUS_SUCCESS || set_math(handle, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+      missing = "cublasCreate or cublasSetMathMode(CUBLAS_DEFAULT_MATH) failed";
+      handle = nullptr;
+    }
+  }
+  ~Cublas() {
+    if (handle) destroy(handle);
+  }
+
+  // C[M, N] row-major = A·B of the layout, as column-major Cᵀ[N, M] = Bᵀ·Aᵀ over the same buffers.
+  void run(const testing::GemmCase& c, const float* a, const float* b, float* out) const {
+    const float one = 1.0f, zero = 0.0f;
+    const int M = int(c.M), N = int(c.N), K = int(c.K);
+    cublasStatus_t s;
+    switch (c.layout) {
+      case 0:  // a = X[M, K], b = W[N, K]: Bᵀ = W is b read transposed
+        s = sgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, K, a, K, &zero, out, N);
+        break;
+      case 1:  // a = dY[M, K], b = W[K, N]
+        s = sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, b, N, a, K, &zero, out, N);
+        break;
+      default:  // a = dY[K, M] read transposed, b = X[K, N]
+        s = sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, N, M, K, &one, b, N, a, M, &zero, out, N);
+        break;
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("gemm_bench: cublasSgemm failed, status " + std::to_string(int(s)));
+  }
+};
+
+__global__ void fill(float* x, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = scale * float(int(i % 13) - 6);
+}
+
+// Seconds per call: one warm-up call, then repeats until 0.2 s or 20 calls have passed (at least 2).
+template <class Call>
+double seconds_per_call(Call&& call) {
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  call();
+  check_cuda(cudaDeviceSynchronize(), "warm-up call");
+  int calls = 0;
+  float ms = 0.0f;
+  check_cuda(cudaEventRecord(start), "cudaEventRecord");
+  while (calls < 2 || (ms < 200.0f && calls < 20)) {
+    call();
+    ++calls;
+    check_cuda(cudaEventRecord(stop), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "a timed call");
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / 1e3 / calls;
+}
+
+// Appends one row to the JSON array in `path` (created when missing), through a temporary file and a rename.
+void append_row(const std::string& path, const std::string& row) {
+  std::string text;
+  if (std::ifstream in(path); in) text.assign(std::istreambuf_iterator<char>(in), {});
+  const size_t close = text.rfind(']');
+  if (close == std::string::npos) {
+    text = "[\n" + row + "\n]\n";
+  } else {
+    text.resize(close);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    text += (text.back() == '[' ? "\n" : ",\n") + row + "\n]\n";
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("gemm_bench: cannot write " + path);
+}
+
+std::string json_number(double x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.6g", x);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  bool dry = false;
+  std::string out;
+  std::vector<std::string> configs;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dry-run") == 0) {
+      dry = true;
+    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      out = argv[++i];
+    } else if (argv[i][0] == '-') {
+      std::fprintf(stderr, "usage: gemm_bench [--dry-run] [--out BENCH_JSON] [CONFIG.toml...]; unknown argument %s\n", argv[i]);
+      return 2;
+    } else {
+      configs.push_back(argv[i]);
+    }
+  }
+  if (configs.empty()) configs = {"configs/olmo3-100m.toml", "configs/olmo3-1b.toml"};
+  try {
+    std::vector<Shape> shapes;
+    for (const std::string& c : configs)
+      for (Shape& s : step_shapes(c)) shapes.push_back(std::move(s));
+    if (dry) {
+      std::printf("gemm_bench --dry-run: %zu shapes, no device used\n", shapes.size());
+      for (const Shape& s : shapes)
+        std::printf("  %-11s %-28s M %6lld N %6lld K %6lld  %.1f GFLOP\n", s.config.c_str(), s.product.c_str(),
+                    (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K, s.flops() / 1e9);
+      return 0;
+    }
+    int64_t a_max = 0, b_max = 0, c_max = 0;
+    for (const Shape& s : shapes) {
+      a_max = std::max(a_max, s.gemm.M * s.gemm.K), b_max = std::max(b_max, s.gemm.K * s.gemm.N);
+      c_max = std::max(c_max, s.gemm.M * s.gemm.N);
+    }
+    float *a = nullptr, *b = nullptr, *c = nullptr;
+    check_cuda(cudaMalloc(&a, a_max * sizeof(float)), "cudaMalloc A");
+    check_cuda(cudaMalloc(&b, b_max * sizeof(float)), "cudaMalloc B");
+    check_cuda(cudaMalloc(&c, c_max * sizeof(float)), "cudaMalloc C");
+    fill<<<1024, 256>>>(a, a_max, 0.125f);
+    fill<<<1024, 256>>>(b, b_max, 0.0625f);
+    check_cuda(cudaDeviceSynchronize(), "fill");
+    const Cublas cublas;
+    if (!cublas.missing.empty()) std::printf("gemm_bench: cuBLAS column left out: %s\n", cublas.missing.c_str());
+    for (const Shape& s : shapes) {
+      const double exact = seconds_per_call([&] { kernels::gemm_exact_device(testing::gemm_args(s.gemm, a, b, c)); });
+      const double exact_tflops = s.flops() / exact / 1e12;
+      std::ostringstream row;
+      row << " {\"bench\": \"gemm\", \"config\": \"" << s.config << "\", \"product\": \"" << s.product
+          << "\", \"M\": " << s.gemm.M << ", \"N\": " << s.gemm.N << ", \"K\": " << s.gemm.K
+          << ", \"peak_tflops\": " << json_number(kFp32PeakTflops) << ", \"exact_seconds\": " << json_number(exact)
+          << ", \"exact_tflops\": " << json_number(exact_tflops)
+          << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops);
+      char line[256];
+      std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%)",
+                    s.config.c_str(), s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K,
+                    exact_tflops, 100 * exact_tflops / kFp32PeakTflops);
+      std::string text = line;
+      if (cublas.missing.empty()) {
+        const double peer = seconds_per_call([&] { cublas.run(s.gemm, a, b, c); });
+        const double peer_tflops = s.flops() / peer / 1e12;
+        row << ", \"cublas_seconds\": " << json_number(peer) << ", \"cublas_tflops\": " << json_number(peer_tflops)
+            << ", \"cublas_share_of_fp32_peak\": " << json_number(peer_tflops / kFp32PeakTflops)
+            << ", \"exact_over_cublas\": " << json_number(exact_tflops / peer_tflops);
+        std::snprintf(line, sizeof line, "  cuBLAS %6.2f TFLOP/s (%4.1f%%)  exact/cuBLAS %.2f", peer_tflops,
+                      100 * peer_tflops / kFp32PeakTflops, exact_tflops / peer_tflops);
+        text += line;
+      } else {
+        row << ", \"cublas_tflops\": null, \"cublas_missing\": \"" << cublas.missing << "\"";
+      }
+      row << "}";
+      std::printf("%s\n", text.c_str());
+      if (!out.empty()) append_row(out, row.str());
+    }
+    cudaFree(a), cudaFree(b), cudaFree(c);
+  } catch (const std::exception& e) {
+    std::printf("gemm_bench: FAILED: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
