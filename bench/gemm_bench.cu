@@ -177,7 +177,7 @@ void append_row(const std::string& path, const std::string& row) {
   std::string text;
   if (std::ifstream in(path); in) text.assign(std::istreambuf_iterator<char>(in), {});
   const size_t close = text.rfind(']');
-  if (close == std::string::npos) {
+  if (close == std::string::npos || text.find('[') > close) {
     text = "[\n" + row + "\n]\n";
   } else {
     text.resize(close);
