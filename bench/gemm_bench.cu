@@ -195,6 +195,38 @@ std::string json_number(double x) {
   return s;
 }
 
+// Times shape s both ways on the operand buffers a, b, c; prints its line and returns its bench.json row.
+std::string bench_shape(const Shape& s, const Cublas& cublas, float* a, float* b, float* c) {
+  const double exact = seconds_per_call([&] { kernels::gemm_exact_device(testing::gemm_args(s.gemm, a, b, c)); });
+  const double exact_tflops = s.flops() / exact / 1e12;
+  std::ostringstream row;
+  row << " {\"bench\": \"gemm\", \"config\": \"" << s.config << "\", \"product\": \"" << s.product
+      << "\", \"M\": " << s.gemm.M << ", \"N\": " << s.gemm.N << ", \"K\": " << s.gemm.K
+      << ", \"peak_tflops\": " << json_number(kFp32PeakTflops) << ", \"exact_seconds\": " << json_number(exact)
+      << ", \"exact_tflops\": " << json_number(exact_tflops)
+      << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops);
+  char line[256];
+  std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%)",
+                s.config.c_str(), s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K,
+                exact_tflops, 100 * exact_tflops / kFp32PeakTflops);
+  std::string text = line;
+  if (cublas.missing.empty()) {
+    const double peer = seconds_per_call([&] { cublas.run(s.gemm, a, b, c); });
+    const double peer_tflops = s.flops() / peer / 1e12;
+    row << ", \"cublas_seconds\": " << json_number(peer) << ", \"cublas_tflops\": " << json_number(peer_tflops)
+        << ", \"cublas_share_of_fp32_peak\": " << json_number(peer_tflops / kFp32PeakTflops)
+        << ", \"exact_over_cublas\": " << json_number(exact_tflops / peer_tflops);
+    std::snprintf(line, sizeof line, "  cuBLAS %6.2f TFLOP/s (%4.1f%%)  exact/cuBLAS %.2f", peer_tflops,
+                  100 * peer_tflops / kFp32PeakTflops, exact_tflops / peer_tflops);
+    text += line;
+  } else {
+    row << ", \"cublas_tflops\": null, \"cublas_missing\": \"" << cublas.missing << "\"";
+  }
+  row << "}";
+  std::printf("%s\n", text.c_str());
+  return row.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -241,34 +273,8 @@ int main(int argc, char** argv) {
     const Cublas cublas;
     if (!cublas.missing.empty()) std::printf("gemm_bench: cuBLAS column left out: %s\n", cublas.missing.c_str());
     for (const Shape& s : shapes) {
-      const double exact = seconds_per_call([&] { kernels::gemm_exact_device(testing::gemm_args(s.gemm, a, b, c)); });
-      const double exact_tflops = s.flops() / exact / 1e12;
-      std::ostringstream row;
-      row << " {\"bench\": \"gemm\", \"config\": \"" << s.config << "\", \"product\": \"" << s.product
-          << "\", \"M\": " << s.gemm.M << ", \"N\": " << s.gemm.N << ", \"K\": " << s.gemm.K
-          << ", \"peak_tflops\": " << json_number(kFp32PeakTflops) << ", \"exact_seconds\": " << json_number(exact)
-          << ", \"exact_tflops\": " << json_number(exact_tflops)
-          << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops);
-      char line[256];
-      std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%)",
-                    s.config.c_str(), s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K,
-                    exact_tflops, 100 * exact_tflops / kFp32PeakTflops);
-      std::string text = line;
-      if (cublas.missing.empty()) {
-        const double peer = seconds_per_call([&] { cublas.run(s.gemm, a, b, c); });
-        const double peer_tflops = s.flops() / peer / 1e12;
-        row << ", \"cublas_seconds\": " << json_number(peer) << ", \"cublas_tflops\": " << json_number(peer_tflops)
-            << ", \"cublas_share_of_fp32_peak\": " << json_number(peer_tflops / kFp32PeakTflops)
-            << ", \"exact_over_cublas\": " << json_number(exact_tflops / peer_tflops);
-        std::snprintf(line, sizeof line, "  cuBLAS %6.2f TFLOP/s (%4.1f%%)  exact/cuBLAS %.2f", peer_tflops,
-                      100 * peer_tflops / kFp32PeakTflops, exact_tflops / peer_tflops);
-        text += line;
-      } else {
-        row << ", \"cublas_tflops\": null, \"cublas_missing\": \"" << cublas.missing << "\"";
-      }
-      row << "}";
-      std::printf("%s\n", text.c_str());
-      if (!out.empty()) append_row(out, row.str());
+      const std::string row = bench_shape(s, cublas, a, b, c);
+      if (!out.empty()) append_row(out, row);
     }
     cudaFree(a), cudaFree(b), cudaFree(c);
   } catch (const std::exception& e) {

@@ -159,6 +159,8 @@ memcheck() {
 }
 bench() {  # training throughput (bench/gpu_bench.sh), then the exact GEMM against cuBLAS (bench/gemm_bench.cu)
   local rc=0 gemm_bench=$bin_root/bench/gemm_bench
+  # Timings with the launches back to back: a wait after every kernel is for finding faults (the kernels step).
+  export OLMOREF_CUDA_SYNC_LAUNCHES=0
   bash bench/gpu_bench.sh "$out" "$bin_root/olmoref" || rc=$?
   if [ ! -x "$gemm_bench" ]; then
     echo "gemm_bench: not run: $gemm_bench is missing (a build without CUDA)"
