@@ -1,6 +1,7 @@
 // GPU kernels against the CPU reference, bit for bit: the exact GEMM (plain and with its SwiGLU epilogues), RMSNorm (plain and fused), the elementwise kernels (SkipStepAdamW and the MoE ops included) on the shapes of
 // tests/kernels/*_cases.h (the same cases the host execution checks in CI) and the project's math
-// functions over a dense sample of the fp32 range plus every special value. Without a device: SKIPPED, 77.
+// functions over a dense sample of the fp32 range plus every special value; the real-step shapes of
+// tests/kernels/real_shape_cases.h whole (CI checks a sample of them on the host). Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
 
 #include <cmath>
