@@ -1,22 +1,35 @@
 // kernels/attention_exact.h — sliding-window causal GQA attention in exact mode (docs/canonical/attention.md), one
 // source for the CUDA kernels and their host execution.
 //
-// Forward: a fixed grid of 32-thread blocks strides over the query rows (b, h, i), keys j in [lo(i), i]. Thread t
-// takes keys lo+t, lo+t+32, ...: each score one fma chain over d from 0, times scale; the row max is the first
-// occurrence of the largest score (what the CPU's sequential max gives, ±0 included); e_j = expf(s_j − m) and the
-// denominator l is the 32-lane sum with lane = (j − lo) mod 32 and the lane tree; P_j = e_j / l (bf16: rounded).
-// Then thread t computes output dims d = t, t+32, ...: one fma chain over j ascending of P_j·v_jd. A block keeps
-// its row's scores in its own scratch row of T floats (global memory), so scratch is [blocks in flight, T]: linear in
-// T, where a block per row would need [B·H·T, T] (17 GiB at Olmo 3 7B, seq 8192, micro-batch 2).
+// Every kernel works on tiles of 32 consecutive positions of one (instance, head): 256 threads (8 warps), K and V
+// (or Q and dO) staged in shared memory 32 rows x 128 head dims at a time, so each staged value feeds 32 chains.
+// A thread of warp w and lane l takes tile rows w, w+8, w+16, w+24 and, for products over keys, key l of the staged
+// key tile, or, for outputs over head dims, dims l, l+32, l+64, l+96 of the staged chunk. Every chain is the one
+// attention.md defines, in its order: staging and tiling change where operands come from, never an operation.
 //
-// Backward, three kernels in the order of attention.md: (1) the query blocks, striding over the rows as the forward
-// does: P recomputed with the forward's operations, dP_j (chain over d), D (chain over d, one thread; kept as
-// [B, H, T]), dS_j = (P_j·(dP_j − D))·scale, the bf16 roundings, and dq (chain over j per d); the dS row is the
-// block's scratch row. (2) a block per (instance, query head, key j), thread per d: dk_h and dv_h as chains over
-// the queries i = j..hi(j) ascending, 32 queries at a time: thread t recomputes P_ij and dS_ij of query i0 + t with
-// (1)'s very operations (attention_prob_grad) from the saved m, l, D, and the chains go on through the stored
-// accumulators (an fp32 store and reload keeps the bits), so no [B·H·T, T] P or dS is ever stored. (3) per KV head
-// the group sum over its query heads in ascending order.
+// Forward (a fixed grid of blocks striding over the query tiles; each block keeps its rows' scores in its own
+// scratch [32, T], so scratch is [blocks in flight · 32, T], linear in T where a block per row would need
+// [B·H·T, T]: 17 GiB at Olmo 3 7B, seq 8192, micro-batch 2). The key band of the tile, lo(i0) .. its last row, is
+// walked in key tiles of 32, ascending:
+//  1. scores: one fma chain over d from 0, continued across the 128-dim chunks, times scale; each thread keeps the
+//     first occurrence of the largest score of its keys, and a row's 32 threads then pick the largest, the smaller
+//     key on ties: what the CPU's sequential max gives, ±0 included, for any split of the keys;
+//  2. e_j = expf(s_j − m) and the denominator l: the 32-lane sum with lane (j − lo(i)) mod 32. A key tile holds 32
+//     consecutive keys, so each lane of a row gets at most one key per tile, and the tiles go in ascending order:
+//     every lane's chain is the reference's, whatever lo(i) − lo(i0) is. Then the lane tree;
+//  3. P_j = e_j / l (bf16: rounded) and, per output (row, d), one fma chain over j ascending of P_j·v_jd, carried
+//     in registers from key tile to key tile.
+// Backward, three kernels in the order of attention.md:
+//  (1) a block per query tile: D_i (chain over d of dO·o, kept as [B, H, T]); per key tile the dP and score chains
+//      (dO with V staged, then Q with K), P with the forward's very operations from the saved m and l, and
+//      dS_j = (P_j·(dP_j − D))·scale with the bf16 roundings (attention_prob_grad); then dq (chain over j per d,
+//      from the staged K), carried across key tiles. No dS row is stored.
+//  (2) a block per key tile of a query head: the tile's K and V, then for each tile of 32 queries from the first key
+//      up to the last key's band, P and dS recomputed by the same function, and per (key, d) the chains of dk and
+//      dv over the queries i = j .. hi(j) ascending. No [B·H·T, T] P or dS is ever stored.
+//  (3) per KV head the group sum over its query heads in ascending order.
+// Head dims past 128 come in further chunks: score and dP chains continue in registers; a dq, dk or dv chain of a
+// later chunk goes on through its output row (an fp32 store and reload keeps the bits).
 #pragma once
 
 #include <cstdint>
@@ -28,11 +41,19 @@
 
 namespace olmoref::kernels {
 
-// Blocks in flight over the query rows (forward and backward's query kernel), each with its own scratch row of T
-// floats. A fixed count from the shape alone (never the SM count): enough to fill an H200 (132 SMs, at most 32
-// resident blocks each), and the rows a block takes never change a bit, since each row is computed whole by one
-// block. At T = 8192 the scratch is 128 MiB.
-inline constexpr int64_t kAttentionRowBlocks = 4096;
+inline constexpr int kAttTile = 32;                   // query rows of a tile; keys of a key tile
+inline constexpr int kAttThreads = 256;               // 8 warps
+inline constexpr int kAttWarps = kAttThreads / 32;
+inline constexpr int kAttPer = kAttTile / kAttWarps;  // the tile rows (or keys) of one thread: w + 8u
+inline constexpr int kAttChunk = 128;                 // head dims staged at a time
+inline constexpr int kAttPerDim = kAttChunk / 32;     // a thread's dims of a chunk: l + 32v
+// Staged rows padded to 129 floats: lane l reading row l at dim d hits bank (l + d) mod 32, no conflict.
+inline constexpr int kAttPitch = kAttChunk + 1;
+
+// Blocks in flight over the query tiles in the forward, each with its own 32 scratch rows of T floats. A fixed count
+// from the shape alone (never the SM count), and the tiles a block takes never change a bit, since each tile is
+// computed whole by one block. 4,096 scratch rows: 128 MiB at T = 8192.
+inline constexpr int64_t kAttentionTileBlocks = 128;
 
 struct AttentionArgs {
   int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0, window = 0;  // window 0: full causal
@@ -41,197 +62,468 @@ struct AttentionArgs {
   const float *q = nullptr, *k = nullptr, *v = nullptr;  // [B·T, H·hd], [B·T, KV·hd] ×2
   float* out = nullptr;                                  // [B·T, H·hd]
   float *row_max = nullptr, *row_sum = nullptr;          // [B, H, T]
-  // [attention_row_blocks, T]: a block's row of forward scores/P or backward dS
-  float* scratch = nullptr;
-  int64_t row_blocks = kAttentionRowBlocks;  // at most this many blocks in flight (tests take fewer to stride more)
+  float* scratch = nullptr;  // forward only: [attention_scratch_rows, T], a block's 32 rows of scores, then e
+  int64_t tile_blocks = kAttentionTileBlocks;  // at most this many forward blocks (tests take fewer to stride more)
   // backward only
-  const float* dout = nullptr;                           // [B·T, H·hd]
-  float* dq = nullptr;                                   // [B·T, H·hd]
-  float *dk = nullptr, *dv = nullptr;                    // [B·T, KV·hd]
-  float* row_d = nullptr;                                // [B, H, T]: D_i = chain over d of dO_id·o_id
-  float *dk_head = nullptr, *dv_head = nullptr;          // [B, H, T, hd]
+  const float* dout = nullptr;                   // [B·T, H·hd]
+  float* dq = nullptr;                           // [B·T, H·hd]
+  float *dk = nullptr, *dv = nullptr;            // [B·T, KV·hd]
+  float* row_d = nullptr;                        // [B, H, T]: D_i = chain over d of dO_id·o_id
+  float *dk_head = nullptr, *dv_head = nullptr;  // [B, H, T, hd]
 };
 
-// The blocks in flight over the B·H·T query rows, and so the rows of scratch: [attention_row_blocks, T].
-OLMOREF_HD inline int64_t attention_row_blocks(const AttentionArgs& a) {
-  const int64_t rows = a.B * a.H * a.T;
-  return rows < a.row_blocks ? rows : a.row_blocks;
+// Tiles of 32 positions over every (instance, head): B·H·ceil(T/32).
+OLMOREF_HD inline int64_t attention_tiles(const AttentionArgs& a) { return a.B * a.H * ((a.T + kAttTile - 1) / kAttTile); }
+OLMOREF_HD inline int64_t attention_forward_blocks(const AttentionArgs& a) {
+  const int64_t tiles = attention_tiles(a);
+  return tiles < a.tile_blocks ? tiles : a.tile_blocks;
+}
+// The forward's scratch rows: [attention_scratch_rows, T].
+OLMOREF_HD inline int64_t attention_scratch_rows(const AttentionArgs& a) { return attention_forward_blocks(a) * kAttTile; }
+
+// The first key of query i's band, and the last query whose band holds key j.
+OLMOREF_HD inline int64_t attention_band_lo(const AttentionArgs& a, int64_t i) {
+  return a.window > 0 && i - a.window + 1 > 0 ? i - a.window + 1 : 0;
+}
+OLMOREF_HD inline int64_t attention_band_hi(const AttentionArgs& a, int64_t j) {
+  return a.window > 0 && j + a.window - 1 < a.T - 1 ? j + a.window - 1 : a.T - 1;
+}
+OLMOREF_HD inline bool attention_in_band(const AttentionArgs& a, int64_t i, int64_t j) {
+  return j <= i && j >= attention_band_lo(a, i);
 }
 
-struct AttentionShared {
-  float lane[32];
-  int64_t first[32];
-  float m;
+// Tile `tile` = (b·H + h)·ceil(T/32) + i0/32: its instance, heads, positions i0 .. i0 + n − 1, and the operands'
+// bases at (b, h): row i of Q is q + i·qw, row j of K is k + j·kw.
+struct AttentionTile {
+  int64_t b, h, g, i0, n, qw, kw, stats;  // stats: the [B, H, T] index of position 0 of (b, h)
+  const float *q, *k, *v, *dout;
+  float *out, *dq;
 };
-// The key kernel's 32 queries in flight: their P_ij and dS_ij for the block's key j.
-struct AttentionKeyShared {
-  float p[32], ds[32];
-};
-
-// Query row `row` = (b·H + h)·T + i: its instance, heads, key band [lo, i] (n keys) and row widths.
-struct QueryRow {
-  int64_t i, b, h, g, lo, n, qw, kw;
-};
-OLMOREF_HD inline QueryRow query_row(const AttentionArgs& a, int64_t row) {
-  QueryRow r;
-  r.i = row % a.T;
-  r.h = (row / a.T) % a.H;
-  r.b = row / a.T / a.H;
-  r.g = r.h / (a.H / a.KV);
-  r.lo = a.window > 0 && r.i - a.window + 1 > 0 ? r.i - a.window + 1 : 0;
-  r.n = r.i - r.lo + 1;
-  r.qw = a.H * a.hd;
-  r.kw = a.KV * a.hd;
-  return r;
+OLMOREF_HD inline AttentionTile attention_tile(const AttentionArgs& a, int64_t tile) {
+  AttentionTile at;
+  const int64_t per = (a.T + kAttTile - 1) / kAttTile, bh = tile / per;
+  at.i0 = (tile % per) * kAttTile;
+  at.n = a.T - at.i0 < kAttTile ? a.T - at.i0 : kAttTile;
+  at.h = bh % a.H;
+  at.b = bh / a.H;
+  at.g = at.h / (a.H / a.KV);
+  at.qw = a.H * a.hd;
+  at.kw = a.KV * a.hd;
+  at.stats = bh * a.T;
+  const int64_t qoff = at.b * a.T * at.qw + at.h * a.hd, koff = at.b * a.T * at.kw + at.g * a.hd;
+  at.q = a.q + qoff, at.k = a.k + koff, at.v = a.v + koff;
+  at.dout = a.dout ? a.dout + qoff : nullptr;
+  at.out = a.out ? a.out + qoff : nullptr;
+  at.dq = a.dq ? a.dq + qoff : nullptr;
+  return at;
 }
 
-// Key j (0-based from qr.lo) of the query row: the score chain over d from 0, times scale.
-OLMOREF_HD inline float attention_score(const AttentionArgs& a, const QueryRow& qr, const float* qi, int64_t j) {
-  const float* kj = a.k + (qr.b * a.T + qr.lo + j) * qr.kw + qr.g * a.hd;
-  float acc = 0.0f;
-  for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(qi[d], kj[d], acc);
-  return acc * a.scale;
+using AttentionStage = float[kAttTile][kAttPitch];
+
+// Thread t's part of staging rows r0 .. r0+31 (those below `end`) of a matrix with row stride `stride`, dims
+// d0 .. d0+dn−1, into buf. Consecutive threads take consecutive dims, so the loads coalesce. Past the end or past
+// dn: 0, never read into a chain.
+OLMOREF_HD inline void attention_stage(AttentionStage& buf, const float* base, int64_t stride, int64_t r0, int64_t end,
+                                       int64_t d0, int dn, int t) {
+  for (int e = t; e < kAttTile * kAttChunk; e += kAttThreads) {
+    const int r = e / kAttChunk, d = e % kAttChunk;
+    buf[r][d] = d < dn && r0 + r < end ? base[(r0 + r) * stride + d0 + d] : 0.0f;
+  }
+}
+OLMOREF_HD inline int attention_chunk_dims(const AttentionArgs& a, int64_t ch) {
+  const int64_t left = a.hd - ch * kAttChunk;
+  return static_cast<int>(left < kAttChunk ? left : kAttChunk);
+}
+OLMOREF_HD inline int64_t attention_chunks(const AttentionArgs& a) { return (a.hd + kAttChunk - 1) / kAttChunk; }
+
+// Continues the chains acc[u] over the chunk's dims: acc[u] = Σ_d x[w + 8u][d]·y[key][d] in ascending d (fma(x, y)
+// as the reference writes it), starting from 0 at the first chunk.
+OLMOREF_HD inline void attention_row_key_chains(const AttentionStage& x, const AttentionStage& y, int w, int key, int dn,
+                                                bool first_chunk, float* acc) {
+  OLMOREF_UNROLL
+  for (int u = 0; u < kAttPer; ++u)
+    if (first_chunk) acc[u] = 0.0f;
+  for (int d = 0; d < dn; ++d) {
+    const float yd = y[key][d];
+    OLMOREF_UNROLL
+    for (int u = 0; u < kAttPer; ++u) acc[u] = hd_fma(x[w + kAttWarps * u][d], yd, acc[u]);
+  }
 }
 
-// P_j and dS_j of query row `row` at key j (0-based from qr.lo), from the saved m, l and D = dO·o: P with exactly
-// the forward's operations, so it has the forward's bits. Both kernels of the backward that use them (the query
-// kernel's dq, the key kernel's dk/dv) call this one function, so they see the same bits. bf16: both rounded, as
-// they enter the dq/dk/dv products as bf16 operands.
+// P and dS of query i at key j, from the finished score chain (before scale), the dP chain, and the saved m, l and
+// D = dO·o: P with exactly the forward's operations, so it has the forward's bits. Both backward kernels call this
+// one function, so dq and dk/dv see the same bits. bf16: both rounded, as they enter the dq/dk/dv products as bf16
+// operands.
 struct ProbGrad {
   float p, ds;
 };
-OLMOREF_HD inline ProbGrad attention_prob_grad(const AttentionArgs& a, const QueryRow& qr, int64_t row, int64_t j,
+OLMOREF_HD inline ProbGrad attention_prob_grad(const AttentionArgs& a, float score_chain, float dp, float m, float l,
                                                float D) {
-  const float* qi = a.q + (qr.b * a.T + qr.i) * qr.qw + qr.h * a.hd;
-  const float* doi = a.dout + (qr.b * a.T + qr.i) * qr.qw + qr.h * a.hd;
-  const float* vj = a.v + (qr.b * a.T + qr.lo + j) * qr.kw + qr.g * a.hd;
-  float dp = 0.0f;
-  for (int64_t d = 0; d < a.hd; ++d) dp = hd_fma(doi[d], vj[d], dp);
-  const float p = det::impl::expf(attention_score(a, qr, qi, j) - a.row_max[row]) / a.row_sum[row];
+  const float p = det::impl::expf(score_chain * a.scale - m) / l;
   const float ds = (p * (dp - D)) * a.scale;
   return {a.bf16 ? round_bf16(p) : p, a.bf16 ? round_bf16(ds) : ds};
 }
 
-// Query row `row` with the block's scratch row s [T].
+// ---- forward ----------------------------------------------------------------------------------------------------
+
+struct AttentionForwardShared {
+  AttentionStage a, b;                   // Q / K, then V
+  float p[kAttTile][kAttTile + 1];       // [row, key] of the key tile
+  float lane[kAttTile][kAttTile + 1];    // [row, lane]: maxima, then the sum's lanes and tree
+  int32_t first[kAttTile][kAttTile];     // [row, lane]: where each lane's maximum is
+  float m[kAttTile], l[kAttTile];
+};
+struct AttentionForwardRegs {
+  float acc[kAttPer];                 // score chains, rows w + 8u at key l
+  float m[kAttPer];                   // the largest score so far of those rows' keys l + 32·kt
+  int32_t first[kAttPer];             // its key, from lo(i)
+  float o[kAttPer][kAttPerDim];       // P·V chains, rows w + 8u, dims l + 32v of the chunk
+};
+
+// Query tile `tile` with the block's scratch s [32, T]: row r's key j at s[r·T + j − lo(i0)].
 OLMOREF_BLOCK_BODY
 template <class Block>
-OLMOREF_HD void attention_forward_row(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row, float* s) {
-  const QueryRow qr = query_row(a, row);
-  const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
-  const float* qi = a.q + (b * a.T + i) * qw + h * a.hd;
-  blk.phase([&](int t, auto&) {
-    float m = -hd_float(0x7f800000u);
-    int64_t first = n;
-    for (int64_t j = t; j < n; j += 32) {
-      s[j] = attention_score(a, qr, qi, j);
-      if (m < s[j]) m = s[j], first = j;
-    }
-    sh.lane[t] = m;
-    sh.first[t] = first;
+OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, const AttentionArgs& a, int64_t tile,
+                                       float* s) {
+  const AttentionTile at = attention_tile(a, tile);
+  const int64_t lo0 = attention_band_lo(a, at.i0), last = at.i0 + at.n - 1;
+  const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
+  constexpr int32_t kNone = 0x7fffffff;
+  const float neg_inf = -hd_float(0x7f800000u);
+  blk.phase([&](int, AttentionForwardRegs& r) {
+    OLMOREF_UNROLL
+    for (int u = 0; u < kAttPer; ++u) r.m[u] = neg_inf, r.first[u] = kNone;
   });
-  blk.phase([&](int t, auto&) {
-    if (t != 0) return;
-    float m = -hd_float(0x7f800000u);
-    int64_t first = n;
-    for (int j = 0; j < 32; ++j)
-      if (m < sh.lane[j] || (m == sh.lane[j] && sh.first[j] < first)) m = sh.lane[j], first = sh.first[j];
-    sh.m = first < n ? s[first] : m;  // the score itself, with its sign of zero
-  });
-  blk.phase([&](int t, auto&) {
-    float acc = 0.0f;
-    for (int64_t j = t; j < n; j += 32) {
-      s[j] = det::impl::expf(s[j] - sh.m);
-      acc = acc + s[j];
-    }
-    sh.lane[t] = acc;
-  });
-  lane_tree_phases(blk, sh.lane);
-  blk.phase([&](int t, auto&) {
-    const float l = sh.lane[0];
-    for (int64_t j = t; j < n; j += 32) s[j] = a.bf16 ? round_bf16(s[j] / l) : s[j] / l;
-    if (t == 0) a.row_max[row] = sh.m, a.row_sum[row] = l;
-  });
-  blk.phase([&](int t, auto&) {
-    float* oi = a.out + (b * a.T + i) * qw + h * a.hd;
-    for (int64_t d = t; d < a.hd; d += 32) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < n; ++j) acc = hd_fma(s[j], a.v[(b * a.T + lo + j) * kw + g * a.hd + d], acc);
-      oi[d] = acc;
-    }
-  });
-}
-
-// Backward (1): query row `row` = (b·H + h)·T + i with the block's scratch row [T] for its dS.
-OLMOREF_BLOCK_BODY
-template <class Block>
-OLMOREF_HD void attention_backward_query(Block& blk, AttentionShared& sh, const AttentionArgs& a, int64_t row,
-                                         float* scratch_row) {
-  const QueryRow qr = query_row(a, row);
-  const int64_t i = qr.i, b = qr.b, h = qr.h, g = qr.g, lo = qr.lo, n = qr.n, qw = qr.qw, kw = qr.kw;
-  const float* doi = a.dout + (b * a.T + i) * qw + h * a.hd;
-  const float* oi = a.out + (b * a.T + i) * qw + h * a.hd;
-  float* dS = scratch_row;  // keys lo..i
-  blk.phase([&](int t, auto&) {
-    if (t == 0) {  // D = chain over d of dO_d·o_d
-      float acc = 0.0f;
-      for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(doi[d], oi[d], acc);
-      sh.m = acc;
-      a.row_d[row] = acc;  // for the key kernel's dS
-    }
-  });
-  blk.phase([&](int t, auto&) {
-    for (int64_t j = t; j < n; j += 32) dS[j] = attention_prob_grad(a, qr, row, j, sh.m).ds;
-  });
-  blk.phase([&](int t, auto&) {
-    float* dqi = a.dq + (b * a.T + i) * qw + h * a.hd;
-    for (int64_t d = t; d < a.hd; d += 32) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < n; ++j) acc = hd_fma(dS[j], a.k[(b * a.T + lo + j) * kw + g * a.hd + d], acc);
-      dqi[d] = a.bf16 ? round_bf16(acc) : acc;
-    }
-  });
-}
-
-// Block `block` of `blocks` in flight: the query rows block, block + blocks, ... with scratch row `block`, through
-// body(row, scratch_row) (attention_forward_row or attention_backward_query).
-OLMOREF_BLOCK_BODY
-template <class RowBody>
-OLMOREF_HD void attention_block_rows(const AttentionArgs& a, int64_t block, int64_t blocks, RowBody&& body) {
-  float* scratch_row = a.scratch + block * a.T;
-  for (int64_t row = block; row < a.B * a.H * a.T; row += blocks) body(row, scratch_row);
-}
-
-// Backward (2): key `key` = (b·H + h)·T + j, per query head; thread t takes d = t, t+32, ...
-OLMOREF_BLOCK_BODY
-template <class Block>
-OLMOREF_HD void attention_backward_key(Block& blk, AttentionKeyShared& sh, const AttentionArgs& a, int64_t key) {
-  const int64_t j = key % a.T, bh = key / a.T, h = bh % a.H, b = bh / a.H;
-  const int64_t hi = a.window > 0 && j + a.window - 1 < a.T - 1 ? j + a.window - 1 : a.T - 1;
-  const int64_t qw = a.H * a.hd;
-  for (int64_t i0 = j; i0 <= hi; i0 += 32) {
-    const int64_t n = hi - i0 + 1 < 32 ? hi - i0 + 1 : 32;
-    blk.phase([&](int t, auto&) {
-      if (t >= n) return;
-      const int64_t row = bh * a.T + i0 + t;
-      const QueryRow qr = query_row(a, row);
-      const ProbGrad pg = attention_prob_grad(a, qr, row, j - qr.lo, a.row_d[row]);
-      sh.p[t] = pg.p, sh.ds[t] = pg.ds;
-    });
-    blk.phase([&](int t, auto&) {
-      const bool last = i0 + 32 > hi;  // the chains end here: the bf16 rounding
-      for (int64_t d = t; d < a.hd; d += 32) {
-        float* dk_out = a.dk_head + key * a.hd + d;
-        float* dv_out = a.dv_head + key * a.hd + d;
-        float dk = i0 == j ? 0.0f : *dk_out, dv = i0 == j ? 0.0f : *dv_out;
-        for (int64_t c = 0; c < n; ++c) {
-          const int64_t at = (b * a.T + i0 + c) * qw + h * a.hd + d;
-          dk = hd_fma(sh.ds[c], a.q[at], dk);
-          dv = hd_fma(sh.p[c], a.dout[at], dv);
+  // 1: scores into s, and each thread's first occurrence of the largest.
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
+    const int64_t k0 = lo0 + kt * kAttTile;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        if (kt == 0 || chunks > 1) attention_stage(sh.a, at.q, at.qw, at.i0, last + 1, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.k, at.kw, k0, last + 1, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionForwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        attention_row_key_chains(sh.a, sh.b, w, l, dn, ch == 0, r.acc);
+        if (ch + 1 < chunks) return;
+        const int64_t j = k0 + l;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u) {
+          const int row = w + kAttWarps * u;
+          const int64_t i = at.i0 + row;
+          if (row >= at.n || !attention_in_band(a, i, j)) continue;
+          const float score = r.acc[u] * a.scale;
+          s[row * a.T + (j - lo0)] = score;
+          if (r.m[u] < score) r.m[u] = score, r.first[u] = static_cast<int32_t>(j - attention_band_lo(a, i));
         }
-        *dk_out = last && a.bf16 ? round_bf16(dk) : dk;
-        *dv_out = last && a.bf16 ? round_bf16(dv) : dv;
+      });
+    }
+  }
+  blk.phase([&](int t, AttentionForwardRegs& r) {
+    const int w = t / 32, l = t % 32;
+    OLMOREF_UNROLL
+    for (int u = 0; u < kAttPer; ++u) sh.lane[w + kAttWarps * u][l] = r.m[u], sh.first[w + kAttWarps * u][l] = r.first[u];
+  });
+  blk.phase([&](int t, auto&) {
+    if (t >= at.n) return;
+    const int64_t i = at.i0 + t, lo = attention_band_lo(a, i), n = i - lo + 1;
+    float m = neg_inf;
+    int64_t first = n;
+    for (int c = 0; c < kAttTile; ++c)
+      if (m < sh.lane[t][c] || (m == sh.lane[t][c] && sh.first[t][c] < first)) m = sh.lane[t][c], first = sh.first[t][c];
+    sh.m[t] = first < n ? s[t * a.T + (lo + first - lo0)] : m;  // the score itself, with its sign of zero
+  });
+  // 2: e = expf(s − m) in place, and the denominator's lanes: thread l holds lane (lo0 + l − lo(i)) mod 32 of row i.
+  blk.phase([&](int t, auto&) {
+    const int w = t / 32, l = t % 32;
+    for (int u = 0; u < kAttPer; ++u) {
+      const int row = w + kAttWarps * u;
+      if (row >= at.n) {
+        sh.lane[row][l] = 0.0f;
+        continue;
       }
+      const int64_t i = at.i0 + row, lo = attention_band_lo(a, i);
+      float acc = 0.0f;
+      for (int64_t j = lo0 + l; j <= i; j += kAttTile) {
+        if (j < lo) continue;
+        float& e = s[row * a.T + (j - lo0)];
+        e = det::impl::expf(e - sh.m[row]);
+        acc = acc + e;
+      }
+      sh.lane[row][((lo0 + l - lo) % kAttTile + kAttTile) % kAttTile] = acc;
+    }
+  });
+  for (int wd = 16; wd >= 1; wd /= 2)  // lane_tree_phases, per row
+    blk.phase([&](int t, auto&) {
+      for (int e = t; e < kAttTile * wd; e += kAttThreads) sh.lane[e / wd][e % wd] = sh.lane[e / wd][e % wd] + sh.lane[e / wd][e % wd + wd];
     });
+  blk.phase([&](int t, auto&) {
+    if (t >= at.n) return;
+    sh.l[t] = sh.lane[t][0];
+    a.row_max[at.stats + at.i0 + t] = sh.m[t];
+    a.row_sum[at.stats + at.i0 + t] = sh.l[t];
+  });
+  // 3: P (bf16: rounded) into the key tile's shared block, and the P·V chains.
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int dn = attention_chunk_dims(a, ch);
+    for (int64_t kt = 0; kt < key_tiles; ++kt) {
+      const int64_t k0 = lo0 + kt * kAttTile;
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.b, at.v, at.kw, k0, last + 1, ch * kAttChunk, dn, t);
+        for (int e = t; e < kAttTile * kAttTile; e += kAttThreads) {
+          const int row = e / kAttTile, c = e % kAttTile;
+          float p = 0.0f;
+          if (row < at.n && attention_in_band(a, at.i0 + row, k0 + c)) {
+            p = s[row * a.T + (k0 + c - lo0)] / sh.l[row];
+            if (a.bf16) p = round_bf16(p);
+          }
+          sh.p[row][c] = p;
+        }
+      });
+      blk.phase([&](int t, AttentionForwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        if (kt == 0)
+          OLMOREF_UNROLL
+          for (int u = 0; u < kAttPer; ++u)
+            OLMOREF_UNROLL
+            for (int v = 0; v < kAttPerDim; ++v) r.o[u][v] = 0.0f;
+        for (int c = 0; c < kAttTile; ++c) {
+          const int64_t j = k0 + c;
+          float vd[kAttPerDim];
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) vd[v] = sh.b[c][l + 32 * v];
+          OLMOREF_UNROLL
+          for (int u = 0; u < kAttPer; ++u) {
+            const int row = w + kAttWarps * u;
+            if (row >= at.n || !attention_in_band(a, at.i0 + row, j)) continue;
+            const float p = sh.p[row][c];
+            OLMOREF_UNROLL
+            for (int v = 0; v < kAttPerDim; ++v) r.o[u][v] = hd_fma(p, vd[v], r.o[u][v]);
+          }
+        }
+        if (kt + 1 < key_tiles) return;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u) {
+          const int row = w + kAttWarps * u;
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v)
+            if (row < at.n && l + 32 * v < dn) at.out[(at.i0 + row) * at.qw + ch * kAttChunk + l + 32 * v] = r.o[u][v];
+        }
+      });
+    }
+  }
+}
+
+// Block `block` of `blocks` in flight: the query tiles block, block + blocks, ... with scratch rows
+// [32·block, 32·block + 32).
+OLMOREF_BLOCK_BODY
+template <class Block>
+OLMOREF_HD void attention_forward_block(Block& blk, AttentionForwardShared& sh, const AttentionArgs& a, int64_t block,
+                                        int64_t blocks) {
+  float* s = a.scratch + block * kAttTile * a.T;
+  for (int64_t tile = block; tile < attention_tiles(a); tile += blocks) attention_forward_tile(blk, sh, a, tile, s);
+}
+
+// ---- backward ---------------------------------------------------------------------------------------------------
+
+struct AttentionBackwardShared {
+  AttentionStage a, b;
+  float p[kAttTile][kAttTile + 1], ds[kAttTile][kAttTile + 1];  // [query, key]
+  float m[kAttTile], l[kAttTile], D[kAttTile];                  // of the tile's queries
+};
+struct AttentionBackwardRegs {
+  float dp[kAttPer], score[kAttPer];  // chains of the (query, key) pairs
+  float x[kAttPer][kAttPerDim];       // dq chains (query kernel) or dk chains (key kernel)
+  float y[kAttPer][kAttPerDim];       // dv chains (key kernel)
+};
+
+// A chain over a later chunk goes on through its output: reload it (first tile: start from 0).
+OLMOREF_HD inline float attention_chain_start(bool first_tile, const float* at) { return first_tile ? 0.0f : *at; }
+
+// Backward (1): query tile `tile`.
+OLMOREF_BLOCK_BODY
+template <class Block>
+OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
+                                              int64_t tile) {
+  const AttentionTile at = attention_tile(a, tile);
+  const int64_t lo0 = attention_band_lo(a, at.i0), last = at.i0 + at.n - 1;
+  const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
+  blk.phase([&](int t, auto&) {
+    if (t >= at.n) return;
+    const int64_t i = at.i0 + t;
+    const float *doi = at.dout + i * at.qw, *oi = at.out + i * at.qw;
+    float acc = 0.0f;  // D = chain over d of dO_d·o_d
+    for (int64_t d = 0; d < a.hd; ++d) acc = hd_fma(doi[d], oi[d], acc);
+    sh.D[t] = acc;
+    a.row_d[at.stats + i] = acc;  // for the key kernel's dS
+    sh.m[t] = a.row_max[at.stats + i], sh.l[t] = a.row_sum[at.stats + i];
+  });
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
+    const int64_t k0 = lo0 + kt * kAttTile;
+    for (int64_t ch = 0; ch < chunks; ++ch) {  // dP: dO and V
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.a, at.dout, at.qw, at.i0, last + 1, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.v, at.kw, k0, last + 1, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionBackwardRegs& r) { attention_row_key_chains(sh.a, sh.b, t / 32, t % 32, dn, ch == 0, r.dp); });
+    }
+    for (int64_t ch = 0; ch < chunks; ++ch) {  // scores: Q and K (left staged for dq when there is one chunk)
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.a, at.q, at.qw, at.i0, last + 1, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.k, at.kw, k0, last + 1, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionBackwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        attention_row_key_chains(sh.a, sh.b, w, l, dn, ch == 0, r.score);
+        if (ch + 1 < chunks) return;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u) {
+          const int row = w + kAttWarps * u;
+          if (row < at.n && attention_in_band(a, at.i0 + row, k0 + l))
+            sh.ds[row][l] = attention_prob_grad(a, r.score[u], r.dp[u], sh.m[row], sh.l[row], sh.D[row]).ds;
+        }
+      });
+    }
+    for (int64_t ch = 0; ch < chunks; ++ch) {  // dq = Σ_j dS_j·k_j
+      const int dn = attention_chunk_dims(a, ch);
+      if (chunks > 1) blk.phase([&](int t, auto&) { attention_stage(sh.b, at.k, at.kw, k0, last + 1, ch * kAttChunk, dn, t); });
+      blk.phase([&](int t, AttentionBackwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        const bool resident = chunks == 1 && kt > 0, end = kt + 1 == key_tiles;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u)
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) {
+            const int row = w + kAttWarps * u, d = l + 32 * v;
+            if (!resident) r.x[u][v] = row < at.n && d < dn ? attention_chain_start(kt == 0, at.dq + (at.i0 + row) * at.qw + ch * kAttChunk + d) : 0.0f;
+          }
+        for (int c = 0; c < kAttTile; ++c) {
+          float kd[kAttPerDim];
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) kd[v] = sh.b[c][l + 32 * v];
+          OLMOREF_UNROLL
+          for (int u = 0; u < kAttPer; ++u) {
+            const int row = w + kAttWarps * u;
+            if (row >= at.n || !attention_in_band(a, at.i0 + row, k0 + c)) continue;
+            const float ds = sh.ds[row][c];
+            OLMOREF_UNROLL
+            for (int v = 0; v < kAttPerDim; ++v) r.x[u][v] = hd_fma(ds, kd[v], r.x[u][v]);
+          }
+        }
+        if (chunks == 1 && !end) return;  // the chains stay in registers
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u)
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) {
+            const int row = w + kAttWarps * u, d = l + 32 * v;
+            if (row < at.n && d < dn)
+              at.dq[(at.i0 + row) * at.qw + ch * kAttChunk + d] = end && a.bf16 ? round_bf16(r.x[u][v]) : r.x[u][v];
+          }
+      });
+    }
+  }
+}
+
+// Backward (2): key tile `tile` of a query head: keys j0 .. j0 + n − 1, per (key, d) the dk and dv chains over the
+// queries of each key's band, ascending, into dk_head and dv_head [B, H, T, hd].
+OLMOREF_BLOCK_BODY
+template <class Block>
+OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
+                                            int64_t tile) {
+  const AttentionTile at = attention_tile(a, tile);
+  const int64_t j0 = at.i0, j_end = at.i0 + at.n, hi = attention_band_hi(a, j_end - 1);
+  const int64_t query_tiles = (hi - j0) / kAttTile + 1, chunks = attention_chunks(a);
+  float* dk_base = a.dk_head + at.stats * a.hd;
+  float* dv_base = a.dv_head + at.stats * a.hd;
+  for (int64_t qt = 0; qt < query_tiles; ++qt) {
+    const int64_t i0 = j0 + qt * kAttTile, i_end = hi + 1 < i0 + kAttTile ? hi + 1 : i0 + kAttTile;
+    blk.phase([&](int t, auto&) {
+      if (i0 + t >= i_end) return;
+      const int64_t row = at.stats + i0 + t;
+      sh.m[t] = a.row_max[row], sh.l[t] = a.row_sum[row], sh.D[t] = a.row_d[row];
+    });
+    // Pairs (query l, key w + 8u): dP (dO and V), then the scores (Q and K), then P and dS.
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.a, at.v, at.kw, j0, j_end, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.dout, at.qw, i0, i_end, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionBackwardRegs& r) { attention_row_key_chains(sh.a, sh.b, t / 32, t % 32, dn, ch == 0, r.dp); });
+    }
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.a, at.k, at.kw, j0, j_end, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.q, at.qw, i0, i_end, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionBackwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        attention_row_key_chains(sh.a, sh.b, w, l, dn, ch == 0, r.score);
+        if (ch + 1 < chunks) return;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u) {
+          const int key = w + kAttWarps * u;
+          if (key >= at.n || i0 + l >= i_end || !attention_in_band(a, i0 + l, j0 + key)) continue;
+          const ProbGrad pg = attention_prob_grad(a, r.score[u], r.dp[u], sh.m[l], sh.l[l], sh.D[l]);
+          sh.p[l][key] = pg.p, sh.ds[l][key] = pg.ds;
+        }
+      });
+    }
+    // Per (key w + 8u, dim l + 32v): dk = Σ_i dS_ij·q_i and dv = Σ_i P_ij·dO_i over the tile's queries.
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int dn = attention_chunk_dims(a, ch);
+      blk.phase([&](int t, auto&) {
+        attention_stage(sh.a, at.q, at.qw, i0, i_end, ch * kAttChunk, dn, t);
+        attention_stage(sh.b, at.dout, at.qw, i0, i_end, ch * kAttChunk, dn, t);
+      });
+      blk.phase([&](int t, AttentionBackwardRegs& r) {
+        const int w = t / 32, l = t % 32;
+        const bool resident = chunks == 1 && qt > 0, end = qt + 1 == query_tiles;
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u)
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) {
+            const int key = w + kAttWarps * u, d = l + 32 * v;
+            if (resident) continue;
+            const bool valid = key < at.n && d < dn;
+            const int64_t off = (j0 + key) * a.hd + ch * kAttChunk + d;
+            r.x[u][v] = valid ? attention_chain_start(qt == 0, dk_base + off) : 0.0f;
+            r.y[u][v] = valid ? attention_chain_start(qt == 0, dv_base + off) : 0.0f;
+          }
+        for (int64_t i = i0; i < i_end; ++i) {
+          const int c = static_cast<int>(i - i0);
+          float qd[kAttPerDim], dod[kAttPerDim];
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) qd[v] = sh.a[c][l + 32 * v], dod[v] = sh.b[c][l + 32 * v];
+          OLMOREF_UNROLL
+          for (int u = 0; u < kAttPer; ++u) {
+            const int key = w + kAttWarps * u;
+            if (key >= at.n || !attention_in_band(a, i, j0 + key)) continue;
+            const float ds = sh.ds[c][key], p = sh.p[c][key];
+            OLMOREF_UNROLL
+            for (int v = 0; v < kAttPerDim; ++v) {
+              r.x[u][v] = hd_fma(ds, qd[v], r.x[u][v]);
+              r.y[u][v] = hd_fma(p, dod[v], r.y[u][v]);
+            }
+          }
+        }
+        if (chunks == 1 && !end) return;  // the chains stay in registers
+        OLMOREF_UNROLL
+        for (int u = 0; u < kAttPer; ++u)
+          OLMOREF_UNROLL
+          for (int v = 0; v < kAttPerDim; ++v) {
+            const int key = w + kAttWarps * u, d = l + 32 * v;
+            if (key >= at.n || d >= dn) continue;
+            const int64_t off = (j0 + key) * a.hd + ch * kAttChunk + d;
+            dk_base[off] = end && a.bf16 ? round_bf16(r.x[u][v]) : r.x[u][v];
+            dv_base[off] = end && a.bf16 ? round_bf16(r.y[u][v]) : r.y[u][v];
+          }
+      });
+    }
   }
 }
 

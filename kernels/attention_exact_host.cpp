@@ -1,27 +1,24 @@
 #include "kernels/attention_exact.h"
 
+#include <memory>
+
 namespace olmoref::kernels {
 
-// The device grids' blocks one after another: each its own rows and scratch row, as on the device.
+// The device grids' blocks one after another: each its own tiles (and, in the forward, its own scratch rows), as on
+// the device. Shared memory and the blocks' registers on the heap: together they pass 100 KiB.
 void attention_forward_host(const AttentionArgs& a) {
-  AttentionShared sh;
-  HostBlock<NoRegs, 32> blk;
-  const int64_t blocks = attention_row_blocks(a);
-  for (int64_t block = 0; block < blocks; ++block)
-    attention_block_rows(a, block, blocks,
-                         [&](int64_t row, float* scratch_row) { attention_forward_row(blk, sh, a, row, scratch_row); });
+  auto sh = std::make_unique<AttentionForwardShared>();
+  HostBlock<AttentionForwardRegs, kAttThreads> blk;
+  const int64_t blocks = attention_forward_blocks(a);
+  for (int64_t block = 0; block < blocks; ++block) attention_forward_block(blk, *sh, a, block, blocks);
 }
 
 void attention_backward_host(const AttentionArgs& a) {
-  AttentionShared sh;
-  AttentionKeyShared key_sh;
-  HostBlock<NoRegs, 32> blk;
-  const int64_t rows = a.B * a.H * a.T, blocks = attention_row_blocks(a);
-  for (int64_t block = 0; block < blocks; ++block)
-    attention_block_rows(a, block, blocks, [&](int64_t row, float* scratch_row) {
-      attention_backward_query(blk, sh, a, row, scratch_row);
-    });
-  for (int64_t key = 0; key < rows; ++key) attention_backward_key(blk, key_sh, a, key);
+  auto sh = std::make_unique<AttentionBackwardShared>();
+  HostBlock<AttentionBackwardRegs, kAttThreads> blk;
+  const int64_t tiles = attention_tiles(a);
+  for (int64_t tile = 0; tile < tiles; ++tile) attention_backward_query_tile(blk, *sh, a, tile);
+  for (int64_t tile = 0; tile < tiles; ++tile) attention_backward_key_tile(blk, *sh, a, tile);
   for (int64_t e = 0; e < a.B * a.T * a.KV * a.hd; ++e) attention_group_sum(a, e);
 }
 

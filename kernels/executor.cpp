@@ -295,14 +295,14 @@ int64_t attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd) {
   AttentionArgs a;
   a.B = B, a.H = H, a.T = T;
   const int64_t rows = B * H * T;
-  return static_cast<int64_t>(sizeof(float)) * (attention_row_blocks(a) * T + rows + 2 * rows * hd);
+  return static_cast<int64_t>(sizeof(float)) * (attention_scratch_rows(a) * T + rows + 2 * rows * hd);
 }
 
 void KernelExecutor::attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
                                        float* out, float* row_max, float* row_sum) {
   AttentionArgs a = attention_args(s);
   a.q = q, a.k = k, a.v = v, a.out = out, a.row_max = row_max, a.row_sum = row_sum;
-  a.scratch = workspace(att_rows_, attention_row_blocks(a) * s.T, "attention score rows [blocks in flight, T]");
+  a.scratch = workspace(att_rows_, attention_scratch_rows(a) * s.T, "attention score rows [32 per block in flight, T]");
   if (on_device_) OLMOREF_DEVICE(attention_forward_device(a));
   else attention_forward_host(a);
 }
@@ -315,7 +315,6 @@ void KernelExecutor::attention_backward(const AttentionShape& s, const float* q,
   a.row_sum = const_cast<float*>(row_sum), a.dout = dout;
   a.dq = dq, a.dk = dk, a.dv = dv;
   const int64_t rows = s.B * s.H * s.T;
-  a.scratch = workspace(att_rows_, attention_row_blocks(a) * s.T, "attention dS rows [blocks in flight, T]");
   a.row_d = workspace(att_row_d_, rows, "attention D = dO·o [B, H, T]");
   a.dk_head = workspace(att_dk_head_, rows * s.hd, "per-head key gradients [B, H, T, hd]");
   a.dv_head = workspace(att_dv_head_, rows * s.hd, "per-head value gradients [B, H, T, hd]");

@@ -40,7 +40,7 @@ class KernelExecutor final : public Executor {
 
   bool on_device_;
   bool debug_split_k_ = false;
-  // Kernel scratch, grown to the largest call: attention's rows of scores or dS [blocks in flight, T], D [B, H, T]
+  // Kernel scratch, grown to the largest call: attention's rows of scores [32 per forward block, T], D [B, H, T]
   // and per-head dk/dv [B, H, T, hd]; the loss's fp64 row terms [R] and instance totals [B], norm chunk totals, the
   // embedding position order.
   Buffer<float> att_rows_, att_row_d_, att_dk_head_, att_dv_head_;
@@ -48,7 +48,7 @@ class KernelExecutor final : public Executor {
   Buffer<int64_t> emb_start_, emb_order_;
 };
 
-// The attention workspace of a shape: score/dS rows [min(B·H·T, kAttentionRowBlocks), T], D [B, H, T] and per-head
+// The attention workspace of a shape: score rows [32·min(B·H·ceil(T/32), kAttentionTileBlocks), T], D [B, H, T] and per-head
 // dk/dv [B, H, T, hd], in bytes; linear in T (the memory estimate of model/olmo3.cpp counts it).
 int64_t attention_workspace_bytes(int64_t B, int64_t H, int64_t T, int64_t hd);
 

@@ -389,25 +389,25 @@ int check_embed_rope() {
   return failed;
 }
 
-// Every case with the default blocks in flight and with 3 (each block takes many rows through one scratch row), and
-// the long cases (more rows than kAttentionRowBlocks); the scratch is exactly [attention_row_blocks, T], so memcheck
-// sees a block that strays from its row.
+// Every case with the default forward blocks in flight and with 3 (each block takes many tiles through its scratch
+// rows), and the long cases (more tiles than kAttentionTileBlocks); the scratch is exactly [attention_scratch_rows, T],
+// so memcheck sees a block that strays from its rows.
 std::vector<std::pair<testing::AttentionCase, int64_t>> attention_runs() {
   std::vector<std::pair<testing::AttentionCase, int64_t>> runs;
-  for (const int64_t row_blocks : {kernels::kAttentionRowBlocks, int64_t{3}})
-    for (const testing::AttentionCase& c : testing::attention_cases()) runs.emplace_back(c, row_blocks);
+  for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{3}})
+    for (const testing::AttentionCase& c : testing::attention_cases()) runs.emplace_back(c, tile_blocks);
   for (const testing::AttentionCase& c : testing::long_attention_cases())
-    runs.emplace_back(c, kernels::kAttentionRowBlocks);
+    runs.emplace_back(c, kernels::kAttentionTileBlocks);
   return runs;
 }
-float* attention_scratch(kernels::AttentionArgs& a, int64_t row_blocks) {
-  a.row_blocks = row_blocks;
-  return to_device(std::vector<float>(static_cast<size_t>(kernels::attention_row_blocks(a) * a.T)));
+float* attention_scratch(kernels::AttentionArgs& a, int64_t tile_blocks) {
+  a.tile_blocks = tile_blocks;
+  return to_device(std::vector<float>(static_cast<size_t>(kernels::attention_scratch_rows(a) * a.T)));
 }
 
 int check_attention() {
   int failed = 0, n_cases = 0;
-  for (const auto& [c, row_blocks] : attention_runs()) {
+  for (const auto& [c, tile_blocks] : attention_runs()) {
     ++n_cases;
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
@@ -417,7 +417,7 @@ int check_attention() {
     kernels::AttentionArgs a = testing::attention_args(c);
     float *dq = to_device(o.q), *dk = to_device(o.k), *dv = to_device(o.v), *dout = to_device(std::vector<float>(out_n));
     float *dm = to_device(std::vector<float>(stats)), *dl = to_device(std::vector<float>(stats));
-    float* ds = attention_scratch(a, row_blocks);
+    float* ds = attention_scratch(a, tile_blocks);
     a.q = dq, a.k = dk, a.v = dv, a.out = dout, a.row_max = dm, a.row_sum = dl, a.scratch = ds;
     kernels::attention_forward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
@@ -426,13 +426,14 @@ int check_attention() {
     for (float* p : {dq, dk, dv, dout, dm, dl, ds}) cudaFree(p);
     if (!same) {
       std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d blocks=%lld\n", (long long)c.T,
-                  (long long)c.H, (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16, (long long)row_blocks);
+                  (long long)c.H, (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16, (long long)tile_blocks);
       ++failed;
     }
   }
   std::printf("attention forward exact: %d of %d cases bitwise equal\n", n_cases - failed, n_cases);
   int bwd_failed = 0;
-  for (const auto& [c, row_blocks] : attention_runs()) {
+  for (const auto& [c, tile_blocks] : attention_runs()) {
+    (void)tile_blocks;  // the backward has no scratch: one block per tile
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
@@ -446,15 +447,15 @@ int check_attention() {
     float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
     float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
     float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));
-    float *sp = attention_scratch(a, row_blocks), *row_d = to_device(std::vector<float>(stats));
+    float* row_d = to_device(std::vector<float>(stats));
     float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
     a.q = dq_in, a.k = dk_in, a.v = dv_in, a.out = dout_in, a.row_max = dm, a.row_sum = dl, a.dout = dgo;
-    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.scratch = sp, a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
+    a.dq = ddq, a.dk = ddk, a.dv = ddv, a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
     kernels::attention_backward_device(a);
     const cudaError_t err = cudaDeviceSynchronize();
     const bool same = err == cudaSuccess && bits_equal(from_device(ddq, qn), dq_ref) && bits_equal(from_device(ddk, kn), dk_ref) &&
                       bits_equal(from_device(ddv, kn), dv_ref);
-    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, sp, row_d, dkh, dvh}) cudaFree(p);
+    for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, row_d, dkh, dvh}) cudaFree(p);
     bwd_failed += !same;
   }
   std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);
@@ -538,7 +539,7 @@ int check_real_shapes() {
     kernels::AttentionArgs a = h;
     a.q = d.copy(h.q, qn), a.k = d.copy(h.k, kn), a.v = d.copy(h.v, kn);
     a.out = d.empty<float>(qn), a.row_max = d.empty<float>(stats), a.row_sum = d.empty<float>(stats);
-    a.scratch = d.empty<float>(kernels::attention_row_blocks(a) * a.T);
+    a.scratch = d.empty<float>(kernels::attention_scratch_rows(a) * a.T);
     kernels::attention_forward_device(a);
     copy_back(h.out, a.out, qn), copy_back(h.row_max, a.row_max, stats), copy_back(h.row_sum, a.row_sum, stats);
   };
@@ -549,7 +550,7 @@ int check_real_shapes() {
     a.q = d.copy(h.q, qn), a.k = d.copy(h.k, kn), a.v = d.copy(h.v, kn), a.out = d.copy(h.out, qn);
     a.row_max = d.copy(h.row_max, stats), a.row_sum = d.copy(h.row_sum, stats), a.dout = d.copy(h.dout, qn);
     a.dq = d.empty<float>(qn), a.dk = d.empty<float>(kn), a.dv = d.empty<float>(kn);
-    a.scratch = d.empty<float>(kernels::attention_row_blocks(a) * a.T), a.row_d = d.empty<float>(stats);
+    a.row_d = d.empty<float>(stats);
     a.dk_head = d.empty<float>(stats * a.hd), a.dv_head = d.empty<float>(stats * a.hd);
     kernels::attention_backward_device(a);
     copy_back(h.dq, a.dq, qn), copy_back(h.dk, a.dk, kn), copy_back(h.dv, a.dv, kn);

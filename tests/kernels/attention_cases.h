@@ -1,5 +1,6 @@
 // tests/kernels/attention_cases.h — attention shapes shared by the host-decomposition and GPU tests: GQA,
-// window 1, a window longer than the sequence, full causal, odd head dims, one-token sequences, bf16.
+// window 1, a window longer than the sequence, full causal, odd head dims, head dims past one staged chunk of 128,
+// one-token sequences, bf16.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ struct AttentionCase {
 inline std::vector<AttentionCase> attention_cases() {
   return {{1, 1, 1, 1, 4, 0, false},   {2, 37, 4, 2, 8, 1, false},  {1, 37, 4, 2, 8, 50, false},
           {2, 40, 4, 4, 6, 16, false}, {1, 70, 6, 2, 5, 0, false},  {1, 45, 4, 2, 8, 16, true},
-          {1, 33, 2, 1, 40, 7, false}};
+          {1, 33, 2, 1, 40, 7, false},  {1, 40, 2, 1, 136, 9, false}, {1, 35, 2, 2, 160, 0, true}};
 }
 // Sequences past a thousand keys, more query rows than the kernels' blocks in flight: full causal fp32, GQA with a
 // window and bf16.

@@ -7,8 +7,9 @@
 //   - the device (tests/gpu/test_gpu_kernels.cpp, family real_shapes): the whole shape, every output compared;
 //   - the kernels' decompositions on the host (tests/kernels/test_real_shapes.cpp, in CI and in the dry run of
 //     tools/gpu_check.sh): host execution runs thread by thread, so it takes a sample of each shape — GEMM tiles
-//     (the corners and an interior one), attention query rows (the first, around the window's edge, the middle, the
-//     last 40) and the last 40 keys' dk/dv (their queries' D computed by the same rows), every cross-entropy row.
+//     (the corners and an interior one), attention query tiles of 32 rows (the first, around the window's edge, the
+//     middle, the last two) and the last 64 keys' dk/dv (their queries' D computed by the same rows), every
+//     cross-entropy row.
 // Each case compares every computed output bit for bit and names the first differing index.
 #pragma once
 
@@ -101,6 +102,14 @@ struct AttentionSample {
   std::vector<int64_t> rows, keys;
 };
 
+// The tiles (b·H + h)·ceil(T/32) + i/32 that hold positions (b·H + h)·T + i, ascending.
+inline std::vector<int64_t> attention_sample_tiles(const kernels::AttentionArgs& a, const std::vector<int64_t>& positions) {
+  const int64_t per = (a.T + kernels::kAttTile - 1) / kernels::kAttTile;
+  std::set<int64_t> tiles;
+  for (const int64_t p : positions) tiles.insert(p / a.T * per + p % a.T / kernels::kAttTile);
+  return {tiles.begin(), tiles.end()};
+}
+
 // How the kernels run. Arguments hold host pointers; `sampled` executions compute only the sample they are given.
 struct RealShapeExecutor {
   bool sampled = false;
@@ -117,23 +126,21 @@ inline RealShapeExecutor host_real_shape_executor() {
   ex.gemm = [](const kernels::GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& tiles) {
     kernels::gemm_exact_host_tiles(g, tiles);
   };
+  // A tile of 32 positions is computed whole by one block, so the sample's rows and keys run as the tiles that hold
+  // them.
   ex.attention_forward = [](const kernels::AttentionArgs& a, const AttentionSample& s) {
-    kernels::AttentionShared sh;
-    kernels::HostBlock<kernels::NoRegs, 32> blk;
-    std::vector<float> scratch_row(static_cast<size_t>(a.T));
-    for (const int64_t row : s.rows) kernels::attention_forward_row(blk, sh, a, row, scratch_row.data());
+    auto sh = std::make_unique<kernels::AttentionForwardShared>();
+    kernels::HostBlock<kernels::AttentionForwardRegs, kernels::kAttThreads> blk;
+    std::vector<float> scratch(static_cast<size_t>(kernels::kAttTile * a.T));
+    for (const int64_t tile : attention_sample_tiles(a, s.rows)) kernels::attention_forward_tile(blk, *sh, a, tile, scratch.data());
   };
   ex.attention_backward = [](const kernels::AttentionArgs& a, const AttentionSample& s) {
-    kernels::AttentionShared sh;
-    kernels::AttentionKeyShared key_sh;
-    kernels::HostBlock<kernels::NoRegs, 32> blk;
-    std::vector<float> scratch_row(static_cast<size_t>(a.T));
-    for (const int64_t row : s.rows) kernels::attention_backward_query(blk, sh, a, row, scratch_row.data());
+    auto sh = std::make_unique<kernels::AttentionBackwardShared>();
+    kernels::HostBlock<kernels::AttentionBackwardRegs, kernels::kAttThreads> blk;
+    for (const int64_t tile : attention_sample_tiles(a, s.rows)) kernels::attention_backward_query_tile(blk, *sh, a, tile);
     std::set<int64_t> positions;
-    for (const int64_t key : s.keys) {
-      kernels::attention_backward_key(blk, key_sh, a, key);
-      positions.insert(key / (a.H * a.T) * a.T + key % a.T);
-    }
+    for (const int64_t tile : attention_sample_tiles(a, s.keys)) kernels::attention_backward_key_tile(blk, *sh, a, tile);
+    for (const int64_t key : s.keys) positions.insert(key / (a.H * a.T) * a.T + key % a.T);
     const int64_t kw = a.KV * a.hd;
     for (const int64_t r : positions)
       for (int64_t e = r * kw; e < (r + 1) * kw; ++e) kernels::attention_group_sum(a, e);
@@ -206,15 +213,20 @@ inline std::vector<RealAttentionCase> real_attention_cases() {
   return {{"attention T 2048 hd 128 window 1024 (2 query heads, 1 KV head)", {1, 2048, 2, 1, 128, 1024, false}},
           {"attention T 8192 hd 128 full causal (1 head)", {1, 8192, 1, 1, 128, 0, false}}};
 }
-inline constexpr int64_t kRealAttentionTail = 40;  // the last keys (and queries) a sample takes whole
+inline constexpr int64_t kRealAttentionTail = 64;  // the last keys (and queries) a sample takes whole: two tiles
 inline AttentionSample real_attention_sample(const AttentionCase& c) {
   std::set<int64_t> positions{0, 1, 31, 32, 33, c.T / 2 + 7};
   if (c.window > 0) positions.insert({c.window - 1, c.window, c.window + 1});
   for (int64_t i = c.T - kRealAttentionTail; i < c.T; ++i) positions.insert(i);
+  // Whole tiles of 32 positions: a block computes a tile whole, so the sample checks every row it computed.
+  std::set<int64_t> tiled;
+  for (const int64_t i : positions)
+    for (int64_t t = i / kernels::kAttTile * kernels::kAttTile; t < std::min(c.T, (i / kernels::kAttTile + 1) * kernels::kAttTile); ++t)
+      tiled.insert(t);
   AttentionSample s;
   for (int64_t h = 0; h < c.H; ++h) {
-    for (const int64_t i : positions) s.rows.push_back(h * c.T + i);
-    // The last keys' queries are all in the tail, so the sample's rows hold every D they read.
+    for (const int64_t i : tiled) s.rows.push_back(h * c.T + i);
+    // The last keys' queries are all in the tail's tiles, so the sample's rows hold every D they read.
     for (int64_t j = c.T - kRealAttentionTail; j < c.T; ++j) s.keys.push_back(h * c.T + j);
   }
   return s;

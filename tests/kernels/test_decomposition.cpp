@@ -189,18 +189,18 @@ TEST_CASE("zero counts: 32 lanes per chunk and the lane tree equal ref/'s count"
 
 namespace {
 
-// The forward's blocks (at most row_blocks in flight, each striding over the rows with its own scratch row) against
-// ref/ bit for bit; the scratch is exactly [attention_row_blocks, T].
+// The forward's blocks (at most tile_blocks in flight, each striding over the query tiles with its own 32 scratch
+// rows) against ref/ bit for bit; the scratch is exactly [attention_scratch_rows, T].
 void check_attention_forward(const testing::AttentionCase& c, const testing::AttentionOperands& o,
-                             int64_t row_blocks = kernels::kAttentionRowBlocks) {
+                             int64_t tile_blocks = kernels::kAttentionTileBlocks) {
   const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
   std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
   attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
                     l_ref.data(), nullptr);
   std::vector<float> out(out_n), m(stats), l(stats);
   kernels::AttentionArgs a = testing::attention_args(c);
-  a.row_blocks = row_blocks;
-  std::vector<float> scratch(static_cast<size_t>(kernels::attention_row_blocks(a) * c.T));
+  a.tile_blocks = tile_blocks;
+  std::vector<float> scratch(static_cast<size_t>(kernels::attention_scratch_rows(a) * c.T));
   a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
   a.scratch = scratch.data();
   kernels::attention_forward_host(a);
@@ -209,9 +209,9 @@ void check_attention_forward(const testing::AttentionCase& c, const testing::Att
   CHECK(std::memcmp(l.data(), l_ref.data(), stats * sizeof(float)) == 0);
 }
 
-// The backward's query blocks (as the forward's), key blocks recomputing P and dS, and group sums against ref/.
+// The backward's query tiles, key tiles recomputing P and dS, and group sums against ref/.
 void check_attention_backward(const testing::AttentionCase& c, const testing::AttentionOperands& o,
-                              int64_t row_blocks = kernels::kAttentionRowBlocks) {
+                              int64_t tile_blocks = kernels::kAttentionTileBlocks) {
   const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));  // g.q: dO
   const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
   const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
@@ -222,11 +222,11 @@ void check_attention_backward(const testing::AttentionCase& c, const testing::At
   attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
                      dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
   kernels::AttentionArgs a = testing::attention_args(c);
-  a.row_blocks = row_blocks;
-  std::vector<float> dq(qn), dk(kn), dv(kn), scratch(static_cast<size_t>(kernels::attention_row_blocks(a) * c.T));
+  a.tile_blocks = tile_blocks;  // the backward has no scratch: one block per tile
+  std::vector<float> dq(qn), dk(kn), dv(kn);
   std::vector<float> row_d(stats), dkh(stats * static_cast<size_t>(c.hd)), dvh(dkh.size());
   a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
-  a.scratch = scratch.data(), a.row_d = row_d.data(), a.dout = g.q.data(), a.dq = dq.data(), a.dk = dk.data();
+  a.row_d = row_d.data(), a.dout = g.q.data(), a.dq = dq.data(), a.dk = dk.data();
   a.dv = dv.data(), a.dk_head = dkh.data(), a.dv_head = dvh.data();
   kernels::attention_backward_host(a);
   CHECK(std::memcmp(dq.data(), dq_ref.data(), qn * sizeof(float)) == 0);
@@ -236,22 +236,22 @@ void check_attention_backward(const testing::AttentionCase& c, const testing::At
 
 }  // namespace
 
-TEST_CASE("attention forward exact: blocks striding over the queries (score chains, first-occurrence max, 32-lane "
-          "denominator, P·V chains) equal ref/ bit for bit") {
+TEST_CASE("attention forward exact: blocks striding over query tiles (score chains over staged K, first-occurrence "
+          "max, 32-lane denominator across key tiles, P·V chains) equal ref/ bit for bit") {
   testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     check_attention_forward(c, o);
   });
 }
 
-TEST_CASE("attention backward exact: query blocks (P, dS, dq), key blocks (P and dS recomputed, dk, dv per head), "
+TEST_CASE("attention backward exact: query tiles (P, dS, dq), key tiles (P and dS recomputed, dk, dv per head), "
           "group sums equal ref/") {
   testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     check_attention_backward(c, o);
   });
 }
 
-// Few blocks in flight, so each takes many rows in turn through one scratch row, and sequences past a thousand keys
-// (the key kernel's chains over many 32-query chunks; more rows than kAttentionRowBlocks, so the grid strides).
+// Few blocks in flight, so each takes many tiles in turn through its scratch rows, and sequences past a thousand keys
+// (chains over many key and query tiles; more tiles than kAttentionTileBlocks, so the forward's grid strides).
 TEST_CASE("attention exact: blocks taking many rows each and T = 1100 equal ref/ bit for bit") {
   testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     check_attention_forward(c, o, 3);
@@ -259,7 +259,7 @@ TEST_CASE("attention exact: blocks taking many rows each and T = 1100 equal ref/
   });
   testing::for_each_attention_case(
       [](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
-        CHECK(c.B * c.H * c.T > kernels::kAttentionRowBlocks);
+        CHECK(c.B * c.H * ((c.T + 31) / 32) > kernels::kAttentionTileBlocks);
         check_attention_forward(c, o);
         check_attention_backward(c, o);
       },

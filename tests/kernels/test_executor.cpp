@@ -206,7 +206,7 @@ TEST_CASE("executor cuda-host: attention's workspace is linear in T, never [B·H
   CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
   const int64_t bound = kernels::attention_workspace_bytes(c.B, c.H, c.T, c.hd);
   CHECK(host.workspace_bytes() == bound);
-  CHECK(bound == 4 * (kernels::kAttentionRowBlocks * c.T + rows * (1 + 2 * c.hd)));
+  CHECK(bound == 4 * (kernels::kAttentionTileBlocks * kernels::kAttTile * c.T + rows * (1 + 2 * c.hd)));
   CHECK(8 * bound < 4 * rows * c.T);  // one [B·H·T, T] buffer is more than eight times the whole scratch
 }
 
