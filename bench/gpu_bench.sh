@@ -8,7 +8,8 @@
 # is left out as warm-up), tokens/s from the progress lines (the trace holds no times: its bytes are the contract), achieved FLOP/s = tokens/s x FLOPs/token (`olmoref
 # config`: OLMo-core's formula, 6 x non-embedding params + the LM head + attention at the full context, so the
 # sliding-window layers count more than they compute) and its share of the H200's fp32 SIMT peak (67 TFLOP/s, the
-# datasheet figure; BENCH_PEAK_TFLOPS to change it). Then one --profile-ops run per config (fp32, 2 steps) for each
+# datasheet figure; BENCH_PEAK_TFLOPS to change it), and the same steps without the parameter digest (each progress
+# line times the step and the digest inside it; issue 33 asked for the step with and without it). Then one --profile-ops run per config (fp32, 2 steps) for each
 # kernel's share of step time and the GEMMs' own GFLOP/s. Writes OUT_DIR/bench.json and OUT_DIR/bench.txt.
 set -euo pipefail
 out=${1:?usage: gpu_bench.sh OUT_DIR [BIN]}
@@ -35,12 +36,18 @@ for r in rows:
         r["tokens_per_second"] = len(t) / sum(1.0 / x for x in t)  # the mean step time, as tokens/s
         r["achieved_tflops"] = r["tokens_per_second"] * r["flops_per_token"] / 1e12
         r["share_of_fp32_simt_peak"] = r["achieved_tflops"] / r["peak_tflops"]
+        # The same steps without the parameter digest (the Merkle root of the fingerprint, timed inside each step).
+        step, digest = sum(r["step_seconds_each"]), sum(r["digest_seconds_each"])
+        r["digest_share_of_step"] = digest / step
+        r["tokens_per_second_without_digest"] = r["tokens_per_second"] * step / (step - digest)
     out.append(r)
 json.dump(out, open(sys.argv[1] + ".tmp", "w"), indent=1)
 r = out[-1]
 if "tokens_per_second" in r:
-    print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak" % (r["config"], r["precision"],
-          r["tokens_per_second"], r["achieved_tflops"], 100 * r["share_of_fp32_simt_peak"], r["peak_tflops"]))
+    print("%-11s %-5s %9.0f tok/s %7.2f TFLOP/s  %5.1f%% of the %g TFLOP/s fp32 SIMT peak; without the digest %9.0f tok/s "
+          "(digest %.1f%% of the step)" % (r["config"], r["precision"], r["tokens_per_second"], r["achieved_tflops"],
+          100 * r["share_of_fp32_simt_peak"], r["peak_tflops"], r["tokens_per_second_without_digest"],
+          100 * r["digest_share_of_step"]))
 ' "$out/bench.json" | tee -a "$out/bench.txt"
   mv "$out/bench.json.tmp" "$out/bench.json"
 }
@@ -61,13 +68,17 @@ PY
     "$bin" train --config "$config" --executor "$executor" --steps "$steps" --set "train.precision=\"$precision\"" \
       --set train.log_every=1 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" --out "$run" --no-checkpoint \
       2> "$run.err" || { echo "$name $precision: train failed: $(tail -n 3 "$run.err")" | tee -a "$out/bench.txt"; failed=1; continue; }
-    # Progress lines: "step     2/4  loss ...  1234 tok/s  digest"; step 1 (allocation, first launches) is left out.
+    # Progress lines: "step     2/4  loss ...  1234 tok/s  step 0.5120 s  digest 0.0310 s  <digest>"; step 1 (allocation,
+    # first launches) is left out.
     rows+=("$(python3 - "$run.err" "$name" "$precision" "$flops" "$peak" <<'PY'
 import json, re, sys
 err, name, precision, flops, peak = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
-tps = [float(m.group(2)) for m in (re.match(r"step\s+(\d+)/\d+ .* (\d+) tok/s", l) for l in open(err)) if m and int(m.group(1)) > 1]
+lines = [m for m in (re.match(r"step\s+(\d+)/\d+ .* (\d+) tok/s  step ([0-9.]+) s  digest ([0-9.]+) s", l) for l in open(err))
+         if m and int(m.group(1)) > 1]
+tps = [float(m.group(2)) for m in lines]
 print(json.dumps({"config": name, "precision": precision, "steps_timed": len(tps), "tokens_per_second_each": tps,
-                  "flops_per_token": flops, "peak_tflops": peak}))
+                  "step_seconds_each": [float(m.group(3)) for m in lines],
+                  "digest_seconds_each": [float(m.group(4)) for m in lines], "flops_per_token": flops, "peak_tflops": peak}))
 PY
 )")
     write_rows

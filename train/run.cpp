@@ -397,9 +397,9 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     const int64_t s = res.record.step;
     if (!quiet && (s % cfg.train.log_every == 0 || s == stop)) {
       const double tps = static_cast<double>(cfg.train.global_batch_instances * cfg.train.seq_len) / res.seconds;
-      std::fprintf(stderr, "step %5lld/%lld  loss %.4f  grad_norm %.4f  lr %.3e  %.0f tok/s  %s\n",
+      std::fprintf(stderr, "step %5lld/%lld  loss %.4f  grad_norm %.4f  lr %.3e  %.0f tok/s  step %.4f s  digest %.4f s  %s\n",
                    static_cast<long long>(s), static_cast<long long>(total), res.record.loss, res.record.grad_norm,
-                   res.record.lr, tps, res.record.param_digest.substr(0, 12).c_str());
+                   res.record.lr, tps, res.seconds, res.digest_seconds, res.record.param_digest.substr(0, 12).c_str());
     }
     if (eval_gathers && eval_due(cfg.eval, s)) {
       const std::vector<float> whole = trainer.params_on_rank0();

@@ -587,7 +587,9 @@ StepResult Trainer::fingerprint(const StepBatch& batch, const StepLoss& loss, co
   r.num_zeros = g.num_zeros;
   r.skipped = opt.skipped;
   r.data_digest = hex64(data_digest(batch.tokens.data(), static_cast<int64_t>(batch.tokens.size())));
+  const auto digest_t0 = std::chrono::steady_clock::now();
   r.param_digest = (*state_digest_)(params_, dist::Span::shard, digest_pieces_sent_);
+  out.digest_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - digest_t0).count();
   return out;
 }
 

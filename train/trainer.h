@@ -30,6 +30,9 @@ namespace olmoref {
 struct StepResult {
   TraceRecord record;
   double seconds = 0.0;
+  // Of `seconds`, the parameter digest (golden/state_digest): what the step would take without the fingerprint's
+  // Merkle root (the benchmarks report both).
+  double digest_seconds = 0.0;
 };
 
 // Data-parallel placement of this process (HSDP): dp_shard ranks split the state, dp_replicate

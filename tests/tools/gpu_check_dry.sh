@@ -52,6 +52,9 @@ assert all(r["exit"] == 0 for r in s), s
 b = json.load(open(f"{d}/bench.json"))
 assert [(r["config"], r["precision"]) for r in b] == [("tiny", "fp32"), ("tiny", "bf16")], b
 assert all(r["tokens_per_second"] > 0 for r in b), b
+# The step time with and without the parameter digest, from the progress lines' own timings.
+assert all(r["steps_timed"] > 0 and len(r["digest_seconds_each"]) == r["steps_timed"] for r in b), b
+assert all(0 <= r["digest_share_of_step"] < 1 and r["tokens_per_second_without_digest"] >= r["tokens_per_second"] for r in b), b
 log = open(f"{d}/checks.log").read()
 for step in steps:
     assert f"===== {step} " in log, step
