@@ -11,8 +11,6 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
   unit_.reset(ex, model.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
 }
 
-UnitGather::~UnitGather() = default;
-
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
 // reads only its own experts). Exact pieces, no padding; what a rank never reads of the unit buffer is never

@@ -22,7 +22,6 @@ class UnitGather : public ParamGate {
   // parallelism a rank reads only its own experts). All are borrowed and must outlive the gather.
   UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
              Comm& shard_group);
-  ~UnitGather() override;
   UnitGather(const UnitGather&) = delete;
   UnitGather& operator=(const UnitGather&) = delete;
 
