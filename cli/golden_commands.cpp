@@ -258,11 +258,11 @@ void register_golden_commands(CLI::App& app) {
                     "Override a key of the run's config, e.g. data.train_mix=PATH when the corpus moved (repeatable)");
     exp->callback([=] {
       const GoldenExportSummary s = export_golden_bundle(*o);
-      std::printf("wrote golden bundle %s: %lld steps x %lld instances x %lld tokens, %lld parameters (hf/), "
+      std::printf("wrote golden bundle %s: %lld steps x %lld instances x %lld tokens, %lld parameters (%s/), "
                   "%lld token file(s) %s, batches checked against the trace%s; dataset %s\n",
                   o->out_dir.c_str(), static_cast<long long>(s.steps), static_cast<long long>(s.instances_per_step),
                   static_cast<long long>(s.seq_len), static_cast<long long>(s.n_params),
-                  static_cast<long long>(s.n_files), o->copy_data ? "copied" : "referenced",
+                  s.weights_dir.c_str(), static_cast<long long>(s.n_files), o->copy_data ? "copied" : "referenced",
                   s.audit_checked ? " and the audit log" : "", s.fingerprint.c_str());
     });
 

@@ -17,6 +17,7 @@
 #include "data/mix.h"
 #include "golden/digest.h"
 #include "interop/hf_export.h"
+#include "interop/safetensors.h"
 #include "golden/trace.h"
 #include "model/init.h"
 #include "core/optim.h"
@@ -38,10 +39,26 @@ void rope_scaling_into(const ModelConfig& m, Json& model) {
                            {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
                            {"old_context_len", s.old_context_len}, {"full_attention_only", s.full_attention_only}};
 }
+template <class Json>
+void moe_into(const ModelConfig& cfg, Json& model) {
+  const MoEConfig& m = cfg.moe;
+  if (!m.enabled()) return;
+  model["moe"] = {{"n_experts", m.n_experts},
+                  {"top_k", m.top_k},
+                  {"hidden", m.hidden},
+                  {"shared_hidden", m.shared_hidden},
+                  {"lb_loss_weight", m.lb_loss_weight},
+                  {"z_loss_weight", m.z_loss_weight},
+                  {"scale_loss_by_num_layers", m.scale_loss_by_num_layers},
+                  {"normalize_expert_weights", m.normalize_expert_weights},
+                  {"lb_granularity", m.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch"}};
+}
 }  // namespace
 
 void add_rope_scaling_json(const ModelConfig& m, nlohmann::json& model) { rope_scaling_into(m, model); }
 void add_rope_scaling_json(const ModelConfig& m, nlohmann::ordered_json& model) { rope_scaling_into(m, model); }
+void add_moe_json(const ModelConfig& m, nlohmann::json& model) { moe_into(m, model); }
+void add_moe_json(const ModelConfig& m, nlohmann::ordered_json& model) { moe_into(m, model); }
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;  // keys in the order written, for readers
@@ -78,6 +95,7 @@ json model_json(const ModelConfig& m) {
           {"swa_pattern", m.swa_pattern}, {"init_std", m.init_std}, {"init_seed", m.init_seed},
           {"n_params", m.n_params()}};
   add_rope_scaling_json(m, j);
+  add_moe_json(m, j);
   return j;
 }
 
@@ -102,6 +120,7 @@ Format `olmoref-golden-bundle/1` (docs/formats/golden-bundle.md in the olmoref r
 |---|---|
 | `bundle.json` | model shape, batch shape, loss definition, AdamW hyperparameters with the exact lr of every step, schedule, precision, the token files (path, size, dtype) and the dataset fingerprint, the resolved run config |
 | `hf/` | the step-0 weights as a Hugging Face `Olmo3ForCausalLM` checkpoint (`model.safetensors`, fp32, and `config.json`) |
+| `olmo_core/` | instead of `hf/` for a mixture-of-experts model (Hugging Face has none for it): the step-0 weights under OLMo-core's `state_dict` names (`model.safetensors`, fp32) |
 | `batches.jsonl` | one line per step: the global batch in order, each instance as its id, the index of its token file, its token range `[token_start, token_end)` in that file and the XXH3-64 of its token ids; `token_sum`/`token_wsum` are numpy-checkable checksums of the whole batch |
 | `trace.jsonl` | the golden trace: loss, grad norm, lr of every step with exact IEEE bits (`olmoref-trace/1`) |
 | `run_manifest.json` | how the run was made (build, machine, threads) |
@@ -130,10 +149,15 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   if (!manifest.contains("config_toml")) throw std::runtime_error(run + "/manifest.json: no config_toml");
   const TrainConfig cfg =
       parse_config_text(manifest.at("config_toml").get<std::string>(), run + "/manifest.json (config_toml)", opts.overrides);
-  // The bundle describes the optimizer as plain AdamW with the default groups, which is what the replays run.
-  if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
-    throw std::runtime_error(run + "/manifest.json: golden export: " + why);
-  require_hf_form(cfg, "golden export (its step-0 weights are a Hugging Face Olmo 3 checkpoint)");
+  // The bundle describes the optimizer's groups as the Olmo 3 default (embeddings without weight decay), which is
+  // what every replay builds. AdamW or SkipStepAdamW: OLMo-core's adapter replays both, the others refuse the second.
+  if (cfg.optim.group_overrides_set)
+    throw std::runtime_error(run + "/manifest.json: golden export: optim.group_overrides is set: the replays use the "
+                             "Olmo 3 default groups (embeddings.weight without weight decay); remove the key to use them");
+  // Dense: a Hugging Face Olmo3ForCausalLM checkpoint, which every framework loads. A mixture of experts has no
+  // Hugging Face model (interop/hf_export.cpp): its weights go under OLMo-core's names, for OLMo-core's adapter.
+  const bool moe = cfg.model.moe.enabled();
+  if (!moe) require_hf_form(cfg, "golden export (its step-0 weights are a Hugging Face Olmo 3 checkpoint)");
   const std::vector<TraceRecord> trace = read_trace(run + "/trace.jsonl");
   int64_t S = static_cast<int64_t>(trace.size());
   if (opts.steps >= 0) {
@@ -233,7 +257,15 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
     hf.max_position_embeddings = T;
     if (cfg.data.eos_id >= 0 && cfg.data.eos_id < cfg.model.vocab_size) hf.eos_token_id = cfg.data.eos_id;
     hf.metadata = {{"olmoref_step", "0"}, {"olmoref_bundle", kBundleFormat}};
-    export_hf_checkpoint(out + "/hf", cfg.model, layout, params.data(), hf);
+    if (moe) {
+      fs::create_directories(out + "/olmo_core");
+      std::vector<SafeTensorView> views;
+      for (const ParamInfo& p : layout.params)
+        views.push_back({p.name, "F32", p.shape, params.data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+      write_safetensors(out + "/olmo_core/model.safetensors", views, hf.metadata);
+    } else {
+      export_hf_checkpoint(out + "/hf", cfg.model, layout, params.data(), hf);
+    }
   }
   write_text(out + "/batches.jsonl", batches_jsonl);
   {
@@ -271,7 +303,9 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   b["source_run"] = fs::absolute(run).lexically_normal().string();
   b["precision"] = cfg.train.precision;
   b["model"] = model_json(cfg.model);
-  b["hf_dir"] = "hf";
+  // Exactly one of the two holds the step-0 weights; the other is null.
+  b["hf_dir"] = moe ? json(nullptr) : json("hf");
+  b["olmo_core_dir"] = moe ? json("olmo_core") : json(nullptr);
   b["steps"] = S;
   b["run_steps"] = cfg.train.steps;
   b["seq_len"] = T;
@@ -282,16 +316,25 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
                {"definition",
                 "(sum over targets of cross-entropy + z_loss * logsumexp^2) / targets_per_step; targets are the "
                 "instance tokens shifted left by one (the last position of each instance has none)"}};
-  b["optim"] = {{"kind", "adamw"},
+  b["optim"] = {{"kind", cfg.optim.kind},
                 {"betas", {cfg.optim.beta1, cfg.optim.beta2}},
                 {"eps", cfg.optim.eps},
                 {"weight_decay", cfg.optim.weight_decay},
-                {"no_decay", {"model.embed_tokens.weight"}},
+                // In the names of the weights' own form (Hugging Face's, or OLMo-core's for a mixture of experts).
+                {"no_decay", {moe ? "embeddings.weight" : "model.embed_tokens.weight"}},
                 {"max_grad_norm", cfg.optim.max_grad_norm},
                 {"clip", "grads *= min(1, max_grad_norm / (total_norm + 1e-6)) before the update"},
-                {"update", "decoupled decay p *= 1 - lr*wd first, then Adam with bias correction (PyTorch AdamW)"},
+                {"update", cfg.optim.skip_step()
+                               ? "OLMo-core's SkipStepAdamW: AdamW's update scaled by the step factor (0 when the step's "
+                                 "loss or grad norm is an outlier of the last rolling_interval_length steps)"
+                               : "decoupled decay p *= 1 - lr*wd first, then Adam with bias correction (PyTorch AdamW)"},
                 {"lr_per_step", lrs},
                 {"lr_per_step_hex", lrs_hex}};
+  if (cfg.optim.skip_step()) {  // OLMo-core's SkipStepAdamW, with its option names
+    b["optim"]["rolling_interval_length"] = cfg.optim.rolling_interval_length;
+    b["optim"]["sigma_factor"] = cfg.optim.sigma_factor;
+    b["optim"]["step_increment_bugfix"] = cfg.optim.step_increment_bugfix;
+  }
   b["schedule"] = {{"kind", cfg.schedule.kind}, {"peak_lr", cfg.optim.lr}, {"warmup", cfg.schedule.warmup},
                    {"alpha_f", cfg.schedule.alpha_f}, {"t_max", cfg.schedule.t_max > 0 ? cfg.schedule.t_max : cfg.train.steps}};
   b["data"] = {{"fingerprint", ds.fingerprint()},
@@ -314,6 +357,7 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   summary.n_files = static_cast<int64_t>(ds.n_files());
   summary.n_params = layout.total;
   summary.fingerprint = ds.fingerprint();
+  summary.weights_dir = moe ? "olmo_core" : "hf";
   return summary;
 }
 

@@ -4,7 +4,8 @@
 //   BUNDLE/bundle.json      format "olmoref-golden-bundle/1": model, batch shape, loss, optimizer (per-step lr),
 //                           schedule, precision, data files with sizes and the dataset fingerprint, resolved config
 //   BUNDLE/hf/              step-0 weights as a Hugging Face Olmo3ForCausalLM checkpoint (model.safetensors,
-//                           config.json)
+//                           config.json); a mixture of experts, which Hugging Face has no model for, has instead
+//   BUNDLE/olmo_core/       step-0 weights under OLMo-core's state_dict names (model.safetensors)
 //   BUNDLE/batches.jsonl    per step, the global batch in order: instance id, file index, token range, XXH3
 //   BUNDLE/trace.jsonl      the run's trace (the golden losses), steps 1..S
 //   BUNDLE/run_manifest.json  the run's manifest, as written by `olmoref train`
@@ -26,6 +27,11 @@ namespace olmoref {
 // YaRNRoPEScalingConfig fields and with_rope_scaling's flag. Adds it to `model`.
 void add_rope_scaling_json(const ModelConfig& m, nlohmann::json& model);
 void add_rope_scaling_json(const ModelConfig& m, nlohmann::ordered_json& model);
+// ... and "moe" only for a mixture of experts: {"n_experts", "top_k", "hidden", "shared_hidden", "lb_loss_weight",
+// "z_loss_weight", "scale_loss_by_num_layers", "normalize_expert_weights", "lb_granularity"}, the fields OLMo-core's
+// MoEConfig takes (golden/parity/olmo_core_model.py builds it from them).
+void add_moe_json(const ModelConfig& m, nlohmann::json& model);
+void add_moe_json(const ModelConfig& m, nlohmann::ordered_json& model);
 
 struct GoldenExportOptions {
   std::string run_dir;                  // a directory written by `olmoref train`
@@ -39,6 +45,7 @@ struct GoldenExportSummary {
   int64_t steps = 0, instances_per_step = 0, seq_len = 0, n_files = 0, n_params = 0;
   bool audit_checked = false;  // the run's audit.jsonl agreed with the recomputed batches
   std::string fingerprint;
+  std::string weights_dir;     // "hf" or (mixture of experts) "olmo_core"
 };
 
 // Recomputes the run's batches with the loader from the run's resolved config, checks every step's token

@@ -131,19 +131,8 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                 {"ffn_hidden", cfg.model.ffn_hidden}, {"rope_theta", cfg.model.rope_theta},
                 {"swa_pattern", cfg.model.swa_pattern}};
   add_rope_scaling_json(cfg.model, j["model"]);
-  if (moe) {
-    const MoEConfig& m = cfg.model.moe;
-    j["model"]["moe"] = {{"n_experts", m.n_experts},
-                         {"top_k", m.top_k},
-                         {"hidden", m.hidden},
-                         {"shared_hidden", m.shared_hidden},
-                         {"lb_loss_weight", m.lb_loss_weight},
-                         {"z_loss_weight", m.z_loss_weight},
-                         {"scale_loss_by_num_layers", m.scale_loss_by_num_layers},
-                         {"normalize_expert_weights", m.normalize_expert_weights},
-                         {"lb_granularity", m.lb_granularity == MoELbGranularity::instance ? "instance" : "local_batch"}};
-    j["micro_batch_instances"] = cfg.train.micro_batch_instances;
-  }
+  add_moe_json(cfg.model, j["model"]);
+  if (moe) j["micro_batch_instances"] = cfg.train.micro_batch_instances;
   j["seq_len"] = T;
   j["instances_per_step"] = G;
   j["steps"] = steps;

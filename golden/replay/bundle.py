@@ -95,6 +95,18 @@ class Bundle:
         if [b["step"] for b in self.batches[:self.S]] != list(range(1, self.S + 1)):
             raise BundleError("batches.jsonl must hold steps 1, 2, ... in order")
 
+    def require_hf_adamw(self, who):
+        """For the adapters that load the Hugging Face weights and run plain AdamW (all but OLMo-core's): refuses a
+        mixture-of-experts bundle (its weights are OLMo-core's, under olmo_core/) and a SkipStepAdamW one, naming the
+        key and the adapter that replays it."""
+        path = os.path.join(self.path, "bundle.json")
+        if self.meta["model"].get("moe") is not None or not self.meta.get("hf_dir"):
+            raise BundleError(f"{path}: a mixture-of-experts model (weights under olmo_core/, no hf/); {who} replays "
+                              f"dense Olmo 3 models: use --framework olmo-core")
+        if self.optim.get("kind", "adamw") != "adamw":
+            raise BundleError(f"{path}: optim.kind {self.optim['kind']!r}; {who} runs plain AdamW: use "
+                              f"--framework olmo-core (its SkipStepAdamW)")
+
     def tokens(self, step):
         """Step `step`'s (1-based) global batch as int64 [G, T]."""
         return step_tokens(self.files, self.batches[step - 1], self.T)

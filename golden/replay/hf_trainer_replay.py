@@ -30,6 +30,7 @@ def main(argv=None):
     args = adapter_args(__doc__, argv, "what the Trainer did natively and what was added (JSON)")
     try:
         bundle = Bundle(args.bundle, args.steps)
+        bundle.require_hf_adamw("Hugging Face Trainer's adapter")
     except BundleError as e:
         print(f"hf_trainer_replay: bad bundle: {e}", file=sys.stderr)
         return 2

@@ -5,13 +5,15 @@ Usage: olmo_core_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json 
 (normally run by `olmoref golden replay BUNDLE --framework olmo-core`, which then compares the traces)
 
 The bundle (`olmoref golden export`, docs/formats/golden-bundle.md) holds the step-0 weights as a Hugging Face
-Olmo3ForCausalLM checkpoint, each step's global batch as instance ranges in the token files, the hyperparameters and
+Olmo3ForCausalLM checkpoint (or, for a mixture of experts, under OLMo-core's own names), each step's global batch as instance ranges in the token files, the hyperparameters and
 the golden trace. This script runs ai2-olmo-core's Trainer.fit on it, single process (a gloo process group of one
 rank on the CPU), fp32, deterministic algorithms:
 
   model      OLMo-core's Olmo 3 TransformerConfig for the bundle's shape (golden/parity/olmo_core_model.py: reordered
              norms, full-width QK-norm, RoPE, sliding windows as the bundle says, torch SDPA attention), the step-0
-             weights read from hf/ through OLMo-core's convert_state_from_hf and loaded strictly;
+             weights read from hf/ through OLMo-core's convert_state_from_hf and loaded strictly; a mixture of experts
+             is its MoETransformer (moe_reordered_norm blocks, DroplessMoE) with the weights of olmo_core/ loaded
+             strictly, its Triton gather/scatter kernels replaced by the CPU stand-ins of olmo_core_model.py;
   train      TransformerTrainModule: labels, micro-batches of the bundle's size, sum-reduced CE + z-loss divided by
              the step's target count, max_grad_norm clipping, its scheduler setting the lr before optim.step();
   optimizer  OLMo-core's AdamWConfig (torch AdamW) or SkipStepAdamWConfig, the bundle's no-decay parameters in a
@@ -19,9 +21,10 @@ rank on the CPU), fp32, deterministic algorithms:
   data       BundleDataLoader, a DataLoaderBase yielding exactly the bundle's batches in order (checked against the
              bundle's checksums).
 
-Each line of REPLAY.jsonl is what OLMo-core recorded for that step: {"step", "loss" = ce + z, "ce" (train/CE loss),
-"z" (train/Z loss, 0 without z-loss), "grad_norm" (optim/total grad norm, before clipping), "lr" (the lr the
-optimizer stepped with)}. REPORT.json names what OLMo-core's own code did ("native") and each piece of the recipe it
+Each line of REPLAY.jsonl is what OLMo-core recorded for that step: {"step", "loss" = ce + z (+ moe_lb + moe_z),
+"ce" (train/CE loss), "z" (train/Z loss, 0 without z-loss), "grad_norm" (optim/total grad norm, before clipping),
+"lr" (the lr the optimizer stepped with)}, and for a mixture of experts "moe_lb" (train/load balancing loss) and
+"moe_z" (train/router Z loss), for SkipStepAdamW "skipped" (optim/step skipped). REPORT.json names what OLMo-core's own code did ("native") and each piece of the recipe it
 could not express with the smallest addition made ("added"). `olmoref trace compare BUNDLE/trace.jsonl
 REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md, section 7).
 
@@ -34,7 +37,7 @@ import sys
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
-from olmo_core_model import model_windows, olmo_core_config, windows  # noqa: E402
+from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
 from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
 
 # The one place the OLMo-core release is pinned (tools/setup_python.sh installs this one).
@@ -69,36 +72,58 @@ def check_recipe(bundle):
         raise BundleError(f"{path}: optim.lr_per_step has {len(lrs)} values for {bundle.S} steps")
     if bundle.optim.get("kind", "adamw") not in ("adamw", "skip_step_adamw"):
         raise BundleError(f"{path}: optim.kind {bundle.optim['kind']!r}; OLMo-core replays adamw or skip_step_adamw")
-    if meta["model"].get("moe") is not None:
-        raise BundleError(f"{path}: a mixture-of-experts model; this adapter replays dense Olmo 3 models")
+    want_dir = "olmo_core_dir" if is_moe(meta["model"]) else "hf_dir"
+    if not meta.get(want_dir):
+        raise BundleError(f"{path}: {want_dir} is {meta.get(want_dir)!r}: a "
+                          f"{'mixture-of-experts' if is_moe(meta['model']) else 'dense'} bundle keeps its step-0 "
+                          f"weights there")
 
 
 # ---- model ----------------------------------------------------------------------------------------------------
 
-def build_model(torch, bundle):
-    """OLMo-core's model and the bundle's step-0 weights through convert_state_from_hf, checked against the model's
-    names and shapes. Returns the model, that state (load it with load_weights once the train module has initialised
-    the model) and the OLMo-core name of each HF parameter name (the bundle names its no-decay parameters in HF
-    terms)."""
+def hf_state(bundle):
+    """The step-0 weights of hf/ through OLMo-core's convert_state_from_hf, and the OLMo-core name of each HF
+    parameter name (the bundle names its no-decay parameters in the weights' own terms)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
     from olmo_core.nn.conversion.state_mapping import TemplatePlaceholder
     from olmo_core.nn.hf.convert import convert_state_from_hf, get_converter_from_hf
 
-    meta = bundle.meta
-    hf_dir = os.path.join(bundle.path, meta["hf_dir"])
+    hf_dir = os.path.join(bundle.path, bundle.meta["hf_dir"])
     weights = os.path.join(hf_dir, "model.safetensors")
     if not os.path.exists(weights):
         raise BundleError(f"{weights} not found (the bundle's step-0 weights)")
     hf_config = AutoConfig.from_pretrained(hf_dir)
-    hf_state = load_file(weights)
-    state = convert_state_from_hf(hf_config, hf_state, model_type=hf_config.model_type)
+    hf = load_file(weights)
+    state = convert_state_from_hf(hf_config, hf, model_type=hf_config.model_type)
     # The same converter's mappings, without converting: which OLMo-core parameter each HF tensor became.
     mappings = get_converter_from_hf(model_type=hf_config.model_type).get_mappings(
-        hf_state, {TemplatePlaceholder.LAYER: hf_config.num_hidden_layers})
+        hf, {TemplatePlaceholder.LAYER: hf_config.num_hidden_layers})
     oc_name = {mp.source_keys[0]: mp.dest_keys[0] for mp in mappings
                if len(mp.source_keys) == 1 and len(mp.dest_keys) == 1}
+    return weights, state, oc_name
 
+
+def olmo_core_state(bundle):
+    """A mixture of experts' step-0 weights, already under OLMo-core's state_dict names (olmo_core/)."""
+    from safetensors.torch import load_file
+
+    weights = os.path.join(bundle.path, bundle.meta["olmo_core_dir"], "model.safetensors")
+    if not os.path.exists(weights):
+        raise BundleError(f"{weights} not found (the bundle's step-0 weights)")
+    state = load_file(weights)
+    return weights, state, {n: n for n in state}
+
+
+def build_model(torch, bundle):
+    """OLMo-core's model and the bundle's step-0 weights, checked against the model's names and shapes. Returns the
+    model, that state (load it with load_weights once the train module has initialised the model) and the
+    OLMo-core name of each name the bundle uses for its weights."""
+    meta = bundle.meta
+    moe = is_moe(meta["model"])
+    weights, state, oc_name = olmo_core_state(bundle) if moe else hf_state(bundle)
+    if moe:
+        install_cpu_kernels()  # OLMo-core's MoE gather/scatter are Triton kernels, which need a GPU
     model = olmo_core_config(meta["model"]).build(init_device="cpu")
     got_w, want_w = model_windows(model), windows(meta["model"])
     if got_w != want_w:
@@ -109,7 +134,7 @@ def build_model(torch, bundle):
     extra = sorted(set(state) - set(want))
     shape = sorted(n for n in want if n in state and tuple(state[n].shape) != want[n])
     if missing or extra or shape:
-        raise BundleError(f"{weights} through convert_state_from_hf does not match OLMo-core's model: missing "
+        raise BundleError(f"{weights} does not match OLMo-core's model: missing "
                           f"{missing[:6]}, unknown {extra[:6]}, wrong shape {shape[:6]}")
     return model, {n: t.to(torch.float32) for n, t in state.items()}, oc_name
 
@@ -171,7 +196,7 @@ def optim_config(bundle, oc_name, native, added):
     common = dict(lr=float(o["lr_per_step"][0]), betas=tuple(o["betas"]), eps=float(o["eps"]),
                   weight_decay=float(o["weight_decay"]), group_overrides=overrides)
     if o.get("kind", "adamw") == "skip_step_adamw":
-        extra = {k: o[k] for k in ("rolling_interval_length", "sigma_factor") if k in o}
+        extra = {k: o[k] for k in ("rolling_interval_length", "sigma_factor", "step_increment_bugfix") if k in o}
         native.append(f"SkipStepAdamWConfig {extra or '(its defaults)'}")
         cfg = SkipStepAdamWConfig(**common, **extra)
     else:
@@ -261,8 +286,17 @@ def replay(bundle, threads, work):
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1)
     try:
         model, state, oc_name = build_model(torch, bundle)
-        native.append(f"model: TransformerConfig.llama_like, reordered-norm Olmo 3 blocks, windows "
-                      f"{model_windows(model)}, torch SDPA attention; step-0 weights through convert_state_from_hf")
+        moe = is_moe(bundle.meta["model"])
+        if moe:
+            native.append(f"model: TransformerConfig.llama_like, MoETransformer of moe_reordered_norm blocks "
+                          f"(DroplessMoE, {bundle.meta['model']['moe']}), windows {model_windows(model)}, torch SDPA "
+                          f"attention; step-0 weights from olmo_core/ under its own names")
+            added.append("CPU_KERNELS (golden/parity/olmo_core_model.py): plain-torch stand-ins for "
+                         "olmo_core.ops.moe.kernels' Triton gather/scatter/scatter_wgrad, which cannot run on CPU "
+                         "tensors; OLMo-core's GatherOp/ScatterOp still call them")
+        else:
+            native.append(f"model: TransformerConfig.llama_like, reordered-norm Olmo 3 blocks, windows "
+                          f"{model_windows(model)}, torch SDPA attention; step-0 weights through convert_state_from_hf")
         optim = optim_config(bundle, oc_name, native, added)
         sched, initial_lr = scheduler(bundle, native, added)
         optim.lr = initial_lr
@@ -275,6 +309,8 @@ def replay(bundle, threads, work):
         # Its parallelize_model() runs the model's init_weights(), so the checkpoint goes in afterwards, as
         # OLMo-core's own scripts load one (train_module.model, then Trainer.fit).
         load_weights(module.model, state)
+        if moe:
+            use_torch_gmm(module.model)  # OLMo-core's own fp32 per-expert matmuls, not grouped_gemm's bf16
         native.append(f"TransformerTrainModule: micro-batches of {mb} x {T}, z_loss_multiplier "
                       f"{z if z != 0 else None}, max_grad_norm {max_norm} (clip max_norm / (norm + 1e-6))")
         loader = bundle_data_loader(torch, bundle, os.path.join(work, "data"))
@@ -303,8 +339,17 @@ def replay(bundle, threads, work):
         if len(set(lrs)) != 1:
             raise RuntimeError(f"step {s}: the optimizer's groups stepped with different lrs {lrs}")
         ce, zl = float(m["train/CE loss"]), float(m.get("train/Z loss", 0.0))
-        records.append({"step": s, "loss": ce + zl, "ce": ce, "z": zl, "grad_norm": float(m["optim/total grad norm"]),
-                        "lr": lrs[0]})
+        rec = {"step": s, "loss": ce + zl, "ce": ce, "z": zl, "grad_norm": float(m["optim/total grad norm"]),
+               "lr": lrs[0]}
+        if moe:  # the routers' auxiliary losses, summed over the blocks by compute_auxiliary_metrics
+            rec["moe_lb"] = float(m.get("train/load balancing loss", 0.0))
+            rec["moe_z"] = float(m.get("train/router Z loss", 0.0))
+            rec["loss"] = ce + zl + rec["moe_lb"] + rec["moe_z"]
+        if bundle.optim.get("kind") == "skip_step_adamw":
+            if "optim/step skipped" not in m:
+                raise RuntimeError(f"OLMo-core recorded no 'optim/step skipped' for step {s} (recorded: {sorted(m)})")
+            rec["skipped"] = int(float(m["optim/step skipped"]))
+        records.append(rec)
     return records, native, added
 
 

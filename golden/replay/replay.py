@@ -43,6 +43,7 @@ def main(argv=None):
 
     try:
         bundle = Bundle(args.bundle, args.steps)
+        bundle.require_hf_adamw("the PyTorch replay")
     except BundleError as e:
         print(f"replay: bad bundle: {e}", file=sys.stderr)
         return 2

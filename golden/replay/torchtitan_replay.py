@@ -67,11 +67,7 @@ def check_recipe(bundle):
     path = os.path.join(bundle.path, "bundle.json")
     if len(bundle.optim.get("lr_per_step", [])) < bundle.S:
         raise BundleError(f"{path}: optim.lr_per_step has fewer values than the {bundle.S} steps")
-    if bundle.optim.get("kind", "adamw") != "adamw":
-        raise BundleError(f"{path}: optim.kind {bundle.optim['kind']!r}; TorchTitan's optimizers have no "
-                          f"SkipStepAdamW, so this adapter replays adamw only")
-    if bundle.meta["model"].get("moe") is not None:
-        raise BundleError(f"{path}: a mixture-of-experts model; this adapter replays dense Olmo 3 models")
+    bundle.require_hf_adamw("TorchTitan's adapter (its optimizers have no SkipStepAdamW)")
 
 
 # ---- the CPU ----------------------------------------------------------------------------------------------------

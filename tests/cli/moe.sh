@@ -195,10 +195,19 @@ expect_error "model.moe_lb_granularity" "$BIN" config "${base[@]}" --set model.m
 expect_error "model.moe_experts" "$BIN" config --config "$SRC/configs/tiny.toml" --set model.moe_top_k=2
 expect_error "model.moe_normalize_expert_weights" "$BIN" config "${base[@]}" --set model.moe_normalize_expert_weights=3
 expect_error "train.precision" "$BIN" train "${cfg[@]}" --set 'train.precision="bf16"' --out "$work/bf"
-# No Hugging Face form: export, golden bundles (HF replays) and HF init refuse by name, writing nothing.
+# No Hugging Face form: export and HF init refuse by name, writing nothing; a golden bundle carries the weights
+# under OLMo-core's names instead (olmo_core/, for OLMo-core's replay: tests/golden/olmo_core_replay.sh moe).
 expect_error "model.moe_experts" "$BIN" export-hf "${base[@]}" --out "$work/hf"
 [ ! -e "$work/hf/model.safetensors" ] || { echo "FAIL: export-hf wrote weights for a MoE model"; exit 1; }
-expect_error "model.moe_experts" "$BIN" golden export --run "$work/ref" --out "$work/gx"
+"$BIN" golden export --run "$work/ref" --out "$work/gx" > /dev/null
+[ -s "$work/gx/olmo_core/model.safetensors" ] && [ ! -e "$work/gx/hf" ] ||
+  { echo "FAIL: a MoE golden bundle must hold olmo_core/model.safetensors and no hf/"; ls -R "$work/gx"; exit 1; }
+python3 - "$work/gx/bundle.json" <<'PY' || exit 1
+import json, sys
+b = json.load(open(sys.argv[1]))
+assert b["hf_dir"] is None and b["olmo_core_dir"] == "olmo_core", (b["hf_dir"], b["olmo_core_dir"])
+assert b["model"]["moe"]["n_experts"] > 0 and b["optim"]["no_decay"] == ["embeddings.weight"], b["model"]
+PY
 "$BIN" export-hf --config "$SRC/configs/tiny.toml" --out "$work/dense-hf" > /dev/null
 expect_error "model.moe_experts" "$BIN" train "${cfg[@]}" --init-from-hf "$work/dense-hf" --out "$work/init"
 expect_error "does not divide" "$BIN" train "${cfg[@]}" --ep 2 --out "$work/ep-one"

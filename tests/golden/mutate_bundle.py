@@ -2,13 +2,17 @@
 """Negative controls for the framework replays: a copy of a golden bundle with one thing changed, the trace kept.
 
 Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z | --drop-rope-scaling
+                                  | --moe-lb-weight W | --sigma-factor S
 
   --swap-batches A B   steps A and B train on each other's batch (each record stays self-consistent: a data-loader
                        bug that the bundle's checksums cannot see);
   --lr-step K --lr-factor F   step K's lr multiplied by F (a schedule off by a little at one step);
   --z-loss Z           the loss's z-loss multiplier set to Z (0: z-loss silently dropped);
   --drop-rope-scaling  the model's long-context RoPE scaling (YaRN) removed, from bundle.json and hf/config.json
-                       (a loader that ignores the scaling).
+                       (a loader that ignores the scaling);
+  --moe-lb-weight W    a mixture of experts' load-balancing loss weight set to W (0: the routers' balancing term
+                       silently dropped);
+  --sigma-factor S     SkipStepAdamW's sigma_factor set to S (another rule for which steps are outliers).
 The replay of OUT must then differ from OUT/trace.jsonl (the unchanged golden trace) at the step named.
 """
 import argparse
@@ -24,6 +28,8 @@ ap.add_argument("--lr-step", type=int)
 ap.add_argument("--lr-factor", type=float)
 ap.add_argument("--z-loss", type=float)
 ap.add_argument("--drop-rope-scaling", action="store_true")
+ap.add_argument("--moe-lb-weight", type=float)
+ap.add_argument("--sigma-factor", type=float)
 a = ap.parse_args()
 shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*"))
 meta = json.load(open(os.path.join(a.out, "bundle.json")))
@@ -49,4 +55,8 @@ if a.drop_rope_scaling:
             params.pop(key)
         params["rope_type"] = "default"
     json.dump(hf, open(hf_path, "w"), indent=2)
+if a.moe_lb_weight is not None:
+    meta["model"]["moe"]["lb_loss_weight"] = a.moe_lb_weight
+if a.sigma_factor is not None:
+    meta["optim"]["sigma_factor"] = a.sigma_factor
 json.dump(meta, open(os.path.join(a.out, "bundle.json"), "w"), indent=1)

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# tests/golden/olmo_core_replay.sh pass|controls — meson tests golden-replay-olmo-core(-controls): OLMo-core's own
-# Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
+# tests/golden/olmo_core_replay.sh pass|controls|moe — meson tests golden-replay-olmo-core(-controls, -moe): OLMo-core's
+# own Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
 #
 #   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #             golden/replay/rules-olmo-core.toml; prints the rules' rows (worst per-step relative differences).
 #   controls  copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must
 #             fail, naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high
 #             (lr at step 6), the z-loss dropped (loss from step 1; z too).
+#   moe       configs/tiny-moe.toml (8 experts, top-2, a shared expert, load-balancing and router z-losses) with
+#             SkipStepAdamW over a 6-step window and sigma 0 (a step is skipped when its loss or grad norm is above
+#             the window's mean: steps 4, 6 and 7 of 10 fp32 steps): OLMo-core's MoETransformer and SkipStepAdamW must
+#             hold within the rules, moe_lb, moe_z and skipped included; then its controls: steps 4 and 7 swapped
+#             (loss from step 4), the load-balancing weight set to 0 (moe_lb from step 1), sigma 6 (OLMo-core's
+#             default: skipped differs at the first step olmoref skipped). A window under 6 would not do: OLMo-core
+#             then judges step 2 by the deviation of one value (NaN) and skips it whatever sigma is (olmoref too).
 # Two tests rather than one so each stays within a few minutes on 2 shared cores; one thread each side.
 # Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED: golden-replay-olmo-core: ..." when OLMo-core's packages
 # or the demo corpus cannot be had (never a pass).
@@ -18,6 +25,32 @@ source tests/golden/replay_lib.sh
 skip() { echo "SKIPPED: golden-replay-olmo-core: $1"; exit 77; }
 olmoref_ensure_olmo_core_venv olmo_core_replay
 FRAMEWORK=olmo-core PY="$OLMOREF_OLMO_CORE_VENV/bin/python"
+if [ "${1:-pass}" = moe ]; then
+  python3 tests/make_tokens.py "$work/tokens.u16" 9 120000 > /dev/null || exit 2
+  "$BIN" train --config configs/tiny-moe.toml --steps 10 --set "data.train_files=[\"$work/tokens.u16\"]" \
+    --set 'optim.kind="skip_step_adamw"' --set optim.rolling_interval_length=6 --set optim.sigma_factor=0 \
+    --threads 2 --out "$work/run" --quiet || exit 2
+  "$BIN" golden export --run "$work/run" --out "$work/bundle" > /dev/null || exit 2
+  # The trace must skip some steps (or the skipped rule would compare zeros only); the first one names the control.
+  first_skip=$(python3 -c 'import json,sys; print(next((r["step"] for r in map(json.loads, open(sys.argv[1])) if r.get("skipped") == 1), 0))' "$work/run/trace.jsonl")
+  [ "$first_skip" -gt 0 ] || { echo "FAIL: the SkipStepAdamW run skipped no step: nothing for the skipped rule to see"; exit 1; }
+  replay_same
+  grep -E "^(moe_lb|moe_z|skipped)" "$work/same/compare.txt" || true
+  control swapped "FAIL: loss .* first at step 4" --swap-batches 4 7
+  control no-moe-lb "moe_lb [^;]*first at step 1\b" --moe-lb-weight 0
+  control sigma "skipped [^;]*first at step $first_skip\b" --sigma-factor 6
+  # The adapters that load Hugging Face weights and run plain AdamW refuse the bundle, naming the one that replays it.
+  for fw in torch hf-trainer torchtitan; do
+    "$BIN" golden replay "$work/bundle" --framework "$fw" --out "$work/refuse-$fw" > "$work/refuse-$fw.log" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--framework olmo-core" "$work/refuse-$fw.log"; then
+      echo "ok: $fw refuses the bundle: $(grep -m1 -- "--framework olmo-core" "$work/refuse-$fw.log")"
+    else
+      cat "$work/refuse-$fw.log"; echo "FAIL: $fw: want exit 2 naming --framework olmo-core, got exit $rc"; replay_failed=1
+    fi
+  done
+  exit $replay_failed
+fi
 replay_make_bundle 1
 if [ "${1:-pass}" = pass ]; then
   replay_same
