@@ -31,6 +31,8 @@ FOREIGN = {
     "train/apply": "prose (\"train/apply the BPE\")",
     "train/CE": "a metric's name in a trace",
     "train/Z": "a metric's name in a trace",
+    "train/load": "an OLMo-core metric's name (train/load balancing loss)",
+    "train/router": "an OLMo-core metric's name (train/router Z loss)",
     "train/rank0.pt": "OLMo-core's data-loader state file in its checkpoints",
     "ckpt/manifest.json": "a checkpoint directory passed in (bench/ckpt_bench.sh's $ckpt)",
     "data/NNNNN-NAME": "a bundle's data file pattern",
