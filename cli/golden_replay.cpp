@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct Framework {
   const char* name;
   const char* script;     // under golden/replay/
   const char* rules;      // under golden/replay/
+  // Rules for a bf16 bundle, which the adapter replays in the framework's own bf16 mixed precision; nullptr: the
+  // adapter replays every bundle in fp32, under `rules` (a bf16 bundle then differs by bf16-sized amounts).
+  const char* rules_bf16;
   const char* venv_env;   // the environment variable naming its Python environment
   const char* venv_home;  // the default, under ~/.cache/olmoref/ (tools/setup_python.sh makes it)
   const char* what;       // for --help
@@ -44,13 +48,14 @@ struct Framework {
 
 // The frameworks whose adapters exist. Each venv is the one the suite's checks of that framework already use.
 constexpr Framework kFrameworks[] = {
-    {"torch", "replay.py", "rules-fp32.toml", "OLMOREF_VENV", "venv",
+    {"torch", "replay.py", "rules-fp32.toml", nullptr, "OLMOREF_VENV", "venv",
      "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)"},
-    {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "OLMOREF_VENV", "venv",
+    {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", nullptr, "OLMOREF_VENV", "venv",
      "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm"},
-    {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "OLMOREF_OLMO_CORE_VENV", "venv-olmo-core",
+    {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
+     "venv-olmo-core",
      "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
-    {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "OLMOREF_VENV", "venv",
+    {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", nullptr, "OLMOREF_VENV", "venv",
      "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf"},
 };
 
@@ -117,7 +122,15 @@ int golden_replay(const ReplayOptions& o) {
     throw std::invalid_argument(o.bundle + ": not a golden bundle (bundle.json and trace.jsonl are written by "
                                 "`olmoref golden export --run RUN --out BUNDLE`)");
   const fs::path here = fs::path(source_root()) / "golden" / "replay";
-  const fs::path script = here / f.script, rules = here / f.rules;
+  // A bf16 run is judged by the framework's bf16 rules where its adapter replays in bf16.
+  std::string precision;
+  try {
+    precision = nlohmann::json::parse(std::ifstream((bundle / "bundle.json").string())).value("precision", "fp32");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument((bundle / "bundle.json").string() + ": not JSON (" + e.what() + ")");
+  }
+  const fs::path script = here / f.script,
+                 rules = here / (precision == "bf16" && f.rules_bf16 ? f.rules_bf16 : f.rules);
   for (const fs::path& p : {script, rules})
     if (!fs::is_regular_file(p))
       throw std::runtime_error(p.string() + " not found: golden replay reads its adapters from the source tree; set "

@@ -151,12 +151,13 @@ def adapter_args(doc, argv, report_help):
     return ap.parse_args(argv)
 
 
-def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, import_framework, replay):
+def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, import_framework, replay, bf16=False):
     """The frame of an adapter that runs a framework's own trainer: the arguments (adapter_args), the bundle checked
     by Bundle and by check_recipe(bundle) (raising BundleError), import_framework() returning the framework's
     version (raising ImportError saying what to install), replay(bundle, threads, work_dir) returning (records,
     native, added), then the trace and the report written. `name` prefixes its messages, `framework` is the
-    report's. Returns the exit status: 0 replayed, 2 the bundle is malformed or the framework cannot be imported."""
+    report's; bf16: the adapter replays a bf16 bundle in bf16 itself (otherwise a note says it computes in fp32).
+    Returns the exit status: 0 replayed, 2 the bundle is malformed or the framework cannot be imported."""
     args = adapter_args(doc, argv, report_help)
 
     def fail(msg):
@@ -168,7 +169,7 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
         check_recipe(bundle)
     except BundleError as e:
         return fail(f"bad bundle: {e}")
-    if bundle.meta.get("precision") != "fp32":
+    if bundle.meta.get("precision") != "fp32" and not bf16:
         print(f"{name}: note: the run used precision {bundle.meta.get('precision')}; this replay computes in fp32, "
               f"so expect bf16-sized differences", file=sys.stderr)
     try:

@@ -3,6 +3,10 @@
 
 Usage: olmo_core_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
 (normally run by `olmoref golden replay BUNDLE --framework olmo-core`, which then compares the traces)
+Environment, to measure OLMo-core's own spread between two equally valid runs (rules-olmo-core-bf16.toml's limits
+rest on it; each is named in the report's "added"): OLMOREF_OLMO_CORE_MICROBATCH=K runs micro-batches of K instances
+instead of the bundle's; OLMOREF_OLMO_CORE_BF16=autocast runs a bf16 bundle through torch.autocast
+(TransformerTrainModule's autocast_precision) instead of FSDP's param_dtype.
 
 The bundle (`olmoref golden export`, docs/formats/golden-bundle.md) holds the step-0 weights as a Hugging Face
 Olmo3ForCausalLM checkpoint (or, for a mixture of experts, under OLMo-core's own names), each step's global batch as instance ranges in the token files, the hyperparameters and
@@ -21,11 +25,16 @@ rank on the CPU), fp32, deterministic algorithms:
   data       BundleDataLoader, a DataLoaderBase yielding exactly the bundle's batches in order (checked against the
              bundle's checksums).
 
+A bf16 bundle (train.precision = "bf16") runs in OLMo-core's own mixed precision, as the Olmo 3 scripts configure
+it: TransformerDataParallelConfig(name=fsdp, param_dtype=bfloat16, reduce_dtype=float32), FSDP2 over the one gloo
+rank (bf16 copies of the fp32 parameters for forward and backward, gradients reduced and AdamW run in fp32), judged
+by golden/replay/rules-olmo-core-bf16.toml.
+
 Each line of REPLAY.jsonl is what OLMo-core recorded for that step: {"step", "loss" = ce + z (+ moe_lb + moe_z),
 "ce" (train/CE loss), "z" (train/Z loss, 0 without z-loss), "grad_norm" (optim/total grad norm, before clipping),
 "lr" (the lr the optimizer stepped with)}, and for a mixture of experts "moe_lb" (train/load balancing loss) and
-"moe_z" (train/router Z loss), for SkipStepAdamW "skipped" (optim/step skipped). REPORT.json names what OLMo-core's own code did ("native") and each piece of the recipe it
-could not express with the smallest addition made ("added"). `olmoref trace compare BUNDLE/trace.jsonl
+"moe_z" (train/router Z loss), for SkipStepAdamW "skipped" (optim/step skipped). REPORT.json names what OLMo-core's
+own code did ("native") and each piece of the recipe it could not express with the smallest addition made ("added"). `olmoref trace compare BUNDLE/trace.jsonl
 REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md, section 7).
 
 Exit status: 0 replayed; 2 the bundle is malformed, or OLMo-core (with its transformers extra) cannot be imported.
@@ -140,8 +149,19 @@ def build_model(torch, bundle):
 
 
 def load_weights(model, state):
-    """In place, so the optimizer built on these parameters keeps them."""
-    model.load_state_dict(state, strict=True)
+    """In place, so the optimizer built on these parameters keeps them. Under FSDP (bf16) the parameters are
+    DTensors: each full tensor goes in through distribute_tensor with the parameter's own mesh and placements."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = model.state_dict()
+    if set(params) != set(state):
+        raise BundleError(f"the weights' names differ from OLMo-core's model: missing {sorted(set(params) - set(state))[:6]}, "
+                          f"unknown {sorted(set(state) - set(params))[:6]}")
+    with torch.no_grad():
+        for n, p in params.items():
+            t = state[n].to(p.dtype)
+            p.copy_(distribute_tensor(t, p.device_mesh, p.placements) if isinstance(p, DTensor) else t)
 
 
 # ---- data -----------------------------------------------------------------------------------------------------
@@ -301,8 +321,29 @@ def replay(bundle, threads, work):
         sched, initial_lr = scheduler(bundle, native, added)
         optim.lr = initial_lr
         z, max_norm = bundle.z_loss, float(bundle.optim["max_grad_norm"])
-        T, mb, steps = bundle.T, bundle.mb, bundle.S
+        T, mb, steps = bundle.T, int(os.environ.get("OLMOREF_OLMO_CORE_MICROBATCH", bundle.mb)), bundle.S
+        if mb != bundle.mb:
+            added.append(f"OLMOREF_OLMO_CORE_MICROBATCH: micro-batches of {mb} instances instead of the bundle's "
+                         f"{bundle.mb} (a measurement of OLMo-core's own spread, not a replay of the bundle)")
+        dp_config, autocast = None, None
+        route = os.environ.get("OLMOREF_OLMO_CORE_BF16", "fsdp")
+        if route not in ("fsdp", "autocast"):
+            raise BundleError(f"OLMOREF_OLMO_CORE_BF16={route!r}: fsdp (the default) or autocast")
+        if bundle.meta.get("precision") == "bf16" and route == "autocast":
+            autocast = torch.bfloat16
+            added.append("OLMOREF_OLMO_CORE_BF16=autocast: bf16 through torch.autocast (autocast_precision) instead of "
+                         "FSDP's param_dtype (a measurement of OLMo-core's own spread, not the Olmo 3 recipe)")
+        elif bundle.meta.get("precision") == "bf16":
+            from olmo_core.config import DType
+            from olmo_core.distributed.parallel import DataParallelType
+            from olmo_core.train.train_module.transformer.config import TransformerDataParallelConfig
+
+            dp_config = TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.bfloat16,
+                                                      reduce_dtype=DType.float32)
+            native.append("bf16: TransformerDataParallelConfig(name=fsdp, param_dtype=bfloat16, reduce_dtype=float32), "
+                          "the Olmo 3 scripts' mixed precision, FSDP2 over one gloo rank")
         module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=mb * T, max_sequence_length=T,
+                                        dp_config=dp_config, autocast_precision=autocast,
                                         z_loss_multiplier=z if z != 0 else None,
                                         max_grad_norm=max_norm if max_norm > 0 else None,
                                         scheduler=sched, device=torch.device("cpu"))
@@ -365,7 +406,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.WARNING)
     return adapter_main(__doc__, argv, name="olmo_core_replay", framework="olmo-core",
                         report_help="what OLMo-core did natively and what was added, JSON", check_recipe=check_recipe,
-                        import_framework=import_olmo_core_venv, replay=replay)
+                        import_framework=import_olmo_core_venv, replay=replay, bf16=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/golden/olmo_core_replay.sh pass|controls|moe — meson tests golden-replay-olmo-core(-controls, -moe): OLMo-core's
+# tests/golden/olmo_core_replay.sh pass|controls|moe|bf16 — meson tests golden-replay-olmo-core(-controls, -moe, -bf16): OLMo-core's
 # own Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
 #
 #   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
@@ -14,6 +14,10 @@
 #             (loss from step 4), the load-balancing weight set to 0 (moe_lb from step 1), sigma 6 (OLMo-core's
 #             default: skipped differs at the first step olmoref skipped). A window under 6 would not do: OLMo-core
 #             then judges step 2 by the deviation of one value (NaN) and skips it whatever sigma is (olmoref too).
+#   bf16      configs/small.toml, 10 bf16 steps on the demo corpus, replayed in OLMo-core's own bf16 mixed precision
+#             (FSDP2, param_dtype bfloat16, reduce_dtype float32) within golden/replay/rules-olmo-core-bf16.toml, then
+#             the three controls of `controls`, which must fail in bf16 too (the dropped z-loss by z, since 7.6e-5 of
+#             the loss is inside the bf16 loss limit).
 # Two tests rather than one so each stays within a few minutes on 2 shared cores; one thread each side.
 # Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED: golden-replay-olmo-core: ..." when OLMo-core's packages
 # or the demo corpus cannot be had (never a pass).
@@ -49,6 +53,15 @@ if [ "${1:-pass}" = moe ]; then
       cat "$work/refuse-$fw.log"; echo "FAIL: $fw: want exit 2 naming --framework olmo-core, got exit $rc"; replay_failed=1
     fi
   done
+  exit $replay_failed
+fi
+if [ "${1:-pass}" = bf16 ]; then
+  REPLAY_PRECISION=bf16 replay_make_bundle 1
+  replay_same
+  grep -q "rules-olmo-core-bf16.toml" "$work/same/compare.txt" || { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
+  replay_controls swapped lr
+  # In bf16 the dropped z-loss (7.6e-5 of the loss) hides inside the loss's limit; the z rule catches it.
+  control no-z-loss "FAIL: z .* first at step 1" --z-loss 0
   exit $replay_failed
 fi
 replay_make_bundle 1

@@ -3,13 +3,13 @@
 # must fail. The caller sets BIN (the build's olmoref), FRAMEWORK, PY (its Python), `work` (a scratch directory) and
 # `skip REASON`.
 
-# configs/small.toml, 10 fp32 steps on the demo corpus, exported to $work/bundle; the caller's REPLAY_SET array
-# (if any) adds `--set` arguments.
+# configs/small.toml, 10 fp32 steps (REPLAY_PRECISION=bf16: bf16) on the demo corpus, exported to $work/bundle; the
+# caller's REPLAY_SET array (if any) adds `--set` arguments.
 replay_make_bundle() {
   bash data/demo/make_demo_corpus.sh "$work/demo" "$BIN" > "$work/demo.log" 2>&1 ||
     skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo.log"))"
   "$BIN" train --config configs/small.toml --steps 10 --set "data.train_mix=\"$work/demo/train.mix\"" \
-    --set "data.holdout_mix=\"$work/demo/holdout.mix\"" --set train.precision=\"fp32\" --set eval.interval=0 \
+    --set "data.holdout_mix=\"$work/demo/holdout.mix\"" --set "train.precision=\"${REPLAY_PRECISION:-fp32}\"" --set eval.interval=0 \
     ${REPLAY_SET[@]+"${REPLAY_SET[@]}"} --threads "${1:-2}" --out "$work/run" --quiet || exit 2
   "$BIN" golden export --run "$work/run" --out "$work/bundle" > /dev/null || exit 2
 }
