@@ -35,4 +35,11 @@ void require_hf_form(const TrainConfig& cfg, const char* what);
 // them against it when the config pins one. No-op without init.hf_dir. Throws naming the directory and both digests.
 void resolve_hf_init(TrainConfig& cfg);
 
+// init.checkpoint (a new run from another olmoref run's checkpoint, Olmo 3's stage 2): checks, before anything is
+// written, that the directory is a checkpoint whose manifest verifies, whose [model] is this config's (and, with
+// init.load_optimizer, whose optimizer betas, eps and weight decay are), and fills cfg.init.checkpoint_xxh3 with its
+// manifest's checksum (or checks it against a pinned one). No-op without init.checkpoint. Throws naming the config
+// file, the key, the checkpoint and both values.
+void resolve_checkpoint_init(TrainConfig& cfg);
+
 }  // namespace olmoref
