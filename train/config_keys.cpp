@@ -592,7 +592,7 @@ const std::vector<Key>& keys() {
       {"init", "checkpoint", field([](auto& c) -> auto& { return c.init.checkpoint; }), Written::with_init_checkpoint,
        Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
          if (!c.init.checkpoint.empty() && (!c.init.hf_dir.empty() || !c.init.hf_sha256.empty()))
-           return "and init.hf_dir / init.hf_sha256 both set: a run starts from one set of weights; keep "
+           return "is set together with init.hf_dir / init.hf_sha256, but a run starts from one set of weights: keep "
                   "init.checkpoint (an olmoref checkpoint) or init.hf_dir (Hugging Face weights), not both";
          return "";
        }},

@@ -151,8 +151,14 @@ void Trainer::init_from_checkpoint(const std::string& dir, bool load_optimizer) 
   const int64_t n = layout_.hi() - layout_.lo();
   std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
   const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
-  const ckpt::CheckpointMeta meta =
-      ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, ckpt::LoadOptions{});
+  ckpt::CheckpointMeta meta;
+  try {
+    meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, ckpt::LoadOptions{});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(e.what()) + "\n(config key 'init.checkpoint' = " + dir + ": restore that "
+                             "checkpoint, or point init.checkpoint at another; olmoref ckpt verify " + dir +
+                             " lists every problem)");
+  }
   const std::vector<float> m_fresh = dist::host_copy(m_), v_fresh = dist::host_copy(v_);
   upload_held(params_, hp.data());
   upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
