@@ -59,6 +59,14 @@ RunWeights initial_weights(const TrainConfig& cfg) {
   w.config = cfg;
   const ParamLayout layout(cfg.model);
   w.params.assign(static_cast<size_t>(layout.total), 0.0f);
+  if (!cfg.init.checkpoint.empty()) {  // another run's checkpoint (its weights; the optimizer state is the run's affair)
+    w.params = load_checkpoint_weights(cfg.init.checkpoint).params;
+    if (w.params.size() != static_cast<size_t>(layout.total))
+      throw std::runtime_error(cfg.init.checkpoint + ": holds " + std::to_string(w.params.size()) + " parameters, but "
+                               "this config's model has " + std::to_string(layout.total) + "; set [model] to the "
+                               "checkpoint's, or point init.checkpoint at a checkpoint of this model");
+    return w;
+  }
   if (cfg.init.hf_dir.empty()) {
     init_params(cfg.model, layout, w.params.data());
     return w;

@@ -23,7 +23,8 @@ TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std
 // The weights of a checkpoint directory (stepNNNNNNNN, every byte verified) and the config it records.
 RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides = {});
 
-// The step-0 weights of `cfg`: the Hugging Face checkpoint of cfg.init when it names one, else the init.
+// The step-0 weights of `cfg`: those of the olmoref checkpoint or the Hugging Face checkpoint cfg.init names, else
+// the init.
 RunWeights initial_weights(const TrainConfig& cfg);
 
 // Refuses (std::invalid_argument "CONFIG FILE: WHAT: config key '...': ...") a model with no Hugging Face Olmo3

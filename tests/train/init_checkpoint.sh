@@ -132,4 +132,25 @@ refused corrupt "config key 'init.checkpoint' = .*s1-bad.*: restore that checkpo
   "${stage2[@]}" --set "init.checkpoint=\"$work/s1-bad/checkpoints/step00000006\""
 grep -q "s1-bad/checkpoints/step00000006/shard-00000.bin: .*checksum mismatch" "$work/corrupt.log" ||
   { cat "$work/corrupt.log"; echo "FAIL: corrupt: the message does not name the shard and the checksum"; exit 1; }
+# A golden bundle starts from the init: a stage-2 run is refused, naming the key.
+if "$BIN" golden export --run "$work/s2" --out "$work/bundle" > "$work/export.log" 2>&1; then
+  echo "FAIL: golden export of a stage-2 run was accepted"; exit 1
+fi
+grep -q "started from init.checkpoint = .*a bundle starts from the init" "$work/export.log" ||
+  { cat "$work/export.log"; echo "FAIL: golden export's refusal does not name init.checkpoint"; exit 1; }
+# export-hf --config of a stage-2 config exports the source's weights: the same files as export-hf of the source.
+"$BIN" export-hf --checkpoint "$src" --out "$work/hf-src" > /dev/null
+"$BIN" export-hf --config "$SRC/configs/tiny.toml" "${init[@]}" --out "$work/hf-cfg" > /dev/null
+python3 - "$work/hf-src/model.safetensors" "$work/hf-cfg/model.safetensors" <<'PY' ||
+import json, struct, sys
+def tensors(p):  # the header's tensor entries and the data, without __metadata__ (which names the source)
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return h, b[8 + n:]
+assert tensors(sys.argv[1]) == tensors(sys.argv[2])
+PY
+  { echo "FAIL: export-hf --config with init.checkpoint does not export the checkpoint's weights"; exit 1; }
+echo "golden export refused; export-hf --config takes the checkpoint's weights"
 echo "OK"
