@@ -244,7 +244,7 @@ void register_commands(CLI::App& app) {
         if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");
         if (!dir.empty()) c.init.hf_sha256 = load_checkpoint_config(dir).init.hf_sha256;
       }
-      if (!c.init.checkpoint.empty() && c.init.checkpoint_xxh3.empty() && (o->resume || !o->resume_from.empty())) {
+      if (c.init.checkpoint_xxh3.empty() && (o->resume || !o->resume_from.empty())) {
         // Likewise a run that started from another run's checkpoint keeps recording which one.
         std::string dir = o->resume_from;
         if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");

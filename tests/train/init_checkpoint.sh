@@ -90,9 +90,12 @@ m = json.load(open(f"{sys.argv[1]}/s2/checkpoints/step00000004/manifest.json"))
 assert m.get("optimizer_state") == {"adamw_step": 10}, f"stage 2's AdamW step count: {m.get('optimizer_state')}"
 print("3. source recorded (init.checkpoint_xxh3), hashed, AdamW step count 6 + 4 = 10 recorded")
 PY
-# A resume of stage 2 (the source need not be named again) continues it bit for bit.
+# A resume of stage 2 continues it bit for bit; the source need not be named again (nor exist any more): its
+# checksum comes from stage 2's checkpoint.
 "$BIN" train "${cfg[@]}" "${stage2[@]}" "${init[@]}" --stop-after 2 --out "$work/s2-cut"
-"$BIN" train "${cfg[@]}" "${stage2[@]}" "${init[@]}" --resume --out "$work/s2-cut"
+mv "$work/s1" "$work/s1-moved"
+"$BIN" train "${cfg[@]}" "${stage2[@]}" --resume --out "$work/s2-cut"
+mv "$work/s1-moved" "$work/s1"
 cmp "$work/s2/trace.jsonl" "$work/s2-cut/trace.jsonl" || { echo "FAIL: stage 2 resumed at step 2 differs"; exit 1; }
 echo "3. stage 2 stopped at step 2 and resumed: trace identical"
 

@@ -2,7 +2,8 @@
 # meson test train-init-checkpoint-layouts: a stage-2 run (init.checkpoint) gives the same trace whatever layout wrote
 # the checkpoint it starts from and whatever layout it runs at: stage 1 at 1x1 and at 2x1 (identical checkpoints'
 # states), stage 2 from each at 1x1, 2x1 and 1x2, all traces byte-identical; the source's manifest checksum differs
-# with the layout that wrote it (the manifest records the layout), the state and the trace do not.
+# with the layout that wrote it (the manifest records the layout), the state and the trace do not. The same for a
+# mixture of experts under expert parallelism.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/a.u16" 9 120000 > /dev/null
@@ -33,6 +34,18 @@ for src in 1x1 2x1; do
     echo "stage 2 from the $src checkpoint at $layout: trace identical"
   done
 done
+# Under expert parallelism: a mixture of experts written at 2x1 with EP 2, stage 2 single-process and at 1x2 with EP 2
+# (each rank reads only the experts it runs).
+moe=(--config "$SRC/configs/tiny-moe.toml" --quiet)
+"${MPIRUN[@]}" -np 2 "$BIN" train "${moe[@]}" --set "data.train_files=[\"$work/a.u16\"]" --steps 3 --threads 1 \
+  --dp-shard 2 --dp-replicate 1 --ep 2 --comm-timeout 60 --out "$work/m1" 2> "$work/m1.log" || { cat "$work/m1.log"; exit 1; }
+m2=(--set "data.train_files=[\"$work/b.u16\"]" --set "init.checkpoint=\"$work/m1/checkpoints/step00000003\"" --steps 3)
+"$BIN" train "${moe[@]}" "${m2[@]}" --threads 2 --out "$work/m2-1x1" 2> "$work/m2-1x1.log" || { cat "$work/m2-1x1.log"; exit 1; }
+"${MPIRUN[@]}" -np 2 "$BIN" train "${moe[@]}" "${m2[@]}" --threads 1 --dp-shard 1 --dp-replicate 2 --ep 2 --comm-timeout 60 \
+  --out "$work/m2-1x2-ep2" 2> "$work/m2-1x2-ep2.log" || { cat "$work/m2-1x2-ep2.log"; exit 1; }
+cmp "$work/m2-1x1/trace.jsonl" "$work/m2-1x2-ep2/trace.jsonl" ||
+  { echo "FAIL: MoE stage 2 at 1x2 EP 2 differs from 1x1 (source written at 2x1 EP 2)"; exit 1; }
+echo "MoE stage 2 from a 2x1 EP-2 checkpoint at 1x1 and 1x2 EP 2: trace identical"
 # Stage 2 is not stage 1 continued: its steps count from 1 and its losses are not those of a run from the init.
 python3 - "$work" <<'PY'
 import json, sys
