@@ -235,12 +235,20 @@ void register_commands(CLI::App& app) {
       TrainConfig c = load_config(cfg->path, ov);
       check_evaluation_data_separate(c);  // before the run directory is touched
       resolve_hf_init(c);
+      // A resume of a run that started from a checkpoint takes its own checkpoint; the source need not exist then.
+      if (!o->resume && o->resume_from.empty()) resolve_checkpoint_init(c);
       if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
         // A run that started from Hugging Face weights keeps recording them when resumed without naming them again
         // (its weights come from the checkpoint either way).
         std::string dir = o->resume_from;
         if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");
         if (!dir.empty()) c.init.hf_sha256 = load_checkpoint_config(dir).init.hf_sha256;
+      }
+      if (c.init.checkpoint_xxh3.empty() && (o->resume || !o->resume_from.empty())) {
+        // Likewise a run that started from another run's checkpoint keeps recording which one.
+        std::string dir = o->resume_from;
+        if (dir.empty()) dir = ckpt::newest_complete(o->out_dir + "/checkpoints").value_or("");
+        if (!dir.empty()) c.init.checkpoint_xxh3 = load_checkpoint_config(dir).init.checkpoint_xxh3;
       }
       RunOptions run = *o;
       run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;

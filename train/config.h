@@ -77,6 +77,12 @@ struct EvalConfig {
 struct InitConfig {
   std::string hf_dir;     // a Hugging Face Olmo 3 checkpoint (`train --init-from-hf DIR`); a path, not hashed
   std::string hf_sha256;  // its weights' SHA-256 (filled at the start of the run; part of resume_hash)
+  // Or another olmoref run's checkpoint (a stepNNNNNNNN directory): a new run from its weights and, with
+  // load_optimizer, its optimizer state (Olmo 3's stage 2; docs/formats/checkpoint.md). The path is not hashed;
+  // checkpoint_xxh3, the source manifest's own checksum (manifest_xxh3, which covers its state digests), is.
+  std::string checkpoint;
+  bool load_optimizer = true;
+  std::string checkpoint_xxh3;  // filled at the start of the run (resolve_checkpoint_init); may be pinned
 };
 
 struct TrainConfig {

@@ -102,6 +102,7 @@ enum class Written {
   unless_default,  // differs from a default-constructed TrainConfig
   with_moe,        // model.moe_experts > 0: dense configs keep their text
   with_init,       // init.hf_dir or init.hf_sha256 set: the section appears only for runs started from weights
+  with_init_checkpoint,  // init.checkpoint or init.checkpoint_xxh3 set: runs that start from a checkpoint
   with_rope_scaling,  // model.rope_scaling is not "none": configs without it keep their text
 };
 
@@ -586,6 +587,28 @@ const std::vector<Key>& keys() {
                     ? ""
                     : "must be 64 lowercase hex digits (a SHA-256, as sha256sum prints it)";
        }},
+      // A new run from another run's checkpoint (Olmo 3 stage 2): which state it started from enters the hash, the
+      // directory it was read from does not.
+      {"init", "checkpoint", field([](auto& c) -> auto& { return c.init.checkpoint; }), Written::with_init_checkpoint,
+       Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
+         if (!c.init.checkpoint.empty() && (!c.init.hf_dir.empty() || !c.init.hf_sha256.empty()))
+           return "is set together with init.hf_dir / init.hf_sha256, but a run starts from one set of weights: keep "
+                  "init.checkpoint (an olmoref checkpoint) or init.hf_dir (Hugging Face weights), not both";
+         return "";
+       }},
+      {"init", "load_optimizer", field([](auto& c) -> auto& { return c.init.load_optimizer; }),
+       Written::with_init_checkpoint, Resume::enters, nullptr, [](const TrainConfig& c) -> Why {
+         return c.init.load_optimizer || !c.init.checkpoint.empty() || !c.init.checkpoint_xxh3.empty()
+                    ? ""
+                    : "applies to init.checkpoint only (set init.checkpoint, or drop init.load_optimizer)";
+       }},
+      {"init", "checkpoint_xxh3", field([](auto& c) -> auto& { return c.init.checkpoint_xxh3; }),
+       Written::with_init_checkpoint, Resume::enters, nullptr, [](const TrainConfig& c) -> Why {
+         const std::string& h = c.init.checkpoint_xxh3;
+         if (!h.empty() && (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos))
+           return "must be 16 lowercase hex digits (the source checkpoint's manifest_xxh3)";
+         return "";
+       }},
   };
   return table;
 }
@@ -600,6 +623,7 @@ bool is_written(const Key& k, const TrainConfig& c) {
     case Written::always: return true;
     case Written::with_moe: return c.model.moe.enabled();
     case Written::with_init: return !c.init.hf_dir.empty() || !c.init.hf_sha256.empty();
+    case Written::with_init_checkpoint: return !c.init.checkpoint.empty() || !c.init.checkpoint_xxh3.empty();
     case Written::with_rope_scaling: return c.model.rope_scaling.on();
     case Written::unless_default:
       return std::visit(

@@ -157,6 +157,12 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   // Dense: a Hugging Face Olmo3ForCausalLM checkpoint, which every framework loads. A mixture of experts has no
   // Hugging Face model (interop/hf_export.cpp): its weights go under OLMo-core's names, for OLMo-core's adapter.
   const bool moe = cfg.model.moe.enabled();
+  // A bundle starts from the init's weights and a fresh optimizer; a run from another run's checkpoint starts from
+  // neither.
+  if (!cfg.init.checkpoint.empty())
+    throw std::runtime_error(run + "/manifest.json: golden export: the run started from init.checkpoint = " +
+                             cfg.init.checkpoint + " (weights and optimizer state of another run), but a bundle "
+                             "starts from the init; export a run that starts from the init");
   if (!moe) require_hf_form(cfg, "golden export (its step-0 weights are a Hugging Face Olmo 3 checkpoint)");
   const std::vector<TraceRecord> trace = read_trace(run + "/trace.jsonl");
   int64_t S = static_cast<int64_t>(trace.size());

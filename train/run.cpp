@@ -115,9 +115,12 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   // before it unknown, so this run's checkpoints record none either.
   history_ = meta.data_history.is_object() ? ckpt::DataHistory::from_json(meta.data_history) : ckpt::DataHistory{};
   history_known_ = meta.data_history.is_object() || meta.step == 0;
+  const bool has_adamw_step = meta.optimizer_state.is_object() && meta.optimizer_state.contains("adamw_step");
+  if (!cfg_.optim.skip_step())
+    adam_step_offset_ = has_adamw_step ? meta.optimizer_state.at("adamw_step").get<int64_t>() - meta.step : 0;
   if (cfg_.optim.skip_step()) {
     // A checkpoint of a plain AdamW run (a resume with --allow-config-change) took every step and has no windows.
-    if (meta.optimizer_state.is_object()) {
+    if (meta.optimizer_state.is_object() && !has_adamw_step) {
       try {
         skip_ = SkipStepState::from_json(meta.optimizer_state);
       } catch (const std::exception& e) {
@@ -125,7 +128,7 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
       }
     } else {
       skip_ = SkipStepState{};
-      skip_.step = static_cast<float>(meta.step);
+      skip_.step = static_cast<float>(has_adamw_step ? meta.optimizer_state.at("adamw_step").get<int64_t>() : meta.step);
     }
     // TEST ONLY negative control (tests/train): forgetting the windows, as OLMo-core's own resume does, must make
     // resume-check report the steps that follow as different.
@@ -138,6 +141,57 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   if (source_ && !opts.skip_loader)
     source_->restore(loader_state_for_resume(meta.loader_state, cfg_, opts.allow_config_change),
                      opts.ignore_fingerprint_mismatch);
+}
+
+void Trainer::init_from_checkpoint(const std::string& dir, bool load_optimizer) {
+  if (step_ != 0) throw std::logic_error("Trainer::init_from_checkpoint after step " + std::to_string(step_));
+  // The model was compared key by key before the run began (resolve_checkpoint_init); the hash is the last guard.
+  ckpt::CheckpointMeta expect;
+  expect.model_hash = cfg_.model_hash();
+  const int64_t n = layout_.hi() - layout_.lo();
+  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
+  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
+  ckpt::CheckpointMeta meta;
+  try {
+    meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, ckpt::LoadOptions{});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(e.what()) + "\n(config key 'init.checkpoint' = " + dir + ": restore that "
+                             "checkpoint, or point init.checkpoint at another; olmoref ckpt verify " + dir +
+                             " lists every problem)");
+  }
+  const std::vector<float> m_fresh = dist::host_copy(m_), v_fresh = dist::host_copy(v_);
+  upload_held(params_, hp.data());
+  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
+  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
+  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
+  StateDigest& digest = *state_digest_;
+  const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
+             same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
+             same_v = digest(v_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_v;
+  if (!same_p || !same_m || !same_v)
+    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests "
+                             "(init.checkpoint)");
+  if (!load_optimizer) {
+    upload_held(m_, m_fresh.data());
+    upload_held(v_, v_fresh.data());
+    return;
+  }
+  // The source's optimizer step count: SkipStepAdamW's fp32 state["step"] (steps not skipped), a plain AdamW run's
+  // recorded count when it too started from a checkpoint, else its step.
+  const nlohmann::json& os = meta.optimizer_state;
+  float count = static_cast<float>(meta.step);
+  try {
+    if (os.is_object() && os.contains("adamw_step")) count = static_cast<float>(os.at("adamw_step").get<int64_t>());
+    else if (os.is_object()) count = SkipStepState::from_json(os).step;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(dir + "/manifest.json: optimizer_state: " + e.what());
+  }
+  if (cfg_.optim.skip_step()) {
+    skip_ = SkipStepState{};
+    skip_.step = count;
+  } else {
+    adam_step_offset_ = static_cast<int64_t>(count);
+  }
 }
 
 FaultInjection FaultInjection::parse(const std::string& spec) {
@@ -247,6 +301,16 @@ void start_state(Trainer& trainer, const TrainConfig& cfg, const RunOptions& opt
   // [init] hf_dir: the run starts from those weights (their SHA-256 is in the config, so in every manifest and in
   // resume_hash); a resume takes the checkpoint's weights instead.
   if (resume_dir.empty() && !cfg.init.hf_dir.empty()) trainer.set_initial_params(initial_weights(cfg).params.data());
+  // [init] checkpoint: a new run from another run's checkpoint (its manifest checksum is in the config); a resume of
+  // this run takes its own checkpoint instead.
+  if (resume_dir.empty() && !cfg.init.checkpoint.empty()) {
+    trainer.init_from_checkpoint(cfg.init.checkpoint, cfg.init.load_optimizer);
+    if (!quiet)
+      std::fprintf(stderr, "olmoref train: starting from %s (manifest_xxh3 %s): its weights%s; step, schedule and "
+                           "data start fresh\n",
+                   cfg.init.checkpoint.c_str(), cfg.init.checkpoint_xxh3.c_str(),
+                   cfg.init.load_optimizer ? " and optimizer state" : " only (init.load_optimizer = false)");
+  }
   // data.olmo_core_state: the data order continues where that OLMo-core run's loader stopped (seed, epoch and
   // tokens_processed from its checkpoint, checked against OLMo-core's fingerprint of the configured files). The trace
   // still counts this run's steps from 1. A resume takes the checkpoint's loader state instead.

@@ -489,7 +489,7 @@ Trainer::OptimizerOutcome Trainer::optimizer(int64_t batch_tokens, float ce_loss
   const bool dump = !optim_dump_dir_.empty();
   if (dump && o.step == 1) dump_optim_state("params0.f32", params_);
   if (!cfg_.optim.skip_step())
-    adamw_update(o.step, o.group_lr);
+    adamw_update(o.step + adam_step_offset_, o.group_lr);
   else
     o.skipped = skip_step_update(ce_loss, static_cast<float>(g.norm), o.group_lr) == 0.0f ? 1 : 0;
   gather_updated_params();
@@ -648,6 +648,9 @@ std::string Trainer::save_checkpoint(const std::string& root) {
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};
   if (cfg_.optim.skip_step()) meta.optimizer_state = skip_.to_json();
+  // Plain AdamW's step count is the run's step unless it started from another run's optimizer state; only then is
+  // it written, so every other manifest stays as it was.
+  else if (adam_step_offset_ != 0) meta.optimizer_state = {{"adamw_step", adam_step_offset_ + step_}};
   if (history_known_ && !history_.segments.empty()) meta.data_history = history_.to_json();
   std::vector<ckpt::Segment> segments;
   for (const ParamInfo& p : model_.layout().params) segments.push_back({p.name, p.offset, p.numel});

@@ -127,6 +127,15 @@ class Trainer {
     bool drop_skip_windows = false;
   };
   void resume(const std::string& dir, const ResumeOptions& opts);
+  // Before the first step of a new run (init.checkpoint, Olmo 3's stage 2): the parameters of checkpoint `dir`, read
+  // at this run's layout whatever layout wrote it, every shard and whole-state digest verified; with
+  // load_optimizer, also Adam's m and v and the optimizer's step count (the bias correction continues from it, as
+  // OLMo-core's per-parameter state["step"] does). Nothing else: the step, tokens, schedule, data loader and
+  // SkipStepAdamW's loss windows start fresh (OLMo-core does not save the windows). Collective.
+  void init_from_checkpoint(const std::string& dir, bool load_optimizer);
+  // Optimizer steps taken before this run's step 1 (init.checkpoint with init.load_optimizer), for plain AdamW's
+  // bias correction: step s of this run is AdamW step s + this. 0 for every other run.
+  int64_t adam_step_offset() const { return adam_step_offset_; }
   // TEST ONLY (tests/core), single process: every step appends what the optimizer is fed and gives back to
   // DIR (params0.f32, grads.f32, params.f32, steps.jsonl), for OLMo-core's own optimizer to be driven with it.
   void dump_optimizer_to(const std::string& dir) { optim_dump_dir_ = dir; }
@@ -211,6 +220,7 @@ class Trainer {
   std::vector<ParamGroup> groups_;  // OLMo-core's param groups (core/optim.h)
   std::vector<GroupPiece> pieces_;  // what I hold of my range [lo, hi), cut into tensors, with their groups
   SkipStepState skip_;              // SkipStepAdamW's windows (only used by optim.kind = "skip_step_adamw")
+  int64_t adam_step_offset_ = 0;    // plain AdamW: steps taken before this run's first (init_from_checkpoint)
   GradientTree tree_;  // one process: the step's instance tree, at most ceil(log2 N) + 1 full-length partial gradients
   std::unique_ptr<dist::OwnerReduction> owners_;  // several ranks: the tree at the owners, one unit at a time
   std::vector<std::vector<int32_t>> routing_choices_;  // MoE: see last_routing()

@@ -1,13 +1,18 @@
 #include "train/weights.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
+#include <toml++/toml.h>
 
 #include "ckpt/checkpoint.h"
 #include "interop/hf_export.h"
 #include "model/init.h"
 #include "core/params.h"
+
+#include <algorithm>
 
 namespace olmoref {
 
@@ -54,6 +59,14 @@ RunWeights initial_weights(const TrainConfig& cfg) {
   w.config = cfg;
   const ParamLayout layout(cfg.model);
   w.params.assign(static_cast<size_t>(layout.total), 0.0f);
+  if (!cfg.init.checkpoint.empty()) {  // another run's checkpoint (its weights; the optimizer state is the run's affair)
+    w.params = load_checkpoint_weights(cfg.init.checkpoint).params;
+    if (w.params.size() != static_cast<size_t>(layout.total))
+      throw std::runtime_error(cfg.init.checkpoint + ": holds " + std::to_string(w.params.size()) + " parameters, but "
+                               "this config's model has " + std::to_string(layout.total) + "; set [model] to the "
+                               "checkpoint's, or point init.checkpoint at a checkpoint of this model");
+    return w;
+  }
   if (cfg.init.hf_dir.empty()) {
     init_params(cfg.model, layout, w.params.data());
     return w;
@@ -71,6 +84,89 @@ void require_hf_form(const TrainConfig& cfg, const char* what) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(cfg.in_file(e.what()));
   }
+}
+
+namespace {
+// Each key of section `sec` whose value differs between the two resolved configs (except `skip`), as
+// "sec.key = A here but B in the checkpoint".
+std::vector<std::string> section_differences(const TrainConfig& here, const TrainConfig& there, const char* sec,
+                                             const std::vector<std::string>& skip) {
+  const toml::table a = toml::parse(here.to_toml()), b = toml::parse(there.to_toml());
+  const toml::table* ta = a[sec].as_table();
+  const toml::table* tb = b[sec].as_table();
+  auto text = [](const toml::table* t, const std::string& k) {
+    if (!t || !t->contains(k)) return std::string("(not set)");
+    std::ostringstream o;
+    o << (*t)[k];
+    return o.str();
+  };
+  std::vector<std::string> keys;
+  for (const toml::table* t : {ta, tb})
+    if (t)
+      for (const auto& [k, v] : *t) {
+        (void)v;
+        const std::string name(k.str());
+        if (std::find(keys.begin(), keys.end(), name) == keys.end()) keys.push_back(name);
+      }
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    if (std::find(skip.begin(), skip.end(), k) != skip.end()) continue;
+    const std::string x = text(ta, k), y = text(tb, k);
+    if (x != y) out.push_back(std::string(sec) + "." + k + " = " + x + " here but " + y + " in the checkpoint");
+  }
+  return out;
+}
+}  // namespace
+
+void resolve_checkpoint_init(TrainConfig& cfg) {
+  if (cfg.init.checkpoint.empty()) return;
+  namespace fs = std::filesystem;
+  const std::string& dir = cfg.init.checkpoint;
+  const std::string key = "config key 'init.checkpoint'";
+  if (!fs::is_directory(dir))
+    throw std::runtime_error(cfg.in_file(key + ": " + dir + ": no such directory; point it at a checkpoint of an "
+                                         "olmoref run (OUT/checkpoints/stepNNNNNNNN)"));
+  if (!fs::exists(dir + "/manifest.json")) {
+    const auto newest = ckpt::newest_complete(dir);
+    throw std::runtime_error(cfg.in_file(key + ": " + dir + " is not a checkpoint (no manifest.json); point it at "
+                                         "one stepNNNNNNNN directory" +
+                                         (newest ? " (the newest here is " + *newest + ")" : std::string())));
+  }
+  const TrainConfig src = load_checkpoint_config(dir);
+  // The weights are loaded as they are: every [model] key that shapes or places them must agree. The name and the
+  // init's seed and scale only describe how stage 1 began.
+  const std::vector<std::string> model_diff = section_differences(cfg, src, "model", {"name", "init_seed", "init_std"});
+  if (!model_diff.empty())
+    throw std::runtime_error(cfg.in_file(key + ": " + dir + " holds another model: " + model_diff.front() +
+                                         "; set the [model] section to the checkpoint's (olmoref ckpt inspect " + dir +
+                                         " shows its config), or start from a checkpoint of this model"));
+  // OLMo-core's load of the optimizer state (torch's Optimizer.load_state_dict) also takes each param group's
+  // betas, eps and weight_decay from the checkpoint; only initial_lr is reset to the new config (OptimConfig's
+  // fixed_fields). olmoref uses the config's values, so it refuses a config whose values OLMo-core would ignore.
+  if (cfg.init.load_optimizer) {
+    const std::vector<std::string> optim_diff =
+        section_differences(cfg, src, "optim", {"kind", "lr", "max_grad_norm", "rolling_interval_length",
+                                                "sigma_factor", "step_increment_bugfix"});
+    if (!optim_diff.empty())
+      throw std::runtime_error(cfg.in_file(key + ": " + optim_diff.front() + " (" + dir + "): loading the optimizer "
+                                           "state takes the checkpoint's betas, eps and weight decay (as OLMo-core's "
+                                           "load does); set the same value, or init.load_optimizer = false"));
+  }
+  // Every manifest check a resume makes (its checksum, its record against itself); the shards are verified as they
+  // are read at the start of the run.
+  try {
+    ckpt::check_resumable(dir, cfg.model.n_params(), ckpt::CheckpointMeta{}, ckpt::LoadOptions{});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(cfg.in_file(key + ": " + e.what()));
+  }
+  std::ifstream in(dir + "/manifest.json");
+  const std::string got = nlohmann::json::parse(in).at("manifest_xxh3").get<std::string>();
+  if (!cfg.init.checkpoint_xxh3.empty() && got != cfg.init.checkpoint_xxh3)
+    throw std::runtime_error(cfg.in_file(key + ": " + dir + "/manifest.json has manifest_xxh3 " + got +
+                                         " but init.checkpoint_xxh3 is " + cfg.init.checkpoint_xxh3 +
+                                         "; point init.checkpoint at the checkpoint the config pins, or drop "
+                                         "init.checkpoint_xxh3 to take this one"));
+  cfg.init.checkpoint_xxh3 = got;
 }
 
 void resolve_hf_init(TrainConfig& cfg) {

@@ -23,7 +23,8 @@ TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std
 // The weights of a checkpoint directory (stepNNNNNNNN, every byte verified) and the config it records.
 RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides = {});
 
-// The step-0 weights of `cfg`: the Hugging Face checkpoint of cfg.init when it names one, else the init.
+// The step-0 weights of `cfg`: those of the olmoref checkpoint or the Hugging Face checkpoint cfg.init names, else
+// the init.
 RunWeights initial_weights(const TrainConfig& cfg);
 
 // Refuses (std::invalid_argument "CONFIG FILE: WHAT: config key '...': ...") a model with no Hugging Face Olmo3
@@ -34,5 +35,12 @@ void require_hf_form(const TrainConfig& cfg, const char* what);
 // Fills cfg.init.hf_sha256 from the files in cfg.init.hf_dir (interop/hf_export.h: hf_weights_sha256), or checks
 // them against it when the config pins one. No-op without init.hf_dir. Throws naming the directory and both digests.
 void resolve_hf_init(TrainConfig& cfg);
+
+// init.checkpoint (a new run from another olmoref run's checkpoint, Olmo 3's stage 2): checks, before anything is
+// written, that the directory is a checkpoint whose manifest verifies, whose [model] is this config's (and, with
+// init.load_optimizer, whose optimizer betas, eps and weight decay are), and fills cfg.init.checkpoint_xxh3 with its
+// manifest's checksum (or checks it against a pinned one). No-op without init.checkpoint. Throws naming the config
+// file, the key, the checkpoint and both values.
+void resolve_checkpoint_init(TrainConfig& cfg);
 
 }  // namespace olmoref

@@ -220,6 +220,40 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
     CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
 }
 
+TEST_CASE("[init] checkpoint: the source's checksum and load_optimizer are hashed, its path is not; exclusive with hf_dir") {
+  const std::string tiny = root() + "/configs/tiny.toml";
+  const TrainConfig base = load_config(tiny);
+  CHECK(base.to_toml().find("[init]") == std::string::npos);  // runs without it keep their text and hashes
+  const std::string x1 = "init.checkpoint_xxh3=\"0123456789abcdef\"", x2 = "init.checkpoint_xxh3=\"fedcba9876543210\"";
+  const TrainConfig a = load_config(tiny, {"init.checkpoint=\"/s1/step10\"", x1});
+  const TrainConfig moved = load_config(tiny, {"init.checkpoint=\"/elsewhere/step10\"", x1});
+  const TrainConfig other = load_config(tiny, {"init.checkpoint=\"/s1/step10\"", x2});
+  const TrainConfig weights_only = load_config(tiny, {"init.checkpoint=\"/s1/step10\"", x1, "init.load_optimizer=false"});
+  CHECK(a.init.load_optimizer);
+  CHECK(a.resume_hash() != base.resume_hash());
+  CHECK(moved.resume_hash() == a.resume_hash());
+  CHECK(other.resume_hash() != a.resume_hash());
+  CHECK(weights_only.resume_hash() != a.resume_hash());
+  CHECK(a.model_hash() == base.model_hash());
+  const TrainConfig back = parse_config_text(weights_only.to_toml(), "resolved");
+  CHECK(back.to_toml() == weights_only.to_toml());
+  CHECK(back.init.checkpoint == "/s1/step10");
+  CHECK(!back.init.load_optimizer);
+  auto error = [&](const std::vector<std::string>& ov) {
+    try {
+      load_config(tiny, ov);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string both = error({"init.checkpoint=\"/s1/step10\"", "init.hf_dir=\"/hf\""});
+  CHECK(both.find("'init.checkpoint'") != std::string::npos);
+  CHECK(both.find("init.hf_dir") != std::string::npos);
+  CHECK(error({"init.checkpoint_xxh3=\"xyz\""}).find("'init.checkpoint_xxh3'") != std::string::npos);
+  CHECK(error({"init.load_optimizer=false"}).find("'init.load_optimizer'") != std::string::npos);
+}
+
 namespace {
 // A scratch directory for the data-separation tests (removed at the end).
 struct Scratch : testing::TempDir {
