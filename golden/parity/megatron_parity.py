@@ -150,6 +150,10 @@ def build_classes():
         """Megatron's MLP with Olmo 3's post-MLP norm."""
 
         def __init__(self, config, submodules, **kw):
+            # MLP warns (deprecation) without ffn_hidden_size. tp_group stays None: TransformerLayer passes it only
+            # to the exact MLP class, and MLP resolves None to parallel_state's TP group (the same, TP = 1).
+            if kw.get("ffn_hidden_size") is None:
+                kw["ffn_hidden_size"] = config.ffn_hidden_size
             super().__init__(config, submodules, **kw)
             self.post_norm = rmsnorm(config, config.hidden_size)
 
