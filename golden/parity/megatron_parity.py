@@ -353,6 +353,9 @@ def run(bundle, control, threads):
     report["logits"] = compare_logits(torch, torch.from_numpy(step0["logits"]).float(), logits.detach(), peer="megatron")
     report["loss"] = {"ours": float(ours["loss_step0"]), "megatron": loss.item(), "megatron_ce": ce.item(),
                       "megatron_z": z.item(), "rel": rel(float(ours["loss_step0"]), loss.item())}
+    for part, val in (("ce", ce.item()), ("z", z.item())):  # reported: the gate is on their sum
+        if f"{part}_step0" in ours:
+            report["loss"][f"{part}_rel"] = rel(float(ours[f"{part}_step0"]), val)
     grads, worst = {}, ("", -1.0)
     for mname, (src, kind) in names.items():
         g = params[mname].grad
