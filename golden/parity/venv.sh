@@ -2,7 +2,7 @@
 # environments live, whether they can run the checks, and the steps the runners share (the demo corpus, a parity
 # dump checked by a peer). The venvs sit outside the clone so builds and `git clean` never touch them.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer; import litgpt.model; from litgpt.scripts.convert_hf_checkpoint import copy_weights_olmo2"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -28,7 +28,7 @@ olmoref_venv_python_or_skip() {
 olmoref_ensure_venv() {
   py="$(olmoref_venv_python)"
   [ -n "$py" ] && return 0
-  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy, megatron-core, torchtitan)"
+  echo "$1: setting up the Python environment at $OLMOREF_VENV (torch, transformers, safetensors, numpy, megatron-core, torchtitan, litgpt)"
   if [ ! -x "$OLMOREF_VENV/bin/python" ]; then
     command -v python3 >/dev/null || skip "python3 not found; install Python 3 with venv support"
     python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
@@ -50,6 +50,13 @@ olmoref_ensure_venv() {
     "$OLMOREF_VENV/bin/python" -m pip install "pyarrow>=21.0.0" "dill>=0.3.0,<0.4.1" pandas "multiprocess<0.70.19" \
       xxhash "httpx<1.0.0" requests ||
     skip "pip could not install torchdata 0.11.0 and datasets 4.7.0 (with their imports) into $OLMOREF_VENV (no network?)"
+  # litgpt: the litgpt parity check (litgpt_parity.py) runs its GPT model and OLMo-2 weight converter. Its wheel pins
+  # huggingface-hub < 1.4 (transformers 5 needs newer) and pulls lightning's full training stack; the model, config
+  # and converter modules import only lightning (fabric, pytorch), lightning-utilities and torchmetrics beyond what
+  # is here already, so those four come alone (about 3 s).
+  "$OLMOREF_VENV/bin/python" -m pip install --no-deps "litgpt==0.5.13" "lightning==2.6.6" "lightning-utilities==0.15.3" \
+    "torchmetrics==1.9.0" ||
+    skip "pip could not install litgpt 0.5.13 (with lightning 2.6.6, lightning-utilities, torchmetrics) into $OLMOREF_VENV (no network?)"
   py="$(olmoref_venv_python)"
   [ -n "$py" ] || skip "packages installed in $OLMOREF_VENV but '$OLMOREF_PY_REQUIRED' still fails"
 }
