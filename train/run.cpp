@@ -79,6 +79,40 @@ nlohmann::json loader_state_for_resume(const nlohmann::json& saved, const TrainC
 }
 }  // namespace
 
+ckpt::CheckpointMeta Trainer::load_checked_state(const std::string& dir, const ckpt::CheckpointMeta& expect,
+                                                 const ckpt::LoadOptions& lo, bool keep_moments,
+                                                 const std::string& hint) {
+  const std::vector<float> m_fresh = keep_moments ? dist::host_copy(m_) : std::vector<float>{};
+  const std::vector<float> v_fresh = keep_moments ? dist::host_copy(v_) : std::vector<float>{};
+  // Each rank reads only its range, whatever layout (or executor) wrote the checkpoint (resharding).
+  const int64_t n = layout_.hi() - layout_.lo();
+  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
+  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
+  ckpt::CheckpointMeta meta;
+  try {
+    meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
+  } catch (const std::exception& e) {
+    if (hint.empty()) throw;
+    throw std::runtime_error(std::string(e.what()) + hint);
+  }
+  upload_held(params_, hp.data());
+  // The moments cover only the optimizer range, a part of the shard's.
+  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
+  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
+  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
+  StateDigest& digest = *state_digest_;
+  const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
+             same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
+             same_v = digest(v_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_v;
+  if (!same_p || !same_m || !same_v)
+    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests" + hint);
+  if (keep_moments) {
+    upload_held(m_, m_fresh.data());
+    upload_held(v_, v_fresh.data());
+  }
+  return meta;
+}
+
 void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   ckpt::CheckpointMeta expect;
   expect.model_hash = cfg_.model_hash();
@@ -87,29 +121,7 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   ckpt::LoadOptions lo;
   lo.ignore_fingerprint_mismatch = opts.ignore_fingerprint_mismatch;
   lo.allow_config_change = opts.allow_config_change;
-  const std::vector<float> m_fresh = dist::host_copy(m_), v_fresh = dist::host_copy(v_);
-  // Each rank reads only its range, whatever layout (or executor) wrote the checkpoint (resharding).
-  const int64_t n = layout_.hi() - layout_.lo();
-  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
-  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
-  const ckpt::CheckpointMeta meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
-  upload_held(params_, hp.data());
-  // The moments cover only the optimizer range, a part of the shard's.
-  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
-  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
-  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
-  // The whole-state digests, recomputed from the shards every rank now holds, must match the manifest. Each is a
-  // collective, so every rank computes all three before any throws.
-  StateDigest& digest = *state_digest_;
-  const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
-             same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
-             same_v = digest(v_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_v;
-  if (!same_p || !same_m || !same_v)
-    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests");
-  if (opts.skip_moments) {
-    upload_held(m_, m_fresh.data());
-    upload_held(v_, v_fresh.data());
-  }
+  const ckpt::CheckpointMeta meta = load_checked_state(dir, expect, lo, opts.skip_moments, "");
   if (!opts.skip_step) step_ = meta.step;
   // load_range refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
   // before it unknown, so this run's checkpoints record none either.
@@ -148,34 +160,11 @@ void Trainer::init_from_checkpoint(const std::string& dir, bool load_optimizer) 
   // The model was compared key by key before the run began (resolve_checkpoint_init); the hash is the last guard.
   ckpt::CheckpointMeta expect;
   expect.model_hash = cfg_.model_hash();
-  const int64_t n = layout_.hi() - layout_.lo();
-  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
-  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
-  ckpt::CheckpointMeta meta;
-  try {
-    meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, ckpt::LoadOptions{});
-  } catch (const std::exception& e) {
-    throw std::runtime_error(std::string(e.what()) + "\n(config key 'init.checkpoint' = " + dir + ": restore that "
-                             "checkpoint, or point init.checkpoint at another; olmoref ckpt verify " + dir +
-                             " lists every problem)");
-  }
-  const std::vector<float> m_fresh = dist::host_copy(m_), v_fresh = dist::host_copy(v_);
-  upload_held(params_, hp.data());
-  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
-  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
-  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
-  StateDigest& digest = *state_digest_;
-  const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
-             same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
-             same_v = digest(v_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_v;
-  if (!same_p || !same_m || !same_v)
-    throw std::runtime_error(dir + "/manifest.json: loaded state does not match the whole-state digests "
-                             "(init.checkpoint)");
-  if (!load_optimizer) {
-    upload_held(m_, m_fresh.data());
-    upload_held(v_, v_fresh.data());
-    return;
-  }
+  const ckpt::CheckpointMeta meta = load_checked_state(
+      dir, expect, ckpt::LoadOptions{}, !load_optimizer,
+      "\n(config key 'init.checkpoint' = " + dir + ": restore that checkpoint, or point init.checkpoint at another; "
+      "olmoref ckpt verify " + dir + " lists every problem)");
+  if (!load_optimizer) return;
   // The source's optimizer step count: SkipStepAdamW's fp32 state["step"] (steps not skipped), a plain AdamW run's
   // recorded count when it too started from a checkpoint, else its step.
   const nlohmann::json& os = meta.optimizer_state;

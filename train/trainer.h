@@ -157,6 +157,12 @@ class Trainer {
   const std::vector<std::vector<int32_t>>& last_routing() const { return routing_choices_; }
 
  private:
+  // Reads this rank's range of checkpoint `dir` (written at any layout) into the parameters and moments, then checks
+  // the whole-state digests recomputed from what every rank now holds (collectives: every rank computes all three
+  // before any throws). keep_moments: the moments are read and checked, then m_ and v_ get their values back.
+  // hint: appended to a refused read's message and to the digest mismatch's (resume's and init.checkpoint's words).
+  ckpt::CheckpointMeta load_checked_state(const std::string& dir, const ckpt::CheckpointMeta& expect,
+                                          const ckpt::LoadOptions& lo, bool keep_moments, const std::string& hint);
   // What the step's named parts hand on (train_step reads as the loop).
   struct StepLoss;
   struct ClippedGradient;

@@ -33,22 +33,7 @@ olmoref_need_bin_and_config run_litgpt_parity "pass a config file (e.g. configs/
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-litgpt-parity.XXXXXX")"
 bundle="$work/bundle"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
-export OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}"
-
-echo "run_litgpt_parity: $bin parity-dump --config $config --out $bundle --steps 1"
-"$bin" parity-dump --config "$config" --out "$bundle" --steps 1 ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
-rc=$?
-if [ $rc -ne 0 ]; then
-  echo "run_litgpt_parity: parity-dump failed (exit $rc); partial output kept in $work" >&2
-  exit $rc
-fi
-
+steps=1
 # The check and its negative controls in one process: importing torch and lightning twice would double the time.
-"$py" "$here/litgpt_parity.py" --bundle "$bundle" --report "$report" --with-controls
-rc=$?
-if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
-  rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
-else
-  echo "run_litgpt_parity: bundle kept in $bundle, report in $report"
-fi
-exit $rc
+checker_args=(--with-controls)
+olmoref_dump_and_check run_litgpt_parity litgpt_parity.py --config "$config"

@@ -119,8 +119,9 @@ olmoref_need_bin_and_config() {
 }
 
 # olmoref_dump_and_check NAME CHECKER ARG...: `$bin parity-dump ARG... --out $bundle --steps $steps`, then CHECKER (a
-# script in golden/parity) on the bundle with $py, writing $report. Exits with parity-dump's status when it fails,
-# else with CHECKER's; $work is removed after a pass unless OLMOREF_KEEP_BUNDLE=1. NAME starts each message.
+# script in golden/parity) on the bundle with $py, writing $report, with the caller's checker_args array (if any)
+# after them. Exits with parity-dump's status when it fails, else with CHECKER's; $work is removed after a pass unless
+# OLMOREF_KEEP_BUNDLE=1. NAME starts each message.
 olmoref_dump_and_check() {
   local name="$1" checker="$2" rc
   shift 2
@@ -131,7 +132,8 @@ olmoref_dump_and_check() {
     echo "$name: parity-dump failed (exit $rc); partial output kept in $work" >&2
     exit $rc
   fi
-  OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/$checker" --bundle "$bundle" --report "$report"
+  OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}" "$py" "$here/$checker" --bundle "$bundle" --report "$report" \
+    ${checker_args[@]+"${checker_args[@]}"}
   rc=$?
   if [ $rc -eq 0 ] && [ "${OLMOREF_KEEP_BUNDLE:-0}" != 1 ]; then
     rm -rf "$work"  # a report asked for with OLMOREF_PARITY_REPORT lives outside and survives
