@@ -34,9 +34,11 @@ olmoref_ensure_venv() {
     python3 -m venv "$OLMOREF_VENV" || skip "could not create a venv at $OLMOREF_VENV (install python3-venv, or set OLMOREF_VENV)"
   fi
   # --upgrade: an existing but old transformers lacks Olmo3ForCausalLM (added in 4.57).
-  # megatron-core: the interop checks build Megatron's own dataset indices with it (CPU only; no extras).
+  # megatron-core: the interop checks build Megatron's own dataset indices with it, and megatron_parity.py runs its
+  # GPTModel (CPU only; no extras). Pinned here, its one place: the model check's additions and CPU shims are written
+  # against this release's SelfAttention, MLP and mask code.
   # accelerate: Hugging Face's Trainer needs it (golden replay --framework hf-trainer).
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic megatron-core accelerate ||
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic "megatron-core==0.16.1" accelerate ||
     skip "pip could not install torch/transformers/safetensors/numpy/pydantic/megatron-core/accelerate into $OLMOREF_VENV (no network?)"
   # torchtitan: the interop check drives its own metrics logger and loss-compare helpers. Its wheel pins training
   # extras (datasets, wandb, torchdata, torch_checkpointing) those modules never import, and installing them could
