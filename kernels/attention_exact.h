@@ -164,6 +164,40 @@ OLMOREF_HD inline ProbGrad attention_prob_grad(const AttentionArgs& a, float sco
   return {a.bf16 ? round_bf16(p) : p, a.bf16 ? round_bf16(ds) : ds};
 }
 
+// The outputs a thread owns in one chunk of a row-major output (row stride `stride`): rows r0 + w + 8u of the n rows
+// from r0, dims col0 + l + 32v of the dn in the chunk. A chain that goes on in a later tile or chunk does so through
+// its output (an fp32 store and reload keeps the bits).
+struct AttentionChunkOut {
+  float* base;
+  int64_t stride, r0, n, col0;
+  int dn;
+  // Output (u, v) of thread t, or nullptr past the rows or the chunk's dims.
+  OLMOREF_HD float* at(int t, int u, int v) const {
+    const int row = t / 32 + kAttWarps * u, d = t % 32 + 32 * v;
+    return row < n && d < dn ? base + (r0 + row) * stride + col0 + d : nullptr;
+  }
+};
+using AttentionChains = float[kAttPer][kAttPerDim];
+
+// Thread t's chains: from 0 at the first tile, else from their stored outputs; 0 past the output (never stored).
+OLMOREF_HD inline void attention_chains_start(const AttentionChunkOut& o, int t, bool first_tile, AttentionChains& acc) {
+  OLMOREF_UNROLL
+  for (int u = 0; u < kAttPer; ++u)
+    OLMOREF_UNROLL
+    for (int v = 0; v < kAttPerDim; ++v) {
+      const float* p = o.at(t, u, v);
+      acc[u][v] = first_tile || !p ? 0.0f : *p;
+    }
+}
+// Thread t's chains into their outputs; bf16: rounded, as the chains end.
+OLMOREF_HD inline void attention_chains_store(const AttentionChunkOut& o, int t, bool bf16, const AttentionChains& acc) {
+  OLMOREF_UNROLL
+  for (int u = 0; u < kAttPer; ++u)
+    OLMOREF_UNROLL
+    for (int v = 0; v < kAttPerDim; ++v)
+      if (float* p = o.at(t, u, v)) *p = bf16 ? round_bf16(acc[u][v]) : acc[u][v];
+}
+
 // ---- forward ----------------------------------------------------------------------------------------------------
 
 struct AttentionForwardShared {
@@ -283,11 +317,8 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
       });
       blk.phase([&](int t, AttentionForwardRegs& r) {
         const int w = t / 32, l = t % 32;
-        if (kt == 0)
-          OLMOREF_UNROLL
-          for (int u = 0; u < kAttPer; ++u)
-            OLMOREF_UNROLL
-            for (int v = 0; v < kAttPerDim; ++v) r.o[u][v] = 0.0f;
+        const AttentionChunkOut out{at.out, at.qw, at.i0, at.n, ch * kAttChunk, dn};
+        if (kt == 0) attention_chains_start(out, t, true, r.o);
         for (int c = 0; c < kAttTile; ++c) {
           const int64_t j = k0 + c;
           float vd[kAttPerDim];
@@ -302,14 +333,7 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
             for (int v = 0; v < kAttPerDim; ++v) r.o[u][v] = hd_fma(p, vd[v], r.o[u][v]);
           }
         }
-        if (kt + 1 < key_tiles) return;
-        OLMOREF_UNROLL
-        for (int u = 0; u < kAttPer; ++u) {
-          const int row = w + kAttWarps * u;
-          OLMOREF_UNROLL
-          for (int v = 0; v < kAttPerDim; ++v)
-            if (row < at.n && l + 32 * v < dn) at.out[(at.i0 + row) * at.qw + ch * kAttChunk + l + 32 * v] = r.o[u][v];
-        }
+        if (kt + 1 == key_tiles) attention_chains_store(out, t, false, r.o);
       });
     }
   }
@@ -338,8 +362,6 @@ struct AttentionBackwardRegs {
   float y[kAttPer][kAttPerDim];       // dv chains (key kernel)
 };
 
-// A chain over a later chunk goes on through its output: reload it (first tile: start from 0).
-OLMOREF_HD inline float attention_chain_start(bool first_tile, const float* at) { return first_tile ? 0.0f : *at; }
 
 // Backward (1): query tile `tile`.
 OLMOREF_BLOCK_BODY
@@ -393,13 +415,8 @@ OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShare
       blk.phase([&](int t, AttentionBackwardRegs& r) {
         const int w = t / 32, l = t % 32;
         const bool resident = chunks == 1 && kt > 0, end = kt + 1 == key_tiles;
-        OLMOREF_UNROLL
-        for (int u = 0; u < kAttPer; ++u)
-          OLMOREF_UNROLL
-          for (int v = 0; v < kAttPerDim; ++v) {
-            const int row = w + kAttWarps * u, d = l + 32 * v;
-            if (!resident) r.x[u][v] = row < at.n && d < dn ? attention_chain_start(kt == 0, at.dq + (at.i0 + row) * at.qw + ch * kAttChunk + d) : 0.0f;
-          }
+        const AttentionChunkOut dq{at.dq, at.qw, at.i0, at.n, ch * kAttChunk, dn};
+        if (!resident) attention_chains_start(dq, t, kt == 0, r.x);
         for (int c = 0; c < kAttTile; ++c) {
           float kd[kAttPerDim];
           OLMOREF_UNROLL
@@ -413,15 +430,7 @@ OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShare
             for (int v = 0; v < kAttPerDim; ++v) r.x[u][v] = hd_fma(ds, kd[v], r.x[u][v]);
           }
         }
-        if (chunks == 1 && !end) return;  // the chains stay in registers
-        OLMOREF_UNROLL
-        for (int u = 0; u < kAttPer; ++u)
-          OLMOREF_UNROLL
-          for (int v = 0; v < kAttPerDim; ++v) {
-            const int row = w + kAttWarps * u, d = l + 32 * v;
-            if (row < at.n && d < dn)
-              at.dq[(at.i0 + row) * at.qw + ch * kAttChunk + d] = end && a.bf16 ? round_bf16(r.x[u][v]) : r.x[u][v];
-          }
+        if (chunks > 1 || end) attention_chains_store(dq, t, end && a.bf16, r.x);  // else they stay in registers
       });
     }
   }
@@ -483,17 +492,8 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
       blk.phase([&](int t, AttentionBackwardRegs& r) {
         const int w = t / 32, l = t % 32;
         const bool resident = chunks == 1 && qt > 0, end = qt + 1 == query_tiles;
-        OLMOREF_UNROLL
-        for (int u = 0; u < kAttPer; ++u)
-          OLMOREF_UNROLL
-          for (int v = 0; v < kAttPerDim; ++v) {
-            const int key = w + kAttWarps * u, d = l + 32 * v;
-            if (resident) continue;
-            const bool valid = key < at.n && d < dn;
-            const int64_t off = (j0 + key) * a.hd + ch * kAttChunk + d;
-            r.x[u][v] = valid ? attention_chain_start(qt == 0, dk_base + off) : 0.0f;
-            r.y[u][v] = valid ? attention_chain_start(qt == 0, dv_base + off) : 0.0f;
-          }
+        const AttentionChunkOut dk{dk_base, a.hd, j0, at.n, ch * kAttChunk, dn}, dv{dv_base, a.hd, j0, at.n, ch * kAttChunk, dn};
+        if (!resident) attention_chains_start(dk, t, qt == 0, r.x), attention_chains_start(dv, t, qt == 0, r.y);
         for (int64_t i = i0; i < i_end; ++i) {
           const int c = static_cast<int>(i - i0);
           float qd[kAttPerDim], dod[kAttPerDim];
@@ -511,17 +511,10 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
             }
           }
         }
-        if (chunks == 1 && !end) return;  // the chains stay in registers
-        OLMOREF_UNROLL
-        for (int u = 0; u < kAttPer; ++u)
-          OLMOREF_UNROLL
-          for (int v = 0; v < kAttPerDim; ++v) {
-            const int key = w + kAttWarps * u, d = l + 32 * v;
-            if (key >= at.n || d >= dn) continue;
-            const int64_t off = (j0 + key) * a.hd + ch * kAttChunk + d;
-            dk_base[off] = end && a.bf16 ? round_bf16(r.x[u][v]) : r.x[u][v];
-            dv_base[off] = end && a.bf16 ? round_bf16(r.y[u][v]) : r.y[u][v];
-          }
+        if (chunks > 1 || end) {  // else the chains stay in registers
+          attention_chains_store(dk, t, end && a.bf16, r.x);
+          attention_chains_store(dv, t, end && a.bf16, r.y);
+        }
       });
     }
   }
