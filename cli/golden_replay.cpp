@@ -57,6 +57,8 @@ constexpr Framework kFrameworks[] = {
      "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
     {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", nullptr, "OLMOREF_VENV", "venv",
      "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf"},
+    {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", nullptr, "OLMOREF_MAXTEXT_VENV", "venv-maxtext",
+     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax"},
 };
 
 const Framework& framework_named(const std::string& name) {

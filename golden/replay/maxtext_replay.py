@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Replay an olmoref golden bundle with MaxText's own trainer (JAX, CPU backend) and write the metrics it recorded.
+
+Usage: maxtext_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+(normally run by `olmoref golden replay BUNDLE --framework maxtext`, which then compares the traces)
+
+MaxText ships Olmo 3 (models/olmo3.py, configs olmo3-7b/32b); this runs its pre-training entry point,
+maxtext.trainers.pre_train.train.main, on one CPU device in fp32:
+
+  model      model_name=olmo3-7b with the bundle's sizes as overrides (maxtext_export.maxtext_overrides): MaxText's
+             Olmo3DecoderLayer (post-norms, full-width QK-norm, three sliding-window layers then a global one),
+             dot_product attention, matmul_precision=highest, unscanned layers;
+  weights    the bundle's hf/ converted by MaxText's own checkpoint_conversion.to_maxtext into an Orbax checkpoint
+             (maxtext_export.py), read by its trainer through load_parameters_path;
+  train      its train_step: the loss summed over the targets and divided by their count (targets_segmentation 0 on
+             each instance's last position, which has no target), z-loss by z_loss_multiplier, the bundle's
+             micro-batches accumulated by gradient_accumulation_steps, clipping by gradient_clipping_threshold;
+  optimizer  its adamw (optax): the bundle's betas, eps and weight decay, adamw_mask on the token embedding (the
+             bundle's no-decay name);
+  schedule   BundleLR: MaxText's warmup starts at lr 0 on the first step (optax.linear_schedule from 0), OLMo-core's
+             and olmoref's at peak/warmup, so the bundle's lr_per_step are returned in its place;
+  data       BundleBatches in the place of create_data_iterator: exactly the bundle's batches in order (checked
+             against the bundle's checksums), each target the next token.
+
+Each line of REPLAY.jsonl is what MaxText's metric logger wrote for that step (metrics_file): {"step", "loss"
+(learning/loss: cross-entropy plus z-loss), "ce" (loss - z), "z" (learning/z_loss / gradient_accumulation_steps, see
+trace_records), "grad_norm" (learning/raw_grad_norm: the norm before clipping), "lr"
+(learning/current_learning_rate)}. JAX runs without x64, so the lr MaxText stepped with is the bundle's rounded to
+fp32. REPORT.json names what MaxText's own code did ("native") and each piece the adapter added ("added").
+`olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-maxtext.toml` judges
+(docs/golden.md, "MaxText").
+
+Exit status: 0 replayed; 2 the bundle is malformed or MaxText cannot be imported.
+"""
+import json
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bundle import BundleError, adapter_main  # noqa: E402
+from maxtext_export import ADDED as EXPORT_ADDED  # noqa: E402
+from maxtext_export import base_yml, check_model, export, import_maxtext, maxtext_overrides  # noqa: E402
+
+
+def check_recipe(bundle):
+    """What this adapter needs of bundle.json beyond what Bundle checks; raises BundleError naming the key."""
+    path = os.path.join(bundle.path, "bundle.json")
+    if len(bundle.optim.get("lr_per_step", [])) < bundle.S:
+        raise BundleError(f"{path}: optim.lr_per_step has fewer values than the {bundle.S} steps")
+    bundle.require_hf_adamw("MaxText's adapter (its optimizers have no SkipStepAdamW)")
+    if bundle.optim["no_decay"] not in ([], ["model.embed_tokens.weight"]):
+        raise BundleError(f"{path}: optim.no_decay {bundle.optim['no_decay']}; the adapter maps the embedding's name "
+                          f"only (adamw_mask token_embedder/embedding)")
+    check_model(bundle.path, bundle.meta["model"])
+
+
+def bundle_batches(bundle):
+    """The bundle's global batches in MaxText's batch layout (int32 [G, T] each): inputs with their positions and
+    one segment, targets the next token, the last position masked out (it has no target)."""
+    import numpy as np
+
+    class BundleBatches:
+        def __init__(self):
+            self.step = 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            # MaxText's loader may ask once past the last step (prefetch); it gets the last batch again, unused.
+            self.step += 1
+            ids = bundle.tokens(min(self.step, bundle.S)).astype(np.int32)
+            targets = np.zeros_like(ids)
+            targets[:, :-1] = ids[:, 1:]
+            target_mask = np.ones_like(ids)
+            target_mask[:, -1] = 0
+            pos = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape).copy()
+            return {"inputs": ids, "inputs_position": pos, "inputs_segmentation": np.ones_like(ids),
+                    "targets": targets, "targets_position": pos.copy(), "targets_segmentation": target_mask}
+
+    return BundleBatches()
+
+
+def trace_records(bundle, metrics_path, ga):
+    """The trace from MaxText's metrics file. Under gradient accumulation its learning/z_loss is the sum of the
+    micro-batches' z-loss means (utils/gradient_accumulation.py divides the moe_lb, indexer and mtp terms by the
+    micro-batch count, not z_loss); the micro-batches carry equal target counts, so the step's mean is that sum / ga.
+    learning/loss is unaffected: it is the accumulated sum over all targets divided by their count."""
+    lines = [json.loads(l) for l in open(metrics_path) if l.strip()]
+    by_step = {int(m["step"]) + 1: m for m in lines}  # MaxText counts steps from 0
+    records = []
+    for s in range(1, bundle.S + 1):
+        m = by_step.get(s)
+        if m is None:
+            raise RuntimeError(f"MaxText's metrics file {metrics_path} has no line for step {s} (it has "
+                               f"{sorted(by_step)})")
+        loss, z = float(m["learning/loss"]), float(m["learning/z_loss"]) / ga
+        records.append({"step": s, "loss": loss, "ce": loss - z, "z": z,
+                        "grad_norm": float(m["learning/raw_grad_norm"]),
+                        "lr": float(m["learning/current_learning_rate"])})
+    return records
+
+
+def replay(bundle, threads, work):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jax.config.update("jax_platforms", "cpu")
+    from maxtext.input_pipeline import input_pipeline_interface
+    from maxtext.trainers.pre_train import train
+    from maxtext.utils import maxtext_utils
+
+    native = [
+        "model: MaxText's Olmo3DecoderLayer (model_name=olmo3-7b at the bundle's sizes), dot_product attention with "
+        "its sliding-window mask, fp32, matmul_precision=highest",
+        "weights: MaxText's checkpoint_conversion.to_maxtext (its Olmo 3 mapping and hooks) into Orbax, loaded by its "
+        "trainer through load_parameters_path",
+        f"train: maxtext.trainers.pre_train.train.main: train_step with z_loss_multiplier={bundle.z_loss}, "
+        f"gradient_accumulation_steps={bundle.G // bundle.mb} of {bundle.mb} instances, "
+        f"gradient_clipping_threshold={bundle.optim['max_grad_norm']}",
+        "optimizer: MaxText's adamw (optax) with adamw_mask on token_embedder/embedding",
+        "metrics: MaxText's metric logger (metrics_file): learning/loss, learning/z_loss, learning/raw_grad_norm, "
+        "learning/current_learning_rate",
+    ]
+    added = list(EXPORT_ADDED) + [
+        "BundleLR: MaxText's schedule warms up from lr 0 on the first step, the recipe's from peak/warmup; its "
+        "create_learning_rate_schedule returns the bundle's lr_per_step (in fp32, as JAX computes without x64)",
+        "z read back: under gradient accumulation MaxText logs learning/z_loss as the sum of the micro-batches' "
+        "means; the trace's z divides it by gradient_accumulation_steps (equal micro-batches)",
+        "BundleBatches: create_data_iterator returns exactly the bundle's batches in order, each target the next "
+        "token and the last position masked (targets_segmentation 0)",
+    ]
+    items = export(bundle.path, bundle.meta, os.path.join(work, "maxtext-ckpt"))
+
+    lrs = np.asarray(bundle.optim["lr_per_step"][:bundle.S], dtype=np.float32)
+
+    def bundle_lr(count):
+        # optax counts updates from 0: the update of step s is count s-1. Past the end (never stepped) holds the last.
+        return jnp.asarray(lrs)[jnp.minimum(count, len(lrs) - 1)]
+
+    maxtext_utils.create_learning_rate_schedule = lambda config: bundle_lr
+    input_pipeline_interface.create_data_iterator = lambda config, mesh: (bundle_batches(bundle), None)
+
+    o = bundle.optim
+    metrics_path = os.path.join(work, "metrics.jsonl")
+    ga = bundle.G // bundle.mb
+    args = ["maxtext_replay", base_yml(), *maxtext_overrides(bundle.meta["model"], bundle.T),
+            f"base_output_directory={work}", "run_name=olmoref_replay",
+            f"per_device_batch_size={bundle.mb}", f"gradient_accumulation_steps={ga}", f"steps={bundle.S}",
+            "dtype=float32", "weight_dtype=float32", "matmul_precision=highest", "attention=dot_product",
+            f"load_parameters_path={items}", "enable_checkpointing=False", f"metrics_file={metrics_path}",
+            "enable_dropout=False", "packing=False", "dataset_type=synthetic", "enable_goodput_recording=False",
+            "monitor_goodput=False", "enable_tensorboard=False", "log_period=1", "ici_fsdp_parallelism=1",
+            "opt_type=adamw", f"adam_b1={o['betas'][0]}", f"adam_b2={o['betas'][1]}", f"adam_eps={o['eps']}",
+            "adam_eps_root=0.0", f"adam_weight_decay={o['weight_decay']}",
+            "adamw_mask=['token_embedder/embedding']" if o["no_decay"] else "adamw_mask=[]",
+            f"gradient_clipping_threshold={o['max_grad_norm']}", f"z_loss_multiplier={bundle.z_loss}",
+            f"learning_rate={float(lrs.max())}"]
+    train.main(args)
+    return trace_records(bundle, metrics_path, ga), native, added
+
+
+def main(argv=None):
+    # MaxText logs every config key and each compile at INFO; its own progress lines stay.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    args = sys.argv[1:] if argv is None else argv
+    threads = 1
+    if "--threads" in args:
+        threads = int(args[args.index("--threads") + 1])
+    # XLA's CPU client reads its thread flags once, when JAX starts: set them before anything imports it.
+    if threads == 1:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                                   "intra_op_parallelism_threads=1").strip()
+    return adapter_main(__doc__, argv, name="maxtext_replay", framework="maxtext",
+                        report_help="what MaxText did natively and what was added, JSON", check_recipe=check_recipe,
+                        import_framework=import_maxtext, replay=replay)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

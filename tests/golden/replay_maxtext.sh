@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# tests/golden/replay_maxtext.sh — meson test golden-replay-maxtext: MaxText's own trainer (JAX on the CPU) replays a
+# golden bundle (`olmoref golden replay --framework maxtext`, golden/replay/maxtext_replay.py), its weights converted
+# into an Orbax checkpoint by MaxText's own converter (golden/replay/maxtext_export.py).
+#
+#   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
+#      golden/replay/rules-maxtext.toml; prints the rules' rows (worst per-step relative differences).
+#   2. copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
+#      naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high (lr at step 6),
+#      the z-loss dropped (loss from step 1). Each MaxText replay takes about 15 s, so all three run.
+#   3. a bundle MaxText's Olmo 3 block cannot express (a 2:1 window pattern) is refused with exit 2, naming the key.
+# One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
+# golden-replay-maxtext: ..." when MaxText's environment or the demo corpus cannot be had (never a pass).
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+set +e  # the replays' exit statuses are the verdicts: each is checked by replay_lib.sh
+cd "$SRC" || exit 2
+source golden/parity/venv.sh
+source tests/golden/replay_lib.sh
+skip() { echo "SKIPPED: golden-replay-maxtext: $1"; exit 77; }
+olmoref_ensure_maxtext_venv replay_maxtext
+FRAMEWORK=maxtext PY="$OLMOREF_MAXTEXT_VENV/bin/python"
+replay_make_bundle 1
+replay_same
+grep -E "^maxtext_replay:" "$work/same.log" || true
+replay_controls
+
+# MaxText's Olmo 3 layer cycle is fixed at three sliding-window layers and a global one: another pattern must be
+# refused before anything runs, not replayed on the wrong attention.
+python3 - "$work/bundle" "$work/pattern-bundle" <<'PY' || exit 2
+import json, shutil, sys
+src, dst = sys.argv[1:]
+shutil.copytree(src, dst)
+meta = json.load(open(f"{dst}/bundle.json"))
+meta["model"]["swa_pattern"] = [128, 128, -1, -1]
+json.dump(meta, open(f"{dst}/bundle.json", "w"))
+PY
+replay "$work/pattern-bundle" pattern
+rc=$?
+if [ $rc -eq 2 ] && grep -q "model.swa_pattern \[128, 128, -1, -1\]" "$work/pattern.log"; then
+  echo "ok: pattern: refused: $(grep -m1 'swa_pattern' "$work/pattern.log")"
+else
+  tail -n 20 "$work/pattern.log"; echo "FAIL: pattern: want exit 2 naming model.swa_pattern, got exit $rc"; replay_failed=1
+fi
+exit $replay_failed
