@@ -9,7 +9,8 @@ maxtext.trainers.pre_train.train.main, on one CPU device in fp32:
 
   model      model_name=olmo3-7b with the bundle's sizes as overrides (maxtext_export.maxtext_overrides): MaxText's
              Olmo3DecoderLayer (post-norms, full-width QK-norm, three sliding-window layers then a global one),
-             dot_product attention, matmul_precision=highest, unscanned layers;
+             dot_product attention, matmul_precision=highest, unscanned layers; a bf16 bundle too (see
+             precision_args);
   weights    the bundle's hf/ converted by MaxText's own checkpoint_conversion.to_maxtext into an Orbax checkpoint
              (maxtext_export.py), read by its trainer through load_parameters_path;
   train      its train_step: the loss summed over the targets and divided by their count (targets_segmentation 0 on
@@ -102,6 +103,25 @@ def trace_records(bundle, metrics_path, ga):
     return records
 
 
+def precision_args(bundle, native, added):
+    """fp32, the default for every bundle: olmoref's bf16 has no MaxText counterpart whose difference MaxText's own
+    spread justifies (docs/golden.md, section 12). OLMOREF_MAXTEXT_BF16 replays a bf16 bundle in MaxText's own mixed
+    precision, as a measurement aid that no rules file judges: `recipe` as its Olmo 3 pre-training script
+    (trainers/pre_train/scripts/olmo/run_olmo3_7b_stage1.sh) configures it, dtype=bfloat16 (activations and matmul
+    inputs), weight_dtype=float32 (master weights and Adam's moments), logits in fp32 (cast_logits_to_fp32,
+    logits_dot_in_fp32); `bf16-logits` the same with the LM head in bf16, the other of its two settings."""
+    route = os.environ.get("OLMOREF_MAXTEXT_BF16", "")
+    if bundle.meta.get("precision") != "bf16" or not route:
+        return ["dtype=float32", "weight_dtype=float32", "matmul_precision=highest"]
+    if route not in ("recipe", "bf16-logits"):
+        raise BundleError(f"OLMOREF_MAXTEXT_BF16={route!r}: recipe, bf16-logits, or unset (fp32)")
+    added.append(f"OLMOREF_MAXTEXT_BF16={route}: MaxText's bf16 (dtype=bfloat16, weight_dtype=float32, "
+                 f"cast_logits_to_fp32=True, logits_dot_in_fp32={route == 'recipe'}), a measurement aid: no rules "
+                 f"file judges it")
+    return ["dtype=bfloat16", "weight_dtype=float32", "matmul_precision=default", "cast_logits_to_fp32=True",
+            f"logits_dot_in_fp32={route == 'recipe'}"]
+
+
 def replay(bundle, threads, work):
     import jax
     import jax.numpy as jnp
@@ -114,7 +134,7 @@ def replay(bundle, threads, work):
 
     native = [
         "model: MaxText's Olmo3DecoderLayer (model_name=olmo3-7b at the bundle's sizes), dot_product attention with "
-        "its sliding-window mask, fp32, matmul_precision=highest",
+        "its sliding-window mask",
         "weights: MaxText's checkpoint_conversion.to_maxtext (its Olmo 3 mapping and hooks) into Orbax, loaded by its "
         "trainer through load_parameters_path",
         f"train: maxtext.trainers.pre_train.train.main: train_step with z_loss_multiplier={bundle.z_loss}, "
@@ -149,7 +169,7 @@ def replay(bundle, threads, work):
     args = ["maxtext_replay", base_yml(), *maxtext_overrides(bundle.meta["model"], bundle.T),
             f"base_output_directory={work}", "run_name=olmoref_replay",
             f"per_device_batch_size={bundle.mb}", f"gradient_accumulation_steps={ga}", f"steps={bundle.S}",
-            "dtype=float32", "weight_dtype=float32", "matmul_precision=highest", "attention=dot_product",
+            *precision_args(bundle, native, added), "attention=dot_product",
             f"load_parameters_path={items}", "enable_checkpointing=False", f"metrics_file={metrics_path}",
             "enable_dropout=False", "packing=False", "dataset_type=synthetic", "enable_goodput_recording=False",
             "monitor_goodput=False", "enable_tensorboard=False", "log_period=1", "ici_fsdp_parallelism=1",
@@ -175,7 +195,8 @@ def main(argv=None):
                                    "intra_op_parallelism_threads=1").strip()
     return adapter_main(__doc__, argv, name="maxtext_replay", framework="maxtext",
                         report_help="what MaxText did natively and what was added, JSON", check_recipe=check_recipe,
-                        import_framework=import_maxtext, replay=replay)
+                        import_framework=import_maxtext, replay=replay,
+                        bf16=bool(os.environ.get("OLMOREF_MAXTEXT_BF16")))
 
 
 if __name__ == "__main__":
