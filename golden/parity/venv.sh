@@ -86,6 +86,8 @@ olmoref_ensure_olmo_core_venv() {
 # >= 3.12 and JAX, so it gets a venv of its own, made with the machine's Python 3.12 (pyenv's on this kind of machine).
 OLMOREF_MAXTEXT_VENV="${OLMOREF_MAXTEXT_VENV:-$HOME/.cache/olmoref/venv-maxtext}"
 OLMOREF_MAXTEXT_REQUIRED="import maxtext.trainers.pre_train.train, maxtext.checkpoint_conversion.to_maxtext, maxtext.input_pipeline.input_pipeline_interface"
+# The release is pinned in one place, the adapter's MAXTEXT_VERSION (golden/replay/maxtext_export.py); read from there.
+OLMOREF_MAXTEXT_PIN="$(sed -n 's/^MAXTEXT_VERSION = "\(.*\)"$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../replay/maxtext_export.py")"
 
 # Prints a Python >= 3.12 interpreter: python3.12 or python3.13 on PATH when it runs, else pyenv's.
 olmoref_python312() {
@@ -104,23 +106,23 @@ olmoref_python312() {
 olmoref_ensure_maxtext_venv() {
   local mpy="$OLMOREF_MAXTEXT_VENV/bin/python" base
   if [ -x "$mpy" ] && "$mpy" -c "$OLMOREF_MAXTEXT_REQUIRED" >/dev/null 2>&1; then return 0; fi
-  echo "$1: setting up MaxText's environment at $OLMOREF_MAXTEXT_VENV (maxtext 0.2.5, JAX 0.12 on the CPU)"
+  echo "$1: setting up MaxText's environment at $OLMOREF_MAXTEXT_VENV (maxtext $OLMOREF_MAXTEXT_PIN, JAX 0.12 on the CPU)"
   if [ ! -x "$mpy" ]; then
-    base="$(olmoref_python312)" || skip "maxtext 0.2.5 needs Python >= 3.12 and none was found (python3.12 on PATH or \
+    base="$(olmoref_python312)" || skip "maxtext $OLMOREF_MAXTEXT_PIN needs Python >= 3.12 and none was found (python3.12 on PATH or \
 pyenv's: pyenv install 3.12)"
     "$base" -m venv "$OLMOREF_MAXTEXT_VENV" || skip "could not create a venv at $OLMOREF_MAXTEXT_VENV with $base"
   fi
   # maxtext's wheel declares its dependencies only under accelerator extras (cuda12, tpu: some 300 packages), so it
   # comes alone, then what its trainer, Olmo 3 model, converter and input pipeline import on the CPU, pinned to the
-  # releases the adapter was written against (golden/replay/maxtext_export.py pins maxtext itself). No torch: the
-  # converter reads safetensors as numpy. About a minute.
-  "$mpy" -m pip install --no-deps "maxtext==0.2.5" &&
+  # releases the adapter was written against. No torch: the converter reads safetensors as numpy. About a minute.
+  [ -n "$OLMOREF_MAXTEXT_PIN" ] || skip "no MAXTEXT_VERSION found in golden/replay/maxtext_export.py"
+  "$mpy" -m pip install --no-deps "maxtext==$OLMOREF_MAXTEXT_PIN" &&
     "$mpy" -m pip install "jax==0.12.0.1" "jaxlib==0.12.0.1" "flax==0.12.12" "optax==0.2.8" \
       "orbax-checkpoint==0.12.8" "omegaconf==2.4.0" "pathwaysutils==0.1.13" "qwix==0.1.8" "aqtp==0.9.0" \
       "tokamax==0.0.17" "grain==0.2.18" "drjax==0.2.1" "transformers==5.25.0" "huggingface_hub==2.4.0" \
       "safetensors==0.8.0" "jinja2==3.1.6" "pillow==13.0.0" "tiktoken==0.14.0" "sentencepiece==0.2.3" \
       "sympy==1.14.0" "ml-collections==1.1.0" ||
-    skip "pip could not install maxtext 0.2.5 and its CPU stack into $OLMOREF_MAXTEXT_VENV (no network?)"
+    skip "pip could not install maxtext $OLMOREF_MAXTEXT_PIN and its CPU stack into $OLMOREF_MAXTEXT_VENV (no network?)"
   "$mpy" -c "$OLMOREF_MAXTEXT_REQUIRED" >/dev/null 2>&1 ||
     skip "maxtext installed in $OLMOREF_MAXTEXT_VENV but '$OLMOREF_MAXTEXT_REQUIRED' still fails"
 }

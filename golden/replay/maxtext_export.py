@@ -24,7 +24,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bundle import BundleError  # noqa: E402
 
-# The one place the MaxText release is pinned (golden/parity/venv.sh installs it into OLMOREF_MAXTEXT_VENV).
+# The one place the MaxText release is pinned: golden/parity/venv.sh reads this line and installs that release into
+# OLMOREF_MAXTEXT_VENV.
 MAXTEXT_VERSION = "0.2.5"
 
 ADDED = [
