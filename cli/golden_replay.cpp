@@ -55,7 +55,8 @@ constexpr Framework kFrameworks[] = {
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
      "venv-olmo-core",
      "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler"},
-    {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", nullptr, "OLMOREF_VENV", "venv",
+    {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "rules-torchtitan-bf16.toml", "OLMOREF_VENV",
+     "venv",
      "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf"},
 };
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# tests/golden/replay_torchtitan.sh — meson test golden-replay-torchtitan: TorchTitan's own Trainer replays a golden
-# bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
+# tests/golden/replay_torchtitan.sh [fp32|bf16] — meson tests golden-replay-torchtitan(-bf16): TorchTitan's own Trainer
+# replays a golden bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
 #
 #   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #      golden/replay/rules-torchtitan.toml; prints the rules' rows (worst per-step relative differences).
+#      bf16: 10 bf16 steps, replayed in TorchTitan's own bf16 mixed precision (mixed_precision_param bfloat16,
+#      mixed_precision_reduce float32: FSDP2's MixedPrecisionPolicy), within golden/replay/rules-torchtitan-bf16.toml.
 #   2. one copy of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
-#      naming the step: the z-loss dropped (loss from step 1), which also runs TorchTitan's own CrossEntropyLoss
-#      rather than the added ZLossCrossEntropy. The olmo-core controls run all three; each TorchTitan replay costs a
-#      full Trainer start, so one is enough here.
+#      naming the step: the z-loss dropped (loss from step 1; in bf16 z from step 1, which the bf16 loss limit would
+#      not see by itself), which also runs TorchTitan's own CrossEntropyLoss rather than the added
+#      ZLossCrossEntropy. The olmo-core controls run all three; each TorchTitan replay costs a full Trainer start, so
+#      one is enough here (the swapped batch and the changed lr were measured once, docs/golden.md section 8).
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-torchtitan: ..." when the venv, TorchTitan's Trainer or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -23,6 +26,15 @@ olmoref_ensure_venv replay_torchtitan
   skip "TorchTitan's Trainer cannot be imported from $OLMOREF_VENV ($(tail -n1 "$work/import.log")): it needs \
 torchdata and datasets beside torchtitan (docs/golden.md, section 8; bash tools/setup_python.sh)"
 FRAMEWORK=torchtitan PY=$py
+if [ "${1:-fp32}" = bf16 ]; then
+  REPLAY_PRECISION=bf16 replay_make_bundle 1
+  replay_same
+  grep -q "rules-torchtitan-bf16.toml" "$work/same/compare.txt" || { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
+  grep -q "mixed_precision_param bfloat16" "$work/same/report.json" || { echo "FAIL: the replay did not run TorchTitan's bf16 mixed precision"; exit 1; }
+  grep -E "^torchtitan_replay:" "$work/same.log" || true
+  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
+  exit $replay_failed
+fi
 replay_make_bundle 1
 replay_same
 grep -E "^torchtitan_replay:" "$work/same.log" || true
