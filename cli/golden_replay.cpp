@@ -50,7 +50,8 @@ struct Framework {
 constexpr Framework kFrameworks[] = {
     {"torch", "replay.py", "rules-fp32.toml", nullptr, "OLMOREF_VENV", "venv",
      "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)"},
-    {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", nullptr, "OLMOREF_VENV", "venv",
+    {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "rules-hf-trainer-bf16.toml", "OLMOREF_VENV",
+     "venv",
      "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
      "venv-olmo-core",
