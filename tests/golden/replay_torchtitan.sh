@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tests/golden/replay_torchtitan.sh [fp32|bf16] — meson tests golden-replay-torchtitan(-bf16): TorchTitan's own Trainer
-# replays a golden bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
+# tests/golden/replay_torchtitan.sh [fp32|bf16] — meson tests golden-replay-torchtitan(-bf16): TorchTitan's own
+# Trainer replays a golden bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
 #
 #   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #      golden/replay/rules-torchtitan.toml; prints the rules' rows (worst per-step relative differences).
@@ -29,8 +29,10 @@ FRAMEWORK=torchtitan PY=$py
 if [ "${1:-fp32}" = bf16 ]; then
   REPLAY_PRECISION=bf16 replay_make_bundle 1
   replay_same
-  grep -q "rules-torchtitan-bf16.toml" "$work/same/compare.txt" || { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
-  grep -q "mixed_precision_param bfloat16" "$work/same/report.json" || { echo "FAIL: the replay did not run TorchTitan's bf16 mixed precision"; exit 1; }
+  grep -q "rules-torchtitan-bf16.toml" "$work/same/compare.txt" ||
+    { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
+  grep -q "mixed_precision_param bfloat16" "$work/same/report.json" ||
+    { echo "FAIL: the replay did not run TorchTitan's bf16 mixed precision"; exit 1; }
   grep -E "^torchtitan_replay:" "$work/same.log" || true
   # The dropped z-loss (7.6e-5 of the loss) breaks the bf16 loss limit too, but z is the rule that must see it.
   control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
