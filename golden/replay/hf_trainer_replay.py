@@ -28,6 +28,7 @@ Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate ca
 import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +138,9 @@ def main(argv=None):
     model.set_attn_implementation(attention)
     model.config.use_cache = False
     if route == "fsdp":
-        fsdp_one_rank(torch, model, os.path.dirname(os.path.abspath(args.out)))
+        # The rendezvous file lives only as long as the replay: a stale one from a killed run would block the next.
+        pg_dir = tempfile.TemporaryDirectory(prefix="olmoref-hf-trainer-replay.")
+        fsdp_one_rank(torch, model, pg_dir.name)
     opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=1.0, betas=tuple(optim["betas"]), eps=optim["eps"],
                             foreach=False, fused=False)
     lrs = optim["lr_per_step"]
@@ -185,6 +188,7 @@ def main(argv=None):
     trainer.train()
     if route == "fsdp":
         torch.distributed.destroy_process_group()
+        pg_dir.cleanup()
     out.close()
     os.replace(args.out + ".tmp", args.out)
     report = {
