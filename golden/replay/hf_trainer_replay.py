@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Replay an olmoref golden bundle with Hugging Face's own Trainer (transformers + accelerate), fp32 on the CPU.
+"""Replay an olmoref golden bundle with Hugging Face's own Trainer (transformers + accelerate) on the CPU, in fp32
+(a bf16 bundle: in Hugging Face's own FSDP2 bf16 mixed precision, below).
 
 Usage: hf_trainer_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
 (normally run by `olmoref golden replay BUNDLE --framework hf-trainer`, which then compares the traces)
@@ -13,6 +14,13 @@ it cannot express of the recipe, and the smallest public hook that adds it (list
   * the data order: the bundle's batches in order, as an IterableDataset (the Trainer shuffles a map-style dataset);
   * the optimizer: torch AdamW with the bundle's no-decay group (the Trainer's default decays all but biases and
     norms), and the lr of every step from the bundle through a LambdaLR scheduler, both passed as `optimizers=`.
+A bf16 bundle (train.precision = "bf16") runs in transformers' own FSDP2 mixed precision,
+DistributedConfig(fsdp_mixed_precision=True): MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), the
+Olmo 3 recipe's, applied by transformers' apply_fully_sharded_data_parallelism on one gloo rank (fsdp_one_rank),
+with SDPA attention and micro-batches of one instance, where olmoref's bf16 recipe rounds (precision_route); judged
+by golden/replay/rules-hf-trainer-bf16.toml. Environment, to measure Hugging Face's own spread between its bf16
+routes (each is named in the report): OLMOREF_HF_BF16=autocast (TrainingArguments bf16=True: accelerate's
+torch.autocast over fp32 parameters), OLMOREF_HF_ATTN=eager|sdpa, OLMOREF_HF_MICROBATCH=K.
 The trace records, per step, the loss terms the Trainer's forward produced (its logged loss is rounded to 4
 digits), the grad norm it logged and the lr its optimizer used.
 Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate cannot be imported.
@@ -20,10 +28,58 @@ Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate ca
 import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bundle import Bundle, BundleError, adapter_args, recipe_loss_sums, setup_torch  # noqa: E402
+
+
+def precision_route(bundle):
+    """(route, attention, micro-batch size) of the replay. An fp32 bundle: (None, eager, the bundle's micro-batches).
+    A bf16 bundle: ("fsdp", sdpa, 1): Hugging Face's own FSDP2 mixed precision (fsdp_one_rank), with the two
+    choices that make it round where olmoref's bf16 recipe does (docs/canonical/bf16.md): SDPA attention, whose CPU
+    flash kernel keeps the scores in fp32 and rounds only P before P·V, as flash-attn does (eager attention rounds
+    the scores to bf16 first), and micro-batches of one instance, so that each instance's parameter gradient is
+    rounded to bf16 once and summed in fp32, as olmoref's instance tree does. To measure Hugging Face's own spread
+    between its bf16 routes (rules-hf-trainer-bf16.toml's limits rest on it; each is named in the report):
+    OLMOREF_HF_BF16=autocast (TrainingArguments bf16=True: accelerate's torch.autocast over fp32 parameters),
+    OLMOREF_HF_ATTN=eager|sdpa, OLMOREF_HF_MICROBATCH=K. Raises BundleError naming a bad value."""
+    bf16 = bundle.meta.get("precision") == "bf16"
+    route = os.environ.get("OLMOREF_HF_BF16") or "fsdp"
+    if route not in ("fsdp", "autocast"):
+        raise BundleError(f"OLMOREF_HF_BF16={route!r}: fsdp (the default) or autocast")
+    default_attention, default_mb = ("sdpa", 1) if bf16 else ("eager", bundle.mb)
+    attention = os.environ.get("OLMOREF_HF_ATTN") or default_attention
+    if attention not in ("eager", "sdpa"):
+        raise BundleError(f"OLMOREF_HF_ATTN={attention!r}: eager or sdpa (unset: {default_attention})")
+    mb_text = os.environ.get("OLMOREF_HF_MICROBATCH") or str(default_mb)
+    if not mb_text.isdigit() or int(mb_text) < 1 or bundle.G % int(mb_text):
+        raise BundleError(f"OLMOREF_HF_MICROBATCH={mb_text!r}: a divisor of the global batch {bundle.G} "
+                          f"(unset: {default_mb})")
+    return (route if bf16 else None), attention, int(mb_text)
+
+
+def fsdp_one_rank(torch, model, work):
+    """Hugging Face's own FSDP2 mixed precision on one gloo rank of the CPU: transformers' apply_fully_sharded_data_
+    parallelism, with the model's own _fsdp_plan and DistributedConfig(fsdp_mixed_precision=True)'s policy,
+    MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) (the Olmo 3 recipe's). from_pretrained(
+    distributed_config=...) calls it only when dp_size > 1, and accelerate's FSDP plugin (TrainingArguments fsdp)
+    is not offered on the CPU, so the adapter calls it itself on a one-rank mesh, as from_pretrained would."""
+    import torch.distributed as dist
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.fsdp import apply_fully_sharded_data_parallelism
+    from transformers.distributed.utils import TransformersDeviceMesh
+
+    # A file rendezvous: no port to collide with parallel tests.
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'hf-trainer-pg')}", rank=0, world_size=1)
+    config = DistributedConfig(fsdp_mixed_precision=True)
+    mesh = TransformersDeviceMesh(
+        torch.distributed.init_device_mesh("cpu", (1, 1, 1, 1), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")),
+        torch.distributed.init_device_mesh("cpu", (1, 1, 1, 1), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")))
+    model.config.distributed_config = config
+    _, ep_plan, fsdp_plan = model._resolve_parallel_plans(config)
+    apply_fully_sharded_data_parallelism(model, mesh, fsdp_plan, ep_plan)
 
 
 def main(argv=None):
@@ -73,8 +129,18 @@ def main(argv=None):
         step_terms["z"] += z.item()
         return (ce + z) / num_items_in_batch
 
+    try:
+        route, attention, mb = precision_route(bundle)
+    except BundleError as e:
+        print(f"hf_trainer_replay: {e}", file=sys.stderr)
+        return 2
     model = bundle.hf_model(torch)
+    model.set_attn_implementation(attention)
     model.config.use_cache = False
+    if route == "fsdp":
+        # The rendezvous file lives only as long as the replay: a stale one from a killed run would block the next.
+        pg_dir = tempfile.TemporaryDirectory(prefix="olmoref-hf-trainer-replay.")
+        fsdp_one_rank(torch, model, pg_dir.name)
     opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=1.0, betas=tuple(optim["betas"]), eps=optim["eps"],
                             foreach=False, fused=False)
     lrs = optim["lr_per_step"]
@@ -111,7 +177,8 @@ def main(argv=None):
         output_dir=os.path.join(os.path.dirname(os.path.abspath(args.out)), "hf-trainer-out"),
         per_device_train_batch_size=mb, gradient_accumulation_steps=G // mb, max_steps=S,
         max_grad_norm=optim["max_grad_norm"], logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False)
+        dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False,
+        bf16=route == "autocast")
     trainer = Trainer(model=model, args=targs, train_dataset=BundleBatches(), compute_loss_func=recipe_loss,
                       optimizers=(opt, sched), callbacks=[record, Writer()])
     trainer.remove_callback(transformers.PrinterCallback)  # its 4-digit log lines; the trace has the numbers
@@ -119,6 +186,9 @@ def main(argv=None):
           f"{transformers.__version__}, accelerate {accelerate.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads", file=sys.stderr)
     trainer.train()
+    if route == "fsdp":
+        torch.distributed.destroy_process_group()
+        pg_dir.cleanup()
     out.close()
     os.replace(args.out + ".tmp", args.out)
     report = {
@@ -126,13 +196,29 @@ def main(argv=None):
                                              f"{accelerate.__version__}", "steps": S,
         "native": ["Trainer.train: gradient accumulation over the micro-batches, its own global target count "
                    "(num_items_in_batch), backward, clip_grad_norm_ through accelerate, optimizer and scheduler steps, "
-                   "the logged grad norm", "transformers Olmo3ForCausalLM (eager attention, fp32)"],
+                   "the logged grad norm",
+                   f"transformers Olmo3ForCausalLM ({attention} attention, micro-batches of {mb}, "
+                   f"{'fp32' if route is None else 'bf16: ' + route})"],
         "added": ["compute_loss_func: cross-entropy + z_loss * logsumexp^2 over the global target count (the Trainer's "
                   "loss has no z-loss)",
                   "train_dataset: an IterableDataset of the bundle's batches in order (the Trainer would shuffle)",
                   "optimizers=(torch AdamW with the bundle's no-decay group, LambdaLR returning the bundle's lr per "
                   "step) (the Trainer's default optimizer decays all but biases and norms, its schedules are not "
                   "the bundle's bit for bit)"]}
+    if route == "fsdp":
+        report["native"].append("bf16: DistributedConfig(fsdp_mixed_precision=True), MixedPrecisionPolicy("
+                                "param_dtype=bfloat16, reduce_dtype=float32), through transformers' "
+                                "apply_fully_sharded_data_parallelism and the model's _fsdp_plan")
+        report["added"].append("fsdp_one_rank: apply_fully_sharded_data_parallelism called on a one-rank gloo mesh "
+                               "(from_pretrained applies it only when dp_size > 1; accelerate's FSDP plugin is not "
+                               "offered on the CPU)")
+    elif route == "autocast":
+        report["added"].append("OLMOREF_HF_BF16=autocast: TrainingArguments bf16=True (accelerate's torch.autocast "
+                               "over fp32 parameters) instead of FSDP's param_dtype (a measurement of Hugging Face's "
+                               "own spread, not the Olmo 3 recipe)")
+    if route is not None and (attention, mb) != ("sdpa", 1):
+        report["added"].append(f"OLMOREF_HF_ATTN={attention}, OLMOREF_HF_MICROBATCH={mb} instead of sdpa, 1 (a "
+                               f"measurement of Hugging Face's own spread, not the replay's route)")
     with open(args.report, "w") as f:
         json.dump(report, f, indent=1)
     return 0

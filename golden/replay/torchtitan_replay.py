@@ -3,14 +3,19 @@
 
 Usage: torchtitan_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
 (normally run by `olmoref golden replay BUNDLE --framework torchtitan`, which then compares the traces)
+Environment, to measure TorchTitan's own spread between two equally valid bf16 runs (rules-torchtitan-bf16.toml's
+limits rest on it; each is named in the report's "added"): OLMOREF_TORCHTITAN_ATTN=eager|sdpa chooses transformers'
+attention (default: eager in fp32, sdpa in bf16); OLMOREF_TORCHTITAN_MICROBATCH=K runs micro-batches of K instances
+(default: the bundle's in fp32, 1 in bf16).
 
 TorchTitan has no Olmo model of its own, so this runs its `transformers_modeling_backend` experiment: the
 HFTransformerTrainer built from a TransformersBackendConfig, as its config_registry builds one, one gloo rank on the
-CPU, fp32, deterministic algorithms:
+CPU, fp32 (a bf16 bundle: bf16 mixed precision, below), deterministic algorithms:
 
   model      ModelSpec "olmoref_olmo3": the experiment's HFTransformerModel (transformers' Olmo3ForCausalLM, from the
-             bundle's hf/config.json), its parallelize_hf_transformers and HFTransformerStateDictAdapter; eager
-             attention (its FlexAttention has no CPU backward, and its causal BlockMask drops the sliding window);
+             bundle's hf/config.json), its parallelize_hf_transformers and HFTransformerStateDictAdapter;
+             transformers' eager attention (its FlexAttention has no CPU backward, and its causal BlockMask drops
+             the sliding window);
   weights    the checkpointer's initial_load_in_hf from the bundle's hf/model.safetensors (DCP's HF reader);
   train      Trainer.train_step: micro-batches of the bundle's size accumulated over the global batch, the loss summed
              and divided by the step's target count it counts itself, clip_grad_norm_ with training.max_norm;
@@ -19,6 +24,12 @@ CPU, fp32, deterministic algorithms:
   schedule   TorchTitan's warmup/stable/decay LambdaLR when it gives every lr_per_step bit for bit, else BundleLR;
   data       BundleBatches, a BaseDataLoader yielding exactly the bundle's batches in order (checked against the
              bundle's checksums), each label the next token and the last position's IGNORE_INDEX.
+
+A bf16 bundle (train.precision = "bf16") runs in TorchTitan's own mixed precision: training.mixed_precision_param
+bfloat16 and mixed_precision_reduce float32, which the backend's apply_fsdp turns into FSDP2's MixedPrecisionPolicy
+on the one gloo rank (bf16 copies of the fp32 parameters for forward and backward, gradients reduced and AdamW run
+in fp32; TorchTitan 0.3.0 has no autocast route), with SDPA attention and micro-batches of one instance, where
+olmoref's bf16 recipe rounds (precision_route), judged by golden/replay/rules-torchtitan-bf16.toml.
 
 Each line of REPLAY.jsonl is what TorchTitan recorded for that step through its metrics logger: {"step", "loss"
 (loss_metrics/global_avg_loss), "ce" and "z" (the loss's two sums over the step's targets, divided by their count;
@@ -117,8 +128,9 @@ def run_on_cpu():
 
 # ---- the pieces TorchTitan's config takes ---------------------------------------------------------------------------
 
-def model_spec():
-    """The transformers backend's own pieces under one spec; only the attention implementation differs."""
+def model_spec(attention):
+    """The transformers backend's own pieces under one spec; only the attention implementation differs (transformers'
+    "eager" or "sdpa")."""
     from torchtitan.experiments.transformers_modeling_backend import (HFTransformerModel,
                                                                       HFTransformerStateDictAdapter,
                                                                       TitanModelConfig)
@@ -126,9 +138,10 @@ def model_spec():
     from torchtitan.protocols.model_spec import ModelSpec
 
     def parallelize_eager(model, **kwargs):
-        # Eager attention with transformers' own causal and sliding-window masks, instead of the backend's flex
-        # kernel: FlexAttention has no CPU backward, and the BlockMask the backend builds is plain causal.
-        model.model.set_attn_implementation("eager")
+        # transformers' eager or SDPA attention with its own causal and sliding-window masks, instead of the
+        # backend's flex kernel: FlexAttention has no CPU backward, and the BlockMask the backend builds is plain
+        # causal.
+        model.model.set_attn_implementation(attention)
         return parallelize_hf_transformers(model, **kwargs)
 
     # Every field left None: the shape comes from the bundle's hf/config.json (the backend's "full" flavor).
@@ -293,13 +306,48 @@ def trace_logger_class():
     return TraceLogger()
 
 
+def precision_route(bundle, native, added):
+    """(bf16, attention, micro-batch size) of the replay. An fp32 bundle: fp32, eager attention, the bundle's
+    micro-batches. A bf16 bundle: TorchTitan's own mixed precision (training.mixed_precision_param bfloat16,
+    mixed_precision_reduce float32: the backend's apply_fsdp puts FSDP2's MixedPrecisionPolicy on the model even on
+    one rank, and TorchTitan 0.3.0 has no autocast route), with the two choices that make TorchTitan round where
+    olmoref's bf16 recipe does (docs/canonical/bf16.md): SDPA attention, whose CPU flash kernel keeps the scores in
+    fp32 and rounds only P before P·V, as flash-attn does (eager attention rounds the scores to bf16 first), and
+    micro-batches of one instance, so that each instance's parameter gradient is rounded to bf16 once and FSDP sums
+    them in fp32, as olmoref's instance tree does (four instances share one bf16 rounding otherwise).
+    OLMOREF_TORCHTITAN_ATTN=eager|sdpa and OLMOREF_TORCHTITAN_MICROBATCH=K override either, to measure TorchTitan's
+    own spread between its routes (rules-torchtitan-bf16.toml's limits rest on it); each is named in the report."""
+    bf16 = bundle.meta.get("precision") == "bf16"
+    default_attention, default_mb = ("sdpa", 1) if bf16 else ("eager", bundle.mb)
+    attention = os.environ.get("OLMOREF_TORCHTITAN_ATTN") or default_attention
+    if attention not in ("eager", "sdpa"):
+        raise BundleError(f"OLMOREF_TORCHTITAN_ATTN={attention!r}: eager or sdpa (unset: {default_attention})")
+    mb_text = os.environ.get("OLMOREF_TORCHTITAN_MICROBATCH") or str(default_mb)
+    if not mb_text.isdigit() or int(mb_text) < 1 or bundle.G % int(mb_text):
+        raise BundleError(f"OLMOREF_TORCHTITAN_MICROBATCH={mb_text!r}: a divisor of the global batch {bundle.G} "
+                          f"(unset: {default_mb})")
+    mb = int(mb_text)
+    if attention != default_attention:
+        added.append(f"OLMOREF_TORCHTITAN_ATTN={attention}: transformers' {attention} attention instead of "
+                     f"{default_attention} (a measurement of TorchTitan's own spread, not the replay's route)")
+    if mb != default_mb:
+        added.append(f"OLMOREF_TORCHTITAN_MICROBATCH={mb}: micro-batches of {mb} instances instead of {default_mb} "
+                     f"(a measurement of TorchTitan's own spread, not the replay's route)")
+    if bf16:
+        native.append("bf16: training.mixed_precision_param bfloat16, mixed_precision_reduce float32 (FSDP2's "
+                      "MixedPrecisionPolicy through the backend's apply_fsdp, one gloo rank: bf16 copies of the fp32 "
+                      "parameters for forward and backward, gradients reduced and AdamW run in fp32)")
+    return bf16, attention, mb
+
+
 # ---- the run ----------------------------------------------------------------------------------------------------
 
-def describe_run(bundle, titan_name, native, added):
+def describe_run(bundle, titan_name, native, added, mb, attention, bf16):
     """The report's account of what TorchTitan's own code did and what the adapter added to it."""
-    S, G, mb, T, max_norm = bundle.S, bundle.G, bundle.mb, bundle.T, float(bundle.optim["max_grad_norm"])
+    S, G, T, max_norm = bundle.S, bundle.G, bundle.T, float(bundle.optim["max_grad_norm"])
     native += [f"HFTransformerTrainer (transformers_modeling_backend) over one gloo rank, {S} steps of {G // mb} "
-               f"micro-batches of {mb} x {T} tokens, fp32, debug.deterministic",
+               f"micro-batches of {mb} x {T} tokens, {'bf16 mixed precision' if bf16 else 'fp32'}, "
+               f"debug.deterministic",
                "model: the backend's HFTransformerModel around transformers' Olmo3ForCausalLM from hf/config.json, "
                "its parallelize_hf_transformers, no activation checkpointing",
                "weights: checkpoint.initial_load_in_hf from hf/model.safetensors through HFTransformerStateDictAdapter",
@@ -310,9 +358,9 @@ def describe_run(bundle, titan_name, native, added):
     added += ["run_on_cpu: TorchTitan's device_type/device_module set to the CPU in the modules that copied them "
               "at import (torchtitan/tools/utils.py:55 picks \"cuda\" when no accelerator is found), with CpuDevice "
               "answering its memory monitor's queries",
-              "ModelSpec olmoref_olmo3: the backend's model, parallelize and state dict adapter, with "
-              "set_attn_implementation('eager') first (FlexAttention has no CPU backward; the backend's causal "
-              "BlockMask drops the sliding window)",
+              f"ModelSpec olmoref_olmo3: the backend's model, parallelize and state dict adapter, with "
+              f"set_attn_implementation('{attention}') first (FlexAttention has no CPU backward; the backend's causal "
+              f"BlockMask drops the sliding window)",
               "BundleBatches (a BaseDataLoader): the bundle's batches in order, checked against their checksums",
               "Pretokenized (a BaseTokenizer that encodes nothing): the bundle has token ids and no tokenizer",
               "TraceLogger (a metrics BaseLogger): keeps the metrics the Trainer logs each step, for the trace"]
@@ -353,7 +401,8 @@ def replay(bundle, threads, work):
 
     run_on_cpu()
     native, added = [], []
-    S, G, mb, T = bundle.S, bundle.G, bundle.mb, bundle.T
+    S, G, T = bundle.S, bundle.G, bundle.T
+    bf16, attention, mb = precision_route(bundle, native, added)
     hf_dir = os.path.join(bundle.path, bundle.meta["hf_dir"])
     # One rank, gloo, rendezvous through a file: no port to collide with parallel tests; Trainer.init_distributed
     # keeps a process group it finds.
@@ -367,7 +416,7 @@ def replay(bundle, threads, work):
         return next(iter(HFTransformerStateDictAdapter.from_hf(None, {hf_name: None})))
 
     lr_cfg, base_lr = lr_config(torch, bundle, native, added)
-    spec = model_spec()
+    spec = model_spec(attention)
     config = TransformersBackendConfig(
         hf_model=hf_dir, hf_assets_path=hf_dir, dump_folder=os.path.join(work, "dump"), model_spec=spec,
         tokenizer=pretokenized_config(), dataloader=bundle_batches_config(torch, bundle),
@@ -375,13 +424,14 @@ def replay(bundle, threads, work):
         lr_scheduler=lr_cfg,
         training=TrainingConfig(local_batch_size=mb, global_batch_size=G, seq_len=T, steps=S,
                                 max_norm=max_norm if max_norm > 0 else float("inf"), dtype="float32",
-                                mixed_precision_param="float32", disable_cuda_graphs=True),
+                                mixed_precision_param="bfloat16" if bf16 else "float32",
+                                mixed_precision_reduce="float32", disable_cuda_graphs=True),
         parallelism=ParallelismConfig(data_parallel_shard_degree=1),
         checkpoint=CheckpointManager.Config(enable=True, load_only=True, initial_load_in_hf=True,
                                             initial_load_model_only=True, initial_load_path=os.path.abspath(hf_dir)),
         activation_checkpoint=None, metrics=MetricsProcessor.Config(log_freq=1),
         debug=DebugConfig(deterministic=True, seed=0, enable_structured_logging=False))
-    describe_run(bundle, titan_name, native, added)
+    describe_run(bundle, titan_name, native, added, mb, attention, bf16)
     try:
         trainer = config.build()
         recorder = trace_logger_class()
@@ -409,7 +459,7 @@ def main(argv=None):
     logging.getLogger("torchtitan").setLevel(logging.WARNING)
     return adapter_main(__doc__, argv, name="torchtitan_replay", framework="torchtitan",
                         report_help="what TorchTitan did natively and what was added, JSON", check_recipe=check_recipe,
-                        import_framework=import_torchtitan, replay=replay)
+                        import_framework=import_torchtitan, replay=replay, bf16=True)
 
 
 if __name__ == "__main__":

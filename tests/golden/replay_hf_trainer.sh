@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# meson test golden-replay-hf-trainer: Hugging Face's own Trainer replays a golden bundle of configs/small.toml
-# (fp32, 10 steps, demo corpus) within golden/replay/rules-hf-trainer.toml, and fails, naming the step, on a bundle
-# with two steps' batches swapped (its own IterableDataset keeps the bundle's order; replay_lib.sh). The lr and
-# z-loss controls run against OLMo-core (golden-replay-olmo-core-controls) and TorchTitan, not here: each HF Trainer
-# replay costs half a minute of the suite, and the pass itself needs the z-loss and every lr (rules-hf-trainer.toml).
+# tests/golden/replay_hf_trainer.sh [fp32|bf16] — meson tests golden-replay-hf-trainer(-bf16): Hugging Face's own
+# Trainer replays a golden bundle of configs/small.toml (10 steps, demo corpus).
+#   fp32  within golden/replay/rules-hf-trainer.toml, and fails, naming the step, on a bundle with two steps' batches
+#         swapped (its own IterableDataset keeps the bundle's order; replay_lib.sh). The lr and z-loss controls run
+#         against OLMo-core (golden-replay-olmo-core-controls) and TorchTitan, not here: each HF Trainer replay costs
+#         half a minute of the suite, and the pass itself needs the z-loss and every lr (rules-hf-trainer.toml).
+#   bf16  a bf16 bundle replayed in Hugging Face's own FSDP2 mixed precision (param_dtype bfloat16, reduce_dtype
+#         float32) within golden/replay/rules-hf-trainer-bf16.toml, then the three controls in bf16: the dropped
+#         z-loss (z from step 1: its 7.6e-5 share of the loss is inside the bf16 loss limit), steps 4 and 7 swapped
+#         (loss from step 4), step 6's lr 1 % high (lr at step 6). The bf16 replay starts faster (no accelerate
+#         autocast, about 10 s), so all three fit.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e  # the replays' exit statuses are the verdicts: each is checked by replay_lib.sh
 cd "$SRC" || exit 2
@@ -12,6 +18,17 @@ source tests/golden/replay_lib.sh
 skip() { echo "SKIPPED: golden-replay-hf-trainer: $1"; exit 77; }
 olmoref_ensure_venv replay_hf_trainer
 FRAMEWORK=hf-trainer PY=$py
+if [ "${1:-fp32}" = bf16 ]; then
+  REPLAY_PRECISION=bf16 replay_make_bundle 2
+  replay_same
+  grep -q "rules-hf-trainer-bf16.toml" "$work/same/compare.txt" ||
+    { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
+  grep -q "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)" "$work/same/report.json" ||
+    { echo "FAIL: the replay did not run Hugging Face's FSDP2 bf16 mixed precision"; exit 1; }
+  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
+  replay_controls swapped lr
+  exit $replay_failed
+fi
 replay_make_bundle 2
 replay_same
 replay_controls swapped

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# tests/golden/replay_torchtitan.sh — meson test golden-replay-torchtitan: TorchTitan's own Trainer replays a golden
-# bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
+# tests/golden/replay_torchtitan.sh [fp32|bf16] — meson tests golden-replay-torchtitan(-bf16): TorchTitan's own
+# Trainer replays a golden bundle (`olmoref golden replay --framework torchtitan`, golden/replay/torchtitan_replay.py).
 #
 #   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #      golden/replay/rules-torchtitan.toml; prints the rules' rows (worst per-step relative differences).
-#   2. one copy of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
-#      naming the step: the z-loss dropped (loss from step 1), which also runs TorchTitan's own CrossEntropyLoss
-#      rather than the added ZLossCrossEntropy. The olmo-core controls run all three; each TorchTitan replay costs a
-#      full Trainer start, so one is enough here.
+#      bf16: 10 bf16 steps, replayed in TorchTitan's own bf16 mixed precision (mixed_precision_param bfloat16,
+#      mixed_precision_reduce float32: FSDP2's MixedPrecisionPolicy), within golden/replay/rules-torchtitan-bf16.toml.
+#   2. copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
+#      naming the step: the z-loss dropped (loss from step 1; in bf16 z from step 1), which also runs TorchTitan's
+#      own CrossEntropyLoss rather than the added ZLossCrossEntropy. bf16 also runs the other two controls: steps 4
+#      and 7 on each other's batch (loss from step 4), step 6's lr 1 % high (lr at step 6). Each replay is a full
+#      Trainer start (about 17 s on an idle 2-core machine, 55 s busy), so fp32, already judged under 1e-5, keeps one.
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-torchtitan: ..." when the venv, TorchTitan's Trainer or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -23,6 +26,19 @@ olmoref_ensure_venv replay_torchtitan
   skip "TorchTitan's Trainer cannot be imported from $OLMOREF_VENV ($(tail -n1 "$work/import.log")): it needs \
 torchdata and datasets beside torchtitan (docs/golden.md, section 8; bash tools/setup_python.sh)"
 FRAMEWORK=torchtitan PY=$py
+if [ "${1:-fp32}" = bf16 ]; then
+  REPLAY_PRECISION=bf16 replay_make_bundle 1
+  replay_same
+  grep -q "rules-torchtitan-bf16.toml" "$work/same/compare.txt" ||
+    { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
+  grep -q "mixed_precision_param bfloat16" "$work/same/report.json" ||
+    { echo "FAIL: the replay did not run TorchTitan's bf16 mixed precision"; exit 1; }
+  grep -E "^torchtitan_replay:" "$work/same.log" || true
+  # The dropped z-loss (7.6e-5 of the loss) breaks the bf16 loss limit too, but z is the rule that must see it.
+  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
+  replay_controls swapped lr
+  exit $replay_failed
+fi
 replay_make_bundle 1
 replay_same
 grep -E "^torchtitan_replay:" "$work/same.log" || true
