@@ -2,6 +2,12 @@
 # environments live, whether they can run the checks, and the steps the runners share (the demo corpus, a parity
 # dump checked by a peer). The venvs sit outside the clone so builds and `git clean` never touch them.
 OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
+
+# olmoref_pin ADAPTER NAME: the release an adapter in golden/replay/ pins as `NAME = "X.Y.Z"`, its one pin; the
+# installs below read it from there.
+olmoref_pin() {
+  sed -n "s/^$2 = \"\(.*\)\"\$/\1/p" "$(dirname "${BASH_SOURCE[0]}")/../replay/$1"
+}
 OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer; import litgpt.model; from litgpt.scripts.convert_hf_checkpoint import copy_weights_olmo2"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
@@ -43,9 +49,12 @@ olmoref_ensure_venv() {
   # torchtitan: the interop check drives its own metrics logger and loss-compare helpers. Its wheel pins training
   # extras (datasets, wandb, torchdata, torch_checkpointing) those modules never import, and installing them could
   # move torch: take the package alone, then what its metrics module imports.
-  "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchtitan==0.3.0" &&
+  local titan
+  titan="$(olmoref_pin torchtitan_replay.py TORCHTITAN_VERSION)"
+  [ -n "$titan" ] || skip "no TORCHTITAN_VERSION found in golden/replay/torchtitan_replay.py"
+  "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchtitan==$titan" &&
     "$OLMOREF_VENV/bin/python" -m pip install tensorboard tyro "spmd_types==0.2.3" ||
-    skip "pip could not install torchtitan 0.3.0 (with tensorboard, tyro, spmd_types) into $OLMOREF_VENV (no network?)"
+    skip "pip could not install torchtitan $titan (with tensorboard, tyro, spmd_types) into $OLMOREF_VENV (no network?)"
   # TorchTitan's Trainer (golden replay --framework torchtitan) imports torchdata and datasets. datasets' own pins
   # would move huggingface_hub and fsspec back under transformers, so it comes alone, then what it imports.
   "$OLMOREF_VENV/bin/python" -m pip install --no-deps "torchdata==0.11.0" "datasets==4.7.0" &&
@@ -77,7 +86,10 @@ olmoref_ensure_olmo_core_venv() {
     python3 -m venv "$OLMOREF_OLMO_CORE_VENV" || skip "could not create a venv at $OLMOREF_OLMO_CORE_VENV"
   fi
   # [transformers]: OLMo-core's Hugging Face converter (golden replay --framework olmo-core loads hf/ through it).
-  "$ocpy" -m pip install "ai2-olmo-core[transformers]==3.0.0" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
+  local oc
+  oc="$(olmoref_pin olmo_core_replay.py OLMO_CORE_VERSION)"
+  [ -n "$oc" ] || skip "no OLMO_CORE_VERSION found in golden/replay/olmo_core_replay.py"
+  "$ocpy" -m pip install "ai2-olmo-core[transformers]==$oc" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
   "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1 ||
     skip "ai2-olmo-core installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_REQUIRED' still fails"
 }
@@ -87,7 +99,7 @@ olmoref_ensure_olmo_core_venv() {
 OLMOREF_MAXTEXT_VENV="${OLMOREF_MAXTEXT_VENV:-$HOME/.cache/olmoref/venv-maxtext}"
 OLMOREF_MAXTEXT_REQUIRED="import maxtext.trainers.pre_train.train, maxtext.checkpoint_conversion.to_maxtext, maxtext.input_pipeline.input_pipeline_interface"
 # The release is pinned in one place, the adapter's MAXTEXT_VERSION (golden/replay/maxtext_export.py); read from there.
-OLMOREF_MAXTEXT_PIN="$(sed -n 's/^MAXTEXT_VERSION = "\(.*\)"$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../replay/maxtext_export.py")"
+OLMOREF_MAXTEXT_PIN="$(olmoref_pin maxtext_export.py MAXTEXT_VERSION)"
 
 # Prints a Python >= 3.12 interpreter: python3.12 or python3.13 on PATH when it runs, else pyenv's.
 olmoref_python312() {

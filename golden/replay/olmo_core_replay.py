@@ -49,7 +49,7 @@ sys.path.insert(0, here)
 from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
 from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
 
-# The one place the OLMo-core release is pinned (tools/setup_python.sh installs this one).
+# The one place the OLMo-core release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 OLMO_CORE_VERSION = "3.0.0"
 
 

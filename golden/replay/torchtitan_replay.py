@@ -49,7 +49,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
 
-# The one place the TorchTitan release is pinned (tools/setup_python.sh installs it into OLMOREF_VENV).
+# The one place the TorchTitan release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 TORCHTITAN_VERSION = "0.3.0"
 
 
