@@ -130,6 +130,25 @@ class Bundle:
         return [g for g in groups if g["params"]]
 
 
+def attention_and_microbatch(bundle, env_prefix):
+    """(attention, micro-batch size) for a torch framework's replay of the bundle. fp32: eager attention and the
+    bundle's micro-batches. bf16: the two choices that make a torch trainer round where olmoref's bf16 recipe does
+    (docs/canonical/bf16.md): SDPA attention, whose CPU flash kernel keeps the scores in fp32 and rounds only P
+    before P·V, as flash-attn does (eager attention rounds the scores to bf16 first), and micro-batches of one
+    instance, so that each instance's parameter gradient is rounded to bf16 once and summed in fp32, as olmoref's
+    instance tree does. {env_prefix}_ATTN=eager|sdpa and {env_prefix}_MICROBATCH=K override either, to measure the
+    framework's own spread between its routes; a bad value raises BundleError naming the variable."""
+    default_attention, default_mb = ("sdpa", 1) if bundle.meta.get("precision") == "bf16" else ("eager", bundle.mb)
+    attention = os.environ.get(f"{env_prefix}_ATTN") or default_attention
+    if attention not in ("eager", "sdpa"):
+        raise BundleError(f"{env_prefix}_ATTN={attention!r}: eager or sdpa (unset: {default_attention})")
+    mb_text = os.environ.get(f"{env_prefix}_MICROBATCH") or str(default_mb)
+    if not mb_text.isdigit() or int(mb_text) < 1 or bundle.G % int(mb_text):
+        raise BundleError(f"{env_prefix}_MICROBATCH={mb_text!r}: a divisor of the global batch {bundle.G} "
+                          f"(unset: {default_mb})")
+    return attention, int(mb_text)
+
+
 def recipe_loss_sums(torch, logits, ids, z_loss):
     """(Σ cross-entropy, z_loss · Σ logsumexp²) over every position but each instance's last, as sums (the caller
     divides by the global target count). logits [B, T, V], ids [B, T]."""

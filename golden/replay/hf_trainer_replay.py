@@ -32,16 +32,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import Bundle, BundleError, adapter_args, recipe_loss_sums, setup_torch  # noqa: E402
+from bundle import (Bundle, BundleError, adapter_args, attention_and_microbatch, recipe_loss_sums,  # noqa: E402
+                    setup_torch)
 
 
 def precision_route(bundle):
     """(route, attention, micro-batch size) of the replay. An fp32 bundle: (None, eager, the bundle's micro-batches).
-    A bf16 bundle: ("fsdp", sdpa, 1): Hugging Face's own FSDP2 mixed precision (fsdp_one_rank), with the two
-    choices that make it round where olmoref's bf16 recipe does (docs/canonical/bf16.md): SDPA attention, whose CPU
-    flash kernel keeps the scores in fp32 and rounds only P before P·V, as flash-attn does (eager attention rounds
-    the scores to bf16 first), and micro-batches of one instance, so that each instance's parameter gradient is
-    rounded to bf16 once and summed in fp32, as olmoref's instance tree does. To measure Hugging Face's own spread
+    A bf16 bundle: ("fsdp", sdpa, 1): Hugging Face's own FSDP2 mixed precision (fsdp_one_rank), with SDPA attention
+    and one-instance micro-batches (bundle.attention_and_microbatch says why). To measure Hugging Face's own spread
     between its bf16 routes (rules-hf-trainer-bf16.toml's limits rest on it; each is named in the report):
     OLMOREF_HF_BF16=autocast (TrainingArguments bf16=True: accelerate's torch.autocast over fp32 parameters),
     OLMOREF_HF_ATTN=eager|sdpa, OLMOREF_HF_MICROBATCH=K. Raises BundleError naming a bad value."""
@@ -49,15 +47,8 @@ def precision_route(bundle):
     route = os.environ.get("OLMOREF_HF_BF16") or "fsdp"
     if route not in ("fsdp", "autocast"):
         raise BundleError(f"OLMOREF_HF_BF16={route!r}: fsdp (the default) or autocast")
-    default_attention, default_mb = ("sdpa", 1) if bf16 else ("eager", bundle.mb)
-    attention = os.environ.get("OLMOREF_HF_ATTN") or default_attention
-    if attention not in ("eager", "sdpa"):
-        raise BundleError(f"OLMOREF_HF_ATTN={attention!r}: eager or sdpa (unset: {default_attention})")
-    mb_text = os.environ.get("OLMOREF_HF_MICROBATCH") or str(default_mb)
-    if not mb_text.isdigit() or int(mb_text) < 1 or bundle.G % int(mb_text):
-        raise BundleError(f"OLMOREF_HF_MICROBATCH={mb_text!r}: a divisor of the global batch {bundle.G} "
-                          f"(unset: {default_mb})")
-    return (route if bf16 else None), attention, int(mb_text)
+    attention, mb = attention_and_microbatch(bundle, "OLMOREF_HF")
+    return (route if bf16 else None), attention, mb
 
 
 def fsdp_one_rank(torch, model, work):

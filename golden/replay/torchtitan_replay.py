@@ -47,7 +47,7 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
+from bundle import BundleError, adapter_main, attention_and_microbatch, setup_torch  # noqa: E402
 
 # The one place the TorchTitan release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 TORCHTITAN_VERSION = "0.3.0"
@@ -310,23 +310,13 @@ def precision_route(bundle, native, added):
     """(bf16, attention, micro-batch size) of the replay. An fp32 bundle: fp32, eager attention, the bundle's
     micro-batches. A bf16 bundle: TorchTitan's own mixed precision (training.mixed_precision_param bfloat16,
     mixed_precision_reduce float32: the backend's apply_fsdp puts FSDP2's MixedPrecisionPolicy on the model even on
-    one rank, and TorchTitan 0.3.0 has no autocast route), with the two choices that make TorchTitan round where
-    olmoref's bf16 recipe does (docs/canonical/bf16.md): SDPA attention, whose CPU flash kernel keeps the scores in
-    fp32 and rounds only P before P·V, as flash-attn does (eager attention rounds the scores to bf16 first), and
-    micro-batches of one instance, so that each instance's parameter gradient is rounded to bf16 once and FSDP sums
-    them in fp32, as olmoref's instance tree does (four instances share one bf16 rounding otherwise).
-    OLMOREF_TORCHTITAN_ATTN=eager|sdpa and OLMOREF_TORCHTITAN_MICROBATCH=K override either, to measure TorchTitan's
-    own spread between its routes (rules-torchtitan-bf16.toml's limits rest on it); each is named in the report."""
+    one rank, and TorchTitan 0.3.0 has no autocast route), with SDPA attention and one-instance micro-batches
+    (bundle.attention_and_microbatch says why). OLMOREF_TORCHTITAN_ATTN=eager|sdpa and
+    OLMOREF_TORCHTITAN_MICROBATCH=K override either, to measure TorchTitan's own spread between its routes
+    (rules-torchtitan-bf16.toml's limits rest on it); each is named in the report."""
     bf16 = bundle.meta.get("precision") == "bf16"
     default_attention, default_mb = ("sdpa", 1) if bf16 else ("eager", bundle.mb)
-    attention = os.environ.get("OLMOREF_TORCHTITAN_ATTN") or default_attention
-    if attention not in ("eager", "sdpa"):
-        raise BundleError(f"OLMOREF_TORCHTITAN_ATTN={attention!r}: eager or sdpa (unset: {default_attention})")
-    mb_text = os.environ.get("OLMOREF_TORCHTITAN_MICROBATCH") or str(default_mb)
-    if not mb_text.isdigit() or int(mb_text) < 1 or bundle.G % int(mb_text):
-        raise BundleError(f"OLMOREF_TORCHTITAN_MICROBATCH={mb_text!r}: a divisor of the global batch {bundle.G} "
-                          f"(unset: {default_mb})")
-    mb = int(mb_text)
+    attention, mb = attention_and_microbatch(bundle, "OLMOREF_TORCHTITAN")
     if attention != default_attention:
         added.append(f"OLMOREF_TORCHTITAN_ATTN={attention}: transformers' {attention} attention instead of "
                      f"{default_attention} (a measurement of TorchTitan's own spread, not the replay's route)")
