@@ -130,6 +130,20 @@ class Bundle:
         return [g for g in groups if g["params"]]
 
 
+def pinned_version(package, pinned, install):
+    """The installed release of `package` when it is the adapter's pin; otherwise raises ImportError saying what is
+    installed and `install`, how to get the pinned one."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version(package)
+    except PackageNotFoundError:
+        raise ImportError(f"{package} is not installed ({install})")
+    if v != pinned:
+        raise ImportError(f"{package} {v} is installed; this adapter is pinned to {pinned} ({install})")
+    return v
+
+
 def attention_and_microbatch(bundle, env_prefix):
     """(attention, micro-batch size) for a torch framework's replay of the bundle. fp32: eager attention and the
     bundle's micro-batches. bf16: the two choices that make a torch trainer round where olmoref's bf16 recipe does

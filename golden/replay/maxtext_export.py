@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError  # noqa: E402
+from bundle import BundleError, pinned_version  # noqa: E402
 
 # The one place the MaxText release is pinned: golden/parity/venv.sh reads this line and installs that release into
 # OLMOREF_MAXTEXT_VENV.
@@ -39,15 +39,7 @@ ADDED = [
 
 def import_maxtext():
     """Returns the installed maxtext version; raises ImportError saying what is missing."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        v = version("maxtext")
-    except PackageNotFoundError:
-        raise ImportError(f"maxtext is not installed (its environment: bash tools/setup_python.sh, which installs "
-                          f"maxtext=={MAXTEXT_VERSION} into $OLMOREF_MAXTEXT_VENV)")
-    if v != MAXTEXT_VERSION:
-        raise ImportError(f"maxtext {v} is installed; this adapter is pinned to {MAXTEXT_VERSION}")
+    v = pinned_version("maxtext", MAXTEXT_VERSION, "bash tools/setup_python.sh installs it into $OLMOREF_MAXTEXT_VENV")
     import maxtext.checkpoint_conversion.to_maxtext  # noqa: F401
     import maxtext.trainers.pre_train.train  # noqa: F401
     return v

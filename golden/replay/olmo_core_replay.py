@@ -47,7 +47,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
-from bundle import BundleError, adapter_main, setup_torch  # noqa: E402
+from bundle import BundleError, adapter_main, pinned_version, setup_torch  # noqa: E402
 
 # The one place the OLMo-core release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 OLMO_CORE_VERSION = "3.0.0"
@@ -55,15 +55,8 @@ OLMO_CORE_VERSION = "3.0.0"
 
 def import_olmo_core():
     """Returns the installed ai2-olmo-core version; raises ImportError saying what is missing."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        v = version("ai2-olmo-core")
-    except PackageNotFoundError:
-        raise ImportError(f"ai2-olmo-core is not installed (pip install "
-                          f"'ai2-olmo-core[transformers]=={OLMO_CORE_VERSION}')")
-    if v != OLMO_CORE_VERSION:
-        raise ImportError(f"ai2-olmo-core {v} is installed; this adapter is pinned to {OLMO_CORE_VERSION}")
+    v = pinned_version("ai2-olmo-core", OLMO_CORE_VERSION, f"pip install 'ai2-olmo-core[transformers]=="
+                                                           f"{OLMO_CORE_VERSION}'")
     try:
         import olmo_core.nn.hf.convert  # noqa: F401  (needs transformers: OLMo-core's "transformers" extra)
         import olmo_core.train  # noqa: F401

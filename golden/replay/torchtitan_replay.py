@@ -47,7 +47,7 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError, adapter_main, attention_and_microbatch, setup_torch  # noqa: E402
+from bundle import BundleError, adapter_main, attention_and_microbatch, pinned_version, setup_torch  # noqa: E402
 
 # The one place the TorchTitan release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 TORCHTITAN_VERSION = "0.3.0"
@@ -55,14 +55,7 @@ TORCHTITAN_VERSION = "0.3.0"
 
 def import_torchtitan():
     """Returns the installed torchtitan version; raises ImportError saying what is missing."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        v = version("torchtitan")
-    except PackageNotFoundError:
-        raise ImportError(f"torchtitan is not installed (pip install 'torchtitan=={TORCHTITAN_VERSION}')")
-    if v != TORCHTITAN_VERSION:
-        raise ImportError(f"torchtitan {v} is installed; this adapter is pinned to {TORCHTITAN_VERSION}")
+    v = pinned_version("torchtitan", TORCHTITAN_VERSION, "bash tools/setup_python.sh installs it")
     try:
         import torchtitan.experiments.transformers_modeling_backend  # noqa: F401
         import torchtitan.trainer  # noqa: F401
