@@ -20,11 +20,8 @@ olmoref_ensure_venv replay_hf_trainer
 FRAMEWORK=hf-trainer PY=$py
 if [ "${1:-fp32}" = bf16 ]; then
   REPLAY_PRECISION=bf16 replay_make_bundle 2
-  replay_same
-  grep -q "rules-hf-trainer-bf16.toml" "$work/same/compare.txt" ||
-    { echo "FAIL: a bf16 bundle was not judged by the bf16 rules"; exit 1; }
-  grep -q "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)" "$work/same/report.json" ||
-    { echo "FAIL: the replay did not run Hugging Face's FSDP2 bf16 mixed precision"; exit 1; }
+  replay_same_bf16 rules-hf-trainer-bf16.toml "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)" \
+    "Hugging Face's FSDP2 bf16 mixed precision"
   control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
   replay_controls swapped lr
   exit $replay_failed

@@ -29,6 +29,14 @@ replay_same() {
   echo "ok: $FRAMEWORK replays the golden bundle within its rules"
 }
 
+# A bf16 bundle ($work/bundle, REPLAY_PRECISION=bf16) must replay within the framework's bf16 rules RULES_FILE, in the
+# framework's own mixed precision, which its report names with the text MARK (WHAT says which, for the failure).
+replay_same_bf16() {  # replay_same_bf16 RULES_FILE MARK WHAT
+  replay_same
+  grep -q "$1" "$work/same/compare.txt" || { echo "FAIL: a bf16 bundle was not judged by $1"; exit 1; }
+  grep -qF -- "$2" "$work/same/report.json" || { echo "FAIL: the replay did not run $3"; exit 1; }
+}
+
 replay_failed=0
 control() {  # control NAME "FIRST FAILING TEXT" MUTATION...: a mutated bundle must fail, naming the step
   local name=$1 want=$2 rc
