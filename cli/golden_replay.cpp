@@ -59,7 +59,8 @@ constexpr Framework kFrameworks[] = {
     {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "rules-torchtitan-bf16.toml", "OLMOREF_VENV",
      "venv",
      "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf"},
-    {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", nullptr, "OLMOREF_MAXTEXT_VENV", "venv-maxtext",
+    {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", "rules-maxtext-bf16.toml", "OLMOREF_MAXTEXT_VENV",
+     "venv-maxtext",
      "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax"},
 };
 

@@ -5,12 +5,12 @@ Usage: maxtext_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [-
 (normally run by `olmoref golden replay BUNDLE --framework maxtext`, which then compares the traces)
 
 MaxText ships Olmo 3 (models/olmo3.py, configs olmo3-7b/32b); this runs its pre-training entry point,
-maxtext.trainers.pre_train.train.main, on one CPU device in fp32:
+maxtext.trainers.pre_train.train.main, on one CPU device, in fp32 (a bf16 bundle in MaxText's own bf16 mixed
+precision, precision_args):
 
   model      model_name=olmo3-7b with the bundle's sizes as overrides (maxtext_export.maxtext_overrides): MaxText's
              Olmo3DecoderLayer (post-norms, full-width QK-norm, three sliding-window layers then a global one),
-             dot_product attention, matmul_precision=highest, unscanned layers; a bf16 bundle too (see
-             precision_args);
+             dot_product attention, unscanned layers;
   weights    the bundle's hf/ converted by MaxText's own checkpoint_conversion.to_maxtext into an Orbax checkpoint
              (maxtext_export.py), read by its trainer through load_parameters_path;
   train      its train_step: the loss summed over the targets and divided by their count (targets_segmentation 0 on
@@ -29,7 +29,7 @@ trace_records), "grad_norm" (learning/raw_grad_norm: the norm before clipping), 
 (learning/current_learning_rate)}. JAX runs without x64, so the lr MaxText stepped with is the bundle's rounded to
 fp32. REPORT.json names what MaxText's own code did ("native") and each piece the adapter added ("added").
 `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-maxtext.toml` judges
-(docs/golden.md, "MaxText").
+(rules-maxtext-bf16.toml a bf16 bundle; docs/golden.md, "MaxText").
 
 Exit status: 0 replayed; 2 the bundle is malformed or MaxText cannot be imported.
 """
@@ -104,22 +104,41 @@ def trace_records(bundle, metrics_path, ga):
 
 
 def precision_args(bundle, native, added):
-    """fp32, the default for every bundle: olmoref's bf16 has no MaxText counterpart whose difference MaxText's own
-    spread justifies (docs/golden.md, section 12). OLMOREF_MAXTEXT_BF16 replays a bf16 bundle in MaxText's own mixed
-    precision, as a measurement aid that no rules file judges: `recipe` as its Olmo 3 pre-training script
-    (trainers/pre_train/scripts/olmo/run_olmo3_7b_stage1.sh) configures it, dtype=bfloat16 (activations and matmul
-    inputs), weight_dtype=float32 (master weights and Adam's moments), logits in fp32 (cast_logits_to_fp32,
-    logits_dot_in_fp32); `bf16-logits` the same with the LM head in bf16, the other of its two settings."""
-    route = os.environ.get("OLMOREF_MAXTEXT_BF16", "")
-    if bundle.meta.get("precision") != "bf16" or not route:
+    """MaxText's precision settings for the bundle. fp32: fp32 throughout, matmul_precision=highest. bf16: MaxText's
+    own mixed precision as its Olmo 3 pre-training script (trainers/pre_train/scripts/olmo/run_olmo3_7b_stage1.sh)
+    configures it: dtype=bfloat16 (activations and matmul inputs), weight_dtype=float32 (master weights and Adam's
+    moments), the logits in fp32 (cast_logits_to_fp32, logits_dot_in_fp32). rules-maxtext-bf16.toml's limits rest on
+    MaxText's own spread between its bf16 routes: OLMOREF_MAXTEXT_BF16=bf16-logits computes the LM head in bf16
+    instead (base.yml's default, logits_dot_in_fp32=False), and OLMOREF_MAXTEXT_MICROBATCH=K (microbatches) changes
+    the micro-batches; each is named in the report."""
+    if bundle.meta.get("precision") != "bf16":
         return ["dtype=float32", "weight_dtype=float32", "matmul_precision=highest"]
+    route = os.environ.get("OLMOREF_MAXTEXT_BF16") or "recipe"
     if route not in ("recipe", "bf16-logits"):
-        raise BundleError(f"OLMOREF_MAXTEXT_BF16={route!r}: recipe, bf16-logits, or unset (fp32)")
-    added.append(f"OLMOREF_MAXTEXT_BF16={route}: MaxText's bf16 (dtype=bfloat16, weight_dtype=float32, "
-                 f"cast_logits_to_fp32=True, logits_dot_in_fp32={route == 'recipe'}), a measurement aid: no rules "
-                 f"file judges it")
+        raise BundleError(f"OLMOREF_MAXTEXT_BF16={route!r}: recipe (the default) or bf16-logits")
+    native.append(f"bf16: dtype=bfloat16, weight_dtype=float32, cast_logits_to_fp32=True, logits_dot_in_fp32="
+                  f"{route == 'recipe'} (MaxText's Olmo 3 stage-1 script's mixed precision"
+                  f"{'' if route == 'recipe' else ', the LM head in bf16 as base.yml has it'})")
+    if route != "recipe":
+        added.append("OLMOREF_MAXTEXT_BF16=bf16-logits: the LM head in bf16 (logits_dot_in_fp32=False) instead of "
+                     "fp32 (a measurement of MaxText's own bf16 spread, not the replay's route)")
     return ["dtype=bfloat16", "weight_dtype=float32", "matmul_precision=default", "cast_logits_to_fp32=True",
             f"logits_dot_in_fp32={route == 'recipe'}"]
+
+
+def microbatches(bundle, added):
+    """The number of micro-batches MaxText accumulates over: the bundle's, or OLMOREF_MAXTEXT_MICROBATCH=K instances
+    each (a measurement of MaxText's own spread: with one micro-batch its loss is normalized before the backward
+    pass, so the logits' gradient is rounded at another scale in bf16)."""
+    text = os.environ.get("OLMOREF_MAXTEXT_MICROBATCH")
+    if not text:
+        return bundle.G // bundle.mb
+    if not text.isdigit() or int(text) < 1 or bundle.G % int(text):
+        raise BundleError(f"OLMOREF_MAXTEXT_MICROBATCH={text!r}: a divisor of the global batch {bundle.G} (unset: "
+                          f"{bundle.mb})")
+    added.append(f"OLMOREF_MAXTEXT_MICROBATCH={text}: micro-batches of {text} instances instead of {bundle.mb} (a "
+                 f"measurement of MaxText's own spread, not the replay's route)")
+    return bundle.G // int(text)
 
 
 def replay(bundle, threads, work):
@@ -132,18 +151,6 @@ def replay(bundle, threads, work):
     from maxtext.trainers.pre_train import train
     from maxtext.utils import maxtext_utils
 
-    native = [
-        "model: MaxText's Olmo3DecoderLayer (model_name=olmo3-7b at the bundle's sizes), dot_product attention with "
-        "its sliding-window mask",
-        "weights: MaxText's checkpoint_conversion.to_maxtext (its Olmo 3 mapping and hooks) into Orbax, loaded by its "
-        "trainer through load_parameters_path",
-        f"train: maxtext.trainers.pre_train.train.main: train_step with z_loss_multiplier={bundle.z_loss}, "
-        f"gradient_accumulation_steps={bundle.G // bundle.mb} of {bundle.mb} instances, "
-        f"gradient_clipping_threshold={bundle.optim['max_grad_norm']}",
-        "optimizer: MaxText's adamw (optax) with adamw_mask on token_embedder/embedding",
-        "metrics: MaxText's metric logger (metrics_file): learning/loss, learning/z_loss, learning/raw_grad_norm, "
-        "learning/current_learning_rate",
-    ]
     added = list(EXPORT_ADDED) + [
         "BundleLR: MaxText's schedule warms up from lr 0 on the first step, the recipe's from peak/warmup; its "
         "create_learning_rate_schedule returns the bundle's lr_per_step (in fp32, as JAX computes without x64)",
@@ -151,6 +158,19 @@ def replay(bundle, threads, work):
         "means; the trace's z divides it by gradient_accumulation_steps (equal micro-batches)",
         "BundleBatches: create_data_iterator returns exactly the bundle's batches in order, each target the next "
         "token and the last position masked (targets_segmentation 0)",
+    ]
+    ga = microbatches(bundle, added)
+    native = [
+        "model: MaxText's Olmo3DecoderLayer (model_name=olmo3-7b at the bundle's sizes), dot_product attention with "
+        "its sliding-window mask",
+        "weights: MaxText's checkpoint_conversion.to_maxtext (its Olmo 3 mapping and hooks) into Orbax, loaded by its "
+        "trainer through load_parameters_path",
+        f"train: maxtext.trainers.pre_train.train.main: train_step with z_loss_multiplier={bundle.z_loss}, "
+        f"gradient_accumulation_steps={ga} of {bundle.G // ga} instances, "
+        f"gradient_clipping_threshold={bundle.optim['max_grad_norm']}",
+        "optimizer: MaxText's adamw (optax) with adamw_mask on token_embedder/embedding",
+        "metrics: MaxText's metric logger (metrics_file): learning/loss, learning/z_loss, learning/raw_grad_norm, "
+        "learning/current_learning_rate",
     ]
     items = export(bundle.path, bundle.meta, os.path.join(work, "maxtext-ckpt"))
 
@@ -165,10 +185,9 @@ def replay(bundle, threads, work):
 
     o = bundle.optim
     metrics_path = os.path.join(work, "metrics.jsonl")
-    ga = bundle.G // bundle.mb
     args = ["maxtext_replay", base_yml(), *maxtext_overrides(bundle.meta["model"], bundle.T),
             f"base_output_directory={work}", "run_name=olmoref_replay",
-            f"per_device_batch_size={bundle.mb}", f"gradient_accumulation_steps={ga}", f"steps={bundle.S}",
+            f"per_device_batch_size={bundle.G // ga}", f"gradient_accumulation_steps={ga}", f"steps={bundle.S}",
             *precision_args(bundle, native, added), "attention=dot_product",
             f"load_parameters_path={items}", "enable_checkpointing=False", f"metrics_file={metrics_path}",
             "enable_dropout=False", "packing=False", "dataset_type=synthetic", "enable_goodput_recording=False",
@@ -196,7 +215,7 @@ def main(argv=None):
     return adapter_main(__doc__, argv, name="maxtext_replay", framework="maxtext",
                         report_help="what MaxText did natively and what was added, JSON", check_recipe=check_recipe,
                         import_framework=import_maxtext, replay=replay,
-                        bf16=bool(os.environ.get("OLMOREF_MAXTEXT_BF16")))
+                        bf16=True)
 
 
 if __name__ == "__main__":

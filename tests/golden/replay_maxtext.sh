@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# tests/golden/replay_maxtext.sh — meson test golden-replay-maxtext: MaxText's own trainer (JAX on the CPU) replays a
-# golden bundle (`olmoref golden replay --framework maxtext`, golden/replay/maxtext_replay.py), its weights converted
-# into an Orbax checkpoint by MaxText's own converter (golden/replay/maxtext_export.py).
+# tests/golden/replay_maxtext.sh [fp32|bf16] — meson tests golden-replay-maxtext(-bf16): MaxText's own trainer (JAX on
+# the CPU) replays a golden bundle (`olmoref golden replay --framework maxtext`, golden/replay/maxtext_replay.py), its
+# weights converted into an Orbax checkpoint by MaxText's own converter (golden/replay/maxtext_export.py).
+#
+# bf16: configs/small.toml, 10 bf16 steps, replayed in MaxText's own bf16 mixed precision within
+# golden/replay/rules-maxtext-bf16.toml, then the three controls (the dropped z-loss by the z rule). fp32:
 #
 #   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #      golden/replay/rules-maxtext.toml; prints the rules' rows (worst per-step relative differences).
@@ -19,6 +22,15 @@ source tests/golden/replay_lib.sh
 skip() { echo "SKIPPED: golden-replay-maxtext: $1"; exit 77; }
 olmoref_ensure_maxtext_venv replay_maxtext
 FRAMEWORK=maxtext PY="$OLMOREF_MAXTEXT_VENV/bin/python"
+if [ "${1:-fp32}" = bf16 ]; then
+  REPLAY_PRECISION=bf16 replay_make_bundle 1
+  replay_same_bf16 rules-maxtext-bf16.toml "dtype=bfloat16, weight_dtype=float32" "MaxText's bf16 mixed precision"
+  grep -E "^maxtext_replay:" "$work/same.log" || true
+  replay_controls swapped lr
+  # The dropped z-loss (7.6e-5 of the loss) hides inside the bf16 loss limit; the z rule must see it.
+  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
+  exit $replay_failed
+fi
 replay_make_bundle 1
 replay_same
 grep -E "^maxtext_replay:" "$work/same.log" || true
