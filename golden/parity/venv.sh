@@ -8,7 +8,10 @@ OLMOREF_VENV="${OLMOREF_VENV:-$HOME/.cache/olmoref/venv}"
 olmoref_pin() {
   sed -n "s/^$2 = \"\(.*\)\"\$/\1/p" "$(dirname "${BASH_SOURCE[0]}")/../replay/$1"
 }
-OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer; import litgpt.model; from litgpt.scripts.convert_hf_checkpoint import copy_weights_olmo2"
+
+# The Hugging Face releases the Trainer adapter pins: a venv holding others is brought to them.
+OLMOREF_HF_PINS="('$(olmoref_pin hf_trainer_replay.py TRANSFORMERS_VERSION)', '$(olmoref_pin hf_trainer_replay.py ACCELERATE_VERSION)')"
+OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from importlib.metadata import version; assert (version('transformers'), version('accelerate')) == $OLMOREF_HF_PINS; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer; import litgpt.model; from litgpt.scripts.convert_hf_checkpoint import copy_weights_olmo2"
 
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
@@ -44,7 +47,12 @@ olmoref_ensure_venv() {
   # GPTModel (CPU only; no extras). Pinned here, its one place: the model check's additions and CPU shims are written
   # against this release's SelfAttention, MLP and mask code.
   # accelerate: Hugging Face's Trainer needs it (golden replay --framework hf-trainer).
-  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch transformers safetensors numpy pydantic "megatron-core==0.16.1" accelerate ||
+  # transformers and accelerate: the releases the Hugging Face Trainer adapter pins (olmoref_pin).
+  local hf acc
+  hf="$(olmoref_pin hf_trainer_replay.py TRANSFORMERS_VERSION)" acc="$(olmoref_pin hf_trainer_replay.py ACCELERATE_VERSION)"
+  [ -n "$hf" ] && [ -n "$acc" ] || skip "no TRANSFORMERS_VERSION/ACCELERATE_VERSION found in golden/replay/hf_trainer_replay.py"
+  "$OLMOREF_VENV/bin/python" -m pip install --upgrade torch "transformers==$hf" safetensors numpy pydantic \
+    "megatron-core==0.16.1" "accelerate==$acc" ||
     skip "pip could not install torch/transformers/safetensors/numpy/pydantic/megatron-core/accelerate into $OLMOREF_VENV (no network?)"
   # torchtitan: the interop check drives its own metrics logger and loss-compare helpers. Its wheel pins training
   # extras (datasets, wandb, torchdata, torch_checkpointing) those modules never import, and installing them could

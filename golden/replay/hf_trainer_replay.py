@@ -32,8 +32,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (Bundle, BundleError, adapter_args, attention_and_microbatch, recipe_loss_sums,  # noqa: E402
-                    setup_torch)
+from bundle import (Bundle, BundleError, adapter_args, attention_and_microbatch, pinned_version,  # noqa: E402
+                    recipe_loss_sums, setup_torch)
+
+# The one place the Hugging Face releases are pinned: golden/parity/venv.sh reads these lines (olmoref_pin) to install
+# them into OLMOREF_VENV, whose other checks (parity, YaRN, TorchTitan's backend) use the same transformers.
+TRANSFORMERS_VERSION = "5.25.0"
+ACCELERATE_VERSION = "1.16.0"
 
 
 def precision_route(bundle):
@@ -83,6 +88,8 @@ def main(argv=None):
         return 2
     try:
         torch = setup_torch(args.threads)
+        pinned_version("transformers", TRANSFORMERS_VERSION, "bash tools/setup_python.sh installs it")
+        pinned_version("accelerate", ACCELERATE_VERSION, "bash tools/setup_python.sh installs it")
         import accelerate
         import transformers
         from transformers import Trainer, TrainerCallback, TrainingArguments
