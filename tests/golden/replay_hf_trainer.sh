@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # tests/golden/replay_hf_trainer.sh [fp32|bf16] — meson tests golden-replay-hf-trainer(-bf16): Hugging Face's own
 # Trainer replays a golden bundle of configs/small.toml (10 steps, demo corpus).
-#   fp32  within golden/replay/rules-hf-trainer.toml, and fails, naming the step, on a bundle with two steps' batches
-#         swapped (its own IterableDataset keeps the bundle's order; replay_lib.sh). The lr and z-loss controls run
-#         against OLMo-core (golden-replay-olmo-core-controls) and TorchTitan, not here: each HF Trainer replay costs
-#         half a minute of the suite, and the pass itself needs the z-loss and every lr (rules-hf-trainer.toml).
+#   fp32  within golden/replay/rules-hf-trainer.toml, then the three controls (replay_lib.sh), each of which must
+#         fail naming the step: steps 4 and 7 on each other's batch (loss from step 4; its own IterableDataset keeps
+#         the bundle's order), step 6's lr 1 % high (lr at step 6), the z-loss dropped (loss from step 1).
 #   bf16  a bf16 bundle replayed in Hugging Face's own FSDP2 mixed precision (param_dtype bfloat16, reduce_dtype
 #         float32) within golden/replay/rules-hf-trainer-bf16.toml, then the three controls in bf16: the dropped
 #         z-loss (z from step 1: its 7.6e-5 share of the loss is inside the bf16 loss limit), steps 4 and 7 swapped
@@ -28,5 +27,5 @@ if [ "${1:-fp32}" = bf16 ]; then
 fi
 replay_make_bundle 2
 replay_same
-replay_controls swapped
+replay_controls
 exit $replay_failed
