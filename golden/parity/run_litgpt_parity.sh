@@ -30,9 +30,6 @@ if [ ! -x "$py" ] || ! "$py" -c "import litgpt.model; from litgpt.scripts.conver
 fi
 olmoref_need_bin_and_config run_litgpt_parity "pass a config file (e.g. configs/parity.toml)"
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-litgpt-parity.XXXXXX")"
-bundle="$work/bundle"
-report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 steps=1
 # The check and its negative controls in one process: importing torch and lightning twice would double the time.
 checker_args=(--with-controls)

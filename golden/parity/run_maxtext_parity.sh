@@ -26,9 +26,6 @@ olmoref_ensure_maxtext_venv run_maxtext_parity
 py="$OLMOREF_MAXTEXT_VENV/bin/python"
 olmoref_need_bin_and_config run_maxtext_parity "pass a config file (e.g. configs/parity.toml)"
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-maxtext-parity.XXXXXX")"
-bundle="$work/bundle"
-report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 steps=1
 checker_args=(--with-controls)
 olmoref_dump_and_check run_maxtext_parity maxtext_parity.py --config "$config" --set model.n_layers=4 \

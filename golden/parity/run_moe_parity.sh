@@ -43,8 +43,4 @@ py="$OLMOREF_OLMO_CORE_VENV/bin/python"
 
 olmoref_need_bin_and_config run_moe_parity "pass a MoE config file"
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-moe-parity.XXXXXX")"
-bundle="$work/bundle"
-report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
-
 olmoref_dump_and_check run_moe_parity olmo_core_moe_parity.py --config "$config" "${sets[@]}"

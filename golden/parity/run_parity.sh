@@ -30,8 +30,4 @@ olmoref_ensure_venv run_parity
 
 olmoref_need_bin_and_config run_parity "pass a config file (e.g. configs/parity.toml)"
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity.XXXXXX")"
-bundle="$work/bundle"
-report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
-
 olmoref_dump_and_check run_parity hf_parity.py --config "$config"

@@ -187,11 +187,17 @@ olmoref_need_bin_and_config() {
 
 # olmoref_dump_and_check NAME CHECKER ARG...: `$bin parity-dump ARG... --out $bundle --steps $steps`, then CHECKER (a
 # script in golden/parity) on the bundle with $py, writing $report, with the caller's checker_args array (if any)
-# after them. Exits with parity-dump's status when it fails, else with CHECKER's; $work is removed after a pass unless
-# OLMOREF_KEEP_BUNDLE=1. NAME starts each message.
+# after them. The bundle goes to $work/bundle, $work a new temporary directory named after NAME (run_litgpt_parity:
+# olmoref-litgpt-parity.XXXXXX), and the report to OLMOREF_PARITY_REPORT or $work/report.json. Exits with
+# parity-dump's status when it fails, else with CHECKER's; $work is removed after a pass unless OLMOREF_KEEP_BUNDLE=1.
+# NAME starts each message.
 olmoref_dump_and_check() {
-  local name="$1" checker="$2" rc
+  local name="$1" checker="$2" rc tag
   shift 2
+  tag="${name#run_}"
+  work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-${tag//_/-}.XXXXXX")" || exit 2
+  bundle="$work/bundle"
+  report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
   echo "$name: $bin parity-dump $* --out $bundle --steps $steps"
   "$bin" parity-dump "$@" --out "$bundle" --steps "$steps" ${OLMOREF_THREADS:+--threads "$OLMOREF_THREADS"}
   rc=$?

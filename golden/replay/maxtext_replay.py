@@ -142,6 +142,11 @@ def microbatches(bundle, added):
 
 
 def replay(bundle, threads, work):
+    # XLA reads its thread flags when JAX creates its CPU client, at the first computation (importing MaxText does not
+    # create it), so they can still be set here.
+    if threads == 1:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                                   "intra_op_parallelism_threads=1").strip()
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -204,18 +209,9 @@ def replay(bundle, threads, work):
 def main(argv=None):
     # MaxText logs every config key and each compile at INFO; its own progress lines stay.
     logging.getLogger("absl").setLevel(logging.WARNING)
-    args = sys.argv[1:] if argv is None else argv
-    threads = 1
-    if "--threads" in args:
-        threads = int(args[args.index("--threads") + 1])
-    # XLA's CPU client reads its thread flags once, when JAX starts: set them before anything imports it.
-    if threads == 1:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1").strip()
     return adapter_main(__doc__, argv, name="maxtext_replay", framework="maxtext",
                         report_help="what MaxText did natively and what was added, JSON", check_recipe=check_recipe,
-                        import_framework=import_maxtext, replay=replay,
-                        bf16=True)
+                        import_framework=import_maxtext, replay=replay, bf16=True)
 
 
 if __name__ == "__main__":
