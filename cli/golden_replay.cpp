@@ -5,7 +5,10 @@
 // framework (the table below). The adapter's contract: `PY SCRIPT --bundle DIR --out REPLAY.jsonl --report
 // REPORT.json [--steps N] --threads N` writes one JSON line per step ({"step", "loss", "ce", "z", "grad_norm",
 // "lr"}, what the framework's trainer recorded) and a report of what the framework expressed natively and what was
-// added to it, and exits 0 (replayed) or 2 (a malformed bundle, or the framework cannot be imported).
+// added to it, and exits 0 (replayed) or 2 (a malformed bundle, or the framework cannot be imported). The trainers'
+// adapters take --bundle/--out/--report once per bundle and replay them one after another in one process, writing
+// each trace only when that bundle replayed: a framework's start (its import, often the larger part of a short
+// replay) is paid once for a bundle and its negative controls.
 #include "cli/golden_replay.h"
 
 #include <sys/wait.h>
@@ -44,12 +47,15 @@ struct Framework {
   const char* venv_env;   // the environment variable naming its Python environment
   const char* venv_home;  // the default, under ~/.cache/olmoref/ (tools/setup_python.sh makes it)
   const char* what;       // for --help
+  // The adapter takes --bundle/--out/--report once per bundle and replays them all in one process (bundle.py's
+  // adapter_args); false: one process per bundle.
+  bool many = true;
 };
 
 // The frameworks whose adapters exist. Each venv is the one the suite's checks of that framework already use.
 constexpr Framework kFrameworks[] = {
     {"torch", "replay.py", "rules-fp32.toml", nullptr, "OLMOREF_VENV", "venv",
-     "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)"},
+     "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)", false},
     {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "rules-hf-trainer-bf16.toml", "OLMOREF_VENV",
      "venv",
      "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm"},
@@ -115,18 +121,25 @@ int run_program(const std::vector<std::string>& argv) {
 }
 
 struct ReplayOptions {
-  std::string bundle, framework, out, python;
+  std::vector<std::string> bundles;
+  std::string framework, out, python;
   int64_t steps = 0;
   int threads = 1;
 };
 
-int golden_replay(const ReplayOptions& o) {
-  const Framework& f = framework_named(o.framework);
-  const fs::path bundle(o.bundle);
+// One bundle of a replay: where it is, the rules that judge it, and where its trace, report and comparison go.
+struct ReplayJob {
+  fs::path bundle, rules, out;
+  std::string replay() const { return (out / "replay.jsonl").string(); }
+  std::string report() const { return (out / "report.json").string(); }
+};
+
+ReplayJob plan_job(const Framework& f, const fs::path& here, const std::string& bundle_dir, const std::string& out,
+                   bool many) {
+  const fs::path bundle(bundle_dir);
   if (!fs::is_regular_file(bundle / "bundle.json") || !fs::is_regular_file(bundle / "trace.jsonl"))
-    throw std::invalid_argument(o.bundle + ": not a golden bundle (bundle.json and trace.jsonl are written by "
+    throw std::invalid_argument(bundle_dir + ": not a golden bundle (bundle.json and trace.jsonl are written by "
                                 "`olmoref golden export --run RUN --out BUNDLE`)");
-  const fs::path here = fs::path(source_root()) / "golden" / "replay";
   // A bf16 run is judged by the framework's bf16 rules where its adapter replays in bf16.
   std::string precision;
   try {
@@ -134,35 +147,91 @@ int golden_replay(const ReplayOptions& o) {
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument((bundle / "bundle.json").string() + ": not JSON (" + e.what() + ")");
   }
-  const fs::path script = here / f.script,
-                 rules = here / (precision == "bf16" && f.rules_bf16 ? f.rules_bf16 : f.rules);
-  for (const fs::path& p : {script, rules})
-    if (!fs::is_regular_file(p))
-      throw std::runtime_error(p.string() + " not found: golden replay reads its adapters from the source tree; set "
-                               "OLMOREF_SOURCE_ROOT to the olmoref checkout");
-  const fs::path out = o.out.empty() ? bundle / ("replay-" + std::string(f.name)) : fs::path(o.out);
-  fs::create_directories(out);
-  const std::string replay = (out / "replay.jsonl").string(), report = (out / "report.json").string();
-  std::vector<std::string> argv = {python_of(f, o.python), script.string(), "--bundle", o.bundle, "--out", replay,
-                                   "--report", report, "--threads", std::to_string(o.threads)};
-  if (o.steps > 0) argv.insert(argv.end(), {"--steps", std::to_string(o.steps)});
-  std::printf("olmoref golden replay: %s (%s)\n", f.name, f.what);
-  const int rc = run_program(argv);
-  if (rc != 0) {
-    std::fprintf(stderr, "olmoref golden replay: the %s adapter (%s) exited with status %d; nothing was compared\n",
-                 f.name, script.c_str(), rc);
-    return 2;
+  ReplayJob job;
+  job.bundle = bundle;
+  job.rules = here / (precision == "bf16" && f.rules_bf16 ? f.rules_bf16 : f.rules);
+  // One bundle: --out is its folder. Several: --out holds one folder per bundle, named as the bundle's own.
+  fs::path whole = fs::absolute(bundle).lexically_normal();
+  if (whole.filename().empty()) whole = whole.parent_path();  // "DIR/" names DIR
+  const fs::path name = whole.filename();
+  job.out = out.empty() ? bundle / ("replay-" + std::string(f.name)) : many ? fs::path(out) / name : fs::path(out);
+  return job;
+}
+
+int golden_replay(const ReplayOptions& o) {
+  const Framework& f = framework_named(o.framework);
+  const fs::path here = fs::path(source_root()) / "golden" / "replay";
+  const bool many = o.bundles.size() > 1;
+  std::vector<ReplayJob> jobs;
+  for (const std::string& b : o.bundles) {
+    jobs.push_back(plan_job(f, here, b, o.out, many));
+    for (size_t i = 0; i + 1 < jobs.size(); ++i)
+      if (fs::weakly_canonical(jobs[i].out) == fs::weakly_canonical(jobs.back().out))
+        throw std::invalid_argument(jobs[i].bundle.string() + " and " + b + " would both write " +
+                                    jobs.back().out.string() + ": give the bundles different folder names");
   }
-  const LoadedTrace golden = load_trace_any((bundle / "trace.jsonl").string()), theirs = load_trace_any(replay);
-  const CompareRules r = load_rules(rules.string());
-  const CompareResult res = compare_traces(golden, theirs, r);
-  const std::string text = format_compare_report(golden, theirs, r, res);
-  std::fputs(text.c_str(), stdout);
-  std::ofstream((out / "compare.txt").string()) << text;
-  std::printf("olmoref golden replay: %s: %s (trace %s, report %s, comparison %s)\n", f.name,
-              res.pass ? "the replay holds" : "the replay differs", replay.c_str(), report.c_str(),
-              (out / "compare.txt").c_str());
-  return res.pass ? 0 : 1;
+  const fs::path script = here / f.script;
+  for (const ReplayJob& job : jobs)
+    for (const fs::path& p : {script, job.rules})
+      if (!fs::is_regular_file(p))
+        throw std::runtime_error(p.string() + " not found: golden replay reads its adapters from the source tree; set "
+                                 "OLMOREF_SOURCE_ROOT to the olmoref checkout");
+  for (const ReplayJob& job : jobs) {
+    fs::create_directories(job.out);
+    // A trace or verdict left by an earlier replay must not be taken for this one's.
+    fs::remove(job.replay());
+    fs::remove(job.out / "compare.txt");
+  }
+  const std::vector<std::string> common = {python_of(f, o.python), script.string(), "--threads",
+                                           std::to_string(o.threads)};
+  auto with_job = [](std::vector<std::string> argv, const ReplayJob& job) {
+    argv.insert(argv.end(), {"--bundle", job.bundle.string(), "--out", job.replay(), "--report", job.report()});
+    return argv;
+  };
+  auto finish = [&](std::vector<std::string> argv) {
+    if (o.steps > 0) argv.insert(argv.end(), {"--steps", std::to_string(o.steps)});
+    return argv;
+  };
+  std::printf("olmoref golden replay: %s (%s)%s\n", f.name, f.what,
+              many ? (", " + std::to_string(jobs.size()) + " bundles" + (f.many ? " in one process" : "")).c_str()
+                   : "");
+  int adapter_rc = 0;
+  if (f.many) {  // one process for every bundle: the framework is imported and set up once
+    std::vector<std::string> argv = common;
+    for (const ReplayJob& job : jobs) argv = with_job(std::move(argv), job);
+    adapter_rc = run_program(finish(std::move(argv)));
+  } else {
+    for (const ReplayJob& job : jobs) adapter_rc = std::max(adapter_rc, run_program(finish(with_job(common, job))));
+  }
+  bool all_replayed = true, all_hold = true;
+  for (const ReplayJob& job : jobs) {
+    if (many) std::printf("\n== %s\n", job.bundle.c_str());
+    if (!fs::is_regular_file(job.replay())) {
+      std::fprintf(stderr, "olmoref golden replay: the %s adapter (%s) exited with status %d and wrote no trace for %s; "
+                           "nothing was compared\n", f.name, script.c_str(), adapter_rc, job.bundle.c_str());
+      all_replayed = false;
+      continue;
+    }
+    LoadedTrace golden = load_trace_any((job.bundle / "trace.jsonl").string()), theirs = load_trace_any(job.replay());
+    // --steps N replays steps 1..N, so both traces are judged over those alone: a later golden step is not a step
+    // the replay lost.
+    if (o.steps > 0)
+      for (LoadedTrace* t : {&golden, &theirs})
+        for (auto& [metric, series] : t->metrics) series.erase(series.upper_bound(o.steps), series.end());
+    const CompareRules r = load_rules(job.rules.string());
+    const CompareResult res = compare_traces(golden, theirs, r);
+    const std::string text = format_compare_report(golden, theirs, r, res);
+    std::fputs(text.c_str(), stdout);
+    std::ofstream((job.out / "compare.txt").string()) << text;
+    std::printf("olmoref golden replay: %s: %s (trace %s, report %s, comparison %s)\n", f.name,
+                res.pass ? "the replay holds" : "the replay differs", job.replay().c_str(), job.report().c_str(),
+                (job.out / "compare.txt").c_str());
+    all_hold = all_hold && res.pass;
+  }
+  if (!all_replayed && adapter_rc == 0) adapter_rc = 2;
+  if (adapter_rc != 0 && all_replayed)
+    std::fprintf(stderr, "olmoref golden replay: the %s adapter exited with status %d\n", f.name, adapter_rc);
+  return adapter_rc != 0 ? 2 : all_hold ? 0 : 1;
 }
 
 }  // namespace
@@ -171,15 +240,21 @@ void register_golden_replay(CLI::App& golden) {
   auto* cmd = golden.add_subcommand(
       "replay",
       "Replay a golden bundle with another framework's own trainer and compare its trace with the bundle's under that "
-      "framework's rules (its rules file in golden/replay/); exit 0 when it holds, 1 when it differs, 2 when the "
-      "replay could not run");
+      "framework's rules (its rules file in golden/replay/); exit 0 when it holds (every bundle's), 1 when one "
+      "differs, 2 when one could not be replayed");
   auto o = std::make_shared<ReplayOptions>();
   std::string names;
   for (const Framework& f : kFrameworks) names += std::string(names.empty() ? "" : "; ") + f.name + ": " + f.what;
-  cmd->add_option("BUNDLE", o->bundle, "Golden bundle directory (`olmoref golden export`)")->required();
+  cmd->add_option("BUNDLE", o->bundles,
+                  "Golden bundle directories (`olmoref golden export`); several are replayed one after another by one "
+                  "start of the framework, each judged on its own")
+      ->required();
   cmd->add_option("--framework", o->framework, "Whose trainer replays it: " + names)->required();
-  cmd->add_option("--out", o->out, "Where the replay's trace, report and comparison go (default BUNDLE/replay-FRAMEWORK)");
-  cmd->add_option("--steps", o->steps, "Replay steps 1..N only (default: every step of the bundle)")
+  cmd->add_option("--out", o->out,
+                  "Where the replay's trace, report and comparison go (default BUNDLE/replay-FRAMEWORK); with several "
+                  "bundles, a folder per bundle under it, named as the bundle");
+  cmd->add_option("--steps", o->steps,
+                  "Replay steps 1..N only and judge those (default: every step of the bundle)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--threads", o->threads, "CPU threads of the framework (default 1)")->check(CLI::Range(1, 1024));
   cmd->add_option("--python", o->python, "The Python to run the adapter with (default: the framework's environment)");

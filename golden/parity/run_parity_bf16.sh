@@ -4,7 +4,8 @@
 # Compares olmoref's bf16 logits (docs/canonical/bf16.md) with transformers' Olmo3ForCausalLM loaded in bfloat16, on
 # T tokens of held-out demo-corpus text, at trained weights (top-1 agreement means little on a random init, whose
 # logits are near ties everywhere):
-#   1. without --checkpoint: train configs/small.toml in bf16 for K steps (default 50) on the demo corpus;
+#   1. without --checkpoint: train configs/small.toml in bf16 for K steps (default 50) on the demo corpus (with
+#      OLMOREF_SHARED_RUNS and K 50: the suite's run of it, trained once, tests/golden/make_shared_runs.sh);
 #   2. olmoref golden logits --precision bf16 --seq-len T (default 4096): our logits + the weights as an HF checkpoint;
 #   3. hf_parity.py --precision bf16: per-token KL and top-1 agreement against HF bf16 (gated: max KL < 1.5e-3,
 #      strict top-1 >= 98.75%, MaxText's bf16 figures at 8192 tokens), and both against HF fp32 (reported).
@@ -37,7 +38,15 @@ olmoref_ensure_venv run_parity_bf16
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity-bf16.XXXXXX")"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 data_set=()
-if [ -z "$checkpoint" ] || [ ! -f runs/demo-data/holdout.mix ]; then
+shared=${OLMOREF_SHARED_RUNS:-}
+if [ -z "$checkpoint" ] && [ -n "$shared" ] && [ "$steps" = 50 ]; then
+  # The suite's run of this very config, trained once for the tests that use it (tests/golden/make_shared_runs.sh).
+  [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
+  checkpoint="$(ls -d "$shared/bf16/checkpoints"/step* | tail -1)"
+  corpus="$shared/demo"
+  data_set=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\"")
+  echo "run_parity_bf16: the suite's shared run $shared/bf16 (configs/small.toml, 50 bf16 steps on the demo corpus)"
+elif [ -z "$checkpoint" ] || [ ! -f runs/demo-data/holdout.mix ]; then
   olmoref_demo_corpus
   data_set=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\"")
 fi

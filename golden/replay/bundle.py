@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 
 class BundleError(Exception):
@@ -174,55 +175,90 @@ def recipe_loss_sums(torch, logits, ids, z_loss):
 
 
 def adapter_args(doc, argv, report_help):
-    """The command line every adapter takes from `olmoref golden replay` (cli/golden_replay.cpp)."""
+    """The command line every adapter takes from `olmoref golden replay` (cli/golden_replay.cpp). --bundle, --out and
+    --report may be repeated, one of each per bundle: the adapter then replays them one after another in this one
+    process, the framework imported once (args.jobs: (bundle, out, report) in order)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
-    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}")
-    ap.add_argument("--report", required=True, help=report_help)
-    ap.add_argument("--steps", type=int, help="replay only the first N steps")
+    ap.add_argument("--bundle", required=True, action="append",
+                    help="directory written by `olmoref golden export` (repeatable, with --out and --report)")
+    ap.add_argument("--out", required=True, action="append",
+                    help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}, one per --bundle")
+    ap.add_argument("--report", required=True, action="append", help=report_help + ", one per --bundle")
+    ap.add_argument("--steps", type=int, help="replay only the first N steps (of every bundle)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not len(args.bundle) == len(args.out) == len(args.report):
+        ap.error(f"--bundle, --out and --report go together, one of each per bundle: got {len(args.bundle)}, "
+                 f"{len(args.out)} and {len(args.report)}")
+    args.jobs = list(zip(args.bundle, args.out, args.report))
+    return args
+
+
+def adapter_jobs(args, name, run_job):
+    """Runs run_job(bundle_path, out, report, tag) for each of args.jobs, the framework's import shared: returns 0 when
+    every job returned 0, else 2. A job that fails (a malformed bundle, or the framework raising) is reported, naming
+    its bundle, and the next job still runs: each job's trace and report are written only when it succeeds, so
+    `olmoref golden replay` judges the ones that ran and names the others."""
+    status = 0
+    for i, (path, out, report) in enumerate(args.jobs):
+        tag = name if len(args.jobs) == 1 else f"{name} [{i + 1}/{len(args.jobs)} {path}]"
+        try:
+            rc = run_job(path, out, report, tag)
+        except Exception:  # the framework's own error: reported, and the other bundles still replayed
+            traceback.print_exc()
+            print(f"{tag}: the replay raised (above); its trace was not written", file=sys.stderr)
+            rc = 2
+        status = status or rc
+    return status
 
 
 def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, import_framework, replay, bf16=False):
-    """The frame of an adapter that runs a framework's own trainer: the arguments (adapter_args), the bundle checked
+    """The frame of an adapter that runs a framework's own trainer: the arguments (adapter_args), each bundle checked
     by Bundle and by check_recipe(bundle) (raising BundleError), import_framework() returning the framework's
-    version (raising ImportError saying what to install), replay(bundle, threads, work_dir) returning (records,
-    native, added), then the trace and the report written. `name` prefixes its messages, `framework` is the
-    report's; bf16: the adapter replays a bf16 bundle in bf16 itself (otherwise a note says it computes in fp32).
-    Returns the exit status: 0 replayed, 2 the bundle is malformed or the framework cannot be imported."""
+    version (raising ImportError saying what to install; called once, before the first replay), replay(bundle,
+    threads, work_dir) returning (records, native, added), then the trace and the report written. `name` prefixes its
+    messages, `framework` is the report's; bf16: the adapter replays a bf16 bundle in bf16 itself (otherwise a note
+    says it computes in fp32). Returns the exit status: 0 every bundle replayed, 2 a bundle is malformed or the
+    framework cannot be imported."""
     args = adapter_args(doc, argv, report_help)
+    version = None
 
-    def fail(msg):
-        print(f"{name}: {msg}", file=sys.stderr)
-        return 2
+    def run_job(path, out, report, tag):
+        nonlocal version
 
-    try:
-        bundle = Bundle(args.bundle, args.steps)
-        check_recipe(bundle)
-    except BundleError as e:
-        return fail(f"bad bundle: {e}")
-    if bundle.meta.get("precision") != "fp32" and not bf16:
-        print(f"{name}: note: the run used precision {bundle.meta.get('precision')}; this replay computes in fp32, "
-              f"so expect bf16-sized differences", file=sys.stderr)
-    try:
-        version = import_framework()
-    except ImportError as e:
-        return fail(f"cannot import {framework}: {e}")
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-replay.") as work:
+        def fail(msg):
+            print(f"{tag}: {msg}", file=sys.stderr)
+            return 2
+
         try:
-            records, native, added = replay(bundle, args.threads, work)
+            bundle = Bundle(path, args.steps)
+            check_recipe(bundle)
         except BundleError as e:
             return fail(f"bad bundle: {e}")
-    with open(args.out + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(args.out + ".tmp", args.out)
-    with open(args.report, "w") as f:
-        json.dump({"framework": framework, "version": version, "native": native, "added": added,
-                   "steps": bundle.S}, f, indent=2)
-        f.write("\n")
-    print(f"{name}: {bundle.S} steps through {framework} {version}'s trainer in {time.time() - t0:.1f} s; last loss "
-          f"{records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0].split(':')[0] for a in added)}",
-          file=sys.stderr)
-    return 0
+        if bundle.meta.get("precision") != "fp32" and not bf16:
+            print(f"{tag}: note: the run used precision {bundle.meta.get('precision')}; this replay computes in fp32, "
+                  f"so expect bf16-sized differences", file=sys.stderr)
+        if version is None:
+            try:
+                version = import_framework()
+            except ImportError as e:
+                raise SystemExit(fail(f"cannot import {framework}: {e}"))  # no bundle can be replayed
+        t0 = time.time()
+        with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-replay.") as work:
+            try:
+                records, native, added = replay(bundle, args.threads, work)
+            except BundleError as e:
+                return fail(f"bad bundle: {e}")
+        with open(out + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        os.replace(out + ".tmp", out)
+        with open(report, "w") as f:
+            json.dump({"framework": framework, "version": version, "native": native, "added": added,
+                       "steps": bundle.S}, f, indent=2)
+            f.write("\n")
+        print(f"{tag}: {bundle.S} steps through {framework} {version}'s trainer in {time.time() - t0:.1f} s; last "
+              f"loss {records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0].split(':')[0] for a in added)}",
+              file=sys.stderr)
+        return 0
+
+    return adapter_jobs(args, name, run_job)

@@ -3,7 +3,8 @@
 (a bf16 bundle: in Hugging Face's own FSDP2 bf16 mixed precision, below).
 
 Usage: hf_trainer_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
-(normally run by `olmoref golden replay BUNDLE --framework hf-trainer`, which then compares the traces)
+(normally run by `olmoref golden replay BUNDLE... --framework hf-trainer`, which then compares the traces); --bundle,
+--out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 
 What is the Trainer's own: its training loop (gradient accumulation over the bundle's micro-batches, the global
 target count `num_items_in_batch` it counts itself, the backward, the clip through accelerate's clip_grad_norm_,
@@ -32,8 +33,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (Bundle, BundleError, adapter_args, attention_and_microbatch, pinned_version,  # noqa: E402
-                    recipe_loss_sums, setup_torch)
+from bundle import (Bundle, BundleError, adapter_args, adapter_jobs, attention_and_microbatch,  # noqa: E402
+                    pinned_version, recipe_loss_sums, setup_torch)
 
 # The one place the Hugging Face releases are pinned: golden/parity/venv.sh reads these lines (olmoref_pin) to install
 # them into OLMOREF_VENV, whose other checks (parity, YaRN, TorchTitan's backend) use the same transformers.
@@ -81,30 +82,39 @@ def fsdp_one_rank(torch, model, work):
 def main(argv=None):
     args = adapter_args(__doc__, argv, "what the Trainer did natively and what was added (JSON)")
     try:
-        bundle = Bundle(args.bundle, args.steps)
-        bundle.require_hf_adamw("Hugging Face Trainer's adapter")
-    except BundleError as e:
-        print(f"hf_trainer_replay: bad bundle: {e}", file=sys.stderr)
-        return 2
-    try:
         torch = setup_torch(args.threads)
         pinned_version("transformers", TRANSFORMERS_VERSION, "bash tools/setup_python.sh installs it")
         pinned_version("accelerate", ACCELERATE_VERSION, "bash tools/setup_python.sh installs it")
-        import accelerate
         import transformers
-        from transformers import Trainer, TrainerCallback, TrainingArguments
     except ImportError as e:
         print(f"hf_trainer_replay: {e} (the replay needs transformers and accelerate: bash tools/setup_python.sh)",
               file=sys.stderr)
         return 2
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # Every bundle in this one process: transformers and accelerate imported once (tests/golden replays a bundle and
+    # its three negative controls together).
+    return adapter_jobs(args, "hf_trainer_replay",
+                        lambda path, out, report, tag: replay_job(torch, args, path, out, report, tag))
 
+
+def replay_job(torch, args, path, out_path, report_path, tag):
+    """One bundle through the Trainer: its trace to out_path, what ran to report_path; 0, or 2 for a bad bundle."""
+    import accelerate
+    import transformers
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    try:
+        bundle = Bundle(path, args.steps)
+        bundle.require_hf_adamw("Hugging Face Trainer's adapter")
+    except BundleError as e:
+        print(f"{tag}: bad bundle: {e}", file=sys.stderr)
+        return 2
     S, G, mb, T, N, z_loss, optim = bundle.S, bundle.G, bundle.mb, bundle.T, bundle.N, bundle.z_loss, bundle.optim
     try:
         steps_tokens = [torch.from_numpy(bundle.tokens(s)) for s in range(1, S + 1)]  # [G, T] each
     except BundleError as e:
-        print(f"hf_trainer_replay: bad bundle: {e}", file=sys.stderr)
+        print(f"{tag}: bad bundle: {e}", file=sys.stderr)
         return 2
 
     class BundleBatches(torch.utils.data.IterableDataset):
@@ -130,7 +140,7 @@ def main(argv=None):
     try:
         route, attention, mb = precision_route(bundle)
     except BundleError as e:
-        print(f"hf_trainer_replay: {e}", file=sys.stderr)
+        print(f"{tag}: {e}", file=sys.stderr)
         return 2
     model = bundle.hf_model(torch)
     model.set_attn_implementation(attention)
@@ -145,7 +155,7 @@ def main(argv=None):
     # lr = 1.0 * lrs[k] exactly: LambdaLR multiplies the base lr by the factor.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lrs[min(k, len(lrs) - 1)])
 
-    out = open(args.out + ".tmp", "w")
+    out = open(out_path + ".tmp", "w")
     t0 = time.time()
 
     class Record(TrainerCallback):
@@ -167,12 +177,12 @@ def main(argv=None):
             out.write(json.dumps(rec) + "\n")
             out.flush()
             if s % 10 == 0 or s == S:
-                print(f"hf_trainer_replay: step {s}/{S} loss {rec['loss']:.6f} grad_norm {rec['grad_norm']:.4f} "
+                print(f"{tag}: step {s}/{S} loss {rec['loss']:.6f} grad_norm {rec['grad_norm']:.4f} "
                       f"({time.time() - t0:.1f} s)", file=sys.stderr)
 
     record = Record()
     targs = TrainingArguments(
-        output_dir=os.path.join(os.path.dirname(os.path.abspath(args.out)), "hf-trainer-out"),
+        output_dir=os.path.join(os.path.dirname(os.path.abspath(out_path)), "hf-trainer-out"),
         per_device_train_batch_size=mb, gradient_accumulation_steps=G // mb, max_steps=S,
         max_grad_norm=optim["max_grad_norm"], logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
         dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False,
@@ -180,7 +190,7 @@ def main(argv=None):
     trainer = Trainer(model=model, args=targs, train_dataset=BundleBatches(), compute_loss_func=recipe_loss,
                       optimizers=(opt, sched), callbacks=[record, Writer()])
     trainer.remove_callback(transformers.PrinterCallback)  # its 4-digit log lines; the trace has the numbers
-    print(f"hf_trainer_replay: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), transformers "
+    print(f"{tag}: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), transformers "
           f"{transformers.__version__}, accelerate {accelerate.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads", file=sys.stderr)
     trainer.train()
@@ -188,7 +198,7 @@ def main(argv=None):
         torch.distributed.destroy_process_group()
         pg_dir.cleanup()
     out.close()
-    os.replace(args.out + ".tmp", args.out)
+    os.replace(out_path + ".tmp", out_path)
     report = {
         "framework": "hf-trainer", "version": f"transformers {transformers.__version__}, accelerate "
                                              f"{accelerate.__version__}", "steps": S,
@@ -217,7 +227,7 @@ def main(argv=None):
     if route is not None and (attention, mb) != ("sdpa", 1):
         report["added"].append(f"OLMOREF_HF_ATTN={attention}, OLMOREF_HF_MICROBATCH={mb} instead of sdpa, 1 (a "
                                f"measurement of Hugging Face's own spread, not the replay's route)")
-    with open(args.report, "w") as f:
+    with open(report_path, "w") as f:
         json.dump(report, f, indent=1)
     return 0
 

@@ -2,7 +2,8 @@
 """Replay an olmoref golden bundle with MaxText's own trainer (JAX, CPU backend) and write the metrics it recorded.
 
 Usage: maxtext_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
-(normally run by `olmoref golden replay BUNDLE --framework maxtext`, which then compares the traces)
+(normally run by `olmoref golden replay BUNDLE... --framework maxtext`, which then compares the traces); --bundle,
+--out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 
 MaxText ships Olmo 3 (models/olmo3.py, configs olmo3-7b/32b); this runs its pre-training entry point,
 maxtext.trainers.pre_train.train.main, on one CPU device, in fp32 (a bf16 bundle in MaxText's own bf16 mixed

@@ -2,7 +2,8 @@
 """Replay an olmoref golden bundle with OLMo-core's own trainer and write the metrics it recorded per step.
 
 Usage: olmo_core_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
-(normally run by `olmoref golden replay BUNDLE --framework olmo-core`, which then compares the traces)
+(normally run by `olmoref golden replay BUNDLE... --framework olmo-core`, which then compares the traces); --bundle,
+--out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 Environment, to measure OLMo-core's own spread between two equally valid runs (rules-olmo-core-bf16.toml's limits
 rest on it; each is named in the report's "added"): OLMOREF_OLMO_CORE_MICROBATCH=K runs micro-batches of K instances
 instead of the bundle's; OLMOREF_OLMO_CORE_BF16=autocast runs a bf16 bundle through torch.autocast
@@ -362,6 +363,12 @@ def replay(bundle, threads, work):
         trainer.fit()
     finally:
         dist.destroy_process_group()
+        # OLMo-core keeps the FSDP world mesh in a module global that may be built once per process; it belongs to the
+        # process group just destroyed, so the next bundle replayed in this process (its negative controls) builds
+        # its own.
+        import olmo_core.distributed.parallel as oc_parallel
+
+        oc_parallel._WORLD_MESH = None
 
     records = []
     for s in range(1, steps + 1):

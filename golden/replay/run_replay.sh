@@ -10,7 +10,8 @@
 # Usage: golden/replay/run_replay.sh [WORKDIR]   (default: a temporary directory, removed on success)
 # Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_VENV (the parity venv), OLMOREF_THREADS (default 2), OLMOREF_PEER_THREADS (torch's CPU threads, default OLMOREF_THREADS),
 #   OLMOREF_REPLAY_STEPS (default 50), OLMOREF_REPLAY_SET (extra `--set k=v` overrides for the run, space-separated;
-#   tests only), OLMOREF_KEEP=1 (keep the work directory).
+#   tests only), OLMOREF_KEEP=1 (keep the work directory), OLMOREF_SHARED_RUNS (the suite's runs trained once,
+#   tests/golden/make_shared_runs.sh: its 50-step fp32 run is replayed instead of training one).
 # Exit: 0 the replay agrees; 1 a rule failed; 2 an error; 77 with "SKIPPED: replay: ..." when the Python packages
 # or the demo corpus cannot be had here (never reported as a pass).
 set -uo pipefail
@@ -40,9 +41,17 @@ set_args=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\
 if grep -q '^\[eval\]' configs/small.toml; then set_args+=(--set eval.interval=0); fi
 for kv in ${OLMOREF_REPLAY_SET:-}; do set_args+=(--set "$kv"); done
 
-echo "run_replay: 1/5 $bin train --config configs/small.toml --steps $steps --out $run"
-"$bin" train --config configs/small.toml --steps "$steps" "${set_args[@]}" --threads "$threads" --out "$run" --quiet ||
-  { echo "run_replay: training failed" >&2; exit 2; }
+shared=${OLMOREF_SHARED_RUNS:-}
+if [ -n "$shared" ] && [ "$steps" = 50 ] && [ -z "${OLMOREF_REPLAY_SET:-}" ]; then
+  # The suite's run of this very config, trained once for the tests that replay it (tests/golden/make_shared_runs.sh).
+  [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
+  run="$shared/fp32"
+  echo "run_replay: 1/5 the suite's shared run $run (configs/small.toml, 50 fp32 steps on the demo corpus)"
+else
+  echo "run_replay: 1/5 $bin train --config configs/small.toml --steps $steps --out $run"
+  "$bin" train --config configs/small.toml --steps "$steps" "${set_args[@]}" --threads "$threads" --out "$run" --quiet ||
+    { echo "run_replay: training failed" >&2; exit 2; }
+fi
 echo "run_replay: 2/5 $bin golden export --run $run --out $bundle"
 "$bin" golden export --run "$run" --out "$bundle" || { echo "run_replay: export failed" >&2; exit 2; }
 echo "run_replay: 3-4/5 $bin golden replay $bundle --framework torch --out $work/replay (replay.py, then trace compare with rules-fp32.toml)"

@@ -2,7 +2,8 @@
 """Replay an olmoref golden bundle with TorchTitan's own Trainer and write the metrics it recorded per step.
 
 Usage: torchtitan_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
-(normally run by `olmoref golden replay BUNDLE --framework torchtitan`, which then compares the traces)
+(normally run by `olmoref golden replay BUNDLE... --framework torchtitan`, which then compares the traces); --bundle,
+--out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 Environment, to measure TorchTitan's own spread between two equally valid bf16 runs (rules-torchtitan-bf16.toml's
 limits rest on it; each is named in the report's "added"): OLMOREF_TORCHTITAN_ATTN=eager|sdpa chooses transformers'
 attention (default: eager in fp32, sdpa in bf16); OLMOREF_TORCHTITAN_MICROBATCH=K runs micro-batches of K instances

@@ -5,7 +5,9 @@
 #      the command that writes one; a framework environment without Python names its variable and the fix;
 #   2. an adapter that fails (--python /bin/false) exits 2 saying nothing was compared;
 #   3. an adapter whose trace differs (a stand-in writing the golden trace with one step's loss changed) exits 1 and
-#      the comparison names that step; the unchanged trace exits 0.
+#      the comparison names that step; the unchanged trace exits 0; --steps 1 judges step 1 alone;
+#   4. several bundles go to one adapter start, each judged on its own in --out/NAME; one the adapter could not
+#      replay is named (exit 2) while the others are still judged; two bundles of one name are refused.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 python3 "$SRC/golden/traces/make_tiny_corpus.py" "$work/tiny.u16"
 "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tiny.u16\"]" --steps 3 \
@@ -57,4 +59,58 @@ grep -q "the replay holds" "$work/same.log"
 PLANT=1 OLMOREF_SOURCE_ROOT=$work/src expect_fail 1 "first at step 2" \
   "$BIN" golden replay "$work/bundle" --framework torch --python "$work/standin.sh" --out "$work/diff"
 [ -f "$work/diff/compare.txt" ] && [ -f "$work/diff/report.json" ]
-echo "golden replay: refusals, a failed adapter and a differing trace all reported"
+# --steps N judges steps 1..N only: the planted step 2 is past --steps 1, and the rule's min_steps still says that one
+# step is not the replay it asks for.
+PLANT=1 OLMOREF_SOURCE_ROOT=$work/src expect_fail 1 "FAIL: loss only 1 steps compared, rule needs 3" \
+  "$BIN" golden replay "$work/bundle" --framework torch --python "$work/standin.sh" --out "$work/step1" --steps 1
+! grep -q "first at step" "$work/step1/compare.txt" || { echo "FAIL: --steps 1 judged step 2"; exit 1; }
+
+# Several bundles, one adapter start (the trainers' adapters: --bundle/--out/--report once per bundle): each judged on
+# its own under BUNDLE's name in --out, the exit the worst of them. The stand-in plants step 2 in the bundle whose path
+# contains "planted", writes nothing for one containing "broken" (a bundle the adapter could not replay), and logs
+# each start.
+cat > "$work/standin-many.sh" <<'SH'
+#!/usr/bin/env bash
+shift
+echo start >> "$STARTS"
+bundles=() outs=() reports=()
+while [ $# -gt 0 ]; do case "$1" in --bundle) bundles+=("$2"); shift 2 ;; --out) outs+=("$2"); shift 2 ;;
+  --report) reports+=("$2"); shift 2 ;; *) shift ;; esac; done
+status=0
+for i in "${!bundles[@]}"; do
+  b=${bundles[$i]}
+  case "$b" in *broken*) status=2; continue ;; esac
+  plant=0; case "$b" in *planted*) plant=1 ;; esac
+  python3 - "$b/trace.jsonl" "${outs[$i]}" "$plant" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for r in map(json.loads, open(sys.argv[1])):
+        out = {k: r[k] for k in ("step", "loss", "ce", "z", "grad_norm", "lr")}
+        if sys.argv[3] == "1" and r["step"] == 2:
+            out["loss"] *= 1.001
+        f.write(json.dumps(out) + "\n")
+PY
+  echo '{"framework": "stand-in"}' > "${reports[$i]}"
+done
+exit $status
+SH
+chmod +x "$work/standin-many.sh"
+cp "$work/src/golden/replay/rules-fp32.toml" "$work/src/golden/replay/rules-hf-trainer.toml"
+cp "$SRC/golden/replay/hf_trainer_replay.py" "$work/src/golden/replay/"
+cp -r "$work/bundle" "$work/planted"
+cp -r "$work/bundle" "$work/broken"
+export STARTS=$work/starts
+: > "$STARTS"
+OLMOREF_SOURCE_ROOT=$work/src expect_fail 1 "first at step 2" "$BIN" golden replay "$work/bundle" "$work/planted" \
+  --framework hf-trainer --python "$work/standin-many.sh" --out "$work/many"
+[ "$(wc -l < "$STARTS")" = 1 ] || { echo "FAIL: two bundles took $(wc -l < "$STARTS") adapter starts, want 1"; exit 1; }
+grep -q "^PASS: every rule holds" "$work/many/bundle/compare.txt" || { echo "FAIL: the golden bundle's verdict"; exit 1; }
+grep -q "^FAIL: loss 1 of 3 steps break .*first at step 2" "$work/many/planted/compare.txt" ||
+  { cat "$work/many/planted/compare.txt"; echo "FAIL: the planted bundle's verdict"; exit 1; }
+OLMOREF_SOURCE_ROOT=$work/src expect_fail 2 "wrote no trace for $work/broken" "$BIN" golden replay "$work/bundle" \
+  "$work/broken" --framework hf-trainer --python "$work/standin-many.sh" --out "$work/with-broken"
+grep -q "^PASS: every rule holds" "$work/with-broken/bundle/compare.txt" ||
+  { echo "FAIL: the bundle that replayed beside a broken one was not judged"; exit 1; }
+OLMOREF_SOURCE_ROOT=$work/src expect_fail 2 "would both write" "$BIN" golden replay "$work/bundle" "$work/bundle/" \
+  --framework hf-trainer --python "$work/standin-many.sh" --out "$work/twice"
+echo "golden replay: refusals, a failed adapter, a differing trace, --steps and several bundles in one start reported"

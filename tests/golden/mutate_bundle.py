@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Negative controls for the framework replays: a copy of a golden bundle with one thing changed, the trace kept.
 
-Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z | --drop-rope-scaling
-                                  | --moe-lb-weight W | --sigma-factor S
+Usage: mutate_bundle.py BUNDLE OUT [--steps K] --swap-batches A B | --lr-step K --lr-factor F | --z-loss Z
+                                  | --drop-rope-scaling | --moe-lb-weight W | --sigma-factor S
 
   --swap-batches A B   steps A and B train on each other's batch (each record stays self-consistent: a data-loader
                        bug that the bundle's checksums cannot see);
@@ -14,6 +14,10 @@ Usage: mutate_bundle.py BUNDLE OUT --swap-batches A B | --lr-step K --lr-factor 
                        silently dropped);
   --sigma-factor S     SkipStepAdamW's sigma_factor set to S (another rule for which steps are outliers).
 The replay of OUT must then differ from OUT/trace.jsonl (the unchanged golden trace) at the step named.
+
+  --steps K            then keep steps 1..K only (bundle.json's steps, its lr_per_step, batches.jsonl and the golden
+                       trace), as `olmoref golden export --steps K` would have: a control that must fail at step K
+                       needs no later step, and each step is a framework's training step saved.
 """
 import argparse
 import json
@@ -30,6 +34,7 @@ ap.add_argument("--z-loss", type=float)
 ap.add_argument("--drop-rope-scaling", action="store_true")
 ap.add_argument("--moe-lb-weight", type=float)
 ap.add_argument("--sigma-factor", type=float)
+ap.add_argument("--steps", type=int)
 a = ap.parse_args()
 shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*"))
 meta = json.load(open(os.path.join(a.out, "bundle.json")))
@@ -59,4 +64,17 @@ if a.moe_lb_weight is not None:
     meta["model"]["moe"]["lb_loss_weight"] = a.moe_lb_weight
 if a.sigma_factor is not None:
     meta["optim"]["sigma_factor"] = a.sigma_factor
+if a.steps:
+    if not 1 <= a.steps <= meta["steps"]:
+        raise SystemExit(f"mutate_bundle: --steps {a.steps}: the bundle has steps 1..{meta['steps']}")
+    meta["steps"] = a.steps
+    for key in ("lr_per_step", "lr_per_step_hex"):
+        if key in meta["optim"]:
+            meta["optim"][key] = meta["optim"][key][:a.steps]
+    for name in (meta["data"]["batches"], meta["trace"]):
+        path = os.path.join(a.out, name)
+        lines = open(path).readlines()
+        # Records past step K go; a line without a step (a header) stays.
+        with open(path, "w") as f:
+            f.writelines(l for l in lines if not l.strip() or json.loads(l).get("step", 0) <= a.steps)
 json.dump(meta, open(os.path.join(a.out, "bundle.json"), "w"), indent=1)

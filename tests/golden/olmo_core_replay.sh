@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# tests/golden/olmo_core_replay.sh pass|controls|moe|bf16 — meson tests golden-replay-olmo-core(-controls, -moe, -bf16): OLMo-core's
-# own Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
+# tests/golden/olmo_core_replay.sh pass|moe|bf16 [controls] — meson tests golden-replay-olmo-core(-moe, -bf16, -bf16-controls): OLMo-core's own
+# Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
 #
 #   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
 #             golden/replay/rules-olmo-core.toml; prints the rules' rows (worst per-step relative differences).
-#   controls  copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must
-#             fail, naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high
-#             (lr at step 6), the z-loss dropped (loss from step 1; z too).
+#             Then copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace
+#             must fail, naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 %
+#             high (lr at step 6), the z-loss dropped (loss from step 1; z too).
 #   moe       configs/tiny-moe.toml (8 experts, top-2, a shared expert, load-balancing and router z-losses) with
 #             SkipStepAdamW over a 6-step window and sigma 0 (a step is skipped when its loss or grad norm is above
 #             the window's mean: steps 4, 6 and 7 of 10 fp32 steps): OLMo-core's MoETransformer and SkipStepAdamW must
@@ -16,9 +16,10 @@
 #             then judges step 2 by the deviation of one value (NaN) and skips it whatever sigma is (olmoref too).
 #   bf16      configs/small.toml, 10 bf16 steps on the demo corpus, replayed in OLMo-core's own bf16 mixed precision
 #             (FSDP2, param_dtype bfloat16, reduce_dtype float32) within golden/replay/rules-olmo-core-bf16.toml, then
-#             the three controls of `controls`, which must fail in bf16 too (the dropped z-loss by z, since 7.6e-5 of
+#             the three controls of `pass`, which must fail in bf16 too (the dropped z-loss by z, since 7.6e-5 of
 #             the loss is inside the bf16 loss limit).
-# Two tests rather than one so each stays within a few minutes on 2 shared cores; one thread each side.
+# Each control is cut after the step it must fail at, and the golden bundle and its controls replay in one Python
+# process (replay_lib.sh); one thread each side.
 # Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED: golden-replay-olmo-core: ..." when OLMo-core's packages
 # or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -38,11 +39,13 @@ if [ "${1:-pass}" = moe ]; then
   # The trace must skip some steps (or the skipped rule would compare zeros only); the first one names the control.
   first_skip=$(python3 -c 'import json,sys; print(next((r["step"] for r in map(json.loads, open(sys.argv[1])) if r.get("skipped") == 1), 0))' "$work/run/trace.jsonl")
   [ "$first_skip" -gt 0 ] || { echo "FAIL: the SkipStepAdamW run skipped no step: nothing for the skipped rule to see"; exit 1; }
+  control swapped "FAIL: loss .* first at step 4" 4 --swap-batches 4 7
+  control no-moe-lb "moe_lb [^;]*first at step 1\b" 1 --moe-lb-weight 0
+  control sigma "skipped [^;]*first at step $first_skip\b" "$first_skip" --sigma-factor 6
+  replay_run
   replay_same
-  grep -E "^(moe_lb|moe_z|skipped)" "$work/same/compare.txt" || true
-  control swapped "FAIL: loss .* first at step 4" --swap-batches 4 7
-  control no-moe-lb "moe_lb [^;]*first at step 1\b" --moe-lb-weight 0
-  control sigma "skipped [^;]*first at step $first_skip\b" --sigma-factor 6
+  grep -E "^(moe_lb|moe_z|skipped)" "$work/replays/bundle/compare.txt" || true
+  replay_verdicts
   # The adapters that load Hugging Face weights and run plain AdamW refuse the bundle, naming the one that replays it.
   for fw in torch hf-trainer torchtitan; do
     "$BIN" golden replay "$work/bundle" --framework "$fw" --out "$work/refuse-$fw" > "$work/refuse-$fw.log" 2>&1
@@ -56,18 +59,12 @@ if [ "${1:-pass}" = moe ]; then
   exit $replay_failed
 fi
 if [ "${1:-pass}" = bf16 ]; then
-  REPLAY_PRECISION=bf16 replay_make_bundle 1
-  replay_same_bf16 rules-olmo-core-bf16.toml "param_dtype=bfloat16" "OLMo-core's FSDP2 bf16 mixed precision"
-  replay_controls swapped lr
-  # In bf16 the dropped z-loss (7.6e-5 of the loss) hides inside the loss's limit; the z rule catches it.
-  control no-z-loss "FAIL: z .* first at step 1" --z-loss 0
-  exit $replay_failed
+  replay_bf16 "${2:-}" rules-olmo-core-bf16.toml "param_dtype=bfloat16" \
+    "OLMo-core's FSDP2 bf16 mixed precision"
 fi
 replay_make_bundle 1
-if [ "${1:-pass}" = pass ]; then
-  replay_same
-  grep -E "^olmo_core_replay:" "$work/same.log" || true
-  exit 0
-fi
 replay_controls
+replay_run
+replay_same
+replay_verdicts
 exit $replay_failed

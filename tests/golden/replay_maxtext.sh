@@ -10,7 +10,8 @@
 #      golden/replay/rules-maxtext.toml; prints the rules' rows (worst per-step relative differences).
 #   2. copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
 #      naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high (lr at step 6),
-#      the z-loss dropped (loss from step 1). Each MaxText replay takes about 15 s, so all three run.
+#      the z-loss dropped (loss from step 1). Each control is cut after its step; the golden bundle and the three
+#      controls replay in one Python process (replay_lib.sh).
 #   3. a bundle MaxText's Olmo 3 block cannot express (a 2:1 window pattern) is refused with exit 2, naming the key.
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-maxtext: ..." when MaxText's environment or the demo corpus cannot be had (never a pass).
@@ -24,17 +25,19 @@ olmoref_ensure_maxtext_venv replay_maxtext
 FRAMEWORK=maxtext PY="$OLMOREF_MAXTEXT_VENV/bin/python"
 if [ "${1:-fp32}" = bf16 ]; then
   REPLAY_PRECISION=bf16 replay_make_bundle 1
-  replay_same_bf16 rules-maxtext-bf16.toml "dtype=bfloat16, weight_dtype=float32" "MaxText's bf16 mixed precision"
-  grep -E "^maxtext_replay:" "$work/same.log" || true
   replay_controls swapped lr
   # The dropped z-loss (7.6e-5 of the loss) hides inside the bf16 loss limit; the z rule must see it.
-  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" --z-loss 0
+  control no-z-loss "FAIL: .*\bz [^;]*first at step 1\b" 1 --z-loss 0
+  replay_run
+  replay_same_bf16 rules-maxtext-bf16.toml "dtype=bfloat16, weight_dtype=float32" "MaxText's bf16 mixed precision"
+  replay_verdicts
   exit $replay_failed
 fi
 replay_make_bundle 1
-replay_same
-grep -E "^maxtext_replay:" "$work/same.log" || true
 replay_controls
+replay_run
+replay_same
+replay_verdicts
 
 # MaxText's Olmo 3 layer cycle is fixed at three sliding-window layers and a global one: another pattern must be
 # refused before anything runs, not replayed on the wrong attention.
@@ -46,7 +49,7 @@ meta = json.load(open(f"{dst}/bundle.json"))
 meta["model"]["swa_pattern"] = [128, 128, -1, -1]
 json.dump(meta, open(f"{dst}/bundle.json", "w"))
 PY
-replay "$work/pattern-bundle" pattern
+replay pattern "$work/pattern-bundle"
 rc=$?
 if [ $rc -eq 2 ] && grep -q "model.swa_pattern \[128, 128, -1, -1\]" "$work/pattern.log"; then
   echo "ok: pattern: refused: $(grep -m1 'swa_pattern' "$work/pattern.log")"

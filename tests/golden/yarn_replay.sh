@@ -20,8 +20,11 @@ replay_make_bundle 1
 grep -q '"rope_type": "yarn"' "$work/bundle/hf/config.json" || { echo "FAIL: the bundle's hf/config.json has no YaRN"; exit 1; }
 
 FRAMEWORK=olmo-core PY="$OLMOREF_OLMO_CORE_VENV/bin/python"
+replay_run
 replay_same
 FRAMEWORK=hf-trainer PY="$hf_py"
+control no-yarn "FAIL: loss .* first at step 1" 1 --drop-rope-scaling
+replay_run
 replay_same
-control no-yarn "FAIL: loss .* first at step 1" --drop-rope-scaling
+replay_verdicts
 exit $replay_failed
