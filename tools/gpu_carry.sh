@@ -44,7 +44,7 @@ fill() {
   if [ -z "$build" ]; then
     build=build-gpu
     [ -f build-gpu/build.ninja ] ||
-      meson setup build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled > /dev/null
+      meson setup build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled -Dcuda=enabled > /dev/null
     ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke bench/gemm_bench > /dev/null
   fi
   rm -rf "$carry"
