@@ -92,6 +92,22 @@ void check_evaluation_data_separate(const TrainConfig& cfg) {
   }
 }
 
+void check_global_batch_fits_data(const TrainConfig& cfg) {
+  const data::Mix mix = train_mix_named(cfg);
+  const data::FslDataset ds(mix, dataset_options(cfg));
+  // The loader orders whole chunks (data.max_target_sequence_length), so a batch is cut from those alone.
+  const int64_t usable = ds.size() / ds.chunk_instances() * ds.chunk_instances(), G = cfg.train.global_batch_instances;
+  if (G <= usable) return;
+  throw std::invalid_argument(cfg.in_file(
+      "train.global_batch_instances = " + std::to_string(G) + " is more than the training data holds: " +
+      (mix.source.empty() || mix.source == "<list>" ? "the " + std::to_string(mix.size()) + " file(s) of data.train_files"
+                                                     : "data.train_mix '" + mix.source + "'") +
+      " give " +
+      std::to_string(usable) + " instances of seq_len " + std::to_string(cfg.train.seq_len) +
+      ", fewer than one global batch. Lower train.global_batch_instances to at most " + std::to_string(usable) +
+      ", add data, or shorten train.seq_len"));
+}
+
 data::LoaderConfig loader_config(const TrainConfig& cfg) {
   data::LoaderConfig lc;
   lc.dataset = std::make_shared<data::FslDataset>(train_mix_named(cfg), dataset_options(cfg));

@@ -36,6 +36,11 @@ data::LoaderConfig loader_config(const TrainConfig& cfg);
 // examining such a config is its job: it reports the same files as contamination (check shared_files).
 void check_evaluation_data_separate(const TrainConfig& cfg);
 
+// The training data must hold at least one global batch: refused (std::invalid_argument naming the config file,
+// train.global_batch_instances, the data's instance count and the fixes) before anything that grows with the global
+// batch is built or modelled. Opens the token files only (their sizes give the instance count).
+void check_global_batch_fits_data(const TrainConfig& cfg);
+
 struct StepBatch {
   int64_t epoch = 1;
   std::vector<int64_t> instance_ids;  // global instance ids, in global batch order

@@ -379,6 +379,8 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
   if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())
     throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
+  // What grows with the global batch is checked against the data, then against memory, before any of it is built.
+  check_global_batch_fits_data(cfg);
   check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr));
   fs::create_directories(out_dir);
   const std::string ckpt_root = out_dir + "/checkpoints";

@@ -28,6 +28,18 @@ namespace olmoref {
 // The fullest rank's peak by the one memory model (train/memory_model.h), before any buffer is allocated: a run
 // that does not fit is refused naming its largest part and what would fit.
 void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex) {
+  // Every rank assembles the whole global batch's tokens on the host (G x seq_len x 4 bytes) whatever the executor;
+  // checked first and in O(1), because the memory model below walks the step's instance tree, O(G): an absurd
+  // train.global_batch_instances must be one clear line, not a silent minute or the OOM killer.
+  const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, host = host_memory_available();
+  const double batch_bytes = 4.0 * static_cast<double>(G) * static_cast<double>(T);
+  if (host >= 0 && batch_bytes > static_cast<double>(host))
+    throw std::runtime_error(cfg.in_file(
+        "train.global_batch_instances = " + std::to_string(G) + ": one global batch of " + std::to_string(G) + " x " +
+        std::to_string(T) + " tokens needs " + gib_text(batch_bytes) + " of host memory on every rank (4 bytes a " +
+        "token), but " + gib_text(static_cast<double>(host)) + " is available; at most " +
+        std::to_string(static_cast<long long>(static_cast<double>(host) / (4.0 * static_cast<double>(T)))) +
+        " instances of seq_len " + std::to_string(T) + " fit. Lower train.global_batch_instances"));
   const MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
   const RankMemory need = predict_rank_memory(cfg, where);
   const int64_t have = ex.memory_available();
