@@ -75,7 +75,7 @@ if args.tests:
             share = f" ({100 * r['duration'] / limit:.0f} % of it)" if limit else ""
             over = (f"  OVER the per-test budget of {args.test_budget_s:.0f} s" if r["duration"] > args.test_budget_s
                     else "")
-            print(f"budget:   {r['name']:<36} {r['duration']:7.1f} / {limit if limit else 'none'}{share}{over}")
+            print(f"budget:   {r['name']:<40} {r['duration']:7.1f} / {limit if limit else 'none'}{share}{over}")
         if suite > args.budget_s:
             print(f"budget: FAIL: the suite took {minsec(suite)}, over its {minsec(args.budget_s)}: on the slowest "
                   f"machine of this kind it would not finish in CI's time (docs/testing.md, the test-time table)")

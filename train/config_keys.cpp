@@ -388,7 +388,14 @@ const std::vector<Key>& keys() {
        [](const TrainConfig& c) -> Why { return c.train.micro_batch_instances > 0 ? "" : "must be > 0"; }},
       {"train", "global_batch_instances", field([](auto& c) -> auto& { return c.train.global_batch_instances; }),
        Written::always, Resume::enters, nullptr,
-       [](const TrainConfig& c) -> Why { return c.train.global_batch_instances > 0 ? "" : "must be > 0"; }},
+       // Instance ids are 32-bit (the data order's permutation, as numpy's uint32 one in OLMo-core), so no global batch
+       // can hold more; refused here, for every command, before anything that grows with it is modelled or built.
+       [](const TrainConfig& c) -> Why {
+         if (c.train.global_batch_instances <= 0) return "must be > 0";
+         return c.train.global_batch_instances <= int64_t{0xFFFFFFFF}
+                    ? ""
+                    : "must be at most 4294967295 (instance ids are 32-bit); the training data bounds it further";
+       }},
       {"train", "steps", field([](auto& c) -> auto& { return c.train.steps; }), Written::always, Resume::enters,
        nullptr, [](const TrainConfig& c) -> Why { return c.train.steps >= 0 ? "" : "must be >= 0"; }},
       {"train", "z_loss", field([](auto& c) -> auto& { return c.train.z_loss; }), Written::always, Resume::enters,

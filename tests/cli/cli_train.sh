@@ -62,12 +62,19 @@ expect_error "--steps" -- "$BIN" train "${tiny[@]}" --steps -5
 expect_error "--threads" -- "$BIN" train "${tiny[@]}" --threads -2 --steps 1
 expect_error "needs about" -- "$BIN" train "${tiny[@]}" --set model.vocab_size=2000000000 --steps 1
 expect_error "'model'" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set model.d_model=100000000 --set model.ffn_hidden=100000000
-# An absurd global batch is refused at once, against the data (this file's instances) and against host memory (a
-# sparse token file, so the data could hold it, of 1.5x MemAvailable / 4 bytes a token), before anything that grows
-# with it is built: a timeout of 20 s catches the memory model's or the loader's O(G) work.
-expect_error "train.global_batch_instances = 1000000000000 is more than the training data holds: the 1 file(s) of \
+# An absurd global batch is refused at once: past 32-bit instance ids by the config (every command), then against
+# the data (this file's instances) and against host memory (a sparse token file, so the data could hold it, of 1.5x
+# MemAvailable / 4 bytes a token), before anything that grows with it is built: a timeout of 20 s catches the memory
+# model's or the loader's O(G) work.
+for command in "train --out $work/v" config; do
+  # shellcheck disable=SC2086  # the command and its own arguments
+  expect_error "'train.global_batch_instances'.*must be at most 4294967295 (instance ids are 32-bit)" -- \
+    timeout 20 "$BIN" $command --config "$SRC/configs/tiny.toml" --set "$data" \
+    --set train.global_batch_instances=1000000000000
+done
+expect_error "train.global_batch_instances = 1000000 is more than the training data holds: the 1 file(s) of \
 data.train_files give [0-9]* instances of seq_len 64" -- timeout 20 "$BIN" train "${tiny[@]}" \
-  --set train.global_batch_instances=1000000000000 --steps 1
+  --set train.global_batch_instances=1000000 --steps 1
 avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
 huge_tokens=$((avail_kib * 1024 / 4 * 3 / 2 / 4096 * 4096))
 truncate -s $((huge_tokens * 2)) "$work/huge.u16"
