@@ -207,8 +207,10 @@ int golden_replay(const ReplayOptions& o) {
   for (const ReplayJob& job : jobs) {
     if (many) std::printf("\n== %s\n", job.bundle.c_str());
     if (!fs::is_regular_file(job.replay())) {
-      std::fprintf(stderr, "olmoref golden replay: the %s adapter (%s) exited with status %d and wrote no trace for %s; "
-                           "nothing was compared\n", f.name, script.c_str(), adapter_rc, job.bundle.c_str());
+      std::fprintf(stderr,
+                   "olmoref golden replay: the %s adapter (%s) exited with status %d and wrote no trace for %s; "
+                   "nothing was compared\n",
+                   f.name, script.c_str(), adapter_rc, job.bundle.c_str());
       all_replayed = false;
       continue;
     }

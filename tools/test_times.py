@@ -29,7 +29,7 @@ for n in names:
              if n in r else "-" for r in runs]
     worst = max(r[n]["duration"] for r in runs if n in r)
     limit = limits.get(n)
-    ratio = f"{limit / worst:.1f}" + ("" if limit >= 2 * worst else " **under 2**") if limit and worst > 0 else "-"
+    ratio = (f"{limit / worst:.1f}" + ("" if limit >= 2 * worst else " **under 2**")) if limit and worst >= 1 else "-"
     print(f"| {n} | " + " | ".join(cells) + f" | {limit if limit else '-'} | {ratio} |")
 for label, r in zip(args.labels, runs):
     first = min(x["starttime"] for x in r.values())

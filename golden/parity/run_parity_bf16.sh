@@ -38,10 +38,10 @@ olmoref_ensure_venv run_parity_bf16
 work="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-parity-bf16.XXXXXX")"
 report="${OLMOREF_PARITY_REPORT:-$work/report.json}"
 data_set=()
-shared=${OLMOREF_SHARED_RUNS:-}
-if [ -z "$checkpoint" ] && [ -n "$shared" ] && [ "$steps" = 50 ]; then
-  # The suite's run of this very config, trained once for the tests that use it (tests/golden/make_shared_runs.sh).
-  [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
+shared=""
+[ -n "$checkpoint" ] || [ "$steps" != 50 ] || olmoref_shared_runs "$bin"
+if [ -n "$shared" ]; then
+  # The suite's run of this very config by this binary, trained once for the tests that use it.
   checkpoint="$(ls -d "$shared/bf16/checkpoints"/step* | tail -1)"
   corpus="$shared/demo"
   data_set=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\"$corpus/holdout.mix\"")

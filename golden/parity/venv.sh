@@ -160,6 +160,16 @@ olmoref_olmo_core_python_or_skip() {
   fi
 }
 
+# olmoref_shared_runs BIN: sets `shared` to the suite's runs trained once (OLMOREF_SHARED_RUNS, made by the build target
+# golden-shared-runs, tests/golden/make_shared_runs.sh) when they were made by this very binary, else to "" (the
+# caller trains its own). Calls the caller's `skip REASON` when they record that the demo corpus cannot be built.
+olmoref_shared_runs() {
+  shared=${OLMOREF_SHARED_RUNS:-}
+  [ -n "$shared" ] && [ -f "$shared/olmoref.sha256" ] &&
+    [ "$(cat "$shared/olmoref.sha256")" = "$(sha256sum "$1" | cut -d' ' -f1)" ] || { shared=""; return 0; }
+  [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
+}
+
 # Sets `corpus` to the demo corpus: the checkout's runs/demo-data when it is complete, else one built into $work with
 # $bin (run from the repository root); calls the caller's `skip REASON` when it cannot be built.
 olmoref_demo_corpus() {

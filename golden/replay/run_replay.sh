@@ -41,10 +41,10 @@ set_args=(--set "data.train_mix=\"$corpus/train.mix\"" --set "data.holdout_mix=\
 if grep -q '^\[eval\]' configs/small.toml; then set_args+=(--set eval.interval=0); fi
 for kv in ${OLMOREF_REPLAY_SET:-}; do set_args+=(--set "$kv"); done
 
-shared=${OLMOREF_SHARED_RUNS:-}
-if [ -n "$shared" ] && [ "$steps" = 50 ] && [ -z "${OLMOREF_REPLAY_SET:-}" ]; then
-  # The suite's run of this very config, trained once for the tests that replay it (tests/golden/make_shared_runs.sh).
-  [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
+shared=""
+[ "$steps" != 50 ] || [ -n "${OLMOREF_REPLAY_SET:-}" ] || olmoref_shared_runs "$bin"
+if [ -n "$shared" ]; then
+  # The suite's run of this very config by this binary, trained once for the tests that replay it.
   run="$shared/fp32"
   echo "run_replay: 1/5 the suite's shared run $run (configs/small.toml, 50 fp32 steps on the demo corpus)"
 else

@@ -6,9 +6,11 @@
 #                       golden-replay replays the fp32 run, golden-parity-bf16 takes the bf16 run's step-50 checkpoint
 #   OUT/bundle-fp32/, OUT/bundle-bf16/  `golden export --steps 10` of each: the golden bundles of every framework
 #                       replay test (tests/golden/replay_lib.sh), the same steps a 10-step run of the config gives
-# A test copies or reads these and changes nothing in them. When the demo corpus cannot be built here (its Debian
-# packages missing), OUT/SKIP says why and the target still succeeds: the tests then skip with that reason, as they
-# did when each built the corpus itself. STAMP is written last (the target's output).
+# A test copies or reads these and changes nothing in them, and only when OUT/olmoref.sha256 names the binary it tests
+# (golden/parity/venv.sh's olmoref_shared_runs); otherwise it trains its own, as before. tools/test.sh builds this
+# target before `meson test`, so `ninja` alone (tools/build.sh, the demo) does not train them. When the demo corpus
+# cannot be built here (its Debian packages missing), OUT/SKIP says why and the target still succeeds: the tests then
+# skip with that reason, as they did when each built the corpus itself. STAMP is written last (the target's output).
 set -uo pipefail
 # Absolute paths: meson gives them relative to the build folder, and the work is done from the source root.
 out=$(realpath -m "$1") bin=$(realpath -m "$2") stamp=$(realpath -m "$3")
@@ -17,6 +19,7 @@ rm -rf "$out" "$stamp"
 mkdir -p "$out"
 if ! bash data/demo/make_demo_corpus.sh "$out/demo" "$bin" > "$out/demo.log" 2>&1; then
   echo "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$out/demo.log"))" > "$out/SKIP"
+  sha256sum "$bin" | cut -d' ' -f1 > "$out/olmoref.sha256"
   touch "$stamp"
   exit 0
 fi
@@ -26,4 +29,5 @@ for precision in fp32 bf16; do
     --set checkpoint.keep_last=1 --threads 2 --out "$out/$precision" --quiet || exit 1
   "$bin" golden export --run "$out/$precision" --out "$out/bundle-$precision" --steps 10 > /dev/null || exit 1
 done
+sha256sum "$bin" | cut -d' ' -f1 > "$out/olmoref.sha256"
 touch "$stamp"

@@ -10,14 +10,11 @@
 
 # configs/small.toml, 10 fp32 steps (REPLAY_PRECISION=bf16: bf16) on the demo corpus, exported to $work/bundle; the
 # caller's REPLAY_SET array (if any) adds `--set` arguments. Without one, the bundle trained once for the whole suite
-# is copied when the test has it (OLMOREF_SHARED_RUNS: tests/golden/make_shared_runs.sh).
+# by this binary is copied when there is one (olmoref_shared_runs, golden/parity/venv.sh).
 replay_make_bundle() {
-  local shared=${OLMOREF_SHARED_RUNS:-}
-  if [ -n "$shared" ] && [ -z "${REPLAY_SET+x}" ]; then
-    [ ! -f "$shared/SKIP" ] || skip "$(cat "$shared/SKIP")"
-    cp -r "$shared/bundle-${REPLAY_PRECISION:-fp32}" "$work/bundle" ||
-      { echo "replay_lib: no shared bundle in $shared: build the target golden-shared-runs (meson test does)"; exit 2; }
-    return
+  if [ -z "${REPLAY_SET+x}" ]; then
+    olmoref_shared_runs "$BIN"
+    if [ -n "$shared" ]; then cp -r "$shared/bundle-${REPLAY_PRECISION:-fp32}" "$work/bundle" || exit 2; return; fi
   fi
   bash data/demo/make_demo_corpus.sh "$work/demo" "$BIN" > "$work/demo.log" 2>&1 ||
     skip "the demo corpus could not be built ($(grep -m1 'make_demo_corpus:' "$work/demo.log"))"

@@ -7,7 +7,8 @@
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 nvcc=$(command -v nvcc || true)
 [ -n "$nvcc" ] || { echo "SKIPPED: tools-cuda-option: no nvcc on PATH"; exit 77; }
-unshare -m true 2> /dev/null || { echo "SKIPPED: tools-cuda-option: no private mount namespace here (unshare -m)"; exit 77; }
+unshare -m true 2> /dev/null ||
+  { echo "SKIPPED: tools-cuda-option: no private mount namespace here (unshare -m)"; exit 77; }
 toolkit_lib=$(readlink -f "$(dirname "$(readlink -f "$nvcc")")/../lib64")
 cat > "$work/hidden.sh" <<'SH'
 set -euo pipefail
@@ -41,7 +42,8 @@ configure() {  # configure CUDA_OPTION: meson setup of the source tree with NCCL
 rc=0
 configure enabled || rc=$?
 [ $rc -ne 3 ] || { cat "$work/setup.log"; echo "FAIL: NCCL could not be hidden"; exit 1; }
-[ $rc -ne 0 ] || { tail -n 20 "$work/setup.log"; echo "FAIL: -Dcuda=enabled configured against a toolkit without NCCL"; exit 1; }
+[ $rc -ne 0 ] ||
+  { tail -n 20 "$work/setup.log"; echo "FAIL: -Dcuda=enabled configured against a toolkit without NCCL"; exit 1; }
 grep -q "ERROR: .*-Dcuda=enabled, but the CUDA toolkit .* lacks libnccl:" "$work/setup.log" ||
   { tail -n 20 "$work/setup.log"; echo "FAIL: -Dcuda=enabled did not name libnccl"; exit 1; }
 echo "ok: enabled: $(grep -m1 'ERROR:' "$work/setup.log" | cut -c1-160)"
