@@ -16,7 +16,7 @@ bash tools/build.sh || { echo "build failed"; kill $python_setup 2>/dev/null; ec
 wait $python_setup || echo "test.sh: the Python environment could not be set up; the parity tests will skip" >&2
 # The runs several tests replay, trained once (tests/golden/make_shared_runs.sh); a test finds them only if made by
 # this build's binary, and otherwise trains its own.
-ninja -C build tests/golden/shared-runs.stamp > /dev/null || echo "test.sh: the shared runs could not be trained" >&2
+meson compile -C build golden-shared-runs > /dev/null || echo "test.sh: the shared runs could not be trained" >&2
 meson test -C build --print-errorlogs --num-processes "${OLMOREF_TEST_JOBS:-2}" "$@"
 status=$?
 # The budget (the suite's wall time against CI's 30 minutes, the five slowest tests and their limits), then the count.
