@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -89,54 +90,142 @@ float* vector_ptr(const StateVectors& s, const std::string& name) {
 void put_u64(std::string& out, uint64_t x) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((x >> (8 * i)) & 0xff));
 }
-uint64_t get_u64(const std::string& in, size_t pos) {
+
+// One shard file, opened: its framing checked and its header read, nothing of its data yet. Reads go through pread,
+// so a reader touches only the bytes of the entries it wants (format 3 and format 2 alike).
+struct ShardFile {
+  std::string path;
+  int fd = -1;
+  uint64_t size = 0;
+  uint64_t data_begin = 0, data_end = 0;  // the frames: entry data_offset counts from data_begin
+  uint64_t header_sum = 0;
+  nlohmann::json header;
+  ShardFile() = default;
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+  ShardFile(ShardFile&& o) noexcept { *this = std::move(o); }
+  ShardFile& operator=(ShardFile&& o) noexcept {
+    std::swap(path, o.path), std::swap(fd, o.fd), size = o.size, data_begin = o.data_begin, data_end = o.data_end;
+    header_sum = o.header_sum, header = std::move(o.header);
+    return *this;
+  }
+  ~ShardFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  // Exactly n bytes at `at`, or fails naming the file.
+  void read_at(void* dst, uint64_t n, uint64_t at, const std::string& what) const {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(at));
+      if (got <= 0) fail(path, what + ": cannot read " + std::to_string(n) + " bytes at offset " + std::to_string(at) +
+                                   " (truncated or unreadable)");
+      p += got, n -= static_cast<uint64_t>(got), at += static_cast<uint64_t>(got);
+    }
+  }
+};
+
+uint64_t get_u64(const char* in) {
   uint64_t x = 0;
-  for (int i = 0; i < 8; ++i) x |= static_cast<uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
+  for (int i = 0; i < 8; ++i) x |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
   return x;
 }
 
-struct ParsedShard {
-  nlohmann::json header;
-  std::string bytes;
-  size_t data_begin = 0;
-};
-
-// Reads a shard and checks its framing (magic, sizes, header checksum), not yet the tensors.
-ParsedShard read_shard(const std::string& path, uint64_t expected_bytes, const std::string& expected_header_xxh3) {
-  ParsedShard s;
-  if (!fs::exists(path)) fail(path, "shard file is missing (the checkpoint is incomplete or was damaged)");
-  s.bytes = read_file(path);
-  if (expected_bytes && s.bytes.size() != expected_bytes)
-    fail(path, "shard is " + std::to_string(s.bytes.size()) + " bytes, manifest says " + std::to_string(expected_bytes) +
+// Opens a shard and checks its framing (magic, size, header checksum) against the manifest's record of it
+// (expected_bytes 0 and an empty checksum: no record to compare with); reads the header alone.
+ShardFile open_shard(const std::string& path, uint64_t expected_bytes, const std::string& expected_header_xxh3) {
+  ShardFile s;
+  s.path = path;
+  s.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (s.fd < 0) {
+    if (!fs::exists(path)) fail(path, "shard file is missing (the checkpoint is incomplete or was damaged)");
+    fail(path, "cannot open (permissions?)");
+  }
+  struct stat st {};
+  if (::fstat(s.fd, &st) != 0) fail(path, "cannot stat");
+  s.size = static_cast<uint64_t>(st.st_size);
+  if (expected_bytes && s.size != expected_bytes)
+    fail(path, "shard is " + std::to_string(s.size) + " bytes, manifest says " + std::to_string(expected_bytes) +
                    " (truncated or overwritten)");
-  if (s.bytes.size() < 32 || std::memcmp(s.bytes.data(), kShardMagic, 16) != 0)
+  char magic[16];
+  if (s.size < 32) fail(path, "not an olmoref shard (" + std::to_string(s.size) + " bytes; truncated?)");
+  s.read_at(magic, 16, 0, "magic");
+  uint64_t header_at = 0, header_len = 0;
+  if (std::memcmp(magic, kShardMagicV1, 16) == 0) {  // format 2: magic, H, header, its checksum, the frames
+    char len[8];
+    s.read_at(len, 8, 16, "header length");
+    header_len = get_u64(len);
+    if (header_len > s.size || 24 + header_len + 8 > s.size)
+      fail(path, "header length runs past the end of the file (truncated?)");
+    header_at = 24;
+    char sum[8];
+    s.read_at(sum, 8, 24 + header_len, "header checksum");
+    s.header_sum = get_u64(sum);
+    s.data_begin = 24 + header_len + 8, s.data_end = s.size;
+  } else if (std::memcmp(magic, kShardMagic, 16) == 0) {  // format 3: magic, the frames, header, H, checksum, magic
+    char tail[32];
+    s.read_at(tail, 32, s.size - 32, "trailer");
+    if (std::memcmp(tail + 16, kShardMagic, 16) != 0)
+      fail(path, "the trailer's magic is missing: the file was cut short or overwritten (truncated?)");
+    header_len = get_u64(tail);
+    s.header_sum = get_u64(tail + 8);
+    if (header_len > s.size || 16 + header_len + 32 > s.size) fail(path, "header length runs past the file (truncated?)");
+    header_at = s.size - 32 - header_len;
+    s.data_begin = 16, s.data_end = header_at;
+  } else {
     fail(path, "not an olmoref shard (bad magic)");
-  const uint64_t header_len = get_u64(s.bytes, 16);
-  if (24 + header_len + 8 > s.bytes.size()) fail(path, "header length runs past the end of the file (truncated?)");
-  const std::string header_text = s.bytes.substr(24, header_len);
-  const uint64_t header_sum = get_u64(s.bytes, 24 + header_len);
-  if (XXH3_64bits(header_text.data(), header_text.size()) != header_sum) fail(path, "header checksum mismatch");
-  if (!expected_header_xxh3.empty() && hex(header_sum) != expected_header_xxh3)
+  }
+  std::string header_text(header_len, '\0');
+  s.read_at(header_text.data(), header_len, header_at, "header");
+  if (XXH3_64bits(header_text.data(), header_text.size()) != s.header_sum) fail(path, "header checksum mismatch");
+  if (!expected_header_xxh3.empty() && hex(s.header_sum) != expected_header_xxh3)
     fail(path, "header differs from the one the manifest recorded (shard from another checkpoint?)");
-  s.header = nlohmann::json::parse(header_text);
-  s.data_begin = 24 + header_len + 8;
+  try {
+    s.header = nlohmann::json::parse(header_text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  // Every key a reader takes from the entries, checked once (the header checksum holds, so only a faulty writer
+  // gets here; named all the same).
+  if (!s.header.is_object() || !s.header.contains("entries") || !s.header.at("entries").is_array())
+    fail(path, "header has no 'entries' array");
+  for (const auto& e : s.header.at("entries")) {
+    const bool ok = e.is_object() && e.contains("vector") && e.at("vector").is_string() && e.contains("name") &&
+                    e.at("name").is_string() && e.contains("offset") && e.at("offset").is_number_integer() &&
+                    e.contains("numel") && e.at("numel").is_number_integer() && e.contains("zstd_bytes") &&
+                    e.at("zstd_bytes").is_number_unsigned() && e.contains("data_offset") &&
+                    e.at("data_offset").is_number_unsigned() && e.contains("raw_xxh3") && e.at("raw_xxh3").is_string() &&
+                    e.contains("zstd_xxh3") && e.at("zstd_xxh3").is_string();
+    if (!ok) fail(path, "header entry " + e.dump().substr(0, 200) + " lacks a key or has one of the wrong type");
+    const std::string vec = e.at("vector").get<std::string>();
+    if (vec != "params" && vec != "adam_m" && vec != "adam_v") fail(path, "unknown vector '" + vec + "'");
+    const uint64_t off = e.at("data_offset").get<uint64_t>(), len = e.at("zstd_bytes").get<uint64_t>();
+    if (off > s.data_end - s.data_begin || len > s.data_end - s.data_begin - off)
+      fail(path, vec + " " + e.at("name").get<std::string>() + ": data runs past the end of the file (truncated)");
+  }
   return s;
 }
 
-// Decompresses and verifies one entry into dst (entry.numel floats).
-void read_entry(const std::string& path, const ParsedShard& s, const nlohmann::json& e, float* dst) {
+int vector_index(const std::string& name) {
+  for (int v = 0; v < 3; ++v)
+    if (name == kVectorNames[v]) return v;
+  return -1;
+}
+
+// Reads, decompresses and verifies one entry into dst (entry.numel floats); `z` is the caller's buffer for the
+// compressed bytes (kept between calls).
+void read_entry(const ShardFile& s, const nlohmann::json& e, std::vector<char>& z, float* dst) {
   const std::string what = e.at("vector").get<std::string>() + " " + e.at("name").get<std::string>();
   const uint64_t off = e.at("data_offset").get<uint64_t>(), len = e.at("zstd_bytes").get<uint64_t>();
   const int64_t numel = e.at("numel").get<int64_t>();
-  if (s.data_begin + off + len > s.bytes.size()) fail(path, what + ": data runs past the end of the file (truncated)");
-  const char* src = s.bytes.data() + s.data_begin + off;
-  if (hex(XXH3_64bits(src, len)) != e.at("zstd_xxh3").get<std::string>())
-    fail(path, what + ": compressed data checksum mismatch (corrupted)");
+  if (z.size() < len) z.resize(len);
+  s.read_at(z.data(), len, s.data_begin + off, what);
+  if (hex(XXH3_64bits(z.data(), len)) != e.at("zstd_xxh3").get<std::string>())
+    fail(s.path, what + ": compressed data checksum mismatch (corrupted)");
   const size_t want = static_cast<size_t>(numel) * sizeof(float);
-  const size_t got = ZSTD_decompress(dst, want, src, len);
-  if (ZSTD_isError(got) || got != want) fail(path, what + ": zstd decompression failed or wrong size (corrupted)");
+  const size_t got = ZSTD_decompress(dst, want, z.data(), len);
+  if (ZSTD_isError(got) || got != want) fail(s.path, what + ": zstd decompression failed or wrong size (corrupted)");
   if (hex(XXH3_64bits(dst, want)) != e.at("raw_xxh3").get<std::string>())
-    fail(path, what + ": tensor checksum mismatch after decompression (corrupted)");
+    fail(s.path, what + ": tensor checksum mismatch after decompression (corrupted)");
 }
 
 // Every key a resume, verify or inspect reads, with the JSON type it must have: checked once, so a missing or
@@ -189,9 +278,10 @@ nlohmann::json read_manifest(const std::string& dir) {
     fail(path, "not an olmoref checkpoint manifest");
   const int version = m.contains("format_version") && m.at("format_version").is_number_integer()
                           ? m.at("format_version").get<int>() : -1;
-  if (version != kFormatVersion)
-    fail(path, "checkpoint format version " + std::to_string(version) + ", this build reads version " +
-                   std::to_string(kFormatVersion) + " (use the olmoref release that wrote it, or convert)" +
+  if (version < kOldestReadableVersion || version > kFormatVersion)
+    fail(path, "checkpoint format version " + std::to_string(version) + ", this build reads versions " +
+                   std::to_string(kOldestReadableVersion) + " to " + std::to_string(kFormatVersion) +
+                   " (use the olmoref release that wrote it, or convert)" +
                    (version == 1 ? "; version 1 manifests carry no checksum of their own" : ""));
   // Every byte a resume reads is covered: the shards by their checksums, the manifest by this one.
   if (!m.contains("manifest_xxh3") || !m.at("manifest_xxh3").is_string())
@@ -490,103 +580,138 @@ std::string begin_save(const std::string& root, int64_t step, bool create) {
   return tmp_dir;
 }
 
-void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors& local, int64_t lo, int64_t hi,
-                 const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection) {
-  struct Job {
-    const char* vec;
+ShardRecord write_shard(const std::string& tmp_dir, int rank, const ShardContents& contents,
+                        const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection) {
+  // The frames in file order: vector by vector, tensor by tensor, the part of each tensor inside the vector's range
+  // (a shard boundary may cut it) in pieces of at most kFrameFloats.
+  struct Frame {
+    int v;
     std::string name;
     int64_t a, b;
-    const float* src;
-    std::vector<char> out;
-    size_t z = 0;
   };
-  std::vector<Job> jobs;
-  for (const char* vec : kVectorNames) {
-    const float* base = vector_ptr(local, vec);
+  std::vector<Frame> frames;
+  for (int v = 0; v < 3; ++v) {
+    const auto [lo, hi] = contents.ranges[static_cast<size_t>(v)];
     for (const Segment& seg : segments) {
-      // The part of this segment inside [lo, hi): a shard boundary may cut a tensor.
-      const int64_t a = std::max(lo, seg.offset), b = std::min(hi, seg.offset + seg.numel);
-      if (a >= b) continue;
-      std::string name = seg.name;
-      if (a != seg.offset || b != seg.offset + seg.numel) {
-        char part[64];  // a tensor cut by a shard boundary: name[begin:end] within the tensor
-        std::snprintf(part, sizeof part, "[%lld:%lld]", static_cast<long long>(a - seg.offset),
-                      static_cast<long long>(b - seg.offset));
-        name.append(part);
+      const int64_t a0 = std::max(lo, seg.offset), b0 = std::min(hi, seg.offset + seg.numel);
+      for (int64_t a = a0; a < b0; a += kFrameFloats) {
+        const int64_t b = std::min(b0, a + kFrameFloats);
+        std::string name = seg.name;
+        if (a != seg.offset || b != seg.offset + seg.numel) {
+          char part[64];  // a piece of the tensor: name[begin:end] within it
+          std::snprintf(part, sizeof part, "[%lld:%lld]", static_cast<long long>(a - seg.offset),
+                        static_cast<long long>(b - seg.offset));
+          name.append(part);
+        }
+        frames.push_back({v, std::move(name), a, b});
       }
-      jobs.push_back({vec, std::move(name), a, b, base + (a - lo), {}, 0});
     }
   }
-  // Large tensors use zstd's own workers inside one frame; small ones are compressed side by side,
-  // one frame each, by `zstd_threads` threads. The bytes do not depend on the thread count.
-  constexpr size_t kBig = size_t{8} << 20;
-  auto compress = [&](Job& j, ZSTD_CCtx* cctx) {
-    const size_t n = static_cast<size_t>(j.b - j.a) * sizeof(float);
-    j.out.resize(ZSTD_compressBound(n));
-    j.z = ZSTD_compress2(cctx, j.out.data(), j.out.size(), j.src, n);
+  char file_name[32];
+  std::snprintf(file_name, sizeof file_name, "shard-%05d.bin", rank);
+  const std::string path = tmp_dir + "/" + file_name, tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail(tmp, "cannot create (is the checkpoint directory writable?)");
+  bool ok = std::fwrite(kShardMagic, 1, 16, f) == 16;
+
+  // Up to `threads` frames at a time, each read and compressed by its own thread into its own slot (one zstd frame,
+  // single-threaded: the bytes do not depend on the thread count), then written in order. The slots are the
+  // writer's whole memory: per thread, one frame's compressed bytes and, when the state is not in host memory, its
+  // raw bytes (pages are taken only as they are written).
+  struct Slot {
+    std::unique_ptr<float[]> scratch;
+    std::unique_ptr<char[]> out;
+    const float* src = nullptr;
+    size_t z = 0;
+    uint64_t raw_sum = 0;
+    std::string error;
   };
-  auto make_cctx = [&](int workers) {
-    ZSTD_CCtx* c = ZSTD_createCCtx();
-    ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, opts.zstd_level);
-    ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0);
-    if (workers > 1) ZSTD_CCtx_setParameter(c, ZSTD_c_nbWorkers, workers);
-    return c;
-  };
-  {
-    ZSTD_CCtx* big = make_cctx(opts.zstd_threads);
-    for (Job& j : jobs)
-      if (static_cast<size_t>(j.b - j.a) * sizeof(float) >= kBig) compress(j, big);
-    ZSTD_freeCCtx(big);
-    std::atomic<size_t> next{0};
-    auto worker = [&] {
-      ZSTD_CCtx* c = make_cctx(1);
-      for (size_t i; (i = next++) < jobs.size();)
-        if (static_cast<size_t>(jobs[i].b - jobs[i].a) * sizeof(float) < kBig) compress(jobs[i], c);
+  const size_t threads = static_cast<size_t>(std::max(1, opts.zstd_threads));
+  std::vector<Slot> slots(std::min(threads, std::max<size_t>(1, frames.size())));
+  const size_t bound = ZSTD_compressBound(static_cast<size_t>(kFrameFloats) * sizeof(float));
+  for (Slot& slot : slots) slot.scratch.reset(new float[kFrameFloats]), slot.out.reset(new char[bound]);
+  auto process = [&](Slot& slot, const Frame& fr) {
+    try {
+      const size_t n = static_cast<size_t>(fr.b - fr.a) * sizeof(float);
+      const float* src = slot.src;
+      slot.raw_sum = XXH3_64bits(src, n);
+      ZSTD_CCtx* c = ZSTD_createCCtx();
+      ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, opts.zstd_level);
+      ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 0);
+      slot.z = ZSTD_compress2(c, slot.out.get(), bound, src, n);
       ZSTD_freeCCtx(c);
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < std::max(1, opts.zstd_threads); ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
-  }
+      if (ZSTD_isError(slot.z)) slot.error = std::string("zstd compression failed: ") + ZSTD_getErrorName(slot.z);
+    } catch (const std::exception& e) {
+      slot.error = e.what();
+    }
+  };
   nlohmann::json entries = nlohmann::json::array();
   uint64_t data_size = 0;
-  for (const Job& j : jobs) {
-    if (ZSTD_isError(j.z)) fail(tmp_dir, std::string("zstd compression failed: ") + ZSTD_getErrorName(j.z));
-    entries.push_back({{"vector", j.vec},
-                       {"name", j.name},
-                       {"offset", j.a},
-                       {"numel", j.b - j.a},
-                       {"raw_xxh3", hex(XXH3_64bits(j.src, static_cast<size_t>(j.b - j.a) * sizeof(float)))},
-                       {"zstd_bytes", j.z},
-                       {"zstd_xxh3", hex(XXH3_64bits(j.out.data(), j.z))},
-                       {"data_offset", data_size}});
-    data_size += j.z;
+  int64_t raw_bytes = 0;
+  for (size_t i0 = 0; i0 < frames.size() && ok; i0 += slots.size()) {
+    const size_t n = std::min(slots.size(), frames.size() - i0);
+    // The pieces are fetched on this thread (a device executor's copies stay on the thread that owns its device),
+    // then compressed side by side.
+    for (size_t j = 0; j < n; ++j) {
+      const Frame& fr = frames[i0 + j];
+      try {
+        slots[j].src = contents.read(fr.v, fr.a, fr.b, slots[j].scratch.get());
+      } catch (const std::exception& e) {
+        std::fclose(f);
+        fail(path, kVectorNames[fr.v] + std::string(" ") + fr.name + ": " + e.what());
+      }
+    }
+    std::vector<std::thread> pool;
+    for (size_t j = 1; j < n; ++j) pool.emplace_back(process, std::ref(slots[j]), std::cref(frames[i0 + j]));
+    process(slots[0], frames[i0]);
+    for (auto& t : pool) t.join();
+    for (size_t j = 0; j < n; ++j) {
+      Slot& slot = slots[j];
+      const Frame& fr = frames[i0 + j];
+      if (!slot.error.empty()) {
+        std::fclose(f);
+        fail(path, kVectorNames[fr.v] + std::string(" ") + fr.name + ": " + slot.error);
+      }
+      ok = ok && std::fwrite(slot.out.get(), 1, slot.z, f) == slot.z;
+      entries.push_back({{"vector", kVectorNames[fr.v]},
+                         {"name", fr.name},
+                         {"offset", fr.a},
+                         {"numel", fr.b - fr.a},
+                         {"raw_xxh3", hex(slot.raw_sum)},
+                         {"zstd_bytes", slot.z},
+                         {"zstd_xxh3", hex(XXH3_64bits(slot.out.get(), slot.z))},
+                         {"data_offset", data_size}});
+      data_size += slot.z;
+      raw_bytes += (fr.b - fr.a) * static_cast<int64_t>(sizeof(float));
+    }
   }
-  const std::string header = nlohmann::json{{"rank", shard_index}, {"range", {lo, hi}}, {"entries", entries}}.dump();
-  std::string head(kShardMagic, 16);
-  put_u64(head, header.size());
-  head += header;
-  put_u64(head, XXH3_64bits(header.data(), header.size()));
-  char name[32];
-  std::snprintf(name, sizeof name, "shard-%05d.bin", shard_index);
-  const std::string path = tmp_dir + "/" + name, tmp = path + ".tmp";
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail(tmp, "cannot create (is the checkpoint directory writable?)");
-    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
-    for (const Job& j : jobs) ok = ok && std::fwrite(j.out.data(), 1, j.z, f) == j.z;
-    ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-    std::fclose(f);
-    if (!ok) fail(tmp, "write failed (disk full?)");
-  }
+  nlohmann::json ranges = nlohmann::json::object();
+  for (int v = 0; v < 3; ++v)
+    ranges[kVectorNames[v]] = {contents.ranges[static_cast<size_t>(v)].first,
+                               contents.ranges[static_cast<size_t>(v)].second};
+  const std::string header =
+      nlohmann::json{{"rank", rank}, {"ranges", ranges}, {"frame_floats", kFrameFloats}, {"entries", entries}}.dump();
+  ShardRecord record;
+  record.rank = rank;
+  record.header_xxh3 = XXH3_64bits(header.data(), header.size());
+  record.raw_bytes = raw_bytes;
+  std::string trailer = header;
+  put_u64(trailer, header.size());
+  put_u64(trailer, record.header_xxh3);
+  trailer.append(kShardMagic, 16);
+  record.bytes = 16 + data_size + trailer.size();
+  ok = ok && std::fwrite(trailer.data(), 1, trailer.size(), f) == trailer.size() && std::fflush(f) == 0 &&
+       ::fsync(::fileno(f)) == 0;
+  std::fclose(f);
+  if (!ok) fail(tmp, "write failed (disk full?)");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "rename from .tmp failed");
   // Fault injection for the kill tests: die between the shard and the manifest, the worst moment.
-  // OLMOREF_TEST_CRASH_SHARD limits it to one shard's writer (a rank dying mid-checkpoint).
+  // OLMOREF_TEST_CRASH_SHARD limits it to one rank's writer (a rank dying mid-checkpoint).
   if (const char* crash = std::getenv("OLMOREF_TEST_CRASH_IN_SAVE"); crash && std::stoll(crash) == step_for_fault_injection) {
     const char* only = std::getenv("OLMOREF_TEST_CRASH_SHARD");
-    if (!only || std::stoi(only) == shard_index) ::raise(SIGKILL);
+    if (!only || std::stoi(only) == rank) ::raise(SIGKILL);
   }
+  return record;
 }
 
 namespace {
@@ -603,25 +728,24 @@ void discard(const std::string& root, const std::string& dir) {
 }  // namespace
 
 std::string finish_save(const std::string& root, const std::string& tmp_dir, const CheckpointMeta& meta,
-                        int64_t total, const StateDigests& digests, const SaveOptions& opts) {
-  // Shards are found on disk (each rank wrote its own); the manifest records their exact sizes and
-  // header checksums so a truncated or swapped file is caught before it is parsed.
-  std::vector<std::string> files;
-  for (const auto& entry : fs::directory_iterator(tmp_dir)) {
-    const std::string f = entry.path().filename().string();
-    if (f.rfind("shard-", 0) == 0 && f.size() > 4 && f.substr(f.size() - 4) == ".bin") files.push_back(f);
-  }
-  std::sort(files.begin(), files.end());
+                        int64_t total, const StateDigests& digests, const SaveOptions& opts,
+                        std::vector<ShardRecord> records) {
+  // The writers reported their files (gathered): nothing is read back. The manifest records each file's exact size
+  // and header checksum, so a truncated or swapped file is caught before it is parsed; the size is checked here
+  // against the directory too (a writer that reported a file it did not write).
+  std::sort(records.begin(), records.end(), [](const ShardRecord& x, const ShardRecord& y) { return x.rank < y.rank; });
   nlohmann::json shards = nlohmann::json::array();
   int64_t raw_bytes = 0;
-  for (const auto& f : files) {
-    const ParsedShard ps = read_shard(tmp_dir + "/" + f, 0, "");
-    const uint64_t header_len = get_u64(ps.bytes, 16);
-    for (const auto& e : ps.header.at("entries")) raw_bytes += e.at("numel").get<int64_t>() * 4;
-    shards.push_back({{"file", f},
-                      {"rank", ps.header.at("rank")},
-                      {"bytes", ps.bytes.size()},
-                      {"header_xxh3", hex(get_u64(ps.bytes, 24 + header_len))}});
+  for (const ShardRecord& r : records) {
+    char f[32];
+    std::snprintf(f, sizeof f, "shard-%05lld.bin", static_cast<long long>(r.rank));
+    std::error_code ec;
+    const uint64_t on_disk = fs::file_size(tmp_dir + "/" + f, ec);
+    if (ec || on_disk != r.bytes)
+      fail(tmp_dir + "/" + f, "rank " + std::to_string(r.rank) + " reported " + std::to_string(r.bytes) +
+                                  " bytes written, the directory holds " + (ec ? "no such file" : std::to_string(on_disk)));
+    raw_bytes += r.raw_bytes;
+    shards.push_back({{"file", f}, {"rank", r.rank}, {"bytes", r.bytes}, {"header_xxh3", hex(r.header_xxh3)}});
   }
   nlohmann::json m;
   m["format"] = kFormat;
@@ -666,80 +790,115 @@ std::string finish_save(const std::string& root, const std::string& tmp_dir, con
 std::string save(const std::string& root, const CheckpointMeta& meta, const StateVectors& state,
                  const std::vector<Segment>& segments, const SaveOptions& opts) {
   const std::string tmp = begin_save(root, meta.step, true);
-  write_shard(tmp, 0, state, 0, state.total, segments, opts, meta.step);
+  ShardContents all;
+  all.ranges = {{{0, state.total}, {0, state.total}, {0, state.total}}};
+  all.read = [&](int v, int64_t a, int64_t, float*) -> const float* {
+    return (v == 0 ? state.params : v == 1 ? state.adam_m : state.adam_v) + a;
+  };
+  const ShardRecord record = write_shard(tmp, 0, all, segments, opts, meta.step);
   const StateDigests d{merkle_digest(state.params, state.total).hex(), merkle_digest(state.adam_m, state.total).hex(),
                        merkle_digest(state.adam_v, state.total).hex()};
-  return finish_save(root, tmp, meta, state.total, d, opts);
+  return finish_save(root, tmp, meta, state.total, d, opts, {record});
 }
 
 namespace {
 
-// Reads the part [lo, hi) of every flat vector into `local` (pointers to hi-lo floats each), verifying
-// every entry it touches, and checks from the shard headers that each vector is covered exactly once.
-void read_range(const std::string& dir, const nlohmann::json& m, const StateVectors& local, int64_t lo, int64_t hi,
-                int64_t total) {
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> coverage;
+// Opens every shard the manifest lists (their headers alone) and checks that each names its rank and that the
+// entries cover each flat vector exactly once.
+std::vector<ShardFile> open_shards(const std::string& dir, const nlohmann::json& m, int64_t total) {
+  std::vector<ShardFile> files;
+  std::array<std::vector<std::pair<int64_t, int64_t>>, 3> coverage;
   for (const auto& sh : m.at("shards")) {
     const std::string path = dir + "/" + sh.at("file").get<std::string>();
-    const ParsedShard s = read_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
+    ShardFile s = open_shard(path, sh.at("bytes").get<uint64_t>(), sh.at("header_xxh3").get<std::string>());
     if (!s.header.contains("rank") || s.header.at("rank") != sh.at("rank"))
       fail(path, "the shard's header says rank " + s.header.value("rank", nlohmann::json()).dump() + " but the manifest's "
                  "shards entry for it says " + sh.at("rank").dump() + " (a shard from another checkpoint or layout?)");
-    std::vector<const nlohmann::json*> mine;
     for (const auto& e : s.header.at("entries")) {
-      const std::string vec = e.at("vector").get<std::string>();
-      if (vec != "params" && vec != "adam_m" && vec != "adam_v") fail(path, "unknown vector '" + vec + "'");
+      const int v = vector_index(e.at("vector").get<std::string>());
       const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
-      if (off < 0 || n < 0 || off + n > total) fail(path, vec + " range out of bounds");
-      coverage[vec].emplace_back(off, off + n);
-      if (std::max(lo, off) < std::min(hi, off + n)) mine.push_back(&e);  // in this reader's range
+      if (off < 0 || n < 0 || off > total || n > total - off)
+        fail(path, std::string(kVectorNames[v]) + " range out of bounds");
+      coverage[static_cast<size_t>(v)].emplace_back(off, off + n);
     }
-    // Entries are independent frames: decompress and verify them side by side.
-    std::atomic<size_t> next{0};
-    std::string first_error;
-    std::mutex error_mutex;
-    auto worker = [&] {
-      std::vector<float> part;
-      for (size_t i; (i = next++) < mine.size();) {
-        const nlohmann::json& e = *mine[i];
-        const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
-        const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
-        float* base = vector_ptr(local, e.at("vector").get<std::string>());
-        try {
-          if (a == off && b == off + n) {
-            read_entry(path, s, e, base + (off - lo));
-          } else {
-            part.resize(static_cast<size_t>(n));
-            read_entry(path, s, e, part.data());
-            std::copy(part.begin() + (a - off), part.begin() + (b - off), base + (a - lo));
-          }
-        } catch (const std::exception& ex) {
-          std::lock_guard<std::mutex> lock(error_mutex);
-          if (first_error.empty()) first_error = ex.what();
-        }
-      }
-    };
-    const unsigned n_threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < n_threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
-    if (!first_error.empty()) throw std::runtime_error(first_error);
+    files.push_back(std::move(s));
   }
-  for (const char* vec : kVectorNames) {
-    auto& r = coverage[vec];
+  for (int v = 0; v < 3; ++v) {
+    auto& r = coverage[static_cast<size_t>(v)];
     std::sort(r.begin(), r.end());
     int64_t at = 0;
     for (auto& [a, b] : r) {
-      if (a != at) fail(dir, std::string(vec) + ": shards leave a gap or overlap at element " + std::to_string(at) + " (missing shard?)");
+      if (a == b) continue;
+      if (a != at)
+        fail(dir, std::string(kVectorNames[v]) + ": shards leave a gap or overlap at element " + std::to_string(at) +
+                      " (missing shard?)");
       at = b;
     }
-    if (at != total) fail(dir, std::string(vec) + ": shards cover " + std::to_string(at) + " of " + std::to_string(total) + " elements (missing shard?)");
+    if (at != total)
+      fail(dir, std::string(kVectorNames[v]) + ": shards cover " + std::to_string(at) + " of " + std::to_string(total) +
+                    " elements (missing shard?)");
   }
+  return files;
 }
 
-void read_all(const std::string& dir, const nlohmann::json& m, const StateVectors& state) {
-  read_range(dir, m, state, 0, state.total, state.total);
+// A reader's buffers for one entry: its compressed bytes and its floats. Allocated without zero-filling, so only
+// the pages an entry fills count.
+struct EntryBuffers {
+  std::vector<char> z;
+  std::unique_ptr<float[]> raw;
+  int64_t raw_capacity = 0;
+  float* floats(int64_t n) {
+    if (n > raw_capacity) raw.reset(new float[static_cast<size_t>(n)]), raw_capacity = n;
+    return raw.get();
+  }
+};
+
+// Reads the entries that overlap ranges[v] of each vector v, verifying each, and hands the overlapping pieces to
+// sink; `threads` entries at a time.
+void read_ranges(const std::vector<ShardFile>& files, const std::array<std::pair<int64_t, int64_t>, 3>& ranges,
+                 const PieceSink& sink, int threads) {
+  std::vector<std::pair<const ShardFile*, const nlohmann::json*>> mine;
+  for (const ShardFile& s : files)
+    for (const auto& e : s.header.at("entries")) {
+      const auto [lo, hi] = ranges[static_cast<size_t>(vector_index(e.at("vector").get<std::string>()))];
+      const int64_t off = e.at("offset").get<int64_t>(), n = e.at("numel").get<int64_t>();
+      if (std::max(lo, off) < std::min(hi, off + n)) mine.emplace_back(&s, &e);
+    }
+  std::atomic<size_t> next{0};
+  std::string first_error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    EntryBuffers buf;
+    for (size_t i; (i = next++) < mine.size();) {
+      const auto& [s, e] = mine[i];
+      const int v = vector_index(e->at("vector").get<std::string>());
+      const int64_t off = e->at("offset").get<int64_t>(), n = e->at("numel").get<int64_t>();
+      const auto [lo, hi] = ranges[static_cast<size_t>(v)];
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+      try {
+        float* raw = buf.floats(n);
+        read_entry(*s, *e, buf.z, raw);
+        sink(v, a, b, raw + (a - off));
+      } catch (const std::exception& ex) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.empty()) first_error = ex.what();
+      }
+    }
+  };
+  const size_t n_threads = std::max<size_t>(1, std::min(static_cast<size_t>(std::max(1, threads)), mine.size()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (!first_error.empty()) throw std::runtime_error(first_error);
+}
+
+void read_all(const std::string& dir, const nlohmann::json& m, const StateVectors& state, int threads) {
+  const std::vector<ShardFile> files = open_shards(dir, m, state.total);
+  const int64_t n = state.total;
+  read_ranges(files, {{{0, n}, {0, n}, {0, n}}},
+              [&](int v, int64_t a, int64_t b, const float* data) { std::copy(data, data + (b - a), vector_ptr(state, kVectorNames[v]) + a); },
+              threads);
   const auto& d = m.at("state_digests");
   if (merkle_digest(state.params, state.total).hex() != d.at("params").get<std::string>() ||
       merkle_digest(state.adam_m, state.total).hex() != d.at("adam_m").get<std::string>() ||
@@ -791,11 +950,12 @@ CheckpointMeta check_meta(const std::string& dir, const nlohmann::json& m, int64
 
 }  // namespace
 
-CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int64_t lo, int64_t hi, int64_t total,
-                          const CheckpointMeta& expect, const LoadOptions& opts) {
+CheckpointMeta load_ranges(const std::string& dir, const std::array<std::pair<int64_t, int64_t>, 3>& ranges,
+                           const PieceSink& sink, int64_t total, const CheckpointMeta& expect,
+                           const LoadOptions& opts) {
   const nlohmann::json m = read_manifest(dir);
   CheckpointMeta meta = check_meta(dir, m, total, expect, opts);
-  read_range(dir, m, local, lo, hi, total);
+  read_ranges(open_shards(dir, m, total), ranges, sink, opts.threads);
   return meta;
 }
 
@@ -808,7 +968,7 @@ CheckpointMeta load(const std::string& dir, const StateVectors& state, const Che
                     const LoadOptions& opts) {
   const nlohmann::json m = read_manifest(dir);
   CheckpointMeta meta = check_meta(dir, m, state.total, expect, opts);
-  read_all(dir, m, state);
+  read_all(dir, m, state, opts.threads);
   return meta;
 }
 
@@ -818,8 +978,27 @@ std::vector<std::string> verify(const std::string& dir) {
     const nlohmann::json m = read_manifest(dir);
     problems = manifest_record_problems(dir + "/manifest.json", m);
     const int64_t total = m.at("total_params").get<int64_t>();
-    std::vector<float> p(static_cast<size_t>(total)), a(static_cast<size_t>(total)), b(static_cast<size_t>(total));
-    read_all(dir, m, {total, p.data(), a.data(), b.data()});
+    const std::vector<ShardFile> files = open_shards(dir, m, total);
+    // Each vector in order of its elements (the coverage check above made the entries tile it), one entry at a time,
+    // into a running Merkle digest: the whole-state digest without the whole state.
+    EntryBuffers buf;
+    for (int v = 0; v < 3; ++v) {
+      std::vector<std::pair<int64_t, std::pair<const ShardFile*, const nlohmann::json*>>> order;
+      for (const ShardFile& s : files)
+        for (const auto& e : s.header.at("entries"))
+          if (vector_index(e.at("vector").get<std::string>()) == v && e.at("numel").get<int64_t>() > 0)
+            order.push_back({e.at("offset").get<int64_t>(), {&s, &e}});
+      std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      MerkleStream digest;
+      for (const auto& [off, entry] : order) {
+        const int64_t n = entry.second->at("numel").get<int64_t>();
+        float* raw = buf.floats(n);
+        read_entry(*entry.first, *entry.second, buf.z, raw);
+        digest.add(raw, n);
+      }
+      if (digest.finish().hex() != m.at("state_digests").at(kVectorNames[v]).get<std::string>())
+        fail(dir, "loaded state does not match the manifest's whole-state digests (" + std::string(kVectorNames[v]) + ")");
+    }
   } catch (const std::exception& e) {
     problems.push_back(e.what());
   }
@@ -858,7 +1037,7 @@ std::string inspect(const std::string& dir, bool per_tensor) {
         << sh.at("bytes").get<int64_t>() << " bytes\n";
     if (!per_tensor) continue;
     const std::string path = dir + "/" + sh.at("file").get<std::string>();
-    const ParsedShard s = read_shard(path, 0, "");
+    const ShardFile s = open_shard(path, 0, "");
     for (const auto& e : s.header.at("entries")) {
       char line[512];
       std::snprintf(line, sizeof line, "  %-7s %-45s offset %12lld numel %10lld zstd %10llu xxh3 %s\n",

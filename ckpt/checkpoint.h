@@ -13,7 +13,9 @@
 // data-parallel layout can be read by any other: the reader assembles the ranges it needs.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -23,8 +25,18 @@
 namespace olmoref::ckpt {
 
 inline constexpr const char* kFormat = "olmoref-checkpoint";
-inline constexpr int kFormatVersion = 2;  // 2: the manifest carries its own checksum (manifest_xxh3)
-inline constexpr char kShardMagic[16] = {'O', 'L', 'M', 'O', 'R', 'E', 'F', '-', 'S', 'H', 'A', 'R', 'D', '-', 'v', '1'};
+// 2: the manifest carries its own checksum (manifest_xxh3). 3: shard files are written as a stream (their header
+// at the end), tensors are cut into frames of at most kFrameFloats, and each rank writes the optimizer range it
+// holds. Versions 2 and 3 are read.
+inline constexpr int kFormatVersion = 3;
+inline constexpr int kOldestReadableVersion = 2;
+// The shard magics: v1 (format 2) has its header at the front, v2 (format 3) at the end, after the frames.
+inline constexpr char kShardMagicV1[16] = {'O', 'L', 'M', 'O', 'R', 'E', 'F', '-', 'S', 'H', 'A', 'R', 'D', '-', 'v', '1'};
+inline constexpr char kShardMagic[16] = {'O', 'L', 'M', 'O', 'R', 'E', 'F', '-', 'S', 'H', 'A', 'R', 'D', '-', 'v', '2'};
+// The largest frame (one zstd frame, one entry): 16 MiB of fp32. A writer holds one frame's compressed bytes (and on
+// a device executor its raw bytes) per compression thread, and a reader decompresses at most one frame per thread
+// beyond what it keeps, whatever the size of the model.
+inline constexpr int64_t kFrameFloats = int64_t{1} << 22;
 
 // The flat fp32 vectors a checkpoint holds ("params", "adam_m", "adam_v"), each `total` floats.
 struct StateVectors {
@@ -107,19 +119,39 @@ std::string save(const std::string& root, const CheckpointMeta& meta, const Stat
 
 // The sharded save, in three steps so ranks can write in parallel (dist/ drives it):
 //   1. begin_save: rank 0 creates <root>/.tmp-stepN (create=true); every rank learns the path;
-//   2. write_shard: each shard owner writes shard-<index>.bin holding [lo, hi) of the flat vectors
-//      (`local` points at those hi-lo floats; segments use global offsets and may be cut at lo/hi);
-//   3. finish_save: rank 0, after a barrier, writes the manifest (recording every shard file found)
-//      with the whole-state digests, and renames the directory: only then is the checkpoint complete.
+//   2. write_shard: each rank writes shard-<rank>.bin holding its ranges of the flat vectors, frame by frame, and
+//      returns what the manifest records of the file;
+//   3. finish_save: rank 0, after a barrier and a gather of every writer's ShardRecord, writes the manifest with the
+//      whole-state digests, and renames the directory: only then is the checkpoint complete.
 std::string begin_save(const std::string& root, int64_t step, bool create);
-void write_shard(const std::string& tmp_dir, int shard_index, const StateVectors& local, int64_t lo, int64_t hi,
-                 const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection);
+
+// What one writer holds: for each flat vector (params, adam_m, adam_v) the range [lo, hi) it writes (empty: none),
+// and how to get a piece of it: read(v, a, b, scratch) returns b - a floats of vector v from element a, either where
+// they lie (host memory) or copied into scratch (room for b - a floats). Called on the calling thread only (a
+// device executor's copies stay on the thread that owns its device); the compression runs side by side.
+struct ShardContents {
+  std::array<std::pair<int64_t, int64_t>, 3> ranges{};
+  std::function<const float*(int v, int64_t a, int64_t b, float* scratch)> read;
+};
+
+// What the manifest records of a shard file; fixed size, so writers can send it to rank 0 in one gather.
+struct ShardRecord {
+  int64_t rank = -1;
+  uint64_t bytes = 0;       // the file's exact size
+  uint64_t header_xxh3 = 0;
+  int64_t raw_bytes = 0;    // fp32 bytes of the entries
+};
+
+ShardRecord write_shard(const std::string& tmp_dir, int rank, const ShardContents& contents,
+                        const std::vector<Segment>& segments, const SaveOptions& opts, int64_t step_for_fault_injection);
 std::string finish_save(const std::string& root, const std::string& tmp_dir, const CheckpointMeta& meta,
-                        int64_t total, const StateDigests& digests, const SaveOptions& opts);
+                        int64_t total, const StateDigests& digests, const SaveOptions& opts,
+                        std::vector<ShardRecord> shards);
 
 struct LoadOptions {
   bool ignore_fingerprint_mismatch = false;
   bool allow_config_change = false;
+  int threads = 1;  // frames decompressed side by side (each holds one frame)
 };
 
 // Newest complete checkpoint under root (empty if none).
@@ -134,11 +166,16 @@ std::vector<std::string> list_complete(const std::string& root);  // ascending b
 CheckpointMeta load(const std::string& dir, const StateVectors& state, const CheckpointMeta& expect,
                     const LoadOptions& opts);
 
-// Reads only [lo, hi) of each flat vector (for a rank of any data-parallel layout) into `local`,
-// verifying every entry it reads and the coverage of the whole vectors. The whole-state digests are
-// returned in meta.digests for the caller to check collectively.
-CheckpointMeta load_range(const std::string& dir, const StateVectors& local, int64_t lo, int64_t hi, int64_t total,
-                          const CheckpointMeta& expect, const LoadOptions& opts);
+// Reads, for each flat vector, only the entries that overlap ranges[v] (a rank of any layout) and hands each piece
+// inside the range to sink(v, a, b, data) (data: b - a floats; called from opts.threads threads at once, on disjoint
+// pieces: a device executor's caller passes 1),
+// verifying every entry it reads. Each shard file's header is read (its size and header checksum against the
+// manifest) to check that every vector is covered exactly once; no other byte of the shards is. The whole-state
+// digests are returned in meta.digests for the caller to check collectively.
+using PieceSink = std::function<void(int v, int64_t a, int64_t b, const float* data)>;
+CheckpointMeta load_ranges(const std::string& dir, const std::array<std::pair<int64_t, int64_t>, 3>& ranges,
+                           const PieceSink& sink, int64_t total, const CheckpointMeta& expect,
+                           const LoadOptions& opts);
 
 // The manifest checks of load/load_range alone (no state is read): what a resume will refuse, known before
 // anything of the run directory is touched.
@@ -155,7 +192,9 @@ std::vector<std::string> record_problems(const std::string& dir);
 std::string manifest_checksum(nlohmann::json m);
 
 // Verifies every byte of a checkpoint without a model: manifest, shards, every tensor's checksums,
-// coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact).
+// coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact). Streams: the
+// vectors are read in order, one frame at a time, into running digests, so the peak does not grow with the model
+// beyond the headers and one frame (an entry, in format 2).
 std::vector<std::string> verify(const std::string& dir);
 
 // Human-readable summary: step, config, shards, tensors, sizes, compression, digests.

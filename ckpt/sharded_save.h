@@ -1,6 +1,7 @@
 // ckpt/sharded_save.h — one checkpoint of a run whose state is split over ranks (docs/formats/checkpoint.md):
-// the writers (replicate group 0, one per shard) write their shards in parallel, then rank 0 writes the manifest
-// with the whole-state digests and renames the directory. Collective over the world.
+// every rank writes its file in parallel (the moments of its optimizer range; replicate group 0 also the parameters
+// of its shard), frame by frame from the live state, then rank 0 gathers what each wrote, writes the manifest with
+// the whole-state digests and renames the directory. Collective over the world.
 #pragma once
 
 #include <cstdint>

@@ -44,6 +44,36 @@ Digest128 merkle_root(const std::vector<Digest128>& leaves) {
   return {h.high64, h.low64};
 }
 
+MerkleStream::MerkleStream() : state_(XXH3_createState()) { XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_)); }
+
+MerkleStream::~MerkleStream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void MerkleStream::add(const float* data, int64_t n) {
+  auto* st = static_cast<XXH3_state_t*>(state_);
+  while (n > 0) {
+    const int64_t take = std::min(n, kDigestChunk - in_chunk_);
+    XXH3_128bits_update(st, data, static_cast<size_t>(take) * sizeof(float));
+    data += take, n -= take, in_chunk_ += take, fed_ += take;
+    if (in_chunk_ == kDigestChunk) {
+      const XXH128_hash_t h = XXH3_128bits_digest(st);
+      leaves_.push_back({h.high64, h.low64});
+      XXH3_128bits_reset(st);
+      in_chunk_ = 0;
+    }
+  }
+}
+
+Digest128 MerkleStream::finish() {
+  auto* st = static_cast<XXH3_state_t*>(state_);
+  if (in_chunk_ > 0) {  // the last leaf, short
+    const XXH128_hash_t h = XXH3_128bits_digest(st);
+    leaves_.push_back({h.high64, h.low64});
+    XXH3_128bits_reset(st);
+    in_chunk_ = 0;
+  }
+  return merkle_root(leaves_);
+}
+
 Digest128 merkle_digest(const float* data, int64_t n) {
   const int64_t chunks = (n + kDigestChunk - 1) / kDigestChunk;
   std::vector<Digest128> leaves(static_cast<size_t>(chunks));

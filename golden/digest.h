@@ -32,6 +32,24 @@ Digest128 merkle_digest(const float* data, int64_t n);
 // element 0 of the whole vector. A pool splits the chunks over its threads (nullptr: the calling thread alone).
 void merkle_leaves(const float* data, int64_t n, int64_t c0, int64_t c1, Digest128* out, ThreadPool* pool = nullptr);
 Digest128 merkle_root(const std::vector<Digest128>& leaves);
+
+// merkle_digest of a vector fed in order, piece by piece (a checkpoint read frame by frame): the same root, holding
+// one chunk's hash state and the leaves (16 bytes per 65,536 floats) instead of the vector.
+class MerkleStream {
+ public:
+  MerkleStream();
+  ~MerkleStream();
+  MerkleStream(const MerkleStream&) = delete;
+  MerkleStream& operator=(const MerkleStream&) = delete;
+  void add(const float* data, int64_t n);
+  int64_t fed() const { return fed_; }
+  Digest128 finish();  // the root of everything added
+
+ private:
+  void* state_;  // XXH3_state_t of the chunk being fed
+  int64_t fed_ = 0, in_chunk_ = 0;
+  std::vector<Digest128> leaves_;
+};
 uint64_t data_digest(const uint32_t* tokens, int64_t n);
 std::string hex64(uint64_t x);
 

@@ -80,26 +80,35 @@ nlohmann::json loader_state_for_resume(const nlohmann::json& saved, const TrainC
 }  // namespace
 
 ckpt::CheckpointMeta Trainer::load_checked_state(const std::string& dir, const ckpt::CheckpointMeta& expect,
-                                                 const ckpt::LoadOptions& lo, bool keep_moments,
+                                                 const ckpt::LoadOptions& lo_opts, bool keep_moments,
                                                  const std::string& hint) {
   const std::vector<float> m_fresh = keep_moments ? dist::host_copy(m_) : std::vector<float>{};
   const std::vector<float> v_fresh = keep_moments ? dist::host_copy(v_) : std::vector<float>{};
-  // Each rank reads only its range, whatever layout (or executor) wrote the checkpoint (resharding).
-  const int64_t n = layout_.hi() - layout_.lo();
-  std::vector<float> hp(static_cast<size_t>(n)), hm(hp.size()), hv(hp.size());
-  const ckpt::StateVectors local{n, hp.data(), hm.data(), hv.data()};
+  // Each rank reads only what it keeps, whatever layout (or executor) wrote the checkpoint (resharding): the
+  // parameters of its shard's range and the moments of its optimizer range, piece by piece into its buffers (of the
+  // parameters, the parts it holds), one frame per reading thread beyond them.
+  const int64_t lo = layout_.lo(), hi = layout_.hi(), olo = layout_.optimizer_lo(), ohi = layout_.optimizer_hi();
+  const dist::Ranges held = placement_.held_parameters(layout_.rank);
+  auto sink = [&](int v, int64_t a, int64_t b, const float* data) {
+    if (v != 0) {
+      (v == 1 ? m_ : v_).upload(data, b - a, a - olo);
+      return;
+    }
+    for (const auto& [x, y] : held) {
+      const int64_t c = std::max(a, x), d = std::min(b, y);
+      if (c < d) params_.upload(data + (c - a), d - c, c - lo);
+    }
+  };
+  ckpt::LoadOptions read_opts = lo_opts;
+  // The sink copies into executor memory: a device's copies stay on this thread (the one that owns the device).
+  read_opts.threads = ex_->host_memory() ? pool_.size() : 1;
   ckpt::CheckpointMeta meta;
   try {
-    meta = ckpt::load_range(dir, local, layout_.lo(), layout_.hi(), layout_.total, expect, lo);
+    meta = ckpt::load_ranges(dir, {{{lo, hi}, {olo, ohi}, {olo, ohi}}}, sink, layout_.total, expect, read_opts);
   } catch (const std::exception& e) {
     if (hint.empty()) throw;
     throw std::runtime_error(std::string(e.what()) + hint);
   }
-  upload_held(params_, hp.data());
-  // The moments cover only the optimizer range, a part of the shard's.
-  upload_held(m_, hm.data() + (layout_.optimizer_lo() - layout_.lo()));
-  upload_held(v_, hv.data() + (layout_.optimizer_lo() - layout_.lo()));
-  std::vector<float>().swap(hp), std::vector<float>().swap(hm), std::vector<float>().swap(hv);
   StateDigest& digest = *state_digest_;
   const bool same_p = digest(params_, dist::Span::shard, checkpoint_pieces_sent_) == meta.digests.params,
              same_m = digest(m_, dist::Span::optimizer, checkpoint_pieces_sent_) == meta.digests.adam_m,
@@ -123,7 +132,7 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
   lo.allow_config_change = opts.allow_config_change;
   const ckpt::CheckpointMeta meta = load_checked_state(dir, expect, lo, opts.skip_moments, "");
   if (!opts.skip_step) step_ = meta.step;
-  // load_range refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
+  // load_ranges refused a data_history that contradicts the manifest; a checkpoint without one leaves the steps
   // before it unknown, so this run's checkpoints record none either.
   history_ = meta.data_history.is_object() ? ckpt::DataHistory::from_json(meta.data_history) : ckpt::DataHistory{};
   history_known_ = meta.data_history.is_object() || meta.step == 0;
