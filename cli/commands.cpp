@@ -63,18 +63,6 @@ void parse_layout(const std::string& s, const char* flag, int& shard, int& rep) 
   if (shard < 1 || rep < 1) throw std::invalid_argument(std::string(flag) + " '" + s + "': both factors must be >= 1");
 }
 
-// This process's peak resident memory (VmHWM) and its resident memory now (VmRSS), in bytes; -1 when unknown.
-std::pair<int64_t, int64_t> resident_memory() {
-  std::ifstream in("/proc/self/status");
-  int64_t hwm = -1, rss = -1;
-  for (std::string line; std::getline(in, line);) {
-    const auto kib = [&] { return std::stoll(line.substr(line.find(':') + 1)) * 1024; };
-    if (line.rfind("VmHWM:", 0) == 0) hwm = kib();
-    if (line.rfind("VmRSS:", 0) == 0) rss = kib();
-  }
-  return {hwm, rss};
-}
-
 // A TOML basic string holding `s` (for a path handed to load_config as an override).
 std::string toml_string(const std::string& s) {
   std::string out = "\"";
@@ -206,7 +194,8 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
     auto report_memory = std::make_shared<bool>(false);
     cmd->add_flag("--report-memory", *report_memory,
-                  "Print this rank's peak resident memory (VmHWM) on stderr at the end (tests/train/memory.sh)");
+                  "Print this rank's peak resident memory (VmHWM) on stderr at the end, and after a resume also the peak "
+                  "so far and the bytes read (tests/train/memory.sh)");
     cmd->add_flag("--no-checkpoint", o->no_checkpoint,
                   "Write no checkpoint, not even at the end (benchmarks); the run cannot be resumed");
     cmd->add_flag("--profile-ops", o->parallel.profile_ops,
@@ -263,11 +252,12 @@ void register_commands(CLI::App& app) {
       if (const char* dump = std::getenv("OLMOREF_TEST_OPTIM_DUMP")) run.optim_dump_dir = dump;
       if (const char* drop = std::getenv("OLMOREF_TEST_DROP_SKIP_WINDOWS"); drop && std::string(drop) == "1")
         run.resume_opts.drop_skip_windows = true;
+      run.report_memory = *report_memory;
       run_training(c, run);
       if (*report_memory) {
-        const auto [hwm, rss] = resident_memory();
+        const ProcessStats p = process_stats();
         std::fprintf(stderr, "memory: rank %d peak resident (VmHWM) %lld bytes, resident at the end %lld bytes\n",
-                     dist::world().rank(), static_cast<long long>(hwm), static_cast<long long>(rss));
+                     dist::world().rank(), static_cast<long long>(p.peak_resident), static_cast<long long>(p.resident));
       }
     });
   }
@@ -444,6 +434,16 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--ep", where->ep, "With --layout: expert parallelism (train --ep)")->check(CLI::Range(1, 65536));
     cmd->add_option("--executor", where->executor, "With --layout: the executor (default: train.executor)")
         ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
+    auto ranks_per_node = std::make_shared<int>(0);
+    cmd->add_option("--ranks-per-node", *ranks_per_node,
+                    "With --layout: ranks sharing one node's host memory (default: the world, at most 8)")
+        ->check(CLI::Range(1, 65536));
+    cmd->add_option("--threads", where->threads, "With --layout: worker threads per rank (train --threads; 0 = this "
+                    "machine's cores)")->check(CLI::Range(0, 65536));
+    auto dataset_tokens = std::make_shared<int64_t>(-1);
+    cmd->add_option("--dataset-tokens", *dataset_tokens,
+                    "With --layout: tokens in the training data, for the data order's memory (default: counted from "
+                    "the config's data files when they can be read)")->check(CLI::NonNegativeNumber);
     cmd->callback([=] {
       const TrainConfig c = cfg->load();
       print_config_summary(c);
@@ -451,9 +451,13 @@ void register_commands(CLI::App& app) {
         MemoryPlacement w = *where;
         parse_layout(*layout, "--layout", w.dp_shard, w.dp_replicate);
         BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate}.validate();
+        if (*dataset_tokens >= 0) w.dataset_instances = *dataset_tokens / c.train.seq_len;
         std::printf("%s", memory_table(c, w, predict_rank_memory(c, w)).c_str());
-      } else if (where->ep > 1 || !where->executor.empty()) {
-        throw std::invalid_argument("--ep and --executor describe a --layout: add --layout SxR (e.g. --layout 8x1)");
+        const int per_node = *ranks_per_node > 0 ? *ranks_per_node : std::min(8, w.dp_shard * w.dp_replicate);
+        std::printf("%s", host_memory_table(c, w, predict_host_memory(c, w), per_node).c_str());
+      } else if (where->ep > 1 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0) {
+        throw std::invalid_argument("--ep, --executor, --ranks-per-node and --dataset-tokens describe a --layout: add "
+                                    "--layout SxR (e.g. --layout 8x1)");
       }
       if (*resolved) std::printf("\n%s\n", c.to_toml().c_str());
     });

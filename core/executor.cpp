@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 #include <vector>
@@ -17,6 +18,40 @@ int64_t host_memory_available() {
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return -1;
+}
+
+namespace {
+int64_t g_peak_before_reset = -1;  // the largest VmHWM seen by reset_peak_resident
+}  // namespace
+
+ProcessStats process_stats() {
+  ProcessStats out;
+  {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);) {
+      const auto kib = [&] { return std::stoll(line.substr(line.find(':') + 1)) * 1024; };
+      if (line.rfind("VmHWM:", 0) == 0) out.peak_since_reset = kib();
+      if (line.rfind("VmRSS:", 0) == 0) out.resident = kib();
+    }
+  }
+  out.peak_resident = std::max(out.peak_since_reset, g_peak_before_reset);
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") out.read_chars = value;
+    if (key == "read_bytes:") out.read_bytes = value;
+    if (key == "wchar:") out.write_chars = value;
+  }
+  return out;
+}
+
+bool reset_peak_resident() {
+  g_peak_before_reset = std::max(g_peak_before_reset, process_stats().peak_since_reset);
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 void* host_map_zeroed(size_t bytes, const std::string& what) {

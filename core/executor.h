@@ -227,4 +227,18 @@ class Buffer {
 // The host's available memory (MemAvailable of /proc/meminfo), -1 when unknown.
 int64_t host_memory_available();
 
+// This process's memory and reads so far (/proc/self/status, /proc/self/io), -1 where unknown.
+struct ProcessStats {
+  int64_t peak_resident = -1;  // the process's peak: VmHWM, or the peak before reset_peak_resident when larger
+  int64_t peak_since_reset = -1;  // VmHWM: the peak since the last reset_peak_resident (or the start)
+  int64_t resident = -1;       // VmRSS
+  int64_t read_chars = -1;     // rchar: bytes read through read/pread, from the page cache or the disk
+  int64_t read_bytes = -1;     // read_bytes: bytes fetched from the storage layer
+  int64_t write_chars = -1;    // wchar: bytes written through write
+};
+ProcessStats process_stats();
+// Starts a new peak (writes 5 to /proc/self/clear_refs), keeping the old one for peak_resident: what one phase of a
+// run (a checkpoint write) takes, measured alone. False where the kernel does not allow it.
+bool reset_peak_resident();
+
 }  // namespace olmoref

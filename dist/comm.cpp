@@ -196,6 +196,15 @@ std::unique_ptr<Comm>& world_slot() {
 
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
 
+int ranks_on_this_node() {
+  for (const char* key : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"})
+    if (const char* v = std::getenv(key)) {
+      const int n = std::atoi(v);
+      if (n >= 1) return n;
+    }
+  return 1;
+}
+
 Comm& world(double timeout_s) {
   auto& w = world_slot();
   if (!w) {

@@ -56,6 +56,9 @@ class Comm {
 // timeout_s bounds how long any rank waits for the others in one collective.
 Comm& world(double timeout_s = 300.0);
 bool launched_by_mpirun();
+// The job's ranks on this node, as the launcher says (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
+// MPI_LOCALNRANKS); 1 when started without one.
+int ranks_on_this_node();
 void finalize();  // call once before exit (no-op for LocalComm)
 
 // Exact sums of per-rank values, added in the canonical rank tree (balanced halving, docs/canonical/step.md).

@@ -7,7 +7,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
+#include <thread>
+
+#include "ckpt/checkpoint.h"
+#include "data/mix.h"
+#include "data/token_file.h"
+#include "train/batch_source.h"
 
 #include "core/bf16.h"
 #include "core/instance_tree.h"
@@ -23,6 +30,14 @@ namespace olmoref {
 std::string gib_text(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return b;
+}
+
+// GiB, or MiB below one GiB (a small model's parts would all read 0.00 GiB).
+std::string size_text(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return gib_text(static_cast<double>(bytes));
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024));
   return b;
 }
 
@@ -176,44 +191,74 @@ MemoryPart largest_transient(const RankParts& p, bool gpu) {
 
 }  // namespace
 
-RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& where) {
+namespace {
+
+// Everything the tables are computed from, for the fullest rank.
+struct Shapes {
+  explicit Shapes(const ModelConfig& m) : layout(m) {}
+  std::string exec;
+  bool gpu = false, device_paths = false, ep = false;
+  ParamLayout layout;
+  dist::Layout L;
+  RankParts p;
+  int rank = 0;
+  ModelMemory mm;
+  ActivationCheckpointing ac = ActivationCheckpointing::none;
+  bool drops_any = false;  // expert-resident state: a writer receives the experts it lacks
+  int64_t largest_tensor = 0;
+};
+
+Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
   cfg.validate();
-  const std::string exec = where.executor.empty() ? cfg.train.executor : where.executor;
-  if (exec != "cpu" && exec != "cuda" && exec != "cuda-host")
-    throw std::invalid_argument("--executor '" + exec + "': must be cpu, cuda or cuda-host");
+  Shapes x(cfg.model);
+  x.exec = where.executor.empty() ? cfg.train.executor : where.executor;
+  if (x.exec != "cpu" && x.exec != "cuda" && x.exec != "cuda-host")
+    throw std::invalid_argument("--executor '" + x.exec + "': must be cpu, cuda or cuda-host");
   if (where.dp_shard < 1 || where.dp_replicate < 1 || where.ep < 1)
     throw std::invalid_argument("--layout and --ep: every factor must be >= 1");
   const ModelConfig& m = cfg.model;
-  const bool gpu = exec == "cuda", device_paths = exec != "cpu";
-  const ParamLayout layout(m);
-  const int64_t n = layout.total, T = cfg.train.seq_len;
-  const int64_t B = cfg.train.micro_batch_instances, R = B * T;
-  dist::Layout L;
-  L.dp_shard = where.dp_shard, L.dp_replicate = where.dp_replicate, L.total = n;
-  const int W = L.world();
+  x.gpu = x.exec == "cuda", x.device_paths = x.exec != "cpu";
+  x.L.dp_shard = where.dp_shard, x.L.dp_replicate = where.dp_replicate, x.L.total = x.layout.total;
+  const int W = x.L.world();
   // An EP group the trainer would refuse (it says why) is taken as none here.
-  const bool ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts;
-  const dist::StatePlacement P(L, ep ? where.ep : 1, m.moe.enabled() ? m.moe.n_experts : 0, expert_spans(layout, m));
-  const auto units = fsdp_units(m, layout);
+  x.ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts;
+  const dist::StatePlacement P(x.L, x.ep ? where.ep : 1, m.moe.enabled() ? m.moe.n_experts : 0,
+                               expert_spans(x.layout, m));
+  x.drops_any = P.drops_any();
+  const auto units = fsdp_units(m, x.layout);
+  x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.rank);
+  x.L.rank = x.rank;
+  x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
+  x.mm = olmo3_memory(m, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
+                      x.device_paths, x.ac);
+  for (const ParamInfo& info : x.layout.params) x.largest_tensor = std::max(x.largest_tensor, info.numel);
+  return x;
+}
 
-  RankMemory out;
-  out.device = gpu;
-  const RankParts fullest = fullest_rank(cfg, L, P, !device_paths, units, ep, out.rank);
-  const ActivationCheckpointing ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
-  const ModelMemory mm = olmo3_memory(m, B, T, parse_precision(cfg.train.precision), device_paths, ac);
-  const std::string recompute = ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
-                                                                    : "every block's set (recompute off)";
+int threads_of(const MemoryPlacement& where) {
+  return where.threads > 0 ? where.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// The step's parts in the executor's memory: the GPU's on cuda (host buffers left out), else the process's.
+std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes& x) {
+  const ModelConfig& m = cfg.model;
+  const RankParts& p = x.p;
+  const dist::Layout& L = x.L;
+  const int64_t n = x.layout.total, T = cfg.train.seq_len, R = cfg.train.micro_batch_instances * T;
+  const bool gpu = x.gpu, device_paths = x.device_paths, ep = x.ep;
+  std::vector<MemoryPart> out;
   auto add = [&](const std::string& name, int64_t bytes, const std::string& why) {
-    if (bytes > 0) out.parts.push_back({name, bytes, why});
+    if (bytes > 0) out.push_back({name, bytes, why});
   };
-  const RankParts& p = fullest;
+  const std::string recompute = x.ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
+                                                                      : "every block's set (recompute off)";
   const std::string held = ep && !device_paths ? " (of the experts, those its group runs or its optimizer range holds)" : "";
   add("parameters", kF32 * p.state_floats, "fp32 master shard: params / dp_shard" + held);
   add("AdamW moments", 2 * kF32 * p.optimizer_floats,
       "m and v of the optimizer range: params / (dp_shard x dp_replicate)");
   add("gradient shard", kF32 * p.optimizer_floats,
       "the reduced gradient of the optimizer range: params / (dp_shard x dp_replicate)");
-  if (W == 1) {
+  if (L.world() == 1) {
     add("gradient stack", kF32 * p.local_floats,
         std::to_string(p.local_slots) + " full-length instance-tree slots (<= ceil(log2 N) + 1)");
   } else {
@@ -229,18 +274,18 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   if (L.dp_shard > 1)
     add("FSDP unit buffer", kF32 * p.unit_floats,
         gpu ? "the unit in use on the device (largest unit)" : "the unit in use (largest unit)");
-  add("activations", mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
-  add("backward temporaries", mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
-  add("logits", mm.logits,
+  add("activations", x.mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
+  add("backward temporaries", x.mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
+  add("logits", x.mm.logits,
       "one run of " + std::to_string(head_chunk_rows(m.vocab_size, T)) +
           " rows' logits [rows, V] (<= 256 MiB), the final norm's [R, d]");
   // bf16 under FSDP: the working copy is made unit by unit into one unit-sized buffer (Olmo3::use_unit).
   const bool bf16 = cfg.train.precision == "bf16";
-  const int64_t working = mm.working - (bf16 && L.dp_shard > 1 ? kF32 * (n - p.unit_floats) : 0);
+  const int64_t working = x.mm.working - (bf16 && L.dp_shard > 1 ? kF32 * (n - p.unit_floats) : 0);
   add("working copies", working,
       "RoPE tables, tokens, loss rows" +
           std::string(bf16 ? (L.dp_shard > 1 ? ", the bf16 copy of the unit in use" : ", the bf16 weights") : ""));
-  add("kernel scratch", mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
+  add("kernel scratch", x.mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
   if (m.moe.enabled()) {
     const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;
     // LayerActs' host routing of every layer (scores [R, E], lse [R], top and weight [R, k], the plan [S] x 2).
@@ -261,22 +306,185 @@ RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   if (device_paths && !gpu)
     add("digest staging", kF32 * std::min(p.optimizer_floats, 2 * StateDigest::kStreamChunks * kDigestChunk),
         "two blocks of the range being hashed (64 MiB each at most)");
-  // After the step (its transients gone; a sharded run also frees the slots, Trainer::release_transients) a checkpoint
-  // is written: each writer (replicate group 0) holds zstd's output for its shard's params, m and v (each sized
-  // ZSTD_compressBound and zero-filled; on a device executor also the state's host copies), then rank 0 reads every
-  // shard file back whole, one at a time (ckpt::finish_save: read_file's growing buffer and its copy, two files' worth
-  // of at most 3 x the shard each). What exceeds the step's own transients raises the peak.
-  // With the moments split over the replicas a writer also receives its shard's m and v (dist::collect_pieces).
-  if (!gpu) {
-    const int64_t step_extra =
-        kF32 * (p.gradient_floats() + p.unit_floats + std::max(transient_gather_floats(p), p.param_gather_floats));
-    const int64_t copies = device_paths ? 3 : (L.dp_replicate > 1 ? 2 : 0);
-    const int64_t write = kF32 * std::max<int64_t>((3 + copies) * p.shard_floats, 6 * L.shard_stride());
-    add("checkpoint write", write + (L.dp_shard == 1 ? kF32 * p.gradient_floats() : 0) - step_extra,
-        "zstd buffers of the shard's params, m, v; rank 0 reads each shard file back (6 x params / dp_shard)");
-  }
-  if (!gpu) add("process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)");
   return out;
+}
+
+// What every rank keeps on the host whatever the executor: the data order and the global batch.
+void add_data_parts(std::vector<MemoryPart>& out, const TrainConfig& cfg, int64_t dataset_instances) {
+  const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len;
+  if (dataset_instances > 0)
+    out.push_back({"data order", 4 * dataset_instances,
+                   "the epoch's instance order, 4 bytes per instance of the dataset (" +
+                       std::to_string(dataset_instances) + "), on every rank"});
+  out.push_back({"global batch", 4 * G * T + 8 * G, "the step's tokens [G, seq] and instance ids, on every rank"});
+}
+
+// The frames a checkpoint's writer or reader handles: at most kFrameFloats, no more than the largest tensor.
+int64_t frame_bytes(const Shapes& x) { return kF32 * std::min(ckpt::kFrameFloats, x.largest_tensor); }
+
+}  // namespace
+
+int64_t dataset_instances_of(const TrainConfig& cfg) {
+  try {
+    const data::Mix mix = train_mix(cfg.data);
+    const int64_t token_bytes = data::dtype_size(
+        cfg.data.dtype == "auto" ? data::dtype_for_vocab(cfg.model.vocab_size) : data::parse_dtype(cfg.data.dtype));
+    int64_t n = 0;
+    for (const data::MixEntry& e : mix.entries) {
+      std::error_code ec;
+      const auto bytes = std::filesystem::file_size(e.path, ec);
+      if (ec) return -1;
+      n += static_cast<int64_t>(bytes) / token_bytes / cfg.train.seq_len;
+    }
+    return n;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+int64_t HostPhase::peak() const {
+  int64_t n = 0;
+  for (const MemoryPart& p : parts) n += p.bytes;
+  return n;
+}
+
+const HostPhase& HostMemory::fullest() const {
+  return *std::max_element(phases.begin(), phases.end(),
+                           [](const HostPhase& a, const HostPhase& b) { return a.peak() < b.peak(); });
+}
+
+HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& where) {
+  const Shapes x = shapes_of(cfg, where);
+  const RankParts& p = x.p;
+  const dist::Layout& L = x.L;
+  const int threads = threads_of(where);
+  const int64_t instances = where.dataset_instances >= 0 ? where.dataset_instances : dataset_instances_of(cfg);
+  const int64_t frame = frame_bytes(x);
+  HostMemory out;
+  out.rank = x.rank;
+  auto without = [](std::vector<MemoryPart> parts, std::initializer_list<const char*> names) {
+    for (const char* name : names)
+      parts.erase(std::remove_if(parts.begin(), parts.end(), [&](const MemoryPart& q) { return q.name == name; }),
+                  parts.end());
+    return parts;
+  };
+  const MemoryPart baseline{"process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)"};
+
+  // The step. On cuda the host holds the exchange's staging (send and receive blocks, a unit's gather, the
+  // parameters' all-gather: dist/ moves every byte through the host) and the digest's blocks.
+  HostPhase step{"step", {}};
+  if (!x.gpu) {
+    step.parts = executor_step_parts(cfg, x);
+  } else {
+    auto add = [&](const std::string& name, int64_t bytes, const std::string& why) {
+      if (bytes > 0) step.parts.push_back({name, bytes, why});
+    };
+    if (L.world() > 1) {
+      add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
+      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
+    }
+    const MemoryPart transient = largest_transient(p, false);
+    add(transient.name, transient.bytes, transient.why + " (host staging)");
+    add("digest staging", kF32 * std::min(p.optimizer_floats, 2 * StateDigest::kStreamChunks * kDigestChunk),
+        "two blocks of the range being hashed (64 MiB each at most)");
+  }
+  add_data_parts(step.parts, cfg, instances);
+  step.parts.push_back(baseline);
+
+  // The checkpoint write, after the step: its transients gone (a sharded run also frees its slots,
+  // Trainer::release_transients), each compression thread holds one frame's zstd output (and on a device executor
+  // the frame's download); under expert-resident state a writer also receives the experts it lacks.
+  HostPhase write{"checkpoint write", {}};
+  const int zstd_threads = cfg.checkpoint.zstd_threads > 0 ? static_cast<int>(cfg.checkpoint.zstd_threads) : threads;
+  if (!x.gpu) {
+    write.parts = without(step.parts, {"FSDP unit buffer", "FSDP gather buffers", "parameter all-gather"});
+    if (L.dp_shard > 1)
+      write.parts = without(write.parts, {"gradient stack", "owner tree slots", "unit send blocks", "unit receive blocks"});
+  } else {
+    write.parts = without(step.parts, {"unit send blocks", "unit receive blocks", "FSDP gather buffers",
+                                       "parameter all-gather", "digest staging"});
+  }
+  write.parts.push_back({"checkpoint frames", zstd_threads * frame * (x.device_paths ? 2 : 1),
+                         std::to_string(zstd_threads) + " compression thread(s) x one frame's zstd output" +
+                             std::string(x.device_paths ? " and its download" : "") + " (<= 16 MiB each)"});
+  if (x.drops_any && L.replicate_index() == 0)
+    write.parts.push_back({"experts received", kF32 * p.shard_floats,
+                           "expert-resident state: the shard's parameters gathered for the write"});
+  // Resume: the state and the model's buffers as the trainer allocates them, then one frame (and its compressed
+  // bytes) per reading thread; a device executor reads on one thread into the device.
+  HostPhase resume{"resume", {}};
+  const int read_threads = x.device_paths ? 1 : threads;
+  if (!x.gpu) {
+    // The gradient shard and the slots are allocated by the first step, not by the trainer's constructor.
+    resume.parts = without(step.parts, {"gradient shard", "gradient stack", "owner tree slots", "unit send blocks",
+                                        "unit receive blocks",
+                                        "FSDP gather buffers", "parameter all-gather", "digest staging",
+                                        "evaluation model"});
+  } else {
+    resume.parts = without(step.parts, {"unit send blocks", "unit receive blocks", "FSDP gather buffers",
+                                        "parameter all-gather"});
+  }
+  resume.parts.push_back({"checkpoint frames", read_threads * 2 * frame,
+                          std::to_string(read_threads) + " reading thread(s) x one frame and its compressed bytes"});
+  out.phases = {std::move(step), std::move(write), std::move(resume)};
+  return out;
+}
+
+RankMemory predict_rank_memory(const TrainConfig& cfg, const MemoryPlacement& where) {
+  const Shapes x = shapes_of(cfg, where);
+  RankMemory out;
+  out.device = x.gpu;
+  out.rank = x.rank;
+  out.parts = executor_step_parts(cfg, x);
+  if (x.gpu) return out;
+  // On the host the peak is the largest phase: the step, the checkpoint write after it, or a resume.
+  const HostMemory host = predict_host_memory(cfg, where);
+  out.parts = host.phases[0].parts;
+  const int64_t step = host.phases[0].peak(), other = std::max(host.phases[1].peak(), host.phases[2].peak());
+  if (other > step)
+    out.parts.push_back(host.phases[1].peak() >= host.phases[2].peak()
+                            ? MemoryPart{"checkpoint write", other - step,
+                                         "beyond the step: each thread's zstd frame, after the step's transients"}
+                            : MemoryPart{"resume", other - step, "beyond the step: each reading thread's frame"});
+  return out;
+}
+
+std::string host_memory_table(const TrainConfig& cfg, const MemoryPlacement& where, const HostMemory& h,
+                              int ranks_per_node) {
+  std::vector<std::string> names;
+  for (const HostPhase& ph : h.phases)
+    for (const MemoryPart& p : ph.parts)
+      if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "host memory per rank  %s, layout %dx%d, %d thread(s) per rank, %d rank(s) per node; the fullest "
+                "rank is %d\n",
+                (where.executor.empty() ? cfg.train.executor : where.executor).c_str(), where.dp_shard,
+                where.dp_replicate, threads_of(where), ranks_per_node, h.rank);
+  s += line;
+  std::snprintf(line, sizeof line, "  %-22s %12s %17s %12s\n", "", "step", "checkpoint write", "resume");
+  s += line;
+  auto cell = [](const HostPhase& ph, const std::string& name) -> std::string {
+    for (const MemoryPart& p : ph.parts)
+      if (p.name == name) return size_text(p.bytes);
+    return "-";
+  };
+  for (const std::string& name : names) {
+    std::snprintf(line, sizeof line, "  %-22s %12s %17s %12s\n", name.c_str(), cell(h.phases[0], name).c_str(),
+                  cell(h.phases[1], name).c_str(), cell(h.phases[2], name).c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-22s %12s %17s %12s  (bytes: step %lld, write %lld, resume %lld)\n",
+                "peak per rank", size_text(h.phases[0].peak()).c_str(), size_text(h.phases[1].peak()).c_str(),
+                size_text(h.phases[2].peak()).c_str(), static_cast<long long>(h.phases[0].peak()),
+                static_cast<long long>(h.phases[1].peak()), static_cast<long long>(h.phases[2].peak()));
+  s += line;
+  std::snprintf(line, sizeof line, "  %-22s %12s %17s %12s  (%d ranks x the fullest)\n", "peak per node",
+                size_text(h.phases[0].peak() * ranks_per_node).c_str(),
+                size_text(h.phases[1].peak() * ranks_per_node).c_str(),
+                size_text(h.phases[2].peak() * ranks_per_node).c_str(), ranks_per_node);
+  return s + line;
 }
 
 std::string memory_table(const TrainConfig& cfg, const MemoryPlacement& where, const RankMemory& m) {

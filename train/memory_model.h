@@ -18,6 +18,8 @@ namespace olmoref {
 struct MemoryPlacement {
   int dp_shard = 1, dp_replicate = 1, ep = 1;
   std::string executor;  // "": the config's train.executor
+  int threads = 0;       // worker threads per rank (train --threads); 0: this machine's cores, as train's default
+  int64_t dataset_instances = -1;  // -1: counted from the config's data files (none when they cannot be read)
 };
 
 struct MemoryPart {
@@ -26,8 +28,9 @@ struct MemoryPart {
   std::string why;  // what it holds and what it grows with (one line)
 };
 
-// The fullest rank's peak. On `cuda` it is the GPU's memory (the host's buffers are not counted); on `cpu` and
-// `cuda-host` the process's, including the constant baseline (binary, libraries, MPI, threads: measured).
+// The fullest rank's peak. On `cuda` it is the GPU's memory (the host's are predict_host_memory's); on `cpu` and
+// `cuda-host` the process's, including the constant baseline (binary, libraries, MPI, threads: measured), at the
+// largest of its phases (the step, the checkpoint write, a resume).
 struct RankMemory {
   int rank = 0;        // the rank with the largest peak (the first of them)
   bool device = false;  // the parts are GPU memory
@@ -52,6 +55,28 @@ std::string memory_table(const TrainConfig& cfg, const MemoryPlacement& where, c
 std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& where, int64_t available);
 
 std::string gib_text(double bytes);  // "12.34 GiB"
+
+// Host memory of the fullest rank in each phase of a run, by part: the step, the checkpoint write after it, and a
+// resume (a fresh process reading its part of a checkpoint). On cpu and cuda-host the step is the RankMemory table;
+// on cuda the host holds the exchange's staging, the digest's blocks, the data order and the batch. What every rank
+// keeps whatever the model (the data order: 4 bytes per dataset instance) is counted on every rank.
+struct HostPhase {
+  std::string name;
+  std::vector<MemoryPart> parts;
+  int64_t peak() const;
+};
+struct HostMemory {
+  int rank = 0;
+  std::vector<HostPhase> phases;  // step, checkpoint write, resume
+  const HostPhase& fullest() const;
+};
+HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& where);
+// The three phases side by side, part by part, with the peak per rank and per node (ranks_per_node x the fullest).
+std::string host_memory_table(const TrainConfig& cfg, const MemoryPlacement& where, const HostMemory& h,
+                              int ranks_per_node);
+// Instances of seq_len in the config's training data (each file cut into whole instances), -1 when a file cannot
+// be read.
+int64_t dataset_instances_of(const TrainConfig& cfg);
 
 // Every expert's rows of each MoE weight tensor (w1, w2, w3: [E·h, d] per layer): what expert-resident state may
 // leave out (dist::StatePlacement), for the trainer and this model alike.

@@ -324,7 +324,16 @@ void start_state(Trainer& trainer, const TrainConfig& cfg, const RunOptions& opt
                    static_cast<long long>(s.batches_processed), static_cast<long long>(s.tokens_processed));
   }
   if (!resume_dir.empty()) {
+    const ProcessStats before = process_stats();
     trainer.resume(resume_dir, opts.resume_opts);
+    if (opts.report_memory) {
+      const ProcessStats after = process_stats();
+      std::fprintf(stderr, "memory: rank %d after resume: peak resident (VmHWM) %lld bytes, read %lld bytes (rchar), "
+                           "%lld from storage (read_bytes)\n",
+                   trainer.comm().rank(), static_cast<long long>(after.peak_resident),
+                   static_cast<long long>(after.read_chars - before.read_chars),
+                   static_cast<long long>(after.read_bytes - before.read_bytes));
+    }
     if (!quiet)
       std::fprintf(stderr, "olmoref train: resumed from %s at step %lld\n", resume_dir.c_str(),
                    static_cast<long long>(trainer.step()));
@@ -390,7 +399,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
   // What grows with the global batch is checked against the data, then against memory, before any of it is built.
   check_global_batch_fits_data(cfg);
-  check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr));
+  check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr), static_cast<int>(opts.threads));
   fs::create_directories(out_dir);
   const std::string ckpt_root = out_dir + "/checkpoints";
   const int64_t total = cfg.train.steps;
@@ -475,8 +484,18 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     if ((periodic || s == stop) && !opts.no_checkpoint) {
       trainer.source_mut().flush_audit();
       if (lead) trace.sync();
+      // --report-memory: the write's own peak, its transients measured apart from the step's (a fresh peak).
+      const bool measured = opts.report_memory && reset_peak_resident();
+      const ProcessStats before = process_stats();
       const std::string dir = trainer.save_checkpoint(ckpt_root);
       if (!quiet) std::fprintf(stderr, "checkpoint %s\n", dir.c_str());
+      if (measured) {
+        const ProcessStats after = process_stats();
+        std::fprintf(stderr, "memory: rank %d checkpoint write at step %lld: peak resident (VmHWM) %lld bytes, wrote %lld "
+                             "bytes (wchar)\n",
+                     comm.rank(), static_cast<long long>(s), static_cast<long long>(after.peak_since_reset),
+                     static_cast<long long>(after.write_chars - before.write_chars));
+      }
     }
   }
   if (!quiet && done > 0)

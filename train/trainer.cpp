@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -27,7 +29,7 @@ namespace olmoref {
 
 // The fullest rank's peak by the one memory model (train/memory_model.h), before any buffer is allocated: a run
 // that does not fit is refused naming its largest part and what would fit.
-void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex) {
+void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex, int threads) {
   // Every rank assembles the whole global batch's tokens on the host (G x seq_len x 4 bytes) whatever the executor;
   // checked first and in O(1), because the memory model below walks the step's instance tree, O(G): an absurd
   // train.global_batch_instances must be one clear line, not a silent minute or the OOM killer.
@@ -40,9 +42,33 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
         "token), but " + gib_text(static_cast<double>(host)) + " is available; at most " +
         std::to_string(static_cast<long long>(static_cast<double>(host) / (4.0 * static_cast<double>(T)))) +
         " instances of seq_len " + std::to_string(T) + " fit. Lower train.global_batch_instances"));
-  const MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
+  MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
+  where.threads = threads;
+  // The host, per node: every rank on it at the fullest rank's largest phase (the step, the checkpoint write after
+  // it, a resume), whatever the executor.
+  const int local = dist::ranks_on_this_node();
+  const HostMemory host_need = predict_host_memory(cfg, where);
+  const HostPhase& phase = host_need.fullest();
+  if (host >= 0 && static_cast<double>(phase.peak()) * local > static_cast<double>(host)) {
+    const MemoryPart& big = *std::max_element(phase.parts.begin(), phase.parts.end(),
+                                              [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
+    const int64_t fit = phase.peak() > 0 ? host / phase.peak() : 0;
+    throw std::runtime_error(
+        "this run needs about " + gib_text(static_cast<double>(phase.peak()) * local) + " of host memory on this node " +
+        "at its " + phase.name + " (" + std::to_string(local) + " rank(s) x " +
+        gib_text(static_cast<double>(phase.peak())) + ") but " + gib_text(static_cast<double>(host)) +
+        " is available; the largest part is the " + big.name + " (" + gib_text(static_cast<double>(big.bytes)) + ": " +
+        big.why + "). " +
+        (fit >= 1 ? "At most " + std::to_string(fit) + " rank(s) of this run fit on this node: start fewer per node, or "
+                    "shard further (--dp-shard)"
+                  : "Not one rank fits: shard further (--dp-shard), or use a node with more memory") +
+        ". Every part: olmoref config --config FILE --layout " + std::to_string(par.dp_shard) + "x" +
+        std::to_string(par.dp_replicate) + " --ranks-per-node " + std::to_string(local) + " --executor " +
+        cfg.train.executor);
+  }
   const RankMemory need = predict_rank_memory(cfg, where);
-  const int64_t have = ex.memory_available();
+  // On a host executor the per-rank table is the host's, checked above for the node.
+  const int64_t have = need.device ? ex.memory_available() : -1;
   if (have < 0 || need.peak() <= have) return;
   const MemoryPart& big = need.largest();
   const std::string fits = memory_alternatives(cfg, where, have);
@@ -61,7 +87,7 @@ namespace {
 
 std::unique_ptr<Executor> make_fitting_executor(const TrainConfig& cfg, const Parallelism& par, ThreadPool* pool) {
   std::unique_ptr<Executor> ex = make_executor(cfg.train.executor, pool);
-  check_run_fits(cfg, par, *ex);
+  check_run_fits(cfg, par, *ex, pool ? pool->size() : 0);
   if (par.profile_ops) ex = std::make_unique<ProfiledExecutor>(std::move(ex));
   return ex;
 }
@@ -137,9 +163,19 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   // The replicas of my shard, ordered by replicate index: they all-gather the parameters each one updated.
   if (layout_.dp_replicate > 1) replica_comm_ = comm_->split(layout_.shard_index(), layout_.replicate_index());
   {
-    std::vector<float> init(static_cast<size_t>(n));
-    init_params_range(cfg_.model, model_.layout(), layout_.lo(), layout_.hi(), init.data());
-    upload_held(params_, init.data());
+    // The init in blocks of kInitBlock floats, so its host transient is 4 MiB whatever the shard (a whole 7B shard at
+    // 8x1 would be 3.6 GiB on every rank, before a resume overwrites it anyway).
+    constexpr int64_t kInitBlock = int64_t{1} << 20;
+    std::vector<float> block(static_cast<size_t>(std::min(n, kInitBlock)));
+    const dist::Ranges held = placement_.held_parameters(layout_.rank);
+    for (int64_t a = layout_.lo(); a < layout_.hi(); a += kInitBlock) {
+      const int64_t b = std::min(layout_.hi(), a + kInitBlock);
+      init_params_range(cfg_.model, model_.layout(), a, b, block.data());
+      for (const auto& [x, y] : held) {
+        const int64_t c = std::max(a, x), d = std::min(b, y);
+        if (c < d) params_.upload(block.data() + (c - a), d - c, c - layout_.lo());
+      }
+    }
   }
   groups_ = param_groups(cfg_.optim, model_.layout());
   pieces_ = group_pieces(model_.layout(), groups_, layout_.optimizer_lo(), layout_.optimizer_hi());
@@ -642,6 +678,9 @@ void Trainer::dump_optim_step(const OptimizerOutcome& opt, float ce_loss, const 
 // ---- Checkpoints ---------------------------------------------------------------------------------------------------
 
 std::string Trainer::save_checkpoint(const std::string& root) {
+  // The step's transients were freed (release_transients), but the allocator keeps freed heap pages resident; handed
+  // back here, a node's ranks do not hold them through the write (the memory model's write phase counts without them).
+  ::malloc_trim(0);
   ckpt::CheckpointMeta meta;
   meta.step = step_;
   meta.tokens = tokens_;

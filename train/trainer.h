@@ -269,6 +269,9 @@ struct RunOptions {
   bool new_records = false;
   bool report_comm = false;    // print bytes sent per rank per step at the end
   bool no_checkpoint = false;  // benchmarks: write no checkpoint, not even at the end
+  // After a resume, print this rank's peak resident memory so far and the bytes it has read (the resume's peak and
+  // reads: nothing of the steps has run yet); `--report-memory`.
+  bool report_memory = false;
   // TEST ONLY controls, set by cli/ alone (from OLMOREF_TEST_FAULT and OLMOREF_TEST_OPTIM_DUMP), never read
   // from the environment below it.
   FaultInjection fault;
@@ -282,6 +285,8 @@ struct RunOptions {
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts);
 
 // Throws, saying how much memory the run needs and what is available, when it cannot fit on `ex`.
-void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex);
+// `threads`: the run's worker threads per rank (0 = this machine's cores), which size the checkpoint's frame buffers.
+// The host is checked per node: every rank on it (dist::ranks_on_this_node) at the fullest rank's largest phase.
+void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Executor& ex, int threads);
 
 }  // namespace olmoref

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Checkpoint I/O and host memory that shrink with the ranks, measured against the memory model (docs/memory.md,
+# "Host memory"). A 51 M-parameter dense model whose state outweighs its activations (vocabulary 4096, d 512, 12
+# blocks, FFN 2048, seq 32, 4 instances in micro-batches of 1), one thread per rank, at 1x1, 2x1, 4x1 and 2x2: each rank's peak
+# of a step that writes a checkpoint, of the write alone (a fresh VmHWM around it) and of a resume in a fresh process
+# (`train --report-memory`) within 15 % of `olmoref config --layout`'s host table; each resuming rank reads (rchar) at
+# most 1.1 x the frames overlapping what it keeps, the shard headers and the manifest, also when the checkpoint was
+# written at another layout (1x1, resumed at 4x1); the resume peak per rank at 4x1 at most 0.4 x 1x1's. The resumed
+# runs' traces are the uninterrupted ones.
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+source "$SRC/tests/dist/mpi_env.sh"
+# meson test sets MALLOC_PERTURB_, and glibc then fills every allocation (tests/train/memory.sh says why it matters).
+unset MALLOC_PERTURB_
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 11 20000
+shape=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set model.vocab_size=4096
+       --set model.d_model=512 --set model.n_layers=12 --set model.n_heads=8 --set model.n_kv_heads=4
+       --set model.ffn_hidden=2048 --set train.seq_len=32 --set train.micro_batch_instances=1
+       --set train.global_batch_instances=4)
+layouts=(1x1 2x1 4x1 2x2)
+for layout in "${layouts[@]}"; do
+  s=${layout%x*} r=${layout#*x}
+  "$BIN" config "${shape[@]}" --layout "$layout" --threads 1 > "$work/pred-$layout.txt"
+  run=("${MPIRUN[@]}" -np $((s * r)) "$BIN" train "${shape[@]}" --steps 2 --threads 1 --quiet --dp-shard "$s"
+       --dp-replicate "$r" --report-memory --out "$work/run-$layout")
+  "${run[@]}" --stop-after 1 2> "$work/first-$layout.log" || { cat "$work/first-$layout.log"; echo "FAIL: $layout"; exit 1; }
+  "${run[@]}" --resume 2> "$work/resume-$layout.log" || { cat "$work/resume-$layout.log"; echo "FAIL: resume $layout"; exit 1; }
+done
+# The 1x1 checkpoint resumed at 4x1: reads cut across another layout's frames.
+mkdir -p "$work/run-4x1-from-1x1/checkpoints"
+cp -r "$work/run-1x1/checkpoints/step00000001" "$work/run-4x1-from-1x1/checkpoints/"
+"${MPIRUN[@]}" -np 4 "$BIN" train "${shape[@]}" --steps 2 --threads 1 --quiet --dp-shard 4 --report-memory --resume \
+  --new-records --out "$work/run-4x1-from-1x1" 2> "$work/resume-4x1-from-1x1.log" ||
+  { cat "$work/resume-4x1-from-1x1.log"; echo "FAIL: 1x1's checkpoint at 4x1"; exit 1; }
+for layout in 2x1 4x1 2x2; do cmp "$work/run-1x1/trace.jsonl" "$work/run-$layout/trace.jsonl"; done
+tail -1 "$work/run-1x1/trace.jsonl" | python3 -c "
+import json, sys
+want = json.loads(sys.stdin.read()); got = json.loads(open('$work/run-4x1-from-1x1/trace.jsonl').read().splitlines()[-1])
+got.pop('records_begin', None)
+sys.exit(0 if got == want else 'FAIL: step 2 resumed at 4x1 from the 1x1 checkpoint differs')"
+python3 "$SRC/tests/ckpt/io_memory.py" "$work" "${layouts[@]}"
