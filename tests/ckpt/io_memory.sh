@@ -6,7 +6,7 @@
 # (`train --report-memory`) within 15 % of `olmoref config --layout`'s host table; each resuming rank reads (rchar) at
 # most 1.1 x the frames overlapping what it keeps, the shard headers and the manifest, also when the checkpoint was
 # written at another layout (1x1, resumed at 4x1); the resume peak per rank at 4x1 at most 0.4 x 1x1's. The resumed
-# runs' traces are the uninterrupted ones.
+# runs' traces are the uninterrupted ones. A node whose ranks would not fit its MemAvailable is refused up front.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 # meson test sets MALLOC_PERTURB_, and glibc then fills every allocation (tests/train/memory.sh says why it matters).
@@ -38,3 +38,14 @@ want = json.loads(sys.stdin.read()); got = json.loads(open('$work/run-4x1-from-1
 got.pop('records_begin', None)
 sys.exit(0 if got == want else 'FAIL: step 2 resumed at 4x1 from the 1x1 checkpoint differs')"
 python3 "$SRC/tests/ckpt/io_memory.py" "$work" "${layouts[@]}"
+# A node whose ranks cannot all hold their host memory: refused before the run directory is written, naming the
+# phase, the largest part and how many ranks fit (the launcher's count of ranks on the node, here claimed 100000).
+set +e
+OMPI_COMM_WORLD_LOCAL_SIZE=100000 "$BIN" train "${shape[@]}" --steps 1 --threads 1 --out "$work/crowded" > "$work/crowded.log" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "of host memory on this node at its" "$work/crowded.log" &&
+  grep -q "the largest part is the" "$work/crowded.log" && grep -q "rank(s) of this run fit on this node" "$work/crowded.log" &&
+  grep -q -- "--ranks-per-node 100000" "$work/crowded.log" && [ ! -e "$work/crowded" ] ||
+  { cat "$work/crowded.log"; echo "FAIL: a crowded node was not refused as it should be"; exit 1; }
+echo "crowded node: $(grep -o 'needs about .* is available' "$work/crowded.log")"
