@@ -1005,6 +1005,74 @@ std::vector<std::string> verify(const std::string& dir) {
   return problems;
 }
 
+struct VectorReader::Impl {
+  std::string dir;
+  int v = 0;
+  nlohmann::json manifest;
+  std::vector<ShardFile> files;
+  std::vector<std::pair<const ShardFile*, const nlohmann::json*>> entries;  // this vector's, by offset
+  size_t next = 0;                  // the entry to decompress next
+  int64_t entry_begin = 0, entry_end = 0;  // the decompressed entry's range
+  EntryBuffers buf;
+  int64_t at = 0;                   // where the next read starts
+  MerkleStream digest;
+  bool finished = false;
+};
+
+VectorReader::VectorReader(const std::string& dir, const std::string& vector) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.dir = dir;
+  m.v = vector_index(vector);
+  if (m.v < 0) throw std::invalid_argument("VectorReader: no vector '" + vector + "'");
+  m.manifest = read_manifest(dir);
+  if (const std::vector<std::string> problems = manifest_record_problems(dir + "/manifest.json", m.manifest);
+      !problems.empty())
+    throw std::runtime_error(problems.front());
+  m.files = open_shards(dir, m.manifest, m.manifest.at("total_params").get<int64_t>());
+  for (const ShardFile& s : m.files)
+    for (const auto& e : s.header.at("entries"))
+      if (vector_index(e.at("vector").get<std::string>()) == m.v && e.at("numel").get<int64_t>() > 0)
+        m.entries.emplace_back(&s, &e);
+  std::sort(m.entries.begin(), m.entries.end(), [](const auto& x, const auto& y) {
+    return x.second->at("offset").template get<int64_t>() < y.second->at("offset").template get<int64_t>();
+  });
+}
+
+VectorReader::~VectorReader() = default;
+
+int64_t VectorReader::total() const { return impl_->manifest.at("total_params").get<int64_t>(); }
+
+void VectorReader::read(int64_t a, int64_t b, float* out) {
+  Impl& m = *impl_;
+  if (a != m.at || b < a || b > total())
+    throw std::logic_error("VectorReader::read [" + std::to_string(a) + ", " + std::to_string(b) + ") of " + m.dir +
+                           ": reads go in order from " + std::to_string(m.at));
+  while (a < b) {
+    if (a >= m.entry_end) {  // the next entry (open_shards checked that they tile the vector)
+      const auto& [s, e] = m.entries.at(m.next++);
+      m.entry_begin = e->at("offset").get<int64_t>();
+      m.entry_end = m.entry_begin + e->at("numel").get<int64_t>();
+      read_entry(*s, *e, m.buf.z, m.buf.floats(m.entry_end - m.entry_begin));
+      m.digest.add(m.buf.raw.get(), m.entry_end - m.entry_begin);
+    }
+    const int64_t take = std::min(b, m.entry_end) - a;
+    std::copy(m.buf.raw.get() + (a - m.entry_begin), m.buf.raw.get() + (a - m.entry_begin) + take, out);
+    out += take, a += take;
+  }
+  m.at = b;
+}
+
+void VectorReader::finish() {
+  Impl& m = *impl_;
+  if (m.finished) return;
+  if (m.at != total())
+    throw std::logic_error(m.dir + ": VectorReader::finish after " + std::to_string(m.at) + " of " +
+                           std::to_string(total()) + " floats");
+  if (m.digest.finish().hex() != m.manifest.at("state_digests").at(kVectorNames[m.v]).get<std::string>())
+    fail(m.dir, "the " + std::string(kVectorNames[m.v]) + " read do not match the manifest's whole-state digest");
+  m.finished = true;
+}
+
 std::string inspect(const std::string& dir, bool per_tensor) {
   const nlohmann::json m = read_manifest(dir);
   std::ostringstream out;

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -196,6 +197,27 @@ std::string manifest_checksum(nlohmann::json m);
 // vectors are read in order, one frame at a time, into running digests, so the peak does not grow with the model
 // beyond the headers and one frame (an entry, in format 2).
 std::vector<std::string> verify(const std::string& dir);
+
+// One flat vector of a checkpoint ("params", "adam_m" or "adam_v") read once, in order, frame by frame: each frame
+// verified as it is read and the vector's Merkle root checked against the manifest's digest at the end (finish). A
+// model's weights for a tool that streams them (export-hf) without holding the vector: its peak is the shard
+// headers and one frame (an entry, in format 2).
+class VectorReader {
+ public:
+  VectorReader(const std::string& dir, const std::string& vector);
+  ~VectorReader();
+  VectorReader(const VectorReader&) = delete;
+  VectorReader& operator=(const VectorReader&) = delete;
+  int64_t total() const;
+  // Floats [a, b) of the vector into out; a is where the previous read ended (0 first).
+  void read(int64_t a, int64_t b, float* out);
+  // Throws naming the checkpoint unless the whole vector was read and its digest is the manifest's (once; again: no-op).
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Human-readable summary: step, config, shards, tensors, sizes, compression, digests.
 std::string inspect(const std::string& dir, bool per_tensor);

@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 
+#include <array>
 #include <limits>
 #include <cstdio>
 #include <cstdlib>
@@ -223,7 +224,30 @@ void register_commands(CLI::App& app) {
       if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
       TrainConfig c = load_config(cfg->path, ov);
       check_evaluation_data_separate(c);  // before the run directory is touched
-      resolve_hf_init(c);
+      // The weights' SHA-256 reads every byte of them: under mpirun rank 0 alone computes it and the others take it,
+      // so a rank reads only its slices of the files (Trainer::set_initial_params).
+      if (!c.init.hf_dir.empty() && dist::launched_by_mpirun()) {
+        dist::Comm& w = dist::world(o->comm_timeout_s);
+        std::array<char, 80> sha{};  // [0]: 1 when rank 0 resolved it, then the hex digest
+        std::exception_ptr failed;
+        if (w.rank() == 0) {
+          try {
+            resolve_hf_init(c);
+            sha[0] = 1;
+            std::snprintf(sha.data() + 1, sha.size() - 1, "%s", c.init.hf_sha256.c_str());
+          } catch (...) {
+            failed = std::current_exception();
+          }
+        }
+        w.broadcast(sha.data(), sha.size(), 0, "init.hf_dir: the weights' SHA-256 from rank 0");
+        if (failed) std::rethrow_exception(failed);
+        if (sha[0] != 1)
+          throw std::runtime_error("init.hf_dir " + c.init.hf_dir + ": rank 0 could not take these weights (its "
+                                   "message says why)");
+        c.init.hf_sha256 = std::string(sha.data() + 1);
+      } else {
+        resolve_hf_init(c);
+      }
       // A resume of a run that started from a checkpoint takes its own checkpoint; the source need not exist then.
       if (!o->resume && o->resume_from.empty()) resolve_checkpoint_init(c);
       if (c.init.hf_sha256.empty() && (o->resume || !o->resume_from.empty())) {
@@ -371,15 +395,16 @@ void register_commands(CLI::App& app) {
                                    "complete checkpoints; pass a stepNNNNNNNN directory of `olmoref train`");
         ckpt_dir = *newest;
       }
-      // A model Hugging Face cannot hold is refused from its config, naming the file, before weights are read.
-      RunWeights w;
+      // A model Hugging Face cannot hold is refused from its config, naming the file, before weights are read. The
+      // weights stream into the file tensor by tensor (a frame or a slice at a time), never held whole.
+      WeightStream w;
       if (!ckpt_dir.empty()) {
         require_hf_form(load_checkpoint_config(ckpt_dir, *overrides), "Hugging Face export");
-        w = load_checkpoint_weights(ckpt_dir, *overrides);
+        w = checkpoint_weight_stream(ckpt_dir, *overrides);
       } else {
         const TrainConfig c0 = load_config(*config, *overrides);
         require_hf_form(c0, "Hugging Face export");
-        w = initial_weights(c0);
+        w = initial_weight_stream(c0);
       }
       const TrainConfig& c = w.config;
       const ParamLayout layout(c.model);
@@ -410,7 +435,8 @@ void register_commands(CLI::App& app) {
       }
       opts.metadata["olmoref.step"] = std::to_string(w.step);
       opts.metadata["olmoref.weights"] = ckpt_dir.empty() ? "step-0 of " + *config : ckpt_dir;
-      export_hf_checkpoint(*out, c.model, layout, w.params.data(), opts);
+      export_hf_checkpoint(*out, c.model, layout, w.read, opts);
+      w.finish();
       const auto cfg_json = nlohmann::json::parse(hf_config_json(c.model, opts));
       std::printf("wrote %s: model.safetensors (%lld parameters, step %lld), config.json (max_position_embeddings %lld; "
                   "eos %s, pad %s, bos %s from %s), generation_config.json%s\n",

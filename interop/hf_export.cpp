@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -316,6 +318,12 @@ std::string hf_generation_config_json(const ModelConfig& cfg, const HfExportOpti
 
 void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
                           const float* params, const HfExportOptions& opts) {
+  export_hf_checkpoint(dir, cfg, layout,
+                       [params](int64_t a, int64_t b, float* out) { std::copy(params + a, params + b, out); }, opts);
+}
+
+void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
+                          const FlatReader& read, const HfExportOptions& opts) {
   // Build the config first: if HF cannot represent the model we fail before touching the directory.
   const std::string config = hf_config_json(cfg, opts);
   const std::string generation = hf_generation_config_json(cfg, opts);
@@ -330,8 +338,17 @@ void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
 
   std::vector<SafeTensorView> views;
   views.reserve(layout.params.size());
-  for (const auto& p : layout.params)
-    views.push_back({p.hf_name, "F32", p.shape, params + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+  // Tensor by tensor, in pieces, as the file is written: the flat vector is read once, in order (the layout's order
+  // is the vector's), and never held whole.
+  for (const auto& p : layout.params) {
+    SafeTensorView v{p.hf_name, "F32", p.shape, nullptr, static_cast<size_t>(p.numel) * sizeof(float), {}};
+    const int64_t base = p.offset;
+    v.fill = [&read, base](uint64_t at, uint64_t n, void* dst) {
+      const int64_t a = base + static_cast<int64_t>(at / sizeof(float));
+      read(a, a + static_cast<int64_t>(n / sizeof(float)), static_cast<float*>(dst));
+    };
+    views.push_back(std::move(v));
+  }
   std::map<std::string, std::string> meta = opts.metadata;
   meta["format"] = "pt";  // what transformers writes; some loaders check it
   meta["olmoref.model"] = cfg.name;
@@ -374,7 +391,19 @@ std::string hf_weights_sha256(const std::string& dir) {
   return all.hex();
 }
 
-void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params) {
+struct HfWeights::Impl {
+  std::map<std::string, SafetensorsFile> shards;
+  std::map<std::string, const SafetensorsFile*> where;  // tensor name -> file holding it
+  std::vector<ParamInfo> params;                        // the layout's, in flat order
+};
+
+HfWeights::~HfWeights() = default;
+
+HfWeights::HfWeights(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout)
+    : impl_(std::make_unique<Impl>()) {
+  auto& shards = impl_->shards;
+  auto& where = impl_->where;
+  impl_->params = layout.params;
   refuse_moe(cfg, (dir + ": Hugging Face import").c_str());
   const fs::path root(dir);
   const fs::path config_path = root / "config.json";
@@ -395,8 +424,6 @@ void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
   }
 
   // One file, or HF's sharded layout (model.safetensors.index.json naming a shard per tensor).
-  std::map<std::string, SafetensorsFile> shards;
-  std::map<std::string, const SafetensorsFile*> where;  // tensor name -> file holding it
   const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
   if (fs::exists(single)) {
     shards.emplace(single.string(), read_safetensors(single.string()));
@@ -459,7 +486,18 @@ void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
     if (shown < problems.size()) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
     throw std::runtime_error(msg);
   }
-  for (const auto& p : layout.params) where.at(p.hf_name)->read_f32_into(p.hf_name, params + p.offset, p.numel);
+}
+
+void HfWeights::read(int64_t a, int64_t b, float* out) const {
+  // Each parameter's slice inside [a, b): a tensor's elements are the flat vector's, in the same row-major order.
+  for (const ParamInfo& p : impl_->params) {
+    const int64_t x = std::max(a, p.offset), y = std::min(b, p.offset + p.numel);
+    if (x < y) impl_->where.at(p.hf_name)->read_f32_range(p.hf_name, x - p.offset, y - x, out + (x - a));
+  }
+}
+
+void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params) {
+  HfWeights(dir, cfg, layout).read(0, layout.total, params);
 }
 
 }  // namespace olmoref

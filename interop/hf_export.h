@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -48,16 +50,38 @@ std::string hf_config_json(const ModelConfig& cfg, const HfExportOptions& opts =
 // generation_config.json: the same eos/pad/bos ids as config.json (GenerationConfig stops on eos and pads with pad).
 std::string hf_generation_config_json(const ModelConfig& cfg, const HfExportOptions& opts = {});
 
+// Floats [a, b) of a flat parameter vector into out, from wherever it lives; the writers below call it in order.
+using FlatReader = std::function<void(int64_t a, int64_t b, float* out)>;
+
 // Creates `dir` if needed and writes dir/model.safetensors, dir/config.json, dir/generation_config.json and (with
 // opts.tokenizer) the tokenizer files, each atomically.
 void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
                           const float* params, const HfExportOptions& opts = {});
+// The same, reading the weights piece by piece (at most 16 MiB at a time, in the flat vector's order) as the file is
+// written: a tool's peak does not grow with the model.
+void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
+                          const FlatReader& read, const HfExportOptions& opts = {});
 
 // Fills params[0 .. layout.total) from dir. Requires every parameter of `layout` present under its HF name with
 // exactly its shape, and no other tensor (a leftover tensor usually means more layers than `cfg`). When
 // dir/config.json exists, its architecture fields (sizes, heads, head_dim, rope theta, eps, layer types and
 // window) must match `cfg` too. Throws std::runtime_error naming the file and the fix.
 void import_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout, float* params);
+
+// The same checks, made once when opened (headers only); then any range of the flat vector is read from the
+// tensors' bytes alone: a rank of a sharded run reads only its slices of the safetensors files.
+class HfWeights {
+ public:
+  HfWeights(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout);
+  ~HfWeights();
+  HfWeights(const HfWeights&) = delete;
+  HfWeights& operator=(const HfWeights&) = delete;
+  void read(int64_t a, int64_t b, float* out) const;  // floats [a, b) of the flat vector
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Where imported weights came from, as `sha256sum` would check it: the SHA-256 of dir/model.safetensors, or for a
 // sharded checkpoint the SHA-256 of the lines "<sha256>  <shard file>\n" of its shards in file-name order (what

@@ -131,8 +131,8 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
     if (expect != t.nbytes)
       throw std::invalid_argument(path + ": tensor '" + t.name + "' " + t.dtype + shape_str(t.shape) + " needs " +
                                   std::to_string(expect) + " bytes but " + std::to_string(t.nbytes) + " were given");
-    if (t.nbytes > 0 && t.data == nullptr)
-      throw std::invalid_argument(path + ": tensor '" + t.name + "' has no data pointer");
+    if (t.nbytes > 0 && t.data == nullptr && !t.fill)
+      throw std::invalid_argument(path + ": tensor '" + t.name + "' has no data pointer and no fill");
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
   }
@@ -150,7 +150,20 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
   try {
     write_all(fd, len_le, 8, tmp);
     write_all(fd, text.data(), text.size(), tmp);
-    for (const auto& t : tensors) write_all(fd, t.data, t.nbytes, tmp);
+    std::vector<char> piece;
+    for (const auto& t : tensors) {
+      if (t.data) {
+        write_all(fd, t.data, t.nbytes, tmp);
+        continue;
+      }
+      constexpr uint64_t kPiece = uint64_t{16} << 20;
+      for (uint64_t at = 0; at < t.nbytes; at += kPiece) {
+        const uint64_t n = std::min<uint64_t>(kPiece, t.nbytes - at);
+        piece.resize(n);
+        t.fill(at, n, piece.data());
+        write_all(fd, piece.data(), n, tmp);
+      }
+    }
     if (::fsync(fd) != 0) fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -310,12 +323,16 @@ const SafeTensorInfo& SafetensorsFile::info(const std::string& name) const {
   throw std::runtime_error(path + ": no tensor named '" + name + "'");
 }
 
-void SafetensorsFile::read_bytes(const SafeTensorInfo& t, void* dst) const {
-  const uint64_t n = t.end - t.begin;
+void SafetensorsFile::read_bytes(const SafeTensorInfo& t, void* dst) const { read_bytes(t, 0, t.end - t.begin, dst); }
+
+void SafetensorsFile::read_bytes(const SafeTensorInfo& t, uint64_t at, uint64_t n, void* dst) const {
   if (n == 0) return;
+  if (at > t.end - t.begin || n > t.end - t.begin - at)
+    throw std::logic_error(path + ": bytes [" + std::to_string(at) + ", +" + std::to_string(n) + ") outside tensor '" +
+                           t.name + "'");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot reopen to read tensor '" + t.name + "'");
-  in.seekg(static_cast<std::streamoff>(data_start_ + t.begin));
+  in.seekg(static_cast<std::streamoff>(data_start_ + t.begin + at));
   in.read(static_cast<char*>(dst), static_cast<std::streamsize>(n));
   if (!in || static_cast<uint64_t>(in.gcount()) != n)
     throw std::runtime_error(path + ": short read of tensor '" + t.name + "' (was the file changed after opening?)");
@@ -344,6 +361,24 @@ void SafetensorsFile::read_f32_into(const std::string& name, float* dst, int64_t
   read_bytes(t, half.data());
   const bool bf = t.dtype == "BF16";
   for (int64_t i = 0; i < count; ++i) dst[i] = bf ? bf16_to_f32(half[i]) : f16_to_f32(half[i]);
+}
+
+void SafetensorsFile::read_f32_range(const std::string& name, int64_t first, int64_t count, float* dst) const {
+  const auto& t = info(name);
+  if (first < 0 || count < 0 || first > t.numel() || count > t.numel() - first)
+    throw std::logic_error(path + ": elements [" + std::to_string(first) + ", +" + std::to_string(count) +
+                           ") outside tensor '" + name + "' of " + std::to_string(t.numel()));
+  if (t.dtype == "F32") {
+    read_bytes(t, static_cast<uint64_t>(first) * 4, static_cast<uint64_t>(count) * 4, dst);
+    return;
+  }
+  if (t.dtype != "BF16" && t.dtype != "F16")
+    throw std::runtime_error(path + ": tensor '" + name + "' has dtype " + t.dtype +
+                             "; only F32, BF16 and F16 convert to fp32");
+  std::vector<uint16_t> half(static_cast<size_t>(count));
+  read_bytes(t, static_cast<uint64_t>(first) * 2, static_cast<uint64_t>(count) * 2, half.data());
+  const bool bf = t.dtype == "BF16";
+  for (int64_t i = 0; i < count; ++i) dst[i] = bf ? bf16_to_f32(half[static_cast<size_t>(i)]) : f16_to_f32(half[static_cast<size_t>(i)]);
 }
 
 std::vector<float> SafetensorsFile::as_f32(const std::string& name) const {

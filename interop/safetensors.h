@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,13 +36,16 @@ struct SafeTensor {
   int64_t numel() const;
 };
 
-// A tensor whose bytes live elsewhere (for writing large parameter buffers without a copy).
+// A tensor whose bytes live elsewhere (for writing large parameter buffers without a copy), or are produced piece by
+// piece as the file is written: with data null, fill(at, n, dst) writes bytes [at, at + n) of the tensor into dst
+// (n at most 16 MiB), so a writer never holds more than that of a tensor.
 struct SafeTensorView {
   std::string name;
   std::string dtype;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;
+  std::function<void(uint64_t at, uint64_t n, void* dst)> fill;
 };
 
 SafeTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& shape, const float* data);
@@ -79,12 +83,15 @@ class SafetensorsFile {
   std::vector<float> as_f32(const std::string& name) const;
   // Same, into caller memory of exactly info(name).numel() floats.
   void read_f32_into(const std::string& name, float* dst, int64_t count) const;
+  // Elements [first, first + count) of the tensor (row-major), converted to fp32: only their bytes are read.
+  void read_f32_range(const std::string& name, int64_t first, int64_t count, float* dst) const;
 
  private:
   friend SafetensorsFile read_safetensors(const std::string& path);
   uint64_t data_start_ = 0;  // absolute file offset of the data region
   std::map<std::string, size_t> index_;
   void read_bytes(const SafeTensorInfo& t, void* dst) const;
+  void read_bytes(const SafeTensorInfo& t, uint64_t at, uint64_t n, void* dst) const;
 };
 
 // Parses and validates the header (header length vs file size, JSON shape, dtypes, shapes vs byte ranges, the

@@ -257,8 +257,9 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   fs::create_directories(out);
   const ParamLayout layout(cfg.model);
   {
-    std::vector<float> params(static_cast<size_t>(layout.total));
-    init_params(cfg.model, layout, params.data());  // a pure function of (init_seed, parameter, index)
+    // The step-0 weights are a pure function of (init_seed, parameter, index): computed piece by piece as the file is
+    // written, never held whole.
+    const FlatReader init = [&](int64_t a, int64_t b, float* out) { init_params_range(cfg.model, layout, a, b, out); };
     HfExportOptions hf;
     hf.max_position_embeddings = T;
     if (cfg.data.eos_id >= 0 && cfg.data.eos_id < cfg.model.vocab_size) hf.eos_token_id = cfg.data.eos_id;
@@ -266,11 +267,18 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
     if (moe) {
       fs::create_directories(out + "/olmo_core");
       std::vector<SafeTensorView> views;
-      for (const ParamInfo& p : layout.params)
-        views.push_back({p.name, "F32", p.shape, params.data() + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+      for (const ParamInfo& p : layout.params) {
+        SafeTensorView v{p.name, "F32", p.shape, nullptr, static_cast<size_t>(p.numel) * sizeof(float), {}};
+        const int64_t base = p.offset;
+        v.fill = [&init, base](uint64_t at, uint64_t n, void* dst) {
+          const int64_t a = base + static_cast<int64_t>(at / sizeof(float));
+          init(a, a + static_cast<int64_t>(n / sizeof(float)), static_cast<float*>(dst));
+        };
+        views.push_back(std::move(v));
+      }
       write_safetensors(out + "/olmo_core/model.safetensors", views, hf.metadata);
     } else {
-      export_hf_checkpoint(out + "/hf", cfg.model, layout, params.data(), hf);
+      export_hf_checkpoint(out + "/hf", cfg.model, layout, init, hf);
     }
   }
   write_text(out + "/batches.jsonl", batches_jsonl);

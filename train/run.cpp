@@ -63,9 +63,21 @@ void Trainer::note_data_position() {
   history_.segments.push_back(seg);
 }
 
-void Trainer::set_initial_params(const float* full) {
+void Trainer::set_initial_params(const FlatReader& read) {
   if (step_ != 0) throw std::logic_error("Trainer::set_initial_params after step " + std::to_string(step_));
-  upload_held(params_, full + layout_.lo());
+  // This rank's range only, in blocks (a 4 MiB transient), the parts it holds uploaded.
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  const int64_t lo = layout_.lo(), hi = layout_.hi();
+  std::vector<float> block(static_cast<size_t>(std::min(hi - lo, kBlock)));
+  const dist::Ranges held = placement_.held_parameters(layout_.rank);
+  for (int64_t a = lo; a < hi; a += kBlock) {
+    const int64_t b = std::min(hi, a + kBlock);
+    read(a, b, block.data());
+    for (const auto& [x, y] : held) {
+      const int64_t c = std::max(a, x), d = std::min(b, y);
+      if (c < d) params_.upload(block.data() + (c - a), d - c, c - lo);
+    }
+  }
 }
 
 namespace {
@@ -298,7 +310,17 @@ void start_state(Trainer& trainer, const TrainConfig& cfg, const RunOptions& opt
                  bool quiet) {
   // [init] hf_dir: the run starts from those weights (their SHA-256 is in the config, so in every manifest and in
   // resume_hash); a resume takes the checkpoint's weights instead.
-  if (resume_dir.empty() && !cfg.init.hf_dir.empty()) trainer.set_initial_params(initial_weights(cfg).params.data());
+  // Each rank reads only its slices of the safetensors files; their SHA-256 was resolved (or checked against the
+  // pinned one) before the run started (resolve_hf_init).
+  if (resume_dir.empty() && !cfg.init.hf_dir.empty()) {
+    require_hf_form(cfg, "Hugging Face import");
+    const ProcessStats before = process_stats();
+    const HfWeights hf(cfg.init.hf_dir, cfg.model, ParamLayout(cfg.model));
+    trainer.set_initial_params([&hf](int64_t a, int64_t b, float* out) { hf.read(a, b, out); });
+    if (opts.report_memory)
+      std::fprintf(stderr, "memory: rank %d after init.hf_dir: read %lld bytes (rchar)\n", trainer.comm().rank(),
+                   static_cast<long long>(process_stats().read_chars - before.read_chars));
+  }
   // [init] checkpoint: a new run from another run's checkpoint (its manifest checksum is in the config); a resume of
   // this run takes its own checkpoint instead.
   if (resume_dir.empty() && !cfg.init.checkpoint.empty()) {

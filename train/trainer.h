@@ -18,6 +18,7 @@
 #include "dist/unit_gather.h"
 #include "golden/state_digest.h"
 #include "golden/trace.h"
+#include "interop/hf_export.h"
 #include "core/instance_tree.h"
 #include "model/olmo3.h"
 #include "core/parallel.h"
@@ -139,9 +140,10 @@ class Trainer {
   // TEST ONLY (tests/core), single process: every step appends what the optimizer is fed and gives back to
   // DIR (params0.f32, grads.f32, params.f32, steps.jsonl), for OLMo-core's own optimizer to be driven with it.
   void dump_optimizer_to(const std::string& dir) { optim_dump_dir_ = dir; }
-  // Replaces the step-0 parameters with `full` (the whole flat vector; each rank keeps its range): a run that
-  // starts from other weights than the init ([init] hf_dir). Before the first step only.
-  void set_initial_params(const float* full);
+  // Replaces the step-0 parameters with what `read` gives for this rank's range of the flat vector (read in 4 MiB
+  // blocks, nothing else of it): a run that starts from other weights than the init ([init] hf_dir). Before the
+  // first step only.
+  void set_initial_params(const FlatReader& read);
   // Before the first step: the batch source continues from this loader state (data.olmo_core_state: where an
   // OLMo-core run's data loader stopped) instead of the start of epoch 1.
   void start_data_at(const nlohmann::json& loader_state);

@@ -13,6 +13,7 @@
 #include "core/params.h"
 
 #include <algorithm>
+#include <memory>
 
 namespace olmoref {
 
@@ -30,18 +31,6 @@ TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std
   return parse_config_text(man["config_toml"].get<std::string>(), dir + "/manifest.json", overrides);
 }
 
-RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides) {
-  RunWeights w;
-  w.config = load_checkpoint_config(dir, overrides);
-  const ParamLayout layout(w.config.model);
-  w.params.assign(static_cast<size_t>(layout.total), 0.0f);
-  std::vector<float> m(w.params.size()), v(w.params.size());  // the moments are verified too, then dropped
-  const ckpt::CheckpointMeta meta =
-      ckpt::load(dir, {layout.total, w.params.data(), m.data(), v.data()}, ckpt::CheckpointMeta{}, {});
-  w.step = meta.step;
-  return w;
-}
-
 namespace {
 // The weights' SHA-256, refused when the config pins another one.
 std::string pinned_hf_sha256(const TrainConfig& cfg) {
@@ -54,29 +43,70 @@ std::string pinned_hf_sha256(const TrainConfig& cfg) {
 }
 }  // namespace
 
-RunWeights initial_weights(const TrainConfig& cfg) {
-  RunWeights w;
-  w.config = cfg;
-  const ParamLayout layout(cfg.model);
-  w.params.assign(static_cast<size_t>(layout.total), 0.0f);
+WeightStream checkpoint_weight_stream(const std::string& dir, const std::vector<std::string>& overrides) {
+  WeightStream w;
+  w.config = load_checkpoint_config(dir, overrides);
+  auto reader = std::make_shared<ckpt::VectorReader>(dir, "params");
+  if (reader->total() != ParamLayout(w.config.model).total)
+    throw std::runtime_error(dir + "/manifest.json: holds " + std::to_string(reader->total()) + " parameters, but the "
+                             "config it records has " + std::to_string(ParamLayout(w.config.model).total));
+  w.step = ckpt::manifest_step(dir);
+  // The digest is checked as the last piece is read, so a writer streaming the weights fails before its file is
+  // renamed into place.
+  w.read = [reader](int64_t a, int64_t b, float* out) {
+    reader->read(a, b, out);
+    if (b == reader->total()) reader->finish();
+  };
+  w.finish = [reader] { reader->finish(); };
+  return w;
+}
+
+WeightStream initial_weight_stream(const TrainConfig& cfg) {
   if (!cfg.init.checkpoint.empty()) {  // another run's checkpoint (its weights; the optimizer state is the run's affair)
-    w.params = load_checkpoint_weights(cfg.init.checkpoint).params;
-    if (w.params.size() != static_cast<size_t>(layout.total))
-      throw std::runtime_error(cfg.init.checkpoint + ": holds " + std::to_string(w.params.size()) + " parameters, but "
-                               "this config's model has " + std::to_string(layout.total) + "; set [model] to the "
-                               "checkpoint's, or point init.checkpoint at a checkpoint of this model");
+    WeightStream w = checkpoint_weight_stream(cfg.init.checkpoint);
+    if (ParamLayout(w.config.model).total != ParamLayout(cfg.model).total)
+      throw std::runtime_error(cfg.init.checkpoint + ": holds " + std::to_string(ParamLayout(w.config.model).total) +
+                               " parameters, but this config's model has " + std::to_string(ParamLayout(cfg.model).total) +
+                               "; set [model] to the checkpoint's, or point init.checkpoint at a checkpoint of this model");
+    w.config = cfg;
+    w.step = 0;
     return w;
   }
+  WeightStream w;
+  w.config = cfg;
+  w.finish = [] {};
   if (cfg.init.hf_dir.empty()) {
-    init_params(cfg.model, layout, w.params.data());
+    auto layout = std::make_shared<ParamLayout>(cfg.model);
+    const ModelConfig model = cfg.model;
+    w.read = [layout, model](int64_t a, int64_t b, float* out) { init_params_range(model, *layout, a, b, out); };
     return w;
   }
   require_hf_form(cfg, "Hugging Face import");
   // Verified before use: the digest is what the run's resume_hash and manifest say it started from.
   if (!cfg.init.hf_sha256.empty()) pinned_hf_sha256(cfg);
-  import_hf_checkpoint(cfg.init.hf_dir, cfg.model, layout, w.params.data());
+  const ParamLayout layout(cfg.model);
+  auto hf = std::make_shared<HfWeights>(cfg.init.hf_dir, cfg.model, layout);
+  w.read = [hf](int64_t a, int64_t b, float* out) { hf->read(a, b, out); };
   return w;
 }
+
+namespace {
+RunWeights read_whole(WeightStream&& w) {
+  RunWeights out;
+  out.config = std::move(w.config);
+  out.step = w.step;
+  out.params.assign(static_cast<size_t>(ParamLayout(out.config.model).total), 0.0f);
+  w.read(0, static_cast<int64_t>(out.params.size()), out.params.data());
+  w.finish();
+  return out;
+}
+}  // namespace
+
+RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides) {
+  return read_whole(checkpoint_weight_stream(dir, overrides));
+}
+
+RunWeights initial_weights(const TrainConfig& cfg) { return read_whole(initial_weight_stream(cfg)); }
 
 void require_hf_form(const TrainConfig& cfg, const char* what) {
   try {

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "interop/hf_export.h"
 #include "train/config.h"
 
 namespace olmoref {
@@ -20,7 +22,21 @@ struct RunWeights {
 // The resolved config a checkpoint directory records (its manifest), without reading the weights.
 TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std::string>& overrides = {});
 
-// The weights of a checkpoint directory (stepNNNNNNNN, every byte verified) and the config it records.
+// A model's weights read piece by piece, in the flat vector's order (interop/hf_export.h FlatReader), never held
+// whole: a checkpoint's parameters frame by frame, a Hugging Face checkpoint's tensor slices, or the init computed on
+// demand. finish() verifies what was read where the source can (a checkpoint: every frame's checksums as read, then
+// the parameters' whole-state digest); call it after reading the whole vector.
+struct WeightStream {
+  TrainConfig config;  // the run's resolved configuration (overrides applied)
+  int64_t step = 0;    // optimizer steps completed (0: step-0 weights)
+  FlatReader read;
+  std::function<void()> finish;
+};
+WeightStream checkpoint_weight_stream(const std::string& dir, const std::vector<std::string>& overrides = {});
+WeightStream initial_weight_stream(const TrainConfig& cfg);
+
+// The weights of a checkpoint directory (stepNNNNNNNN: its parameters, every frame and their digest verified; the
+// moments are not read) and the config it records.
 RunWeights load_checkpoint_weights(const std::string& dir, const std::vector<std::string>& overrides = {});
 
 // The step-0 weights of `cfg`: those of the olmoref checkpoint or the Hugging Face checkpoint cfg.init names, else

@@ -6,7 +6,8 @@
 # (`train --report-memory`) within 15 % of `olmoref config --layout`'s host table; each resuming rank reads (rchar) at
 # most 1.1 x the frames overlapping what it keeps, the shard headers and the manifest, also when the checkpoint was
 # written at another layout (1x1, resumed at 4x1); the resume peak per rank at 4x1 at most 0.4 x 1x1's. The resumed
-# runs' traces are the uninterrupted ones. A node whose ranks would not fit its MemAvailable is refused up front.
+# runs' traces are the uninterrupted ones. `ckpt verify` and `export-hf` of the 1x1 checkpoint peak below 96 MiB (the
+# state is 0.6 GiB). A node whose ranks would not fit its MemAvailable is refused up front.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 # meson test sets MALLOC_PERTURB_, and glibc then fills every allocation (tests/train/memory.sh says why it matters).
@@ -38,6 +39,24 @@ want = json.loads(sys.stdin.read()); got = json.loads(open('$work/run-4x1-from-1
 got.pop('records_begin', None)
 sys.exit(0 if got == want else 'FAIL: step 2 resumed at 4x1 from the 1x1 checkpoint differs')"
 python3 "$SRC/tests/ckpt/io_memory.py" "$work" "${layouts[@]}"
+# The single-process tools stream: `ckpt verify` (every frame, the whole-state digests) and `export-hf` (tensor by
+# tensor into model.safetensors) peak far below the state they read (0.6 GiB here; 12n bytes once held whole).
+peak() {  # peak resident memory of a command, bytes
+  python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)' "$@"
+}
+ckpt1="$work/run-1x1/checkpoints/step00000001"
+verify_peak=$(peak "$BIN" ckpt verify "$ckpt1")
+export_peak=$(peak "$BIN" export-hf --checkpoint "$ckpt1" --out "$work/hf")
+state=$(python3 -c "import json; print(12 * json.load(open('$ckpt1/manifest.json'))['total_params'])")
+python3 - "$verify_peak" "$export_peak" "$state" <<'PY'
+import sys
+verify, export, state = (int(x) for x in sys.argv[1:])
+for what, peak in (("ckpt verify", verify), ("export-hf", export)):
+    print(f"{what}: peak {peak / 2**20:.1f} MiB for a state of {state / 2**20:.1f} MiB ({peak / state:.3f})")
+    assert peak < 96 << 20, f"FAIL: {what} peaked at {peak / 2**20:.1f} MiB, above 96 MiB"
+PY
 # A node whose ranks cannot all hold their host memory: refused before the run directory is written, naming the
 # phase, the largest part and how many ranks fit (the launcher's count of ranks on the node, here claimed 100000).
 set +e

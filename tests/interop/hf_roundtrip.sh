@@ -9,7 +9,8 @@
 #   4. HF's logits on the exported directory vs olmoref's: golden/parity/hf_parity.py's fp32 gate;
 #   5. import: olmoref's logits from the imported weights bit-identical to the checkpoint's; train --init-from-hf
 #      starts from exactly those weights (lr 0: its step-1 parameter digest is the checkpoint's), records their
-#      SHA-256 (also after a resume that does not name them), and refuses weights that do not match a pinned SHA-256.
+#      SHA-256 (also after a resume that does not name them), and refuses weights that do not match a pinned SHA-256;
+#      at 2x1 and 4x1 the same step 1, each rank reading only its slice of model.safetensors (rchar).
 # Exits 77 (skip) only when the venv or the demo corpus's Debian packages are absent.
 set -euo pipefail
 bin="$(realpath "$1")"
@@ -136,4 +137,40 @@ if "$bin" train --config "$root/configs/small.toml" --out runC --steps 1 --quiet
 fi
 grep -q "$sha" pin.out && grep -q "$bad" pin.out || fail "pin refusal does not name both digests: $(cat pin.out)"
 echo "init-from-hf: step-1 digest ${gotd:0:16} = the checkpoint's; SHA-256 ${sha:0:16}... recorded; wrong pin refused"
+
+echo "== train --init-from-hf at 2x1 and 4x1: each rank reads only its slices of model.safetensors"
+if command -v mpirun > /dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  for s in 2 4; do
+    mpirun --oversubscribe --bind-to none -np "$s" "$bin" train --config "$root/configs/small.toml" --out "runR$s" \
+      --steps 2 --stop-after 1 --threads 1 --quiet --dp-shard "$s" --report-memory "${data[@]}" "${lr0[@]}" \
+      --init-from-hf hf 2> "runR$s.log" || { cat "runR$s.log"; fail "train --init-from-hf at ${s}x1"; }
+    cmp runB/trace.jsonl "runR$s/trace.jsonl" 2> /dev/null ||
+      "$py" - runB/trace.jsonl "runR$s/trace.jsonl" <<'PY' || fail "init-from-hf at ${s}x1: step 1 differs from 1x1's"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)][0] for p in sys.argv[1:])
+sys.exit(0 if a == b else f"{a} != {b}")
+PY
+    "$py" - "runR$s.log" "$s" hf/model.safetensors <<'PY' || fail "init-from-hf at ${s}x1: a rank read more than its slice"
+import os, re, struct, sys
+log, S, path = open(sys.argv[1]).read(), int(sys.argv[2]), sys.argv[3]
+reads = {int(r): int(n) for r, n in re.findall(r"memory: rank (\d+) after init.hf_dir: read (\d+) bytes", log)}
+assert len(reads) == S, log
+with open(path, "rb") as f:
+    header = struct.unpack("<Q", f.read(8))[0]
+total = (os.path.getsize(path) - 8 - header) // 4  # F32 floats: the flat vector
+chunks = -(-total // 65536)
+stride = -(-chunks // S) * 65536
+for r, got in sorted(reads.items()):
+    mine = max(0, min(total, (r + 1) * stride) - min(total, r * stride))
+    allowed = 1.1 * 4 * mine + header + 8 + (64 << 10)  # its slice, the header, config.json
+    print(f"rank {r}: read {got / 2**20:.2f} MiB of a {4 * total / 2**20:.2f} MiB file; its slice {4 * mine / 2**20:.2f} MiB")
+    assert got <= allowed, (r, got, allowed)
+PY
+  done
+  echo "init-from-hf at 2x1 and 4x1: the same step 1 as 1x1, each rank reading its slice"
+else
+  fail "mpirun is missing (openmpi-bin)"
+fi
 echo "interop-hf: PASS"
