@@ -295,3 +295,67 @@ TEST_CASE("data_history: a run continuing another run's loader (data.olmo_core_s
   r->resume(d, {});
   CHECK(r->train_step().record.to_json() == t->train_step().record.to_json());
 }
+
+TEST_CASE("frames: a tensor larger than kFrameFloats is cut into frames; ranged reads and VectorReader take only "
+          "what they need, each frame verified") {
+  const int64_t n = ckpt::kFrameFloats + 1000003;  // one tensor: one whole frame and a short one
+  std::vector<float> p(static_cast<size_t>(n)), m(p.size()), v(p.size());
+  for (int64_t i = 0; i < n; ++i) {
+    p[static_cast<size_t>(i)] = static_cast<float>(i % 9973) * 0.5f - 7.0f;
+    m[static_cast<size_t>(i)] = static_cast<float>(i % 101) * 1e-3f;
+    v[static_cast<size_t>(i)] = static_cast<float>(i % 17) * 1e-6f;
+  }
+  ckpt::CheckpointMeta meta;
+  meta.loader_state = nlohmann::json::object();
+  meta.data_layout = nlohmann::json::object();
+  const std::string root = fx().dir + "/frames";
+  fs::remove_all(root);
+  const std::string d = ckpt::save(root, meta, {n, p.data(), m.data(), v.data()}, {{"w", 0, n}}, {});
+  const std::string text = ckpt::inspect(d, true);
+  CHECK(text.find("w[0:4194304]") != std::string::npos);
+  CHECK(text.find("w[4194304:" + std::to_string(n) + "]") != std::string::npos);
+  CHECK(ckpt::verify(d).empty());
+  // A range across the frame boundary, of params only: exactly those floats, handed over piece by piece.
+  const int64_t a = ckpt::kFrameFloats - 5, b = ckpt::kFrameFloats + 7;
+  std::vector<float> got(static_cast<size_t>(b - a), -1.0f);
+  int64_t pieces = 0;
+  ckpt::load_ranges(d, {{{a, b}, {0, 0}, {0, 0}}},
+                    [&](int vec, int64_t x, int64_t y, const float* data) {
+                      CHECK(vec == 0);
+                      std::copy(data, data + (y - x), got.begin() + (x - a));
+                      ++pieces;
+                    },
+                    n, {}, {});
+  CHECK(pieces == 2);
+  CHECK(std::equal(got.begin(), got.end(), p.begin() + a));
+  // VectorReader: odd-sized pieces in order, then the digest.
+  ckpt::VectorReader r(d, "adam_m");
+  std::vector<float> all(static_cast<size_t>(n));
+  for (int64_t x = 0; x < n; x += 999983) r.read(x, std::min(n, x + 999983), all.data() + x);
+  r.finish();
+  CHECK(all == m);
+  CHECK(error_of([&] { ckpt::VectorReader(d, "params").read(10, 20, all.data()); }).find("in order") != std::string::npos);
+  // A flipped byte in the last frame (adam_v's short one, just before the header): a reader of the first frame
+  // never reads it, verify and a reader of it name it.
+  const nlohmann::json header = [&] {
+    std::ifstream f(d + "/shard-00000.bin", std::ios::binary);
+    f.seekg(-32, std::ios::end);
+    char tail[16];
+    f.read(tail, 16);
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(tail[i]);
+    f.seekg(-32 - static_cast<int64_t>(len), std::ios::end);
+    std::string h(len, '\0');
+    f.read(h.data(), static_cast<std::streamsize>(len));
+    return nlohmann::json::parse(h);
+  }();
+  const int64_t header_bytes = static_cast<int64_t>(header.dump().size()) + 32;
+  flip_byte(d + "/shard-00000.bin", header_bytes + 10);
+  ckpt::load_ranges(d, {{{0, 16}, {0, 16}, {0, 16}}}, [&](int, int64_t, int64_t, const float*) {}, n, {}, {});
+  const std::string e = error_of([&] {
+    ckpt::load_ranges(d, {{{0, 0}, {0, 0}, {n - 16, n}}}, [](int, int64_t, int64_t, const float*) {}, n, {}, {});
+  });
+  CHECK(e.find("adam_v w[4194304:") != std::string::npos);
+  CHECK(e.find("checksum mismatch") != std::string::npos);
+  CHECK(ckpt::verify(d).front().find("adam_v w[4194304:") != std::string::npos);
+}
