@@ -7,15 +7,15 @@ namespace olmoref::dist {
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group)
-    : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group) {
-  unit_.reset(ex, model.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
-}
+    : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group) {}
 
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
 // reads only its own experts). Exact pieces, no padding; what a rank never reads of the unit buffer is never
 // written.
 const float* UnitGather::acquire(int unit) {
+  // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
+  if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   const auto [a, b] = model_.unit_range(unit);
   const Layout& L = layout_;

@@ -397,7 +397,7 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   HostPhase write{"checkpoint write", {}};
   const int zstd_threads = cfg.checkpoint.zstd_threads > 0 ? static_cast<int>(cfg.checkpoint.zstd_threads) : threads;
   if (!x.gpu) {
-    write.parts = without(step.parts, {"FSDP unit buffer", "FSDP gather buffers", "parameter all-gather"});
+    write.parts = without(step.parts, {"FSDP gather buffers", "parameter all-gather"});
     if (L.dp_shard > 1)
       write.parts = without(write.parts, {"gradient stack", "owner tree slots", "unit send blocks", "unit receive blocks"});
   } else {
@@ -415,9 +415,10 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   HostPhase resume{"resume", {}};
   const int read_threads = x.device_paths ? 1 : threads;
   if (!x.gpu) {
-    // The gradient shard and the slots are allocated by the first step, not by the trainer's constructor.
+    // The gradient shard, the slots and the FSDP unit buffer are allocated by the first step, not by the trainer's
+    // constructor.
     resume.parts = without(step.parts, {"gradient shard", "gradient stack", "owner tree slots", "unit send blocks",
-                                        "unit receive blocks",
+                                        "unit receive blocks", "FSDP unit buffer",
                                         "FSDP gather buffers", "parameter all-gather", "digest staging",
                                         "evaluation model"});
   } else {
