@@ -972,7 +972,7 @@ CheckpointMeta load(const std::string& dir, const StateVectors& state, const Che
   return meta;
 }
 
-std::vector<std::string> verify(const std::string& dir) {
+std::vector<std::string> verify(const std::string& dir, const std::function<void(uint64_t, uint64_t)>& progress) {
   std::vector<std::string> problems;
   try {
     const nlohmann::json m = read_manifest(dir);
@@ -982,6 +982,9 @@ std::vector<std::string> verify(const std::string& dir) {
     // Each vector in order of its elements (the coverage check above made the entries tile it), one entry at a time,
     // into a running Merkle digest: the whole-state digest without the whole state.
     EntryBuffers buf;
+    uint64_t to_read = 0, done = 0;
+    for (const ShardFile& s : files)
+      for (const auto& e : s.header.at("entries")) to_read += e.at("zstd_bytes").get<uint64_t>();
     for (int v = 0; v < 3; ++v) {
       std::vector<std::pair<int64_t, std::pair<const ShardFile*, const nlohmann::json*>>> order;
       for (const ShardFile& s : files)
@@ -995,6 +998,8 @@ std::vector<std::string> verify(const std::string& dir) {
         float* raw = buf.floats(n);
         read_entry(*entry.first, *entry.second, buf.z, raw);
         digest.add(raw, n);
+        done += entry.second->at("zstd_bytes").get<uint64_t>();
+        if (progress) progress(done, to_read);
       }
       if (digest.finish().hex() != m.at("state_digests").at(kVectorNames[v]).get<std::string>())
         fail(dir, "loaded state does not match the manifest's whole-state digests (" + std::string(kVectorNames[v]) + ")");

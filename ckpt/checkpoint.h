@@ -196,7 +196,9 @@ std::string manifest_checksum(nlohmann::json m);
 // coverage of each flat vector, and the whole-state digests. Returns problems (empty = intact). Streams: the
 // vectors are read in order, one frame at a time, into running digests, so the peak does not grow with the model
 // beyond the headers and one frame (an entry, in format 2).
-std::vector<std::string> verify(const std::string& dir);
+// progress(bytes read, bytes to read) after each frame, for a long verify's progress line.
+std::vector<std::string> verify(const std::string& dir,
+                                const std::function<void(uint64_t done, uint64_t total)>& progress = {});
 
 // One flat vector of a checkpoint ("params", "adam_m" or "adam_v") read once, in order, frame by frame: each frame
 // verified as it is read and the vector's Merkle root checked against the manifest's digest at the end (finish). A

@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <array>
+#include <chrono>
 #include <limits>
 #include <cstdio>
 #include <cstdlib>
@@ -342,7 +343,16 @@ void register_commands(CLI::App& app) {
     auto vdir = std::make_shared<std::string>();
     ver->add_option("DIR", *vdir, "Checkpoint directory")->required();
     ver->callback([=] {
-      const auto problems = ckpt::verify(*vdir);
+      // A long verify says how far it is, every 10 s, on stderr.
+      const auto start = std::chrono::steady_clock::now();
+      auto last = start;
+      const auto problems = ckpt::verify(*vdir, [&](uint64_t done, uint64_t total) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last < std::chrono::seconds(10)) return;
+        last = now;
+        std::fprintf(stderr, "verify: %.2f of %.2f GB read (%.0f s)\n", static_cast<double>(done) / 1e9,
+                     static_cast<double>(total) / 1e9, std::chrono::duration<double>(now - start).count());
+      });
       for (const auto& p : problems) std::printf("FAILED: %s\n", p.c_str());
       if (problems.empty()) std::printf("OK: %s is intact\n", vdir->c_str());
       g_exit_code = problems.empty() ? 0 : 1;
