@@ -32,7 +32,7 @@ echo "|---|---|---|---|---|"
 measure "ckpt verify (intact)" "$bin" ckpt verify "$ckpt"
 measure "export-hf" "$bin" export-hf --checkpoint "$ckpt" --out "$out/hf"
 rm -rf "$out/hf"
-shard="$ckpt/shard-00000.bin"
+shard="$ckpt/$(cd "$ckpt" && ls shard-*)"  # the one shard file
 size=$(stat -c %s "$shard")
 # A flipped byte half-way through the frames.
 python3 -c "
