@@ -8,7 +8,12 @@
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run; the kernels step checked the
 #      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list;
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
-#      after it still run; a planted failure in the preflight stops the script at once, saying why.
+#      after it still run; a planted failure in the preflight stops the script at once, saying why;
+#   4. the device's command lines: the dry run went through the stand-ins (tools/standins/) for nvidia-smi and
+#      compute-sanitizer, which accept only the lines the device run gives the real tools (the line that once wrapped
+#      test_gpu_kernels as a --tool is refused); the step limits add up to at most the 360 s budget (a start, a run
+#      and a rerun in 15 minutes); gemm_bench runs first in the bench step; a runtime without compute-sanitizer
+#      records the sanitizer steps as not run (126), which the final count does not take for failures.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 BUILD="$OLMOREF_BUILD_ROOT"
 cd "$SRC"
@@ -92,4 +97,41 @@ check_out "$work/pre"
 grep -q "stopped after the preflight" "$work/pre/summary.txt"
 if grep -q "===== kernels" "$work/pre/checks.log"; then echo "FAIL: steps ran after a failed preflight"; exit 1; fi
 echo "planted preflight failure: stopped at once, the reason in summary.txt"
+echo "== 4. the device's command lines"
+python3 - "$work/dry" <<'PY'
+import re, sys
+d = sys.argv[1]
+log, device = open(f"{d}/checks.log").read(), open(f"{d}/device.txt").read()
+assert "stand-in GPU (dry run)" in device, "the preflight did not query nvidia-smi as the device run does"
+mem = log[log.index("===== memcheck "):log.index("===== racecheck ")]
+race = log[log.index("===== racecheck "):]
+for exe in ("test_decomposition", "test_executor", "olmoref"):
+    assert f"compute-sanitizer (stand-in): --tool memcheck, running {exe}" in mem, f"memcheck did not wrap {exe}"
+assert "compute-sanitizer (stand-in): --tool racecheck, running test_decomposition" in race
+kern = log[log.index("===== kernels "):log.index("===== bench ")]
+assert "compute-sanitizer" not in kern, "the kernels step runs its program bare"
+limits = [int(x) for x in re.findall(r"^===== \S+ \(limit (\d+)s\)", log, re.M)]
+assert len(limits) == 6 and sum(limits) <= 360, limits
+assert 2 * sum(limits) + 120 <= 900, "a start, a run and a rerun must fit 15 minutes"
+bench = log[log.index("===== bench "):log.index("===== training ")]
+assert bench.splitlines()[1].startswith("gemm_bench"), "gemm_bench, the cheapest figure, runs first: " + bench[:300]
+print("device lines: nvidia-smi and compute-sanitizer stand-ins took the device's lines; limits", limits)
+PY
+if "$SRC/tools/standins/compute-sanitizer" --error-exitcode 9 --tool "$BUILD/olmoref" --help > "$work/bad.log" 2>&1; then
+  echo "FAIL: the stand-in accepted a program given as the --tool"; exit 1
+fi
+grep -q "is not a sanitizer tool" "$work/bad.log"
+# Without compute-sanitizer (kernels planted to fail, to keep this short): the sanitizer steps are not run, and only
+# the planted failure counts.
+OUT=$work/nosan GPU_CHECK_BINARIES=$BUILD GPU_CHECK_SANITIZER=no-such-sanitizer GPU_CHECK_PLANT=kernels \
+  bash tools/gpu_check.sh --dry-run > /dev/null 2>&1 || true
+python3 - "$work/nosan" <<'PY'
+import json, sys
+s = {r["check"]: r["exit"] for r in json.load(open(f"{sys.argv[1]}/summary.json"))}
+assert s["memcheck"] == 126 and s["racecheck"] == 126 and s["kernels"] == 3, s
+summary = open(f"{sys.argv[1]}/summary.txt").read()
+assert "not run: no-such-sanitizer is not on this runtime" in summary, summary
+assert "gpu_check: 1 step(s) failed, 2 not run for want of no-such-sanitizer" in summary, summary
+print("no compute-sanitizer: memcheck and racecheck recorded as not run (126), not as failures")
+PY
 echo "gpu check dry run: ok"
