@@ -421,7 +421,9 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
   // What grows with the global batch is checked against the data, then against memory, before any of it is built.
   check_global_batch_fits_data(cfg);
-  check_run_fits(cfg, opts.parallel, *make_executor(cfg.train.executor, nullptr), static_cast<int>(opts.threads));
+  Parallelism fit = opts.parallel;
+  fit.no_steps = opts.stop_after == 0;
+  check_run_fits(cfg, fit, *make_executor(cfg.train.executor, nullptr), static_cast<int>(opts.threads));
   fs::create_directories(out_dir);
   const std::string ckpt_root = out_dir + "/checkpoints";
   const int64_t total = cfg.train.steps;
@@ -453,6 +455,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   int64_t records_begin = resume_dir.empty() ? 0 : check_resume(cfg, opts, resume_dir, comm, quiet);
   Parallelism par = opts.parallel;
   par.comm = &comm;
+  par.no_steps = opts.stop_after == 0;
   Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
   start_state(trainer, cfg, opts, resume_dir, quiet);

@@ -48,7 +48,7 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
   // it, a resume), whatever the executor.
   const int local = dist::ranks_on_this_node();
   const HostMemory host_need = predict_host_memory(cfg, where);
-  const HostPhase& phase = host_need.fullest();
+  const HostPhase& phase = par.no_steps ? host_need.phases[2] : host_need.fullest();
   if (host >= 0 && static_cast<double>(phase.peak()) * local > static_cast<double>(host)) {
     const MemoryPart& big = *std::max_element(phase.parts.begin(), phase.parts.end(),
                                               [](const MemoryPart& a, const MemoryPart& b) { return a.bytes < b.bytes; });
@@ -66,6 +66,7 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
         std::to_string(par.dp_replicate) + " --ranks-per-node " + std::to_string(local) + " --executor " +
         cfg.train.executor);
   }
+  if (par.no_steps) return;  // the device holds the state on a resume; its step's buffers are never allocated
   const RankMemory need = predict_rank_memory(cfg, where);
   // On a host executor the per-rank table is the host's, checked above for the node.
   const int64_t have = need.device ? ex.memory_available() : -1;

@@ -49,6 +49,9 @@ struct Parallelism {
   bool debug_moe_unordered_combine = false;  // TEST ONLY: MoE combine in arrival order (moe.h); must change the trace
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
+  // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
+  // resume holds on the host.
+  bool no_steps = false;
 };
 
 class Trainer {
