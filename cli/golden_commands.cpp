@@ -256,8 +256,22 @@ void register_golden_commands(CLI::App& app) {
     exp->add_flag("--copy-data", o->copy_data, "Copy the token files into BUNDLE/data/ (default: reference them)");
     exp->add_option("--set", o->overrides,
                     "Override a key of the run's config, e.g. data.train_mix=PATH when the corpus moved (repeatable)");
+    exp->add_option("--states", o->states,
+                    "olmoref's state after the steps a fixed-state replay judges (BUNDLE/states/, recomputed by training "
+                    "the run again, every record checked against the trace): auto (default: every step of an fp32 "
+                    "AdamW run up to 1 GiB of states, evenly spaced steps beyond), all, none, or steps like 1,5,10");
+    exp->add_option("--threads", o->threads, "Threads for retraining the states (0 = all cores)")
+        ->check(CLI::Range(0, 65536));
     exp->callback([=] {
       const GoldenExportSummary s = export_golden_bundle(*o);
+      if (!s.judged_steps.empty())
+        std::printf("states: %zu judged step(s) (%lld files, %.1f MiB) from retraining %lld step(s) in %.1f s, every "
+                    "record equal to the trace's%s%s\n",
+                    s.judged_steps.size(), static_cast<long long>(s.state_files), s.state_bytes / 1048576.0,
+                    static_cast<long long>(s.judged_steps.back()), s.retrain_seconds,
+                    s.states_note.empty() ? "" : "; ", s.states_note.c_str());
+      else if (!s.states_note.empty())
+        std::printf("states: %s\n", s.states_note.c_str());
       std::printf("wrote golden bundle %s: %lld steps x %lld instances x %lld tokens, %lld parameters (%s/), "
                   "%lld token file(s) %s, batches checked against the trace%s; dataset %s\n",
                   o->out_dir.c_str(), static_cast<long long>(s.steps), static_cast<long long>(s.instances_per_step),

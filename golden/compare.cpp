@@ -44,6 +44,7 @@ std::string check_text(const MetricRule& r) {
     case MetricRule::Check::exact: return "exact";
     case MetricRule::Check::report: return "report";
     case MetricRule::Check::close: return "close rtol=" + fmt_short(r.rtol) + " atol=" + fmt_short(r.atol);
+    case MetricRule::Check::at_most: return "at_most " + fmt_short(r.limit);
   }
   return "?";
 }
@@ -64,19 +65,24 @@ MetricRule rule_from_fields(const std::string& metric, const std::map<std::strin
   auto bad = [&](const std::string& key, const std::string& why) -> std::invalid_argument {
     return std::invalid_argument(origin + ": rule for '" + metric + "', key '" + key + "': " + why);
   };
-  bool has_check = false, has_tol = false;
+  bool has_check = false, has_tol = false, has_limit = false;
   for (const auto& [key, v] : fields) {
     if (key == "metric") {
       if (!v.is_string() || v.get<std::string>().empty()) throw bad(key, "must be a metric name");
       r.metric = canonical_metric(v.get<std::string>());
     } else if (key == "check") {
-      if (!v.is_string()) throw bad(key, "must be \"exact\", \"close\" or \"report\"");
+      if (!v.is_string()) throw bad(key, "must be \"exact\", \"close\", \"at_most\" or \"report\"");
       const std::string c = v.get<std::string>();
       if (c == "exact") r.check = MetricRule::Check::exact;
       else if (c == "close") r.check = MetricRule::Check::close;
+      else if (c == "at_most") r.check = MetricRule::Check::at_most;
       else if (c == "report") r.check = MetricRule::Check::report;
-      else throw bad(key, "must be \"exact\", \"close\" or \"report\" (got \"" + c + "\")");
+      else throw bad(key, "must be \"exact\", \"close\", \"at_most\" or \"report\" (got \"" + c + "\")");
       has_check = true;
+    } else if (key == "limit") {
+      if (!v.is_number() || v.get<double>() < 0) throw bad(key, "must be a number >= 0");
+      r.limit = v.get<double>();
+      has_limit = true;
     } else if (key == "rtol" || key == "atol") {
       if (!v.is_number() || v.get<double>() < 0) throw bad(key, "must be a number >= 0");
       (key == "rtol" ? r.rtol : r.atol) = v.get<double>();
@@ -92,12 +98,15 @@ MetricRule rule_from_fields(const std::string& metric, const std::map<std::strin
       if (!v.is_boolean()) throw bad(key, "must be true or false");
       r.required = v.get<bool>();
     } else {
-      throw bad(key, "unknown key (known: metric, check, rtol, atol, max_failing_steps, first_step, last_step, "
-                     "min_steps, required)");
+      throw bad(key, "unknown key (known: metric, check, rtol, atol, limit, max_failing_steps, first_step, "
+                     "last_step, min_steps, required)");
     }
   }
   if (!has_check && has_tol) r.check = MetricRule::Check::close;
   if (r.check == MetricRule::Check::exact && has_tol) throw bad("check", "\"exact\" takes no rtol/atol; use \"close\"");
+  if ((r.check == MetricRule::Check::at_most) != has_limit)
+    throw bad(has_limit ? "limit" : "check", "\"at_most\" and limit go together (B's value must be <= limit)");
+  if (r.check == MetricRule::Check::at_most && has_tol) throw bad("check", "\"at_most\" takes a limit, not rtol/atol");
   if (r.last_step > 0 && r.first_step > r.last_step) throw bad("last_step", "must be >= first_step");
   return r;
 }
@@ -214,6 +223,53 @@ CompareRules default_rules(const LoadedTrace& a, const LoadedTrace& b) {
 // Comparison
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// at_most: a quantity only B records (a replay's own error against a reference it was handed), judged at every step
+// A has: B must hold it there and it must not exceed the limit. Its first step over the limit counts as the first
+// difference.
+bool judge_at_most(const LoadedTrace& a, const LoadedTrace& b, const MetricRule& rule, MetricResult& m) {
+  const auto ib = b.metrics.find(rule.metric);
+  if (ib == b.metrics.end()) {
+    m.present = false;
+    m.pass = !rule.required;
+    m.note = std::string("missing in B") + (rule.required ? "" : " (not required)");
+    return m.pass;
+  }
+  m.numeric = true;
+  for (int64_t step : a.steps()) {
+    if (rule.first_step > 0 && step < rule.first_step) continue;
+    if (rule.last_step > 0 && step > rule.last_step) continue;
+    ++m.compared;
+    const auto jb = ib->second.find(step);
+    bool fail;
+    if (jb == ib->second.end()) {
+      ++m.missing_in_b;
+      fail = true;
+    } else {
+      const double v = jb->second.value;
+      fail = !(v <= rule.limit);  // NaN fails
+      if (v > m.max_abs || std::isnan(v)) {
+        m.max_abs = std::isnan(v) ? std::numeric_limits<double>::infinity() : v;
+        m.max_rel_step = step;
+      }
+    }
+    if (fail) {
+      ++m.failing;
+      if (m.first_failing_step < 0) m.first_failing_step = step;
+      if (m.first_differing_step < 0) m.first_differing_step = step;
+    }
+  }
+  m.allowed = rule.max_failing_steps >= 0 ? rule.max_failing_steps
+                                          : std::max<int64_t>(1, std::min<int64_t>(m.compared / 100, 50));
+  m.pass = m.failing <= m.allowed && m.compared >= rule.min_steps;
+  if (m.compared < rule.min_steps)
+    m.note = "only " + std::to_string(m.compared) + " steps compared, rule needs " + std::to_string(rule.min_steps);
+  return m.pass;
+}
+
+}  // namespace
+
 CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules) {
   CompareResult res;
   {
@@ -225,6 +281,14 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
     MetricResult m;
     m.rule = rule;
     const auto ia = a.metrics.find(rule.metric), ib = b.metrics.find(rule.metric);
+    if (rule.check == MetricRule::Check::at_most) {
+      res.pass = res.pass && judge_at_most(a, b, rule, m);
+      if (m.first_differing_step >= 0 &&
+          (res.first_differing_step < 0 || m.first_differing_step < res.first_differing_step))
+        res.first_differing_step = m.first_differing_step;
+      res.metrics.push_back(m);
+      continue;
+    }
     if (ia == a.metrics.end() || ib == b.metrics.end()) {
       m.present = false;
       m.pass = !rule.required;
@@ -322,14 +386,16 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
   for (const auto& m : r.metrics) {
     const std::string failing = std::to_string(m.failing) + "/" + std::to_string(m.allowed);
     const std::string fd = m.first_differing_step < 0 ? "-" : std::to_string(m.first_differing_step);
-    const std::string at = m.max_rel_step < 0 || m.max_rel == 0 ? "-" : std::to_string(m.max_rel_step);
+    const bool bound = m.rule.check == MetricRule::Check::at_most;  // "max |d|" is B's largest value, at its step
+    const std::string at =
+        m.max_rel_step < 0 || (m.max_rel == 0 && !bound) ? "-" : std::to_string(m.max_rel_step);
     std::string result = m.pass ? "ok" : "FAIL";
     if (m.rule.check == MetricRule::Check::report) result = "(report)";
     if (!m.note.empty()) result += " (" + m.note + ")";
     const std::string label = m.rule.name;
     std::snprintf(line, sizeof line, "%-16s %-28s %6lld %9s %10s %10s %8s %10s  %s\n", label.c_str(),
                   check_text(m.rule).c_str(), static_cast<long long>(m.compared), failing.c_str(),
-                  m.numeric ? fmt_short(m.max_abs).c_str() : "-", m.numeric ? fmt_short(m.max_rel).c_str() : "-",
+                  m.numeric ? fmt_short(m.max_abs).c_str() : "-", m.numeric && !bound ? fmt_short(m.max_rel).c_str() : "-",
                   at.c_str(), fd.c_str(), result.c_str());
     o << line;
   }
@@ -350,6 +416,12 @@ std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, co
         if (std::isnan(v.value) && !v.exact.empty()) return v.exact;
         return fmt_num(v.value) + (v.exact.empty() ? "" : " [" + v.exact + "]");
       };
+      if (m.rule.check == MetricRule::Check::at_most) {  // B's own quantity: its value against the limit
+        std::snprintf(line, sizeof line, "  %-16s limit %-32s B %s%s\n", m.rule.metric.c_str(),
+                      fmt_short(m.rule.limit).c_str(), show(b).c_str(), m.first_failing_step == s ? "   <- over" : "");
+        o << line;
+        continue;
+      }
       const std::string va = show(a), vb = show(b);
       const auto& sa = a.metrics.at(m.rule.metric);
       const auto& sb = b.metrics.at(m.rule.metric);

@@ -2,7 +2,8 @@
 // (docs/formats/compare.md), in the spirit of Megatron's golden values.
 //
 // Rules: per metric, `exact` (bit patterns where both sides carry them, else equal numbers or strings),
-// `close` (|b − a| <= atol + rtol·|a|, A being the reference) or `report` (never fails). Each rule allows a
+// `close` (|b − a| <= atol + rtol·|a|, A being the reference), `at_most` (a metric only B records, such as a
+// replay's error against the state it was handed: b <= limit at every step of A) or `report` (never fails). Each rule allows a
 // number of failing steps (Megatron: exact allows none, approximate max(1, min(n/100, 50)): "megatron").
 // A step of A missing from B fails (Megatron counts it as inf); steps only in B are ignored and counted.
 #pragma once
@@ -18,11 +19,12 @@
 namespace olmoref {
 
 struct MetricRule {
-  enum class Check { exact, close, report };
+  enum class Check { exact, close, at_most, report };
   std::string name;    // the rule's name (its table in the rules file); several rules may check one metric
   std::string metric;  // the metric it checks (default: the name)
   Check check = Check::exact;
   double rtol = 0, atol = 0;
+  double limit = 0;                  // at_most
   int64_t max_failing_steps = 0;     // -1: Megatron's max(1, min(n/100, 50))
   int64_t first_step = 0;            // 0: from A's first step
   int64_t last_step = 0;             // 0: to A's last step

@@ -69,4 +69,22 @@ class BatchSource {
 std::unique_ptr<BatchSource> make_batch_source(const TrainConfig& cfg, const std::string& audit_path = "",
                                                bool audit_append = false, int world = 1, int rank = -1);
 
+// Batches fixed in advance (parity-dump's synthetic tokens, golden export's recomputed batches): the trainer gets
+// exactly the tokens another implementation is handed.
+class FixedBatchSource : public BatchSource {
+ public:
+  explicit FixedBatchSource(std::vector<StepBatch> batches, std::string fingerprint = "fixed")
+      : batches_(std::move(batches)), fingerprint_(std::move(fingerprint)) {}
+  StepBatch next() override { return batches_.at(next_++); }
+  std::string describe() const override { return "fixed batches"; }
+  nlohmann::json state() const override { return {{"next", next_}}; }
+  void restore(const nlohmann::json& s, bool) override { next_ = s.at("next").get<size_t>(); }
+  std::string fingerprint() const override { return fingerprint_; }
+
+ private:
+  std::vector<StepBatch> batches_;
+  std::string fingerprint_;
+  size_t next_ = 0;
+};
+
 }  // namespace olmoref

@@ -10,6 +10,8 @@
 #include <span>
 #include <sstream>
 #include <stdexcept>
+#include <chrono>
+#include <set>
 #include <tuple>
 
 #include "data/audit.h"
@@ -21,11 +23,11 @@
 #include "golden/trace.h"
 #include "model/init.h"
 #include "core/optim.h"
-#include "train/batch_source.h"
 #include "core/params.h"
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/manifest.h"
+#include "train/trainer.h"
 #include "train/weights.h"
 
 namespace olmoref {
@@ -136,7 +138,131 @@ Replay with olmoref's `golden/replay/replay.py --bundle DIR --out replay.jsonl`,
 `olmoref trace compare DIR/trace.jsonl replay.jsonl --rules golden/replay/rules-fp32.toml`.
 )";
 
+std::string state_file_name(int64_t step) {
+  char name[48];
+  std::snprintf(name, sizeof name, "states/step-%08lld.safetensors", static_cast<long long>(step));
+  return name;
+}
+
+// Trains the run again from the init on its own recomputed batches (one process, the CPU: every layout and executor
+// of the run gives the same bits, which each record below checks) and writes the state after every step in
+// `write`: parameters, Adam's moments and, for a judged step, the pre-clip gradient it computed. Each record must be
+// the trace's, field for field, or nothing the bundle says about olmoref's state could be trusted.
+void write_states(const TrainConfig& cfg, std::vector<StepBatch> batches, const std::vector<TraceRecord>& trace,
+                  const std::vector<int64_t>& judged, const std::set<int64_t>& write, const std::string& out,
+                  int threads, const std::string& run, GoldenExportSummary& summary) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t last = *write.rbegin();
+  batches.resize(static_cast<size_t>(last));
+  std::vector<StepBatch> copy = batches;
+  Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(std::move(copy), "golden export"));
+  const ParamLayout& L = trainer.model().layout();
+  const bool moe = cfg.model.moe.enabled();
+  const std::set<int64_t> judged_set(judged.begin(), judged.end());
+  std::vector<float> grad;
+  fs::create_directories(out + "/states");
+  for (int64_t s = 1; s <= last; ++s) {
+    const bool judge = judged_set.count(s) > 0;
+    if (judge) {
+      grad.resize(static_cast<size_t>(L.total));
+      trainer.compute_gradient(batches[static_cast<size_t>(s - 1)], grad.data());
+    }
+    TraceRecord r = trainer.train_step().record;
+    const TraceRecord& want = trace[static_cast<size_t>(s - 1)];
+    r.records_begin = want.records_begin;
+    if (r.to_json() != want.to_json())
+      throw std::runtime_error(run + "/trace.jsonl: step " + std::to_string(s) + ": training the run again for its "
+                               "states gave\n  " + r.to_json() + "\nwhere the trace has\n  " + want.to_json() +
+                               "\nso the states would not be the run's (a build with other numerics, or a run "
+                               "that was not olmoref's exact mode); export without them: --states none");
+    if (!write.count(s)) continue;
+    const float* w = trainer.host_params();
+    const std::vector<float> m = trainer.adam_m(), v = trainer.adam_v();
+    std::vector<SafeTensorView> views;
+    std::vector<std::string> names;
+    names.reserve(4 * L.params.size());
+    auto add = [&](const std::string& prefix, const float* base) {
+      for (const ParamInfo& p : L.params) {
+        names.push_back(prefix + (moe ? p.name : p.hf_name));
+        views.push_back({names.back(), "F32", p.shape, base + p.offset, static_cast<size_t>(p.numel) * sizeof(float), {}});
+      }
+    };
+    add("param.", w);
+    add("exp_avg.", m.data());
+    add("exp_avg_sq.", v.data());
+    if (judge) add("grad.", grad.data());
+    const std::string path = out + "/" + state_file_name(s);
+    write_safetensors(path, views,
+                      {{"olmoref_state_step", std::to_string(s)},
+                       {"olmoref_adam_step", std::to_string(s + trainer.adam_step_offset())},
+                       {"olmoref_param_digest", r.param_digest},
+                       {"olmoref_loss_hex", f32_hex(r.loss)}});
+    summary.state_files += 1;
+    summary.state_bytes += static_cast<int64_t>(fs::file_size(path));
+  }
+  summary.retrain_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
+
+std::vector<int64_t> judged_state_steps(const std::string& value, int64_t steps, int64_t state_bytes, bool fp32,
+                                        bool skip_step, std::string* note) {
+  std::vector<int64_t> all;
+  for (int64_t s = 1; s <= steps; ++s) all.push_back(s);
+  auto refuse_skip = [&] {
+    if (skip_step)
+      throw std::invalid_argument("--states " + value + ": the run uses SkipStepAdamW, whose state (its loss and "
+                                  "grad-norm windows) a replay cannot be handed; use --states none");
+  };
+  if (value == "none") return {};
+  if (value == "all") {
+    refuse_skip();
+    return all;
+  }
+  if (value == "auto") {
+    if (skip_step || !fp32) {
+      if (note) *note = skip_step ? "none: SkipStepAdamW's windows cannot be handed to a replay"
+                                  : "none: bf16 replays are judged over the free trajectory (pass --states all to write them)";
+      return {};
+    }
+    // Judging step k takes the states after k-1 and k: every step needs `steps` files, a sample of n steps up to 2n.
+    if (steps * state_bytes <= kAutoStatesBytes) return all;
+    const int64_t n = std::max<int64_t>(1, kAutoStatesBytes / (2 * state_bytes));
+    std::vector<int64_t> pick;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = n == 1 ? steps : 1 + i * (steps - 1) / (n - 1);
+      if (pick.empty() || pick.back() != s) pick.push_back(s);
+    }
+    if (note)
+      *note = std::to_string(pick.size()) + " of " + std::to_string(steps) + " steps, evenly spaced: every step's "
+              "states would take " + std::to_string(steps * state_bytes >> 20) + " MiB (more than " +
+              std::to_string(kAutoStatesBytes >> 20) + " MiB; --states all or a list of steps for others)";
+    return pick;
+  }
+  refuse_skip();
+  std::vector<int64_t> list;
+  std::stringstream ss(value);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int64_t s = -1;
+    try {
+      s = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || item.empty())
+      throw std::invalid_argument("--states " + value + ": '" + item + "' is not a step; give auto, all, none or "
+                                  "steps like 1,5,10");
+    if (s < 1 || s > steps)
+      throw std::invalid_argument("--states " + value + ": step " + item + " is outside the bundle's steps 1.." +
+                                  std::to_string(steps));
+    list.push_back(s);
+  }
+  std::sort(list.begin(), list.end());
+  list.erase(std::unique(list.begin(), list.end()), list.end());
+  return list;
+}
 
 GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
   const std::string run = opts.run_dir, out = opts.out_dir;
@@ -178,6 +304,18 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
       throw std::runtime_error(run + "/trace.jsonl: record " + std::to_string(s + 1) + " is step " +
                                std::to_string(trace[static_cast<size_t>(s)].step) + "; expected steps 1, 2, ... in order");
   const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len;
+  GoldenExportSummary summary;
+  // The states a fixed-state replay needs: for each judged step k, olmoref's state after k-1 (its start; the init's
+  // weights and zero moments for k = 1, already in hf/) and after k (what the framework's update is held against).
+  const int64_t state_bytes = 16 * ParamLayout(cfg.model).total;  // parameters, two moments, a gradient: fp32
+  summary.judged_steps = judged_state_steps(opts.states, S, state_bytes, cfg.train.precision == "fp32",
+                                            cfg.optim.skip_step(), &summary.states_note);
+  std::set<int64_t> state_steps;
+  for (int64_t k : summary.judged_steps) {
+    state_steps.insert(k);
+    if (k > 1) state_steps.insert(k - 1);
+  }
+  std::vector<StepBatch> kept_batches;
 
   // ---- the batches, recomputed with the run's loader and checked against the trace ----
   const data::FslDataset ds(train_mix(cfg.data), dataset_options(cfg));
@@ -212,10 +350,10 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
     const json line = {{"step", s}, {"epoch", b.epoch}, {"data_digest", dd}, {"token_sum", sum},
                        {"token_wsum", wsum}, {"instances", inst}};
     batches_jsonl += line.dump() + "\n";
+    if (!state_steps.empty() && s <= *state_steps.rbegin()) kept_batches.push_back(b);
   }
 
   // ---- the run's audit log, when it wrote one, must list the same instances ----
-  GoldenExportSummary summary;
   if (fs::exists(run + "/audit.jsonl")) {
     std::map<int64_t, std::vector<InstanceRef>> audit;
     std::ifstream in(run + "/audit.jsonl");
@@ -294,6 +432,9 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
     write_text(out + "/trace.jsonl", text);
   }
   fs::copy_file(run + "/manifest.json", out + "/run_manifest.json", fs::copy_options::overwrite_existing);
+  if (!state_steps.empty())
+    write_states(cfg, std::move(kept_batches), trace, summary.judged_steps, state_steps, out, opts.threads, run,
+                 summary);
 
   json files = json::array();
   for (size_t i = 0; i < ds.n_files(); ++i) {
@@ -360,6 +501,18 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
                {"batches", "batches.jsonl"},
                {"audit_checked", summary.audit_checked}};
   b["trace"] = "trace.jsonl";
+  if (!state_steps.empty()) {
+    json files_by_step = json::object();
+    for (int64_t k : state_steps) files_by_step[std::to_string(k)] = state_file_name(k);
+    b["states"] = {{"judged_steps", summary.judged_steps},
+                   {"files", files_by_step},
+                   {"names", moe ? "olmo_core" : "hf"},
+                   {"adam_step_offset", 0},
+                   {"contents",
+                    "the state after step k: param.NAME (fp32 parameters), exp_avg.NAME and exp_avg_sq.NAME (Adam's "
+                    "first and second moments, PyTorch AdamW's state, bias correction at step k), and for a judged "
+                    "step grad.NAME (its gradient before clipping); step 0 is hf/ with zero moments"}};
+  }
   b["config_toml"] = cfg.to_toml();
   b["build"] = build_facts();
   write_text(out + "/bundle.json", b.dump(2) + "\n");

@@ -10,6 +10,9 @@
 //   BUNDLE/trace.jsonl      the run's trace (the golden losses), steps 1..S
 //   BUNDLE/run_manifest.json  the run's manifest, as written by `olmoref train`
 //   BUNDLE/data/            (with copy_data) the token files themselves
+//   BUNDLE/states/          olmoref's state after the steps a fixed-state replay needs (step-NNNNNNNN.safetensors:
+//                           parameters, Adam's moments and, for a judged step, its pre-clip gradient), recomputed by
+//                           training the run again and checked against every trace record on the way
 //   BUNDLE/README.md        what the files are, for whoever receives the bundle
 #pragma once
 
@@ -39,13 +42,31 @@ struct GoldenExportOptions {
   std::vector<std::string> overrides;   // config overrides (e.g. data.train_mix=... when the run's paths moved)
   int64_t steps = -1;                   // export steps 1..steps (default: every step of the trace)
   bool copy_data = false;               // copy the token files into BUNDLE/data/
+  // Which steps a replay can judge one at a time from olmoref's own state (docs/formats/golden-bundle.md,
+  // "States"): "auto" (every step of an fp32 AdamW run while the states stay under kAutoStatesBytes, evenly spaced
+  // steps beyond; none for bf16 or SkipStepAdamW), "all", "none", or a comma-separated list of steps.
+  std::string states = "auto";
+  int threads = 0;                      // for retraining the states (0: all hardware threads)
 };
+
+// The most bytes `--states auto` writes before it samples steps instead of taking every one.
+inline constexpr int64_t kAutoStatesBytes = int64_t{1} << 30;
+
+// The steps a fixed-state replay judges, from a --states value, for a bundle of `steps` steps whose state files hold
+// `state_bytes` each. Throws std::invalid_argument naming the value and what is allowed. `note` says what auto chose
+// and why when it chose less than every step.
+std::vector<int64_t> judged_state_steps(const std::string& value, int64_t steps, int64_t state_bytes, bool fp32,
+                                        bool skip_step, std::string* note);
 
 struct GoldenExportSummary {
   int64_t steps = 0, instances_per_step = 0, seq_len = 0, n_files = 0, n_params = 0;
   bool audit_checked = false;  // the run's audit.jsonl agreed with the recomputed batches
   std::string fingerprint;
   std::string weights_dir;     // "hf" or (mixture of experts) "olmo_core"
+  std::vector<int64_t> judged_steps;  // steps a fixed-state replay judges (empty: no states written)
+  int64_t state_files = 0, state_bytes = 0;
+  double retrain_seconds = 0;
+  std::string states_note;            // why auto chose fewer steps than all, or none
 };
 
 // Recomputes the run's batches with the loader from the run's resolved config, checks every step's token

@@ -16,21 +16,6 @@ namespace olmoref {
 
 namespace {
 
-// Batches fixed in advance, so the same tokens can be written for the other implementation.
-class FixedBatchSource : public BatchSource {
- public:
-  explicit FixedBatchSource(std::vector<StepBatch> batches) : batches_(std::move(batches)) {}
-  StepBatch next() override { return batches_.at(next_++); }
-  std::string describe() const override { return "fixed parity batches"; }
-  nlohmann::json state() const override { return {{"next", next_}}; }
-  void restore(const nlohmann::json& s, bool) override { next_ = s.at("next").get<size_t>(); }
-  std::string fingerprint() const override { return "parity"; }
-
- private:
-  std::vector<StepBatch> batches_;
-  size_t next_ = 0;
-};
-
 // Parity tokens: arithmetic progressions modulo the vocabulary with counter-based random starts and
 // steps, so the loss moves visibly over the steps (pure noise would keep it flat at ln V).
 std::vector<StepBatch> parity_batches(const TrainConfig& cfg, int64_t steps) {
@@ -72,7 +57,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   // routing; olmo_core_moe_parity.py). golden/parity/README.md has both formats.
   const bool moe = cfg.model.moe.enabled();
   const std::vector<StepBatch> batches = parity_batches(cfg, steps);
-  Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches));
+  Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches, "parity"));
   const ParamLayout& L = trainer.model().layout();
   const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, V = cfg.model.vocab_size;
   auto peer_name = [&](const ParamInfo& p) { return moe ? p.name : p.hf_name; };

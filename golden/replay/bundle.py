@@ -95,6 +95,14 @@ class Bundle:
         self.batches = [json.loads(l) for l in open(os.path.join(path, meta["data"]["batches"])) if l.strip()]
         if [b["step"] for b in self.batches[:self.S]] != list(range(1, self.S + 1)):
             raise BundleError("batches.jsonl must hold steps 1, 2, ... in order")
+        states = meta.get("states") or {}
+        self.state_files = {int(k): os.path.join(path, v) for k, v in (states.get("files") or {}).items()}
+        self.judged = [k for k in states.get("judged_steps", []) if k <= self.S]
+        for k in self.judged:
+            for need in ([k - 1] if k > 1 else []) + [k]:
+                if need not in self.state_files or not os.path.exists(self.state_files[need]):
+                    raise BundleError(f"bundle.json: states.judged_steps has step {k}, which needs the state after step "
+                                      f"{need}: {self.state_files.get(need, 'not listed in states.files')} is missing")
 
     def require_hf_adamw(self, who):
         """For the adapters that load the Hugging Face weights and run plain AdamW (all but OLMo-core's): refuses a
@@ -129,6 +137,125 @@ class Bundle:
                    "weight_decay": self.optim["weight_decay"]},
                   {"params": [p for n, p in model.named_parameters() if n in nd], "weight_decay": 0.0}]
         return [g for g in groups if g["params"]]
+
+
+# ---- fixed-state replays (docs/golden.md, "Judged one step at a time") ----
+#
+# Judging step k at fixed state: the framework's own trainer computes step k from olmoref's state after step k-1
+# (parameters, Adam's moments, its step count), which the bundle's states/ hold, so that each step's loss, grad norm,
+# gradient and update are compared at the same point and no step inherits the drift of the ones before it.
+
+
+def load_state(bundle, k, kind="pt"):
+    """olmoref's state after step k as {"param": {name: array}, "exp_avg": ..., "exp_avg_sq": ..., "grad": ... or
+    None}, names as in the bundle's weights (Hugging Face's, or OLMo-core's for a mixture of experts); kind "pt"
+    (torch tensors) or "np" (numpy arrays). k = 0 is the step-0 weights with zero moments."""
+    if k == 0:
+        wdir = os.path.join(bundle.path, bundle.meta.get("hf_dir") or bundle.meta["olmo_core_dir"], "model.safetensors")
+        params = _load_safetensors(wdir, kind)
+        zero = {n: (p * 0) for n, p in params.items()}
+        return {"param": params, "exp_avg": zero, "exp_avg_sq": dict(zero), "grad": None}
+    path = bundle.state_files.get(k)
+    if path is None:
+        raise BundleError(f"no state after step {k} in {bundle.path}/states (bundle.json states.files)")
+    flat = _load_safetensors(path, kind)
+    out = {"param": {}, "exp_avg": {}, "exp_avg_sq": {}, "grad": {}}
+    for name, t in flat.items():
+        part, _, param = name.partition(".")
+        if part not in out:
+            raise BundleError(f"{path}: tensor {name!r}: expected param., exp_avg., exp_avg_sq. or grad.")
+        out[part][param] = t
+    if not out["grad"]:
+        out["grad"] = None
+    if set(out["exp_avg"]) != set(out["param"]) or set(out["exp_avg_sq"]) != set(out["param"]):
+        raise BundleError(f"{path}: the moments do not name the same tensors as the parameters")
+    return out
+
+
+def _load_safetensors(path, kind):
+    if kind == "pt":
+        from safetensors.torch import load_file
+    else:
+        from safetensors.numpy import load_file
+    try:
+        return load_file(path)
+    except Exception as e:  # a truncated or foreign file
+        raise BundleError(f"{path}: cannot read as safetensors ({e})")
+
+
+def local_tensor(t):
+    """The tensor a DTensor (FSDP on one rank) holds locally; the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def hand_state(torch, state, params, optimizer, step, rename=lambda n: n):
+    """Sets a torch trainer to olmoref's state after step `step`: params {framework name: parameter} get
+    state["param"][rename(name)], and `optimizer` (a torch optimizer with AdamW's per-parameter state: exp_avg,
+    exp_avg_sq, step) the moments and the step count, so that its next step is olmoref's step + 1 with the same bias
+    correction. Every parameter must be named by the state, and every state tensor used."""
+    used = set()
+    with torch.no_grad():
+        for name, p in params.items():
+            key = rename(name)
+            if key not in state["param"]:
+                raise BundleError(f"the state has no tensor {key!r} (the framework's {name!r})")
+            used.add(key)
+            local_tensor(p).copy_(state["param"][key].reshape(local_tensor(p).shape))
+            st = optimizer.state[p]
+            for moment in ("exp_avg", "exp_avg_sq"):
+                src = state[moment][key].reshape(local_tensor(p).shape)
+                if moment in st:
+                    local_tensor(st[moment]).copy_(src)
+                else:  # the optimizer has not stepped yet: its state is created as AdamW would
+                    st[moment] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    local_tensor(st[moment]).copy_(src)
+            old = st.get("step")
+            if isinstance(old, torch.Tensor):
+                old.fill_(float(step))
+            else:
+                st["step"] = torch.tensor(float(step), dtype=torch.float32)
+    missing = set(state["param"]) - used
+    if missing:
+        raise BundleError(f"the state's tensors {sorted(missing)[:4]} have no parameter in the framework's model")
+
+
+def gradient_error(torch, ref, fw, rename=lambda n: n):
+    """The largest per-tensor error of the framework's gradient against olmoref's, direction only: each side divided
+    by its own global norm (clipping scales every tensor alike, so clipped and unclipped gradients compare), then
+    ||fw_t - ref_t|| / ||ref_t|| per tensor (||fw_t|| where olmoref's tensor is zero). fw: {framework name: gradient}.
+    Returns (error, the tensor's name)."""
+    def norm_all(d):
+        return sum(float(local_tensor(g).double().pow(2).sum()) for g in d.values()) ** 0.5
+    fw = {rename(n): g for n, g in fw.items()}
+    if set(fw) != set(ref):
+        raise BundleError(f"the gradient names differ: {sorted(set(fw) ^ set(ref))[:4]}")
+    nr, nf = norm_all(ref), norm_all(fw)
+    worst, at = 0.0, None
+    for n, g in ref.items():
+        r = g.double().reshape(-1) / (nr or 1.0)
+        f = local_tensor(fw[n]).double().reshape(-1) / (nf or 1.0)
+        d = float((f - r).norm())
+        base = float(r.norm())
+        err = d / base if base > 0 else d
+        if err > worst or at is None:
+            worst, at = err, n
+    return worst, at
+
+
+def update_error(torch, before, after, fw, rename=lambda n: n):
+    """The largest per-tensor error of the framework's update against olmoref's: ||fw_t - after_t|| / ||after_t -
+    before_t|| (before, after: olmoref's parameters around the step; fw: {framework name: parameter after its step}).
+    A tensor olmoref left unchanged is measured against its own size. Returns (error, the tensor's name)."""
+    worst, at = 0.0, None
+    for name, p in fw.items():
+        key = rename(name)
+        a = after[key].double().reshape(-1)
+        d = float((local_tensor(p).detach().double().reshape(-1) - a).norm())
+        step = float((a - before[key].double().reshape(-1)).norm())
+        err = d / step if step > 0 else d / max(float(a.norm()), 1e-30)
+        if err > worst or at is None:
+            worst, at = err, key
+    return worst, at
 
 
 def pinned_version(package, pinned, install):
@@ -186,6 +313,10 @@ def adapter_args(doc, argv, report_help):
     ap.add_argument("--report", required=True, action="append", help=report_help + ", one per --bundle")
     ap.add_argument("--steps", type=int, help="replay only the first N steps (of every bundle)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--fixed-state", action="store_true",
+                    help="judge each step from olmoref's state after the step before (the bundle's states/): before "
+                         "every judged step the trainer is handed olmoref's parameters and Adam moments, and the trace "
+                         "records the judged steps with grad_err and update_err beside the loss")
     args = ap.parse_args(argv)
     if not len(args.bundle) == len(args.out) == len(args.report):
         ap.error(f"--bundle, --out and --report go together, one of each per bundle: got {len(args.bundle)}, "
@@ -216,7 +347,10 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
     """The frame of an adapter that runs a framework's own trainer: the arguments (adapter_args), each bundle checked
     by Bundle and by check_recipe(bundle) (raising BundleError), import_framework() returning the framework's
     version (raising ImportError saying what to install; called once, before the first replay), replay(bundle,
-    threads, work_dir) returning (records, native, added), then the trace and the report written. `name` prefixes its
+    threads, work_dir, fixed) returning (records, native, added), then the trace and the report written. fixed
+    (--fixed-state): the replay hands the trainer olmoref's state before every judged step (hand_state) and returns
+    one record per judged step (bundle.judged) with grad_err and update_err (gradient_error, update_error); a bundle
+    without states is refused then. `name` prefixes its
     messages, `framework` is the report's; bf16: the adapter replays a bf16 bundle in bf16 itself (otherwise a note
     says it computes in fp32). Returns the exit status: 0 every bundle replayed, 2 a bundle is malformed or the
     framework cannot be imported."""
@@ -235,6 +369,9 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
             check_recipe(bundle)
         except BundleError as e:
             return fail(f"bad bundle: {e}")
+        if args.fixed_state and not bundle.judged:
+            return fail(f"bad bundle: --fixed-state needs olmoref's states, and {path}/bundle.json lists none (export it "
+                        f"with `olmoref golden export --states all`, or replay the free trajectory)")
         if bundle.meta.get("precision") != "fp32" and not bf16:
             print(f"{tag}: note: the run used precision {bundle.meta.get('precision')}; this replay computes in fp32, "
                   f"so expect bf16-sized differences", file=sys.stderr)
@@ -246,7 +383,8 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
         t0 = time.time()
         with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-replay.") as work:
             try:
-                records, native, added = replay(bundle, args.threads, work)
+                records, native, added = (replay(bundle, args.threads, work, True) if args.fixed_state
+                                          else replay(bundle, args.threads, work))
             except BundleError as e:
                 return fail(f"bad bundle: {e}")
         with open(out + ".tmp", "w") as f:
@@ -254,7 +392,7 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
         os.replace(out + ".tmp", out)
         with open(report, "w") as f:
             json.dump({"framework": framework, "version": version, "native": native, "added": added,
-                       "steps": bundle.S}, f, indent=2)
+                       "steps": bundle.S, "mode": "fixed-state" if args.fixed_state else "free"}, f, indent=2)
             f.write("\n")
         print(f"{tag}: {bundle.S} steps through {framework} {version}'s trainer in {time.time() - t0:.1f} s; last "
               f"loss {records[-1]['loss']:.6f}; added: {', '.join(a.split(' (')[0].split(':')[0] for a in added)}",

@@ -16,7 +16,9 @@ files, and trains exactly as OLMo-core does:
           model.embed_tokens.weight.
 
 It writes one JSON line per step ({"step", "loss", "grad_norm", "lr"}) and optionally TorchTitan-style "step loss"
-lines; `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-fp32.toml` then judges.
+lines. With --fixed-state it judges each step from olmoref's state after the step before (the bundle's states/):
+before step k the model and AdamW get olmoref's parameters, moments and step count, and the line of each judged step
+adds grad_err and update_err (bundle.gradient_error, bundle.update_error); `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-fp32.toml` then judges.
 Exit status: 0 replayed; 2 the bundle is malformed or its data does not match its checksums.
 """
 import argparse
@@ -27,7 +29,8 @@ import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import Bundle, BundleError, recipe_loss_sums, setup_torch  # noqa: E402
+from bundle import (Bundle, BundleError, gradient_error, hand_state, load_state, recipe_loss_sums,  # noqa: E402
+                    setup_torch, update_error)
 
 
 def main(argv=None):
@@ -39,11 +42,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
                     help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
+    ap.add_argument("--fixed-state", action="store_true",
+                    help="judge each step from olmoref's state after the step before (the bundle's states/)")
     args = ap.parse_args(argv)
 
     try:
         bundle = Bundle(args.bundle, args.steps)
         bundle.require_hf_adamw("the PyTorch replay")
+        if args.fixed_state and not bundle.judged:
+            raise BundleError("--fixed-state needs olmoref's states and bundle.json lists none (export with "
+                              "`olmoref golden export --states all`)")
     except BundleError as e:
         print(f"replay: bad bundle: {e}", file=sys.stderr)
         return 2
@@ -58,7 +66,8 @@ def main(argv=None):
     transformers.utils.logging.disable_progress_bar()
     S, G, mb, T, N, z_loss, optim = bundle.S, bundle.G, bundle.mb, bundle.T, bundle.N, bundle.z_loss, bundle.optim
     model = bundle.hf_model(torch)
-    params = [p for _, p in model.named_parameters()]
+    named = dict(model.named_parameters())
+    params = list(named.values())
     opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=optim["lr_per_step"][0],
                             betas=tuple(optim["betas"]), eps=optim["eps"], foreach=False, fused=False)
 
@@ -67,9 +76,15 @@ def main(argv=None):
     out = open(args.out + ".tmp", "w")
     lines = []
     t0 = time.time()
+    judged = set(bundle.judged) if args.fixed_state else set()
+    before = None  # olmoref's state after the step before a judged step
     for s in range(1, S + 1):
         try:
             tokens = torch.from_numpy(bundle.tokens(s))
+            if s in judged:
+                before = load_state(bundle, s - 1)
+                if s > 1:
+                    hand_state(torch, before, named, opt, s - 1)
         except BundleError as e:
             print(f"replay: bad bundle: {e}", file=sys.stderr)
             return 2
@@ -81,6 +96,7 @@ def main(argv=None):
             ((ce + z) / N).backward()
             ce_total += ce.item()
             z_total += z.item()
+        grads = {n: p.grad.detach().clone() for n, p in named.items()} if s in judged else None
         gn = torch.nn.utils.clip_grad_norm_(params, optim["max_grad_norm"], foreach=False).item()
         lr = optim["lr_per_step"][s - 1]
         for g in opt.param_groups:
@@ -88,6 +104,12 @@ def main(argv=None):
         opt.step()
         loss = (ce_total + z_total) / N
         rec = {"step": s, "loss": loss, "ce": ce_total / N, "z": z_total / N, "grad_norm": gn, "lr": lr}
+        if args.fixed_state:
+            if s not in judged:
+                continue  # a step between sampled ones: it runs (to keep the trainer's counters) but is not judged
+            after = load_state(bundle, s)
+            rec["grad_err"], _ = gradient_error(torch, after["grad"], grads)
+            rec["update_err"], _ = update_error(torch, before["param"], after["param"], named)
         out.write(json.dumps(rec) + "\n")
         out.flush()
         lines.append(f"{s} {loss!r}\n")
@@ -100,6 +122,7 @@ def main(argv=None):
             f.writelines(lines)
     if args.report:
         report = {"framework": "torch", "version": torch.__version__, "steps": S,
+                  "mode": "fixed-state" if args.fixed_state else "free",
                   "native": ["transformers Olmo3ForCausalLM (eager attention, fp32)", "torch.optim.AdamW",
                              "torch.nn.utils.clip_grad_norm_"],
                   "added": ["the loss: cross-entropy + z_loss * logsumexp^2 over the global target count (a plain "

@@ -12,7 +12,9 @@ Usage: mutate_bundle.py BUNDLE OUT [--steps K] --swap-batches A B | --lr-step K 
                        (a loader that ignores the scaling);
   --moe-lb-weight W    a mixture of experts' load-balancing loss weight set to W (0: the routers' balancing term
                        silently dropped);
-  --sigma-factor S     SkipStepAdamW's sigma_factor set to S (another rule for which steps are outliers).
+  --sigma-factor S     SkipStepAdamW's sigma_factor set to S (another rule for which steps are outliers);
+  --decay-everything   weight decay on every parameter, the embeddings too (optim.no_decay emptied: a parameter
+                       group lost, which moves only the update, so only a replay judged at fixed state sees it at once).
 The replay of OUT must then differ from OUT/trace.jsonl (the unchanged golden trace) at the step named.
 
   --steps K            then keep steps 1..K only (bundle.json's steps, its lr_per_step, batches.jsonl and the golden
@@ -34,9 +36,14 @@ ap.add_argument("--z-loss", type=float)
 ap.add_argument("--drop-rope-scaling", action="store_true")
 ap.add_argument("--moe-lb-weight", type=float)
 ap.add_argument("--sigma-factor", type=float)
+ap.add_argument("--decay-everything", action="store_true")
 ap.add_argument("--steps", type=int)
 a = ap.parse_args()
-shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*"))
+# olmoref's states (the fixed-state replay's, hundreds of MiB) are what olmoref computed whatever the copy tells the
+# framework: linked, not copied.
+shutil.copytree(a.bundle, a.out, ignore=shutil.ignore_patterns("replay-*", "states"))
+if os.path.isdir(os.path.join(a.bundle, "states")):
+    os.symlink(os.path.realpath(os.path.join(a.bundle, "states")), os.path.join(a.out, "states"))
 meta = json.load(open(os.path.join(a.out, "bundle.json")))
 if a.swap_batches:
     path = os.path.join(a.out, meta["data"]["batches"])
@@ -64,6 +71,8 @@ if a.moe_lb_weight is not None:
     meta["model"]["moe"]["lb_loss_weight"] = a.moe_lb_weight
 if a.sigma_factor is not None:
     meta["optim"]["sigma_factor"] = a.sigma_factor
+if a.decay_everything:
+    meta["optim"]["no_decay"] = []
 if a.steps:
     if not 1 <= a.steps <= meta["steps"]:
         raise SystemExit(f"mutate_bundle: --steps {a.steps}: the bundle has steps 1..{meta['steps']}")

@@ -614,3 +614,39 @@ TEST_CASE("mixture of experts: trace compare names the first step whose routing 
   CHECK(back.moe_z == 0.5f);
   CHECK(back.expert_load == std::vector<std::vector<int64_t>>{{1, 2, 3}});
 }
+
+TEST_CASE("at_most: a replay's own error, judged at every step of A, its first step over the limit named") {
+  std::string golden, replay;
+  for (int s = 1; s <= 5; ++s) {
+    golden += "{\"step\":" + std::to_string(s) + ",\"loss\":2.5}\n";
+    const double err = s == 4 ? 3e-4 : 1e-6 * s;
+    replay += "{\"step\":" + std::to_string(s) + ",\"loss\":2.5" +
+              (s == 2 ? std::string() : ",\"update_err\":" + std::to_string(err)) + "}\n";
+  }
+  const LoadedTrace a = load_trace_any(write("am-golden.jsonl", golden)), b = load_trace_any(write("am-replay.jsonl", replay));
+  const CompareRules loose = parse_rules("[update_err]\ncheck = \"at_most\"\nlimit = 1e-3\n", "am.toml");
+  CompareResult r = compare_traces(a, b, loose);
+  CHECK_FALSE(r.pass);  // step 2 lacks it: a judged step the replay did not judge
+  CHECK(result_for(r, "update_err").missing_in_b == 1);
+  CHECK(result_for(r, "update_err").first_failing_step == 2);
+  const CompareRules from3 = parse_rules("[update_err]\ncheck = \"at_most\"\nlimit = 1e-3\nfirst_step = 3\n", "am.toml");
+  r = compare_traces(a, b, from3);
+  CHECK(r.pass);
+  CHECK(result_for(r, "update_err").compared == 3);
+  CHECK(result_for(r, "update_err").max_abs == doctest::Approx(3e-4));
+  CHECK(result_for(r, "update_err").max_rel_step == 4);
+  const CompareRules tight = parse_rules("[update_err]\ncheck = \"at_most\"\nlimit = 1e-4\nfirst_step = 3\n", "am.toml");
+  r = compare_traces(a, b, tight);
+  CHECK_FALSE(r.pass);
+  CHECK(r.first_differing_step == 4);
+  CHECK(format_compare_report(a, b, tight, r).find("at_most 0.0001") != std::string::npos);
+  // Absent from B altogether: fails unless not required.
+  const LoadedTrace none = load_trace_any(write("am-none.jsonl", golden));
+  CHECK_FALSE(compare_traces(a, none, tight).pass);
+  CHECK(compare_traces(a, none, parse_rules("[update_err]\ncheck = \"at_most\"\nlimit = 1\nrequired = false\n", "am.toml")).pass);
+  // The limit belongs to at_most alone.
+  CHECK_THROWS_WITH_AS(parse_rules("[e]\ncheck = \"at_most\"\n", "am.toml"), doctest::Contains("limit"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("[e]\nlimit = 1\n", "am.toml"), doctest::Contains("at_most"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_rules("[e]\ncheck = \"at_most\"\nlimit = 1\nrtol = 1\n", "am.toml"), doctest::Contains("not rtol"),
+                       std::invalid_argument);
+}
