@@ -65,6 +65,12 @@ def main(argv=None):
 
     transformers.utils.logging.disable_progress_bar()
     S, G, mb, T, N, z_loss, optim = bundle.S, bundle.G, bundle.mb, bundle.T, bundle.N, bundle.z_loss, bundle.optim
+    # Another valid summation order over the same batches (the envelope of `golden replay --mode both`).
+    mb_text = os.environ.get("OLMOREF_TORCH_MICROBATCH") or str(mb)
+    if not mb_text.isdigit() or int(mb_text) < 1 or G % int(mb_text):
+        print(f"replay: OLMOREF_TORCH_MICROBATCH={mb_text!r}: a divisor of the global batch {G}", file=sys.stderr)
+        return 2
+    mb = int(mb_text)
     model = bundle.hf_model(torch)
     named = dict(model.named_parameters())
     params = list(named.values())
