@@ -282,7 +282,8 @@ CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const C
     m.rule = rule;
     const auto ia = a.metrics.find(rule.metric), ib = b.metrics.find(rule.metric);
     if (rule.check == MetricRule::Check::at_most) {
-      res.pass = res.pass && judge_at_most(a, b, rule, m);
+      const bool held = judge_at_most(a, b, rule, m);
+      res.pass = res.pass && held;
       if (m.first_differing_step >= 0 &&
           (res.first_differing_step < 0 || m.first_differing_step < res.first_differing_step))
         res.first_differing_step = m.first_differing_step;

@@ -227,6 +227,12 @@ std::vector<int64_t> judged_state_steps(const std::string& value, int64_t steps,
     }
     // Judging step k takes the states after k-1 and k: every step needs `steps` files, a sample of n steps up to 2n.
     if (steps * state_bytes <= kAutoStatesBytes) return all;
+    if (2 * state_bytes > kAutoStatesBytes) {
+      if (note)
+        *note = "none: one step's states take " + std::to_string(2 * state_bytes >> 20) + " MiB (over the " +
+                std::to_string(kAutoStatesBytes >> 20) + " MiB auto writes); pass --states with the steps to judge";
+      return {};
+    }
     const int64_t n = std::max<int64_t>(1, kAutoStatesBytes / (2 * state_bytes));
     std::vector<int64_t> pick;
     for (int64_t i = 0; i < n; ++i) {

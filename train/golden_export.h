@@ -44,7 +44,8 @@ struct GoldenExportOptions {
   bool copy_data = false;               // copy the token files into BUNDLE/data/
   // Which steps a replay can judge one at a time from olmoref's own state (docs/formats/golden-bundle.md,
   // "States"): "auto" (every step of an fp32 AdamW run while the states stay under kAutoStatesBytes, evenly spaced
-  // steps beyond; none for bf16 or SkipStepAdamW), "all", "none", or a comma-separated list of steps.
+  // steps beyond, none when one judged step alone is over that budget, for bf16 or SkipStepAdamW), "all", "none", or
+  // a comma-separated list of steps.
   std::string states = "auto";
   int threads = 0;                      // for retraining the states (0: all hardware threads)
 };

@@ -40,7 +40,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError, adapter_main  # noqa: E402
+from bundle import BundleError, adapter_main, load_state  # noqa: E402
 from maxtext_export import ADDED as EXPORT_ADDED  # noqa: E402
 from maxtext_export import base_yml, check_model, export, import_maxtext, maxtext_overrides  # noqa: E402
 
@@ -142,7 +142,177 @@ def microbatches(bundle, added):
     return bundle.G // int(text)
 
 
-def replay(bundle, threads, work):
+def _np_update_error(before, after, fw):
+    """bundle.update_error in numpy (fp64), per Hugging Face tensor: the largest ||fw_t - after_t|| / ||after_t -
+    before_t|| (against ||after_t|| where olmoref left the tensor unchanged). Returns (error, the tensor's name)."""
+    import numpy as np
+
+    worst, at = 0.0, None
+    for name, p in fw.items():
+        a = np.asarray(after[name], dtype=np.float64).reshape(-1)
+        d = float(np.linalg.norm(np.asarray(p, dtype=np.float64).reshape(-1) - a))
+        step = float(np.linalg.norm(a - np.asarray(before[name], dtype=np.float64).reshape(-1)))
+        err = d / step if step > 0 else d / max(float(np.linalg.norm(a)), 1e-30)
+        if err > worst or at is None:
+            worst, at = err, name
+    return worst, at
+
+
+def _np_gradient_error(ref, fw):
+    """bundle.gradient_error in numpy (fp64), per Hugging Face tensor: each side divided by its own global norm, then
+    ||fw_t - ref_t|| / ||ref_t|| (||fw_t|| where olmoref's tensor is zero). Returns (error, the tensor's name)."""
+    import numpy as np
+
+    if set(fw) != set(ref):
+        raise BundleError(f"the gradient names differ: {sorted(set(fw) ^ set(ref))[:4]}")
+
+    def norm_all(d):
+        return sum(float(np.square(np.asarray(g, dtype=np.float64)).sum()) for g in d.values()) ** 0.5
+
+    nr, nf = norm_all(ref), norm_all(fw)
+    worst, at = 0.0, None
+    for n, g in ref.items():
+        r = np.asarray(g, dtype=np.float64).reshape(-1) / (nr or 1.0)
+        f = np.asarray(fw[n], dtype=np.float64).reshape(-1) / (nf or 1.0)
+        d = float(np.linalg.norm(f - r))
+        base = float(np.linalg.norm(r))
+        err = d / base if base > 0 else d
+        if err > worst or at is None:
+            worst, at = err, n
+    return worst, at
+
+
+def fixed_state_iteration(bundle, train, errors):
+    """MaxText's train.training_loop_iteration wrapped for --fixed-state. Before judged step s > 1 the TrainStateNNX
+    it is about to step gets olmoref's state after step s-1: the parameters (model/...), Adam's moments
+    (optimizer/opt_state/<i>/mu, nu) and the step counts (every optimizer/opt_state/<i>/count: Adam's, whose bias
+    correction uses count + 1, and the schedule's, which picks BundleLR's lr_per_step[s-1]; optimizer/step) all
+    at s-1. Each tensor goes through MaxText's own converter mapping, PARAM_MAPPING and HOOK_FNS of olmo3-7b
+    (saving_to_hf=False: kernels transposed and split per head), the moments as the parameters (they are elementwise
+    in the same layout). After judged step s the stepped parameters and first moment come back to Hugging Face
+    layout through the same hooks (saving_to_hf=True) and errors[s] gets update_err (bundle.update_error's
+    definition, per HF tensor) and, where the bundle's state holds olmoref's gradient, grad_err: the gradient MaxText's
+    optimizer was given, recovered from its own first moment, g = (mu_after - b1 mu_before) / (1 - b1) (its jitted
+    step hands no gradient out; optax's adamw updates mu before the decay and the lr, and bundle.gradient_error
+    compares directions only, so clipping does not matter)."""
+    import jax
+    import numpy as np
+    from maxtext.checkpoint_conversion.utils import hf_model_configs
+    from maxtext.checkpoint_conversion.utils.param_mapping import HOOK_FNS, PARAM_MAPPING
+    from maxtext.checkpoint_conversion.utils.tensor_handling import apply_hook_fns
+
+    original = train.training_loop_iteration
+    judged = set(bundle.judged)
+    maps = {}
+
+    def mappings(config):
+        if not maps:
+            hf = hf_model_configs.HF_MODEL_CONFIGS[config.model_name].to_dict()  # the bundle's (use_bundle_config)
+            maps["names"] = PARAM_MAPPING[config.model_name](hf, config, config.scan_layers)
+            maps["to_mt"] = HOOK_FNS[config.model_name](hf, config, config.scan_layers, saving_to_hf=False)
+            maps["to_hf"] = HOOK_FNS[config.model_name](hf, config, config.scan_layers, saving_to_hf=True)
+            if any(not isinstance(v, str) for v in maps["names"].values()):
+                raise BundleError("MaxText's mapping stacks layers (scan_layers); the fixed-state hand-over maps "
+                                  "unscanned layers one to one")
+        return maps
+
+    def part(k):
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+
+    def classify(path, names):
+        """(kind, MaxText key) of a TrainStateNNX leaf: kind param, mu, nu, count or None (rng state and the like)."""
+        parts = [part(k) for k in path]
+        if parts and parts[-1] == "value":
+            parts = parts[:-1]
+        if parts[:1] == ["model"]:
+            key = "-".join(["params"] + parts[1:])
+            return ("param", key) if key in names else (None, None)
+        if parts == ["optimizer", "step"]:
+            return "count", None
+        if parts[:2] == ["optimizer", "opt_state"]:
+            if len(parts) > 4 and parts[3] in ("mu", "nu"):
+                key = "-".join(["params"] + parts[4:])
+                if key not in names:
+                    raise BundleError(f"MaxText's optimizer state has {'/'.join(parts)}, which its converter's "
+                                      f"mapping does not name")
+                return parts[3], key
+            if parts[-1] == "count":
+                return "count", None
+        return None, None
+
+    def hand(state, before, step, m):
+        src = {"param": before["param"], "mu": before["exp_avg"], "nu": before["exp_avg_sq"]}
+        used = {k: set() for k in src}
+
+        def put(path, leaf):
+            kind, key = classify(path, m["names"])
+            if kind is None:
+                return leaf
+            if kind == "count":
+                return jax.device_put(np.asarray(step, dtype=leaf.dtype), leaf.sharding)
+            hf_name = m["names"][key]
+            if hf_name not in src[kind]:
+                raise BundleError(f"the state has no tensor {hf_name!r} (MaxText's {key})")
+            used[kind].add(hf_name)
+            x = apply_hook_fns(np.asarray(src[kind][hf_name], dtype=np.float32), leaf.shape, m["to_mt"].get(key))
+            if tuple(x.shape) != tuple(leaf.shape):
+                raise BundleError(f"{hf_name} {tuple(src[kind][hf_name].shape)} maps to {tuple(x.shape)}, MaxText's "
+                                  f"{key} is {tuple(leaf.shape)}")
+            return jax.device_put(np.asarray(x, dtype=leaf.dtype), leaf.sharding)
+
+        out = jax.tree_util.tree_map_with_path(put, state)
+        for kind, names in used.items():
+            missing = set(src[kind]) - names
+            if missing:
+                raise BundleError(f"the state's tensors {sorted(missing)[:4]} have no {kind} in MaxText's train state")
+        return out
+
+    def read_back(state, m):
+        """{HF name: array} of the stepped parameters and of Adam's first moment, in Hugging Face layout."""
+        out = {"param": {}, "mu": {}}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+            kind, key = classify(path, m["names"])
+            if kind in out:
+                hf_name = m["names"][key]
+                # HOOK_FNS' saving_to_hf hooks take the HF shape; the step-0 weights give it.
+                shape = bundle_shapes[hf_name]
+                out[kind][hf_name] = np.array(apply_hook_fns(np.array(leaf), shape, m["to_hf"].get(key)),
+                                              dtype=np.float64).reshape(shape)
+        return out
+
+    bundle_shapes = {n: tuple(t.shape) for n, t in load_state(bundle, 0, "np")["param"].items()}
+
+    def iteration(jax_device_state, python_vars, immutable_data):
+        config = immutable_data["config"]
+        s = python_vars["step"] + 1  # MaxText counts steps from 0
+        if s not in judged:
+            return original(jax_device_state, python_vars, immutable_data)
+        m = mappings(config)
+        before = load_state(bundle, s - 1, "np")
+        if s > 1:  # step 1 starts from the step-0 weights with MaxText's fresh optimizer state (zero moments)
+            jax_device_state["state"] = hand(jax_device_state["state"], before, s - 1, m)
+        metrics = original(jax_device_state, python_vars, immutable_data)
+        after = load_state(bundle, s, "np")
+        got = read_back(jax_device_state["state"], m)
+        if set(got["param"]) != set(after["param"]):
+            raise BundleError(f"MaxText's parameters and the state's differ: "
+                              f"{sorted(set(got['param']) ^ set(after['param']))[:4]}")
+        rec = {"update_err": _np_update_error(before["param"], after["param"], got["param"])[0]}
+        if after["grad"] is not None:
+            b1 = float(config.adam_b1)
+            grad = {n: (mu - b1 * np.asarray(before["exp_avg"][n], dtype=np.float64)) / (1.0 - b1)
+                    for n, mu in got["mu"].items()}
+            rec["grad_err"] = _np_gradient_error(after["grad"], grad)[0]
+        errors[s] = rec
+        return metrics
+
+    return iteration
+
+
+def replay(bundle, threads, work, fixed=False):
     # XLA reads its thread flags when JAX creates its CPU client, at the first computation (importing MaxText does not
     # create it), so they can still be set here.
     if threads == 1:
@@ -203,8 +373,32 @@ def replay(bundle, threads, work):
             "adamw_mask=['token_embedder/embedding']" if o["no_decay"] else "adamw_mask=[]",
             f"gradient_clipping_threshold={o['max_grad_norm']}", f"z_loss_multiplier={bundle.z_loss}",
             f"learning_rate={float(lrs.max())}"]
-    train.main(args)
-    return trace_records(bundle, metrics_path, ga), native, added
+    errors = {}
+    if fixed:
+        added.append(
+            "fixed state (--fixed-state): MaxText's training_loop_iteration wrapped; before judged step k > 1 its "
+            "TrainStateNNX gets olmoref's state after step k-1 (states/): parameters and Adam's mu, nu through "
+            "MaxText's own converter mapping and hooks (PARAM_MAPPING, HOOK_FNS of olmo3-7b), every optax count and "
+            "optimizer.step at k-1 (bias correction and BundleLR's lr as in an unbroken run); after the step "
+            "update_err compares its parameters, mapped back to Hugging Face layout by the same hooks, per HF "
+            "tensor, and grad_err the gradient its optimizer took, recovered from its first moment as "
+            "(mu_after - b1 mu_before) / (1 - b1) (the jitted step hands none out)")
+    original_iteration = train.training_loop_iteration
+    if fixed:
+        train.training_loop_iteration = fixed_state_iteration(bundle, train, errors)
+    try:
+        train.main(args)
+    finally:  # the next bundle of this process may be a free replay
+        train.training_loop_iteration = original_iteration
+    records = trace_records(bundle, metrics_path, ga)
+    if fixed:
+        judged = set(bundle.judged)
+        records = [r for r in records if r["step"] in judged]
+        for r in records:
+            if r["step"] not in errors:
+                raise RuntimeError(f"step {r['step']} is judged, and the fixed-state hook never saw it run")
+            r.update(errors[r["step"]])
+    return records, native, added
 
 
 def main(argv=None):

@@ -650,3 +650,17 @@ TEST_CASE("at_most: a replay's own error, judged at every step of A, its first s
   CHECK_THROWS_WITH_AS(parse_rules("[e]\ncheck = \"at_most\"\nlimit = 1\nrtol = 1\n", "am.toml"), doctest::Contains("not rtol"),
                        std::invalid_argument);
 }
+
+TEST_CASE("at_most after a failing rule is still judged (no short circuit)") {
+  std::string golden, replay;
+  for (int s = 1; s <= 3; ++s) {
+    golden += "{\"step\":" + std::to_string(s) + ",\"loss\":2.5}\n";
+    replay += "{\"step\":" + std::to_string(s) + ",\"loss\":2.6,\"update_err\":" + (s == 3 ? "0.5" : "0.0") + "}\n";
+  }
+  const LoadedTrace a = load_trace_any(write("sc-golden.jsonl", golden)), b = load_trace_any(write("sc-replay.jsonl", replay));
+  const CompareResult r = compare_traces(
+      a, b, parse_rules("[loss]\nrtol = 1e-5\n[update_err]\ncheck = \"at_most\"\nlimit = 0.1\n", "sc.toml"));
+  CHECK_FALSE(r.pass);
+  CHECK(result_for(r, "update_err").compared == 3);
+  CHECK(result_for(r, "update_err").first_failing_step == 3);
+}

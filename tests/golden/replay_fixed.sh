@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# meson test golden-replay-fixed: a correct framework's verdict no longer depends on the config's learning rate. A
+# replay is judged one step at a time from olmoref's own state (`golden export` writes the states, `golden replay`
+# hands them to the framework's trainer before each step), here through the PyTorch reference replay (replay.py):
+#   1. configs/tiny.toml, 30 steps (lr 3e-3): the free trajectory breaks rules-fp32.toml (loss, from about step 13:
+#      fp32 noise amplified about 3x a step), while --mode both judges every step at fixed state and holds, and reports
+#      the free trajectory beside the framework's own spread between two micro-batch sizes;
+#   2. configs/parity.toml, 10 and 30 steps at its own lr: holds at fixed state;
+#   3. sampled states (--states 5,20): only steps 5 and 20 are judged, and they hold;
+#   4. controls at fixed state: weight decay on the embeddings too fails update_err at step 2; steps 4 and 7 swapped
+#      fail the loss at step 4;
+#   5. bad input: --mode fixed on a bundle without states, and --states outside the run or not a step, exit 2 naming
+#      the fix.
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+set +e
+cd "$SRC" || exit 2
+source golden/parity/venv.sh
+skip() { echo "SKIPPED: golden-replay-fixed: $1"; exit 77; }
+olmoref_ensure_venv replay_fixed
+threads=${OLMOREF_PEER_THREADS:-1}
+fail() { echo "FAIL: $*"; exit 1; }
+
+python3 tests/make_tokens.py "$work/tokens.u16" 3 60000 || exit 2
+# The parity config's vocabulary is 256: the same documents folded below it.
+python3 -c 'import sys, array; t = array.array("H", open(sys.argv[1], "rb").read()); open(sys.argv[2], "wb").write(array.array("H", (x % 256 for x in t)).tobytes())' \
+  "$work/tokens.u16" "$work/tokens256.u16" || exit 2
+train() {  # train NAME CONFIG STEPS [TOKENS]: a run and its bundle (states: every step)
+  "$BIN" train --config "$2" --steps "$3" --set "data.train_files=[\"$work/${4:-tokens.u16}\"]" --set eval.interval=0 \
+    --threads 2 --out "$work/$1" --quiet || exit 2
+  "$BIN" golden export --run "$work/$1" --out "$work/$1-bundle" > "$work/$1-export.log" || { cat "$work/$1-export.log"; exit 2; }
+  grep -q "every record equal to the trace's" "$work/$1-export.log" || fail "$1: the export wrote no states"
+}
+replay() {  # replay OUT BUNDLE ARGS...: exit status of golden replay through the PyTorch replay
+  local out=$1 bundle=$2
+  shift 2
+  OMP_NUM_THREADS=$threads "$BIN" golden replay "$bundle" --framework torch --threads "$threads" --python "$py" \
+    --out "$work/$out" "$@" > "$work/$out.log" 2>&1
+}
+
+# 1. tiny, 30 steps: free fails, fixed holds.
+train tiny configs/tiny.toml 30
+replay tiny-free "$work/tiny-bundle" --mode free
+rc=$?
+[ $rc = 1 ] && grep -q "FAIL: loss" "$work/tiny-free/compare.txt" ||
+  { tail -n 20 "$work/tiny-free.log"; fail "tiny's free trajectory was expected to break rules-fp32.toml (exit $rc)"; }
+echo "ok: the free trajectory of a correct replay breaks the fixed-rtol rules: $(grep '^FAIL' "$work/tiny-free/compare.txt")"
+replay tiny-both "$work/tiny-bundle" --mode both ||
+  { tail -n 40 "$work/tiny-both.log"; fail "tiny: the fixed-state replay must hold"; }
+cmp=$work/tiny-both/compare.txt
+grep -E "^(loss|grad_norm|grad_err|update_err)" "$cmp"
+grep -q "rules-fixed.toml" "$cmp" && grep -q "^PASS: every rule holds" "$cmp" || fail "tiny: not judged at fixed state"
+[ "$(grep -c '"update_err"' "$work/tiny-both/replay.jsonl")" = 30 ] || fail "tiny: not every step judged"
+grep -q "free trajectory (reported, not gated)" "$cmp" && grep -q "OLMOREF_TORCH_MICROBATCH=1" "$cmp" ||
+  fail "tiny: --mode both must report the free trajectory with the framework's own spread"
+sed -n '/free trajectory/,$p' "$cmp"
+echo "ok: tiny, 30 steps: every step holds at fixed state"
+
+# 2. the parity config at its own lr, 10 and 30 steps.
+for steps in 10 30; do
+  train parity$steps configs/parity.toml $steps tokens256.u16
+  replay parity$steps "$work/parity$steps-bundle" || { tail -n 30 "$work/parity$steps.log"; fail "parity, $steps steps"; }
+  echo "ok: parity, $steps steps: $(grep -E '^update_err ' "$work/parity$steps/compare.txt" | tr -s ' ' | cut -c1-80)"
+done
+
+# 3. sampled states: steps 5 and 20 only (the states after 4, 5, 19 and 20).
+"$BIN" golden export --run "$work/tiny" --out "$work/sampled" --states 5,20 > /dev/null || exit 2
+[ "$(ls "$work/sampled/states" | wc -l)" = 4 ] || fail "--states 5,20 must write 4 states: $(ls "$work/sampled/states")"
+replay sampled "$work/sampled" || { tail -n 30 "$work/sampled.log"; fail "sampled states"; }
+[ "$(cut -d, -f1 "$work/sampled/replay.jsonl" | tr -d '{"step: ' | tr '\n' ' ')" = "5 20 " ] ||
+  fail "sampled: judged $(cut -d, -f1 "$work/sampled/replay.jsonl" | tr '\n' ' ')"
+echo "ok: sampled states: steps 5 and 20 judged and hold"
+
+# 4. controls at fixed state.
+python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/decay" --steps 2 --decay-everything || exit 2
+python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/swapped" --steps 4 --swap-batches 4 7 || exit 2
+for c in "decay|FAIL: update_err .* first at step 2" "swapped|FAIL: loss .* first at step 4"; do
+  name=${c%%|*} want=${c#*|}
+  replay "ctl-$name" "$work/$name"
+  rc=$?
+  [ $rc = 1 ] && grep -q -- "$want" "$work/ctl-$name/compare.txt" ||
+    { tail -n 20 "$work/ctl-$name.log"; fail "control $name: want exit 1 and '$want' (exit $rc)"; }
+  echo "ok: control $name: $(grep -m1 -- "$want" "$work/ctl-$name/compare.txt")"
+done
+
+# 5. bad input.
+"$BIN" golden export --run "$work/tiny" --out "$work/nostates" --states none > /dev/null || exit 2
+expect_fail() {  # expect_fail TEXT COMMAND...: exit 2 and TEXT said
+  local text=$1 rc=0
+  shift
+  "$@" > "$work/bad.log" 2>&1 || rc=$?
+  [ $rc = 2 ] && grep -qF -- "$text" "$work/bad.log" || { cat "$work/bad.log"; fail "'$*' exited $rc, want 2 and: $text"; }
+  echo "ok: refused: $(grep -F -m1 -- "$text" "$work/bad.log" | cut -c1-160)"
+}
+expect_fail "golden export --states all" "$BIN" golden replay "$work/nostates" --framework torch --python "$py" \
+  --mode fixed --out "$work/bad"
+expect_fail "outside the bundle's steps 1..30" "$BIN" golden export --run "$work/tiny" --out "$work/b1" --states 31
+expect_fail "is not a step" "$BIN" golden export --run "$work/tiny" --out "$work/b2" --states 3,x
+[ ! -e "$work/b1/bundle.json" ] && [ ! -e "$work/b2/bundle.json" ] || fail "a refused export left a bundle"
+echo "PASS: golden-replay-fixed"
