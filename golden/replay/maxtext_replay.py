@@ -2,6 +2,7 @@
 """Replay an olmoref golden bundle with MaxText's own trainer (JAX, CPU backend) and write the metrics it recorded.
 
 Usage: maxtext_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+       [--fixed-state]
 (normally run by `olmoref golden replay BUNDLE... --framework maxtext`, which then compares the traces); --bundle,
 --out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 
@@ -31,6 +32,10 @@ trace_records), "grad_norm" (learning/raw_grad_norm: the norm before clipping), 
 fp32. REPORT.json names what MaxText's own code did ("native") and each piece the adapter added ("added").
 `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-maxtext.toml` judges
 (rules-maxtext-bf16.toml a bf16 bundle; docs/golden.md, "MaxText").
+With --fixed-state (a bundle with states/) each judged step k is computed from olmoref's state after step k-1,
+handed to MaxText's TrainStateNNX before its training_loop_iteration (fixed_state_iteration), and the trace holds the
+judged steps only, each with update_err and grad_err (the gradient recovered from MaxText's own first moment);
+rules-fixed.toml judges; the lr is the bundle's rounded to fp32 here too (relative error at most 6e-8).
 
 Exit status: 0 replayed; 2 the bundle is malformed or MaxText cannot be imported.
 """
@@ -40,7 +45,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError, adapter_main, load_state  # noqa: E402
+from bundle import BundleError, adapter_main, gradient_error, load_state, update_error  # noqa: E402
 from maxtext_export import ADDED as EXPORT_ADDED  # noqa: E402
 from maxtext_export import base_yml, check_model, export, import_maxtext, maxtext_overrides  # noqa: E402
 
@@ -140,46 +145,6 @@ def microbatches(bundle, added):
     added.append(f"OLMOREF_MAXTEXT_MICROBATCH={text}: micro-batches of {text} instances instead of {bundle.mb} (a "
                  f"measurement of MaxText's own spread, not the replay's route)")
     return bundle.G // int(text)
-
-
-def _np_update_error(before, after, fw):
-    """bundle.update_error in numpy (fp64), per Hugging Face tensor: the largest ||fw_t - after_t|| / ||after_t -
-    before_t|| (against ||after_t|| where olmoref left the tensor unchanged). Returns (error, the tensor's name)."""
-    import numpy as np
-
-    worst, at = 0.0, None
-    for name, p in fw.items():
-        a = np.asarray(after[name], dtype=np.float64).reshape(-1)
-        d = float(np.linalg.norm(np.asarray(p, dtype=np.float64).reshape(-1) - a))
-        step = float(np.linalg.norm(a - np.asarray(before[name], dtype=np.float64).reshape(-1)))
-        err = d / step if step > 0 else d / max(float(np.linalg.norm(a)), 1e-30)
-        if err > worst or at is None:
-            worst, at = err, name
-    return worst, at
-
-
-def _np_gradient_error(ref, fw):
-    """bundle.gradient_error in numpy (fp64), per Hugging Face tensor: each side divided by its own global norm, then
-    ||fw_t - ref_t|| / ||ref_t|| (||fw_t|| where olmoref's tensor is zero). Returns (error, the tensor's name)."""
-    import numpy as np
-
-    if set(fw) != set(ref):
-        raise BundleError(f"the gradient names differ: {sorted(set(fw) ^ set(ref))[:4]}")
-
-    def norm_all(d):
-        return sum(float(np.square(np.asarray(g, dtype=np.float64)).sum()) for g in d.values()) ** 0.5
-
-    nr, nf = norm_all(ref), norm_all(fw)
-    worst, at = 0.0, None
-    for n, g in ref.items():
-        r = np.asarray(g, dtype=np.float64).reshape(-1) / (nr or 1.0)
-        f = np.asarray(fw[n], dtype=np.float64).reshape(-1) / (nf or 1.0)
-        d = float(np.linalg.norm(f - r))
-        base = float(np.linalg.norm(r))
-        err = d / base if base > 0 else d
-        if err > worst or at is None:
-            worst, at = err, n
-    return worst, at
 
 
 def fixed_state_iteration(bundle, train, errors):
@@ -300,12 +265,12 @@ def fixed_state_iteration(bundle, train, errors):
         if set(got["param"]) != set(after["param"]):
             raise BundleError(f"MaxText's parameters and the state's differ: "
                               f"{sorted(set(got['param']) ^ set(after['param']))[:4]}")
-        rec = {"update_err": _np_update_error(before["param"], after["param"], got["param"])[0]}
+        rec = {"update_err": update_error(None, before["param"], after["param"], got["param"])[0]}
         if after["grad"] is not None:
             b1 = float(config.adam_b1)
             grad = {n: (mu - b1 * np.asarray(before["exp_avg"][n], dtype=np.float64)) / (1.0 - b1)
                     for n, mu in got["mu"].items()}
-            rec["grad_err"] = _np_gradient_error(after["grad"], grad)[0]
+            rec["grad_err"] = gradient_error(None, after["grad"], grad)[0]
         errors[s] = rec
         return metrics
 
