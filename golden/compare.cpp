@@ -33,11 +33,7 @@ std::string fmt_short(double v) {
   return buf;
 }
 
-bool identical(const MetricValue& a, const MetricValue& b) {
-  if (!a.exact.empty() && !b.exact.empty()) return a.exact == b.exact;
-  if (std::isnan(a.value) && std::isnan(b.value)) return a.exact == b.exact;
-  return a.value == b.value;
-}
+bool identical(const MetricValue& a, const MetricValue& b) { return identical_values(a, b); }
 
 std::string check_text(const MetricRule& r) {
   switch (r.check) {
@@ -269,6 +265,12 @@ bool judge_at_most(const LoadedTrace& a, const LoadedTrace& b, const MetricRule&
 }
 
 }  // namespace
+
+bool identical_values(const MetricValue& a, const MetricValue& b) {
+  if (!a.exact.empty() && !b.exact.empty()) return a.exact == b.exact;
+  if (std::isnan(a.value) && std::isnan(b.value)) return a.exact == b.exact;
+  return a.value == b.value;
+}
 
 CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules) {
   CompareResult res;

@@ -70,6 +70,9 @@ struct CompareResult {
 };
 
 CompareResult compare_traces(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules);
+// The `exact` check: identical bit patterns where both carry them, else equal numbers (NaN equals NaN with the same
+// bits) or strings.
+bool identical_values(const MetricValue& a, const MetricValue& b);
 // The human-readable report: inputs, rules, a table per metric, the first differing step with the values of
 // every metric there, and a last line "PASS: ..." or "FAIL: ...".
 std::string format_compare_report(const LoadedTrace& a, const LoadedTrace& b, const CompareRules& rules,

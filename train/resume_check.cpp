@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "ckpt/checkpoint.h"
+#include "golden/resume_compare.h"
 #include "golden/trace.h"
 
 namespace fs = std::filesystem;
@@ -58,14 +59,16 @@ int run_self(const std::vector<std::string>& args, const std::string& log, int d
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::string state_digest(const std::string& run_dir) {
+// The newest checkpoint's whole-state digests: parameters, and the optimizer's moments (m then v).
+StateDigests state_digests(const std::string& run_dir) {
   const auto newest = ckpt::newest_complete(run_dir + "/checkpoints");
-  if (!newest) return "";
+  if (!newest) return {};
   std::ifstream in(*newest + "/manifest.json");
   const nlohmann::json m = nlohmann::json::parse(in);
   const auto& d = m.at("state_digests");
-  return "step " + std::to_string(m.at("step").get<int64_t>()) + " params " + d.at("params").get<std::string>() +
-         " m " + d.at("adam_m").get<std::string>() + " v " + d.at("adam_v").get<std::string>();
+  return {{"step", std::to_string(m.at("step").get<int64_t>())},
+          {"params", d.at("params").get<std::string>()},
+          {"optimizer", "m " + d.at("adam_m").get<std::string>() + " v " + d.at("adam_v").get<std::string>()}};
 }
 
 }  // namespace
@@ -123,7 +126,7 @@ int resume_check(const ResumeCheckOptions& o) {
     return could_not_verify(e.what(), work + "/uninterrupted.log");
   }
   if (static_cast<int64_t>(ref.size()) != o.steps) return could_not_verify("the uninterrupted trace is incomplete", "");
-  const std::string ref_state = state_digest(ref_dir);
+  const StateDigests ref_state = state_digests(ref_dir);
 
   bool all_same = true;
   for (int64_t k : o.at) {
@@ -144,35 +147,43 @@ int resume_check(const ResumeCheckOptions& o) {
     if (run_self(with(resume_args), dir + "-resume.log", rS, rR, rEP) != 0)
       return could_not_verify("the resumed run from step " + std::to_string(k) + " failed", dir + "-resume.log");
     std::vector<TraceRecord> got;
+    ResumeAuditInput audit;
     try {
       got = read_trace(dir + "/trace.jsonl");
+      audit.straight = load_trace_any(ref_dir + "/trace.jsonl");
     } catch (const std::exception& e) {
       return could_not_verify(e.what(), dir + "-resume.log");
     }
-    std::printf("\nresumed at step %lld (fresh processes):\n", static_cast<long long>(k));
-    std::printf("  step  loss (uninterrupted)   loss (resumed)        delta       grad_norm  data  params  lr\n");
-    for (int64_t s = 0; s < o.steps; ++s) {
-      if (s >= static_cast<int64_t>(got.size())) {
-        std::printf("  %4lld  missing in the resumed trace\n", static_cast<long long>(s + 1));
-        all_same = false;
-        continue;
-      }
-      const TraceRecord &a = ref[s], &b = got[s];
-      const bool loss = std::memcmp(&a.loss, &b.loss, 4) == 0;
-      const bool gn = std::memcmp(&a.grad_norm, &b.grad_norm, 4) == 0;
-      const bool data = a.data_digest == b.data_digest, params = a.param_digest == b.param_digest;
-      const bool lr = std::memcmp(&a.lr, &b.lr, 8) == 0, step = a.step == b.step;
-      const bool same = loss && gn && data && params && lr && step && a.to_json() == b.to_json();
-      all_same = all_same && same;
-      std::printf("  %4lld  %.9g  %17.9g  %12.3e  %9s  %4s  %6s  %3s%s\n", static_cast<long long>(a.step), a.loss, b.loss,
-                  static_cast<double>(b.loss) - static_cast<double>(a.loss), gn ? "same" : "DIFF", data ? "same" : "DIFF",
-                  params ? "same" : "DIFF", lr ? "same" : "DIFF", s + 1 <= k ? "   (before the stop)" : "");
+    try {
+      audit.resumed = load_trace_any(dir + "/trace.jsonl");
+    } catch (const std::exception& e) {
+      // Records olmoref itself wrote that do not form one run (a step twice: the step count was not restored).
+      std::printf("\nresumed at step %lld: DIFFERENT: the resumed trace is not one run: %s\n",
+                  static_cast<long long>(k), e.what());
+      all_same = false;
+      continue;
     }
-    const std::string got_state = state_digest(dir);
-    const bool state_same = !ref_state.empty() && ref_state == got_state;
-    all_same = all_same && state_same;
-    std::printf("  final state: %s\n    uninterrupted %s\n    resumed       %s\n", state_same ? "identical" : "DIFFERENT",
-                ref_state.c_str(), got_state.c_str());
+    audit.stop_after = k;
+    // olmoref's resume checks what it loads against the checkpoint's digests itself (it refuses otherwise), so the
+    // loaded state is not compared here; the final states are the last checkpoints'.
+    audit.final_straight = ref_state;
+    audit.final_resumed = state_digests(dir);
+    if (ref_state.empty()) return could_not_verify("the uninterrupted run wrote no checkpoint", "");
+    ResumeFinding finding = compare_resume(audit);
+    // The comparison's metrics are the step's essentials; a trace record holds more (tokens, epoch, clip,
+    // num-zeros, routing), all of which must agree too.
+    if (finding.identical)
+      for (size_t s = 0; s < ref.size() && s < got.size(); ++s)
+        if (ref[s].to_json() != got[s].to_json()) {
+          finding.identical = false;
+          finding.first_step = ref[s].step;
+          finding.first_what = "trace record";
+          finding.diagnosis = "the step's loss, grad norm, lr, batch and parameters agree but another field of its "
+                              "record does not:\n  " + ref[s].to_json() + "\n  " + got[s].to_json();
+          break;
+        }
+    std::printf("\n%s", format_resume_report(audit, finding, "olmoref resume-check").c_str());
+    all_same = all_same && finding.identical;
   }
   std::printf("\nresume-check: %s\n", all_same ? "IDENTICAL: resuming changed nothing (every step bit for bit)"
                                                : "DIFFERENT: resuming changed the run");

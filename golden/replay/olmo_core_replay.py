@@ -2,6 +2,7 @@
 """Replay an olmoref golden bundle with OLMo-core's own trainer and write the metrics it recorded per step.
 
 Usage: olmo_core_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+       [--fixed-state]
 (normally run by `olmoref golden replay BUNDLE... --framework olmo-core`, which then compares the traces); --bundle,
 --out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 Environment, to measure OLMo-core's own spread between two equally valid runs (rules-olmo-core-bf16.toml's limits
@@ -38,6 +39,14 @@ Each line of REPLAY.jsonl is what OLMo-core recorded for that step: {"step", "lo
 own code did ("native") and each piece of the recipe it could not express with the smallest addition made ("added"). `olmoref trace compare BUNDLE/trace.jsonl
 REPLAY.jsonl --rules golden/replay/rules-olmo-core.toml` judges (docs/golden.md, section 7).
 
+With --fixed-state (a bundle with states/) each judged step k is computed from olmoref's state after step k-1: the
+FixedState callback (fixed_state_class) hands Trainer.fit's model and torch AdamW olmoref's parameters, moments and
+step count k-1 in pre_step (before the step's forward; step 1 starts from the step-0 weights and a fresh optimizer),
+each tensor through the same convert_state_from_hf as the step-0 weights; it keeps the gradients in pre_optim_step
+(before OLMo-core clips them) and, in post_train_batch (after optim.step()), measures grad_err and update_err against
+olmoref's state after step k (bundle.gradient_error, bundle.update_error). The trace then holds the judged steps only,
+each with grad_err and update_err; golden/replay/rules-fixed.toml judges.
+
 Exit status: 0 replayed; 2 the bundle is malformed, or OLMo-core (with its transformers extra) cannot be imported.
 """
 import logging
@@ -48,7 +57,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
-from bundle import BundleError, adapter_main, pinned_version, setup_torch  # noqa: E402
+from bundle import (BundleError, adapter_main, gradient_error, hand_state, load_state, local_tensor,  # noqa: E402
+                    pinned_version, setup_torch, update_error)
 
 # The one place the OLMo-core release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 OLMO_CORE_VERSION = "3.0.0"
@@ -104,7 +114,8 @@ def hf_state(bundle):
         hf, {TemplatePlaceholder.LAYER: hf_config.num_hidden_layers})
     oc_name = {mp.source_keys[0]: mp.dest_keys[0] for mp in mappings
                if len(mp.source_keys) == 1 and len(mp.dest_keys) == 1}
-    return weights, state, oc_name
+    return weights, state, oc_name, lambda tensors: convert_state_from_hf(hf_config, tensors,
+                                                                          model_type=hf_config.model_type)
 
 
 def olmo_core_state(bundle):
@@ -115,16 +126,17 @@ def olmo_core_state(bundle):
     if not os.path.exists(weights):
         raise BundleError(f"{weights} not found (the bundle's step-0 weights)")
     state = load_file(weights)
-    return weights, state, {n: n for n in state}
+    return weights, state, {n: n for n in state}, lambda tensors: dict(tensors)
 
 
 def build_model(torch, bundle):
     """OLMo-core's model and the bundle's step-0 weights, checked against the model's names and shapes. Returns the
-    model, that state (load it with load_weights once the train module has initialised the model) and the
-    OLMo-core name of each name the bundle uses for its weights."""
+    model, that state (load it with load_weights once the train module has initialised the model), the
+    OLMo-core name of each name the bundle uses for its weights, and to_oc: {bundle name: tensor} -> {OLMo-core
+    name: tensor} by the same conversion as the weights (for olmoref's states: parameters, moments, gradients)."""
     meta = bundle.meta
     moe = is_moe(meta["model"])
-    weights, state, oc_name = olmo_core_state(bundle) if moe else hf_state(bundle)
+    weights, state, oc_name, to_oc = olmo_core_state(bundle) if moe else hf_state(bundle)
     if moe:
         install_cpu_kernels()  # OLMo-core's MoE gather/scatter are Triton kernels, which need a GPU
     model = olmo_core_config(meta["model"]).build(init_device="cpu")
@@ -139,7 +151,7 @@ def build_model(torch, bundle):
     if missing or extra or shape:
         raise BundleError(f"{weights} does not match OLMo-core's model: missing "
                           f"{missing[:6]}, unknown {extra[:6]}, wrong shape {shape[:6]}")
-    return model, {n: t.to(torch.float32) for n, t in state.items()}, oc_name
+    return model, {n: t.to(torch.float32) for n, t in state.items()}, oc_name, to_oc
 
 
 def load_weights(model, state):
@@ -288,7 +300,81 @@ def metrics_capture_class():
     return MetricsCapture()
 
 
-def replay(bundle, threads, work):
+def fixed_state_class(torch, bundle, to_oc):
+    """The --fixed-state hand-over, as an OLMo-core Callback (Trainer._fit_epoch calls pre_step before
+    train_module.train_batch, pre_optim_step between the backward passes and train_module.optim_step, which clips and
+    steps, and post_train_batch after it). Before judged step s > 1 (pre_step) the model's parameters and torch
+    AdamW's per-parameter state (exp_avg, exp_avg_sq, step: OLMo-core's AdamWConfig builds torch.optim.AdamW, so
+    bundle.hand_state fits) are set to olmoref's state after step s-1, every tensor converted by to_oc (the weights'
+    own convert_state_from_hf). pre_optim_step keeps the gradients before clipping; post_train_batch measures
+    grad_err and update_err against olmoref's state after step s, which it keeps as the next step's state before."""
+    from olmo_core.train.callbacks import Callback
+
+    def converted(k):
+        st = load_state(bundle, k)
+        return {part: (to_oc(ts) if ts is not None else None) for part, ts in st.items()}
+
+    class FixedState(Callback):
+        priority = 1000  # first: the state is in place before any other callback sees the step
+
+        def __init__(self):
+            super().__init__()
+            self.judged = set(bundle.judged)
+            self.errors = {}
+            self.before = self.grads = None
+            self.cached = None  # (k, olmoref's state after step k, converted), the last one loaded
+
+        def state(self, k):
+            if self.cached is None or self.cached[0] != k:
+                self.cached = (k, converted(k))
+            return self.cached[1]
+
+        def named(self):
+            return dict(self.trainer.train_module.model.named_parameters())
+
+        def pre_step(self, batch):
+            del batch
+            s = self.trainer.global_step
+            self.before = self.grads = None
+            if s not in self.judged:
+                return
+            self.before = self.state(s - 1)
+            if s > 1:
+                optim = self.trainer.train_module.optim
+                named = self.named()
+                in_optim = {id(p) for g in optim.param_groups for p in g["params"]}
+                if any(id(p) not in in_optim for p in named.values()):
+                    raise RuntimeError("the model's parameters are not the optimizer's: the hand-over would miss")
+                hand_state(torch, self.before, named, optim, s - 1)
+
+        def pre_optim_step(self):
+            if self.before is None:
+                return
+            grads = {}
+            for n, p in self.named().items():
+                if p.grad is None:
+                    raise RuntimeError(f"step {self.trainer.global_step}: {n} has no gradient")
+                grads[n] = local_tensor(p.grad).detach().clone()
+            self.grads = grads
+
+        def post_train_batch(self):
+            if self.before is None:
+                return
+            s = self.trainer.global_step
+            if self.grads is None:
+                raise RuntimeError(f"step {s} is judged, and no gradient was captured before the optimizer step")
+            after = self.state(s)
+            if after["grad"] is None:
+                raise BundleError(f"the state after step {s} holds no gradient (bundle.json judges step {s})")
+            g_err, g_at = gradient_error(torch, after["grad"], self.grads)
+            u_err, u_at = update_error(torch, self.before["param"], after["param"], self.named())
+            self.errors[s] = {"grad_err": g_err, "update_err": u_err}
+            self.before = self.grads = None
+
+    return FixedState()
+
+
+def replay(bundle, threads, work, fixed=False):
     torch = setup_torch(threads)
     import torch.distributed as dist
     from olmo_core.train import Duration, TrainerConfig
@@ -299,7 +385,7 @@ def replay(bundle, threads, work):
     # One rank, gloo, rendezvous through a file: no port to collide with parallel tests.
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1)
     try:
-        model, state, oc_name = build_model(torch, bundle)
+        model, state, oc_name, to_oc = build_model(torch, bundle)
         moe = is_moe(bundle.meta["model"])
         if moe:
             native.append(f"model: TransformerConfig.llama_like, MoETransformer of moe_reordered_norm blocks "
@@ -355,11 +441,19 @@ def replay(bundle, threads, work):
         capture = metrics_capture_class()
         added.append("MetricsCapture (an olmo_core.train.callbacks.Callback): keeps the metrics the trainer logs "
                      "and each group's lr after optim.step(), for the trace")
+        callbacks = {"checkpointer": CheckpointerCallback(enabled=False), "olmoref_capture": capture}
+        if fixed:
+            callbacks["olmoref_fixed_state"] = fixed_state = fixed_state_class(torch, bundle, to_oc)
+            added.append("FixedState (an olmo_core.train.callbacks.Callback), --fixed-state: in pre_step, before "
+                         "judged step k > 1, the model's parameters and torch AdamW's exp_avg, exp_avg_sq and step "
+                         "get olmoref's state after step k-1 (states/), each tensor through the weights' own "
+                         "convert_state_from_hf (bundle.hand_state; the lr stays the scheduler's at step k); it "
+                         "keeps the gradients in pre_optim_step (before clipping) and, in post_train_batch, "
+                         "measures grad_err and update_err against olmoref's state after step k")
         trainer = TrainerConfig(save_folder=os.path.join(work, "save"), work_dir=os.path.join(work, "work"),
                                 max_duration=Duration.steps(steps), metrics_collect_interval=1,
                                 async_bookkeeping=False, cancel_check_interval=steps + 1, no_checkpoints=True,
-                                callbacks={"checkpointer": CheckpointerCallback(enabled=False),
-                                           "olmoref_capture": capture}).build(module, loader)
+                                callbacks=callbacks).build(module, loader)
         trainer.fit()
     finally:
         dist.destroy_process_group()
@@ -372,6 +466,8 @@ def replay(bundle, threads, work):
 
     records = []
     for s in range(1, steps + 1):
+        if fixed and s not in fixed_state.judged:
+            continue  # run (the trainer's counters and the free steps between sampled ones) but not judged
         m = capture.metrics.get(s, {})
         for key in ("train/CE loss", "optim/total grad norm"):
             if key not in m:
@@ -390,6 +486,10 @@ def replay(bundle, threads, work):
             if "optim/step skipped" not in m:
                 raise RuntimeError(f"OLMo-core recorded no 'optim/step skipped' for step {s} (recorded: {sorted(m)})")
             rec["skipped"] = int(float(m["optim/step skipped"]))
+        if fixed:
+            if s not in fixed_state.errors:
+                raise RuntimeError(f"step {s} is judged, and the fixed-state callback never measured it")
+            rec.update(fixed_state.errors[s])
         records.append(rec)
     return records, native, added
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "golden/compare.h"
+#include "golden/resume_compare.h"
 #include "golden/trace.h"
 
 using namespace olmoref;
@@ -663,4 +664,53 @@ TEST_CASE("at_most after a failing rule is still judged (no short circuit)") {
   CHECK_FALSE(r.pass);
   CHECK(result_for(r, "update_err").compared == 3);
   CHECK(result_for(r, "update_err").first_failing_step == 3);
+}
+
+TEST_CASE("resume comparison: identical, and the first difference named in the order a user acts on") {
+  // Four steps; the resumed trace may change one metric at one step.
+  auto trace = [&](const std::string& name, int bad_step, const std::string& bad_metric) {
+    std::string text;
+    for (int s = 1; s <= 4; ++s) {
+      const bool bad = s == bad_step;
+      text += "{\"step\":" + std::to_string(s) + ",\"loss\":" + (bad && bad_metric == "loss" ? "2.6" : "2.5") +
+              ",\"grad_norm\":1.5,\"lr\":" + (bad && bad_metric == "lr" ? "0.002" : "0.001") +
+              ",\"data_digest\":\"" + (bad && bad_metric == "data" ? "ff" : "0" + std::to_string(s)) +
+              "\",\"param_digest\":\"" + (bad && bad_metric == "params" ? "ee" : "p" + std::to_string(s)) + "\"}\n";
+    }
+    return load_trace_any(write(name, text));
+  };
+  ResumeAuditInput in;
+  in.straight = trace("rs-straight.jsonl", 0, "");
+  in.stop_after = 2;
+  in.straight_at_stop = {{"params", "A"}, {"optimizer", "B"}};
+  in.final_straight = {{"params", "F"}};
+  auto judge = [&](int step, const std::string& metric, StateDigests loaded = {{"params", "A"}, {"optimizer", "B"}},
+                   StateDigests fin = {{"params", "F"}}) {
+    in.resumed = trace("rs-resumed.jsonl", step, metric);
+    in.loaded = loaded;
+    in.final_resumed = fin;
+    return compare_resume(in);
+  };
+  ResumeFinding f = judge(0, "");
+  CHECK(f.identical);
+  CHECK(format_resume_report(in, f, "test").find("IDENTICAL") != std::string::npos);
+  f = judge(3, "data");
+  CHECK(f.first_step == 3);
+  CHECK(f.first_what == "batch");
+  f = judge(3, "lr");
+  CHECK(f.first_what == "lr");
+  f = judge(4, "params");
+  CHECK(f.first_step == 4);
+  CHECK(f.first_what == "parameters after the step");
+  // The loaded state comes before anything computed from it; a difference before the stop before everything.
+  f = judge(3, "loss", {{"params", "A"}, {"optimizer", "X"}});
+  CHECK(f.first_step == 2);
+  CHECK(f.first_what == "optimizer state as loaded");
+  f = judge(1, "loss", {{"params", "X"}, {"optimizer", "B"}});
+  CHECK(f.first_step == 1);
+  CHECK(f.diagnosis.find("before the stop") != std::string::npos);
+  f = judge(0, "", {{"params", "A"}, {"optimizer", "B"}}, {{"params", "G"}});
+  CHECK(f.first_what == "final state");
+  const std::string report = format_resume_report(in, f, "test");
+  CHECK(report.find("DIFFERENT: first at step 4: final state") != std::string::npos);
 }
