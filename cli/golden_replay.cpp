@@ -37,6 +37,7 @@
 
 #include "cli/commands.h"
 #include "golden/compare.h"
+#include "golden/resume_compare.h"
 
 #ifndef OLMOREF_SOURCE_DIR
 #error "cli/meson.build defines OLMOREF_SOURCE_DIR: where golden/replay/ is found when OLMOREF_SOURCE_ROOT is unset"
@@ -58,6 +59,8 @@ struct Framework {
   const char* venv_env;   // the environment variable naming its Python environment
   const char* venv_home;  // the default, under ~/.cache/olmoref/ (tools/setup_python.sh makes it)
   const char* what;       // for --help
+  // The resume audit's adapter under golden/replay/ (`golden resume-audit`); nullptr: none.
+  const char* audit_script;
   // The environment variable that sets the adapter's micro-batch size, a second valid route whose trajectory is the
   // envelope of `--mode both` (nullptr: the adapter has one route).
   const char* route_env;
@@ -69,23 +72,23 @@ struct Framework {
 // The frameworks whose adapters exist. Each venv is the one the suite's checks of that framework already use.
 constexpr Framework kFrameworks[] = {
     {"torch", "replay.py", "rules-fp32.toml", nullptr, "OLMOREF_VENV", "venv",
-     "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)",
+     "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)", nullptr,
      "OLMOREF_TORCH_MICROBATCH", false},
     {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "rules-hf-trainer-bf16.toml", "OLMOREF_VENV",
      "venv",
-     "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm",
+     "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm", "audit_hf_trainer.py",
      "OLMOREF_HF_MICROBATCH"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
      "venv-olmo-core",
-     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler",
+     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler", "audit_olmo_core.py",
      "OLMOREF_OLMO_CORE_MICROBATCH"},
     {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "rules-torchtitan-bf16.toml", "OLMOREF_VENV",
      "venv",
-     "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf",
+     "TorchTitan's Trainer through its transformers_modeling_backend, gloo on the CPU, weights by initial_load_in_hf", "audit_torchtitan.py",
      "OLMOREF_TORCHTITAN_MICROBATCH"},
     {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", "rules-maxtext-bf16.toml", "OLMOREF_MAXTEXT_VENV",
      "venv-maxtext",
-     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax",
+     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax", "audit_maxtext.py",
      "OLMOREF_MAXTEXT_MICROBATCH"},
 };
 
@@ -391,6 +394,203 @@ int golden_replay(const ReplayOptions& o) {
   return adapter_rc != 0 ? 2 : all_hold ? 0 : 1;
 }
 
+
+// ---- golden resume-audit ----
+
+struct AuditOptions {
+  std::string bundle, framework, out, python, at_text, controls_text;
+  int64_t steps = 0;
+  int threads = 1;
+};
+
+// What each control must show (golden/resume_compare.h's first difference), and at which step relative to K.
+struct ControlExpectation {
+  const char* name;
+  std::vector<std::string> first_what;
+  int64_t step_after_k;  // 0: at K (the loaded state), 1: at K + 1
+};
+const ControlExpectation kControls[] = {
+    {"optimizer", {"optimizer state as loaded"}, 0},
+    {"data", {"batch"}, 1},
+    {"schedule", {"lr"}, 1},
+    {"rng", {"loss", "grad_norm", "parameters after the step"}, 1},
+};
+
+std::vector<int64_t> parse_steps_list(const std::string& text, const std::string& what) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size()) throw std::invalid_argument(what + " " + text + ": '" + item + "' is not a step");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// One JSON Lines trace of the records of `a` up to step k and of `b` after it: the stopped-and-resumed run.
+void splice_trace(const std::string& a, const std::string& b, int64_t k, const std::string& out) {
+  std::ofstream o(out);
+  for (const auto& [path, before] : {std::pair{a, true}, std::pair{b, false}}) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const int64_t step = nlohmann::json::parse(line).at("step").get<int64_t>();
+      if ((step <= k) == before) o << line << "\n";
+    }
+  }
+}
+
+StateDigests digests_of(const std::string& state_file, const std::string& label) {
+  std::ifstream in(state_file);
+  if (!in) return {};
+  const nlohmann::json j = nlohmann::json::parse(in);
+  StateDigests d;
+  if (j.contains(label))
+    for (const auto& [part, v] : j.at(label).items()) d[part] = v.get<std::string>();
+  return d;
+}
+
+int golden_resume_audit(const AuditOptions& o) {
+  const Framework& f = framework_named(o.framework);
+  if (!f.audit_script)
+    throw std::invalid_argument("--framework " + o.framework + ": no resume audit for it (the audited frameworks are "
+                                "olmo-core, torchtitan, hf-trainer and maxtext; olmoref's own resume: resume-check)");
+  const fs::path here = fs::path(source_root()) / "golden" / "replay";
+  const fs::path script = here / f.audit_script;
+  if (!fs::is_regular_file(script))
+    throw std::runtime_error(script.string() + " not found: golden resume-audit reads its adapters from the source "
+                             "tree; set OLMOREF_SOURCE_ROOT to the olmoref checkout");
+  const fs::path bundle(o.bundle);
+  if (!fs::is_regular_file(bundle / "bundle.json"))
+    throw std::invalid_argument(o.bundle + ": not a golden bundle (bundle.json is written by `olmoref golden export "
+                                "--run RUN --out BUNDLE`)");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(std::ifstream((bundle / "bundle.json").string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument((bundle / "bundle.json").string() + ": not JSON (" + e.what() + ")");
+  }
+  const int64_t bundle_steps = meta.value("steps", int64_t{0});
+  const int64_t S = o.steps > 0 ? std::min(o.steps, bundle_steps) : bundle_steps;
+  const std::vector<int64_t> at = parse_steps_list(o.at_text, "--at");
+  for (int64_t k : at)
+    if (k < 1 || k >= S)
+      throw std::invalid_argument("--at " + o.at_text + ": step " + std::to_string(k) + " is outside 1.." +
+                                  std::to_string(S - 1) + " (the run has " + std::to_string(S) +
+                                  " steps; a stop must leave a step to resume)");
+  std::vector<const ControlExpectation*> controls;
+  if (!o.controls_text.empty()) {
+    std::stringstream ss(o.controls_text == "all" ? "optimizer,data,schedule,rng" : o.controls_text);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      const ControlExpectation* c = nullptr;
+      for (const ControlExpectation& e : kControls)
+        if (name == e.name) c = &e;
+      if (!c) throw std::invalid_argument("--controls " + o.controls_text + ": '" + name + "' is not a control "
+                                          "(optimizer, data, schedule, rng or all)");
+      controls.push_back(c);
+    }
+  }
+  const fs::path out = o.out.empty() ? bundle / ("resume-audit-" + std::string(f.name)) : fs::path(o.out);
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const std::string py = python_of(f, o.python);
+  // One adapter process runs a plan of runs, each with a fresh trainer.
+  auto run_plan = [&](const std::string& name, const nlohmann::json& plan) {
+    const std::string plan_path = (out / (name + ".plan.json")).string();
+    std::ofstream(plan_path) << plan.dump(1) << "\n";
+    return run_program({py, script.string(), "--bundle", bundle.string(), "--plan", plan_path, "--threads",
+                        std::to_string(o.threads)});
+  };
+  auto path = [&](const std::string& name) { return (out / name).string(); };
+  std::printf("olmoref golden resume-audit: %s (%s), %lld steps, stopped after step %s and resumed in a fresh process\n",
+              f.name, f.what, static_cast<long long>(S), o.at_text.c_str());
+  // 1. straight through, and each stop, in one process.
+  nlohmann::json first = nlohmann::json::array();
+  first.push_back({{"kind", "straight"}, {"steps", S}, {"state_at", at}, {"out", path("straight.jsonl")},
+                   {"state_out", path("straight.state.json")}});
+  for (int64_t k : at)
+    first.push_back({{"kind", "stop"}, {"at", k}, {"steps", S}, {"checkpoint", path("checkpoint-" + std::to_string(k))},
+                     {"out", path("stopped-" + std::to_string(k) + ".jsonl")},
+                     {"state_out", path("stopped-" + std::to_string(k) + ".state.json")}});
+  auto could_not = [&](const std::string& what, int rc) {
+    std::fprintf(stderr, "olmoref golden resume-audit: %s exited with status %d (its reason above): nothing was judged\n",
+                 what.c_str(), rc);
+    return 2;
+  };
+  if (const int rc = run_plan("straight-and-stops", first); rc != 0) return could_not("the straight run and the stops", rc);
+  // 2. each resume in its own fresh process; 3. the controls (at the first stop) in one more.
+  auto resume_run = [&](int64_t k, const std::string& tag, const char* control) {
+    nlohmann::json r = {{"kind", "resume"}, {"at", k}, {"steps", S}, {"checkpoint", path("checkpoint-" + std::to_string(k))},
+                        {"control", control ? nlohmann::json(control) : nlohmann::json(nullptr)},
+                        {"out", path(tag + ".jsonl")}, {"state_out", path(tag + ".state.json")}};
+    return r;
+  };
+  for (int64_t k : at) {
+    const std::string tag = "resumed-" + std::to_string(k);
+    if (const int rc = run_plan(tag, nlohmann::json::array({resume_run(k, tag, nullptr)})); rc != 0)
+      return could_not("the resume from step " + std::to_string(k), rc);
+  }
+  if (!controls.empty()) {
+    nlohmann::json plan = nlohmann::json::array();
+    for (const ControlExpectation* c : controls)
+      plan.push_back(resume_run(at.front(), std::string("control-") + c->name, c->name));
+    if (const int rc = run_plan("controls", plan); rc != 0) return could_not("the controls", rc);
+  }
+  // Judge: each resume against the straight run, exactly (golden/resume_compare.h).
+  const std::string who = std::string(f.name) + "'s own trainer and checkpointing";
+  auto judge = [&](int64_t k, const std::string& tag, std::string* report) {
+    splice_trace(path("stopped-" + std::to_string(k) + ".jsonl"), path(tag + ".jsonl"), k, path(tag + ".spliced.jsonl"));
+    ResumeAuditInput in;
+    in.straight = load_trace_any(path("straight.jsonl"));
+    in.resumed = load_trace_any(path(tag + ".spliced.jsonl"));
+    in.stop_after = k;
+    in.straight_at_stop = digests_of(path("straight.state.json"), "after-" + std::to_string(k));
+    in.loaded = digests_of(path(tag + ".state.json"), "loaded");
+    in.final_straight = digests_of(path("straight.state.json"), "final");
+    in.final_resumed = digests_of(path(tag + ".state.json"), "final");
+    const ResumeFinding finding = compare_resume(in);
+    *report = format_resume_report(in, finding, who);
+    return finding;
+  };
+  bool identical = true, controls_seen = true;
+  std::string text;
+  for (int64_t k : at) {
+    std::string report;
+    const ResumeFinding r = judge(k, "resumed-" + std::to_string(k), &report);
+    identical = identical && r.identical;
+    text += "\n== resumed after step " + std::to_string(k) + "\n" + report;
+  }
+  for (const ControlExpectation* c : controls) {
+    std::string report;
+    const std::string tag = std::string("control-") + c->name;
+    const ResumeFinding r = judge(at.front(), tag, &report);
+    std::ofstream(path(tag + ".txt")) << report;
+    const bool seen = !r.identical && r.first_step == at.front() + c->step_after_k &&
+                      std::find(c->first_what.begin(), c->first_what.end(), r.first_what) != c->first_what.end();
+    controls_seen = controls_seen && seen;
+    const std::string verdict = r.identical ? "IDENTICAL" : "first at step " + std::to_string(r.first_step) + ": " + r.first_what;
+    text += std::string("\ncontrol ") + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict +
+            (seen ? "" : " (expected: step " + std::to_string(at.front() + c->step_after_k) + ", " + c->first_what.front() + ")") +
+            " (" + path(tag + ".txt") + ")\n";
+  }
+  text += std::string("\nolmoref golden resume-audit: ") + f.name + ": " +
+          (identical ? "IDENTICAL: its resume changed nothing" : "DIFFERENT: its resume changed the run") +
+          (controls.empty() ? "" : controls_seen ? "; every control seen" : "; a control was NOT seen (the audit is blind to it)") +
+          " (" + path("audit.txt") + ")\n";
+  std::fputs(text.c_str(), stdout);
+  std::ofstream(path("audit.txt")) << text;
+  return identical && controls_seen ? 0 : 1;
+}
+
 }  // namespace
 
 void register_golden_replay(CLI::App& golden) {
@@ -422,6 +622,29 @@ void register_golden_replay(CLI::App& golden) {
       ->check(CLI::IsMember({"auto", "fixed", "free", "both"}));
   cmd->add_option("--python", o->python, "The Python to run the adapter with (default: the framework's environment)");
   cmd->callback([o] { set_command_exit_code(golden_replay(*o)); });
+
+  auto* audit = golden.add_subcommand(
+      "resume-audit",
+      "Does a framework's own resume change its run? Its trainer runs the bundle straight through, and again stopped "
+      "after step K through its own checkpoint save and resumed in a fresh process through its own load path; every "
+      "step's loss, grad norm, lr (exact bits), batch and parameters (digests) are compared exactly: exit 0 identical, "
+      "1 different (the first differing step and what differed first), 2 could not run");
+  auto a = std::make_shared<AuditOptions>();
+  audit->add_option("BUNDLE", a->bundle, "Golden bundle directory (`olmoref golden export`)")->required();
+  audit->add_option("--framework", a->framework, "Whose trainer: olmo-core, torchtitan, hf-trainer or maxtext")
+      ->required();
+  audit->add_option("--at", a->at_text, "Stop after these steps (comma-separated), each resumed in its own process")
+      ->required();
+  audit->add_option("--steps", a->steps, "Run steps 1..N (default: every step of the bundle)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  audit->add_option("--controls", a->controls_text,
+                    "Also resume with one part of the framework's restore skipped, each of which the audit must see "
+                    "(at the first --at): optimizer, data, schedule, rng, or all");
+  audit->add_option("--out", a->out, "Where the runs' records, checkpoints and the report go (default "
+                                     "BUNDLE/resume-audit-FRAMEWORK; replaced)");
+  audit->add_option("--threads", a->threads, "CPU threads of the framework (default 1)")->check(CLI::Range(1, 1024));
+  audit->add_option("--python", a->python, "The Python to run the adapter with (default: the framework's environment)");
+  audit->callback([a] { set_command_exit_code(golden_resume_audit(*a)); });
 }
 
 }  // namespace olmoref

@@ -423,3 +423,124 @@ def adapter_main(doc, argv, *, name, framework, report_help, check_recipe, impor
         return 0
 
     return adapter_jobs(args, name, run_job)
+
+
+# ---- resume audits (`olmoref golden resume-audit`, docs/golden.md "Resume audits") ----
+#
+# The framework's own trainer runs the bundle straight through, and again stopped after step K through its own
+# checkpoint save, then resumed by a fresh trainer through its own load path. Each run writes one record per step with
+# the exact bits of loss, grad norm and lr and digests of the batch it consumed and of the parameters after the step,
+# and the digests of its state at the stop (the straight run), right after loading (the resumed run) and at the end.
+# `olmoref golden resume-audit` compares them (golden/resume_compare.h) exactly.
+
+AUDIT_CONTROLS = {
+    "optimizer": "the optimizer state is not restored (fresh moments and step count)",
+    "data": "the data position is reset to the start",
+    "schedule": "the LR schedule restarts from step 1",
+    "rng": "one RNG stream is not restored",
+}
+
+
+def digest_tensors(tensors):
+    """A digest (32 hex digits, BLAKE2b-128) of {name: tensor or list of tensors} in name order: each name, then each
+    tensor's dtype, shape and bytes (a DTensor's local part, as the one rank holds it)."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        h.update(name.encode() + b"\0")
+        items = tensors[name] if isinstance(tensors[name], (list, tuple)) else [tensors[name]]
+        for t in items:
+            t = local_tensor(t)
+            if hasattr(t, "detach"):  # torch: the bytes as they are (bf16 through its 16-bit pattern)
+                import torch
+
+                t = t.detach().cpu().contiguous().reshape(-1)
+                a = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+            else:
+                a = np.ascontiguousarray(np.asarray(t))
+            h.update(f"{a.dtype.str}{tuple(a.shape)}".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def hex64(x):
+    """The IEEE bits of x as a float64 (a framework's fp32 value is exact in it)."""
+    import struct
+
+    return struct.pack(">d", float(x)).hex()
+
+
+class AuditRecorder:
+    """What one audited run writes: a record per step (trace compare's JSON Lines with exact hex) and its state
+    digests ({"stop": ..., "loaded": ..., "final": ...}, each {"params": digest, "optimizer": digest})."""
+
+    def __init__(self, out, state_out):
+        self.out, self.state_out = out, state_out
+        self.records, self.states = [], {}
+
+    def step(self, step, loss, grad_norm, lr, tokens, params):
+        """tokens: the ids the step consumed (any integer array, in the order consumed); params: {name: tensor}."""
+        import numpy as np
+
+        self.records.append({"step": int(step), "loss": float(loss), "loss_hex": hex64(loss),
+                             "grad_norm": float(grad_norm), "grad_norm_hex": hex64(grad_norm),
+                             "lr": float(lr), "lr_hex": hex64(lr),
+                             "data_digest": digest_tensors({"tokens": np.asarray(tokens, dtype=np.int64)}),
+                             "param_digest": digest_tensors(params)})
+
+    def state(self, label, params, optimizer):
+        """label: "stop", "loaded" or "final"; optimizer: {name: [its state tensors, the step count among them]}."""
+        self.states[label] = {"params": digest_tensors(params), "optimizer": digest_tensors(optimizer)}
+
+    def write(self):
+        with open(self.out + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.records)
+        os.replace(self.out + ".tmp", self.out)
+        with open(self.state_out, "w") as f:
+            json.dump(self.states, f, indent=1)
+
+
+def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls):
+    """The frame of a resume audit adapter: --bundle B --plan PLAN.json [--threads N]. The plan (written by `olmoref
+    golden resume-audit`) is a list of runs done in order in this process, each with a fresh trainer:
+      {"kind": "straight", "steps": S, "state_at": [K...], "out": ..., "state_out": ...}
+      {"kind": "stop", "at": K, "checkpoint": DIR, "out": ..., "state_out": ...}
+      {"kind": "resume", "checkpoint": DIR, "steps": S, "control": null or a name of `controls`, "out", "state_out"}
+    audit_run(bundle, threads, work, run, recorder) does one run through the framework's own trainer and checkpointing
+    (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
+    can plant to what each skips in the framework's own restore. Exit 0 every run done, 2 one could not run (its
+    reason on stderr, prefixed "cannot audit:")."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    try:
+        bundle = Bundle(args.bundle)
+        check_recipe(bundle)
+        plan = json.load(open(args.plan))
+        for run in plan:
+            if run.get("control") and run["control"] not in controls:
+                raise BundleError(f"control {run['control']!r}: {framework}'s adapter plants "
+                                  f"{', '.join(sorted(controls)) or 'none'}")
+        version = import_framework()
+    except (BundleError, ImportError, OSError, ValueError) as e:
+        print(f"{name}: cannot audit: {e}", file=sys.stderr)
+        return 2
+    for run in plan:
+        rec = AuditRecorder(run["out"], run["state_out"])
+        t0 = time.time()
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-audit.") as work:
+                audit_run(bundle, args.threads, work, run, rec)
+        except BundleError as e:
+            print(f"{name}: cannot audit: {e}", file=sys.stderr)
+            return 2
+        rec.write()
+        what = run["kind"] + (f" (control: {run['control']})" if run.get("control") else "")
+        print(f"{name}: {what}: {len(rec.records)} steps through {framework} {version} in {time.time() - t0:.1f} s",
+              file=sys.stderr)
+    return 0
