@@ -322,7 +322,7 @@ def fixed_state_class(torch, bundle, to_oc):
             self.judged = set(bundle.judged)
             self.errors = {}
             self.before = self.grads = None
-            self.cached = None  # (k, olmoref's state after step k, converted), the last one loaded
+            self.cached = None  # (k, olmoref's state after step k converted), the last one loaded
 
         def state(self, k):
             if self.cached is None or self.cached[0] != k:
@@ -366,8 +366,8 @@ def fixed_state_class(torch, bundle, to_oc):
             after = self.state(s)
             if after["grad"] is None:
                 raise BundleError(f"the state after step {s} holds no gradient (bundle.json judges step {s})")
-            g_err, g_at = gradient_error(torch, after["grad"], self.grads)
-            u_err, u_at = update_error(torch, self.before["param"], after["param"], self.named())
+            g_err, _ = gradient_error(torch, after["grad"], self.grads)
+            u_err, _ = update_error(torch, self.before["param"], after["param"], self.named())
             self.errors[s] = {"grad_err": g_err, "update_err": u_err}
             self.before = self.grads = None
 
