@@ -39,6 +39,17 @@ optimizer stepped with)}. REPORT.json names what TorchTitan's own code did ("nat
 added ("added"). `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-torchtitan.toml`
 judges (docs/golden.md).
 
+With --fixed-state (a bundle with states/) each judged step k is computed from olmoref's state after step k-1: the
+adapter's wrapper around Trainer.train_step (FixedState, fixed_state_class) hands the model parts' parameters and
+the torch AdamW inside TorchTitan's OptimizersContainer olmoref's parameters, moments and step count k-1 before
+train_step runs (step 1 starts from the step-0 weights and a fresh optimizer), each tensor named through
+HFTransformerStateDictAdapter's own mapping and copied into the local shard of FSDP's DTensors (bundle.hand_state);
+a step pre-hook on the OptimizersContainer keeps the gradients AdamW steps with (after TorchTitan's clip_grad_norm_,
+which scales every tensor alike: bundle.gradient_error compares directions only), and after train_step grad_err and
+update_err are measured against olmoref's state after step k (bundle.gradient_error, bundle.update_error). The lr
+stays the scheduler's for step k. The trace then holds the judged steps only, each with grad_err and update_err;
+golden/replay/rules-fixed.toml judges.
+
 Exit status: 0 replayed; 2 the bundle is malformed or TorchTitan cannot be imported.
 """
 import logging
@@ -48,7 +59,8 @@ import sys
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import BundleError, adapter_main, attention_and_microbatch, pinned_version, setup_torch  # noqa: E402
+from bundle import (BundleError, adapter_main, attention_and_microbatch, gradient_error, hand_state,  # noqa: E402
+                    load_state, local_tensor, pinned_version, setup_torch, update_error)
 
 # The one place the TorchTitan release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 TORCHTITAN_VERSION = "0.3.0"
@@ -374,7 +386,98 @@ def trace_records(bundle, metrics, steps_terms):
     return records
 
 
-def replay(bundle, threads, work):
+def fixed_state_class(torch, bundle, trainer, titan_name):
+    """The --fixed-state hand-over around Trainer.train_step (Trainer.train increments trainer.step, then calls
+    train_step, which zeroes the gradients, runs the micro-batches' forward and backward, clip_grad_norm_ and
+    optimizers.step()). pre_step(s), before judged step s > 1: every model part's parameters and the per-parameter
+    state (exp_avg, exp_avg_sq, step) of the torch AdamW inside TorchTitan's OptimizersContainer that holds each
+    parameter are set to olmoref's state after step s-1 (bundle.hand_state; FSDP's DTensors through their local
+    shard), the framework's names mapped to the state's Hugging Face names by HFTransformerStateDictAdapter's own
+    from_hf. A step pre-hook on the OptimizersContainer keeps the gradients AdamW is about to step with (clipped by
+    TorchTitan's clip_grad_norm_, which scales every tensor alike: gradient_error compares directions only);
+    post_step(s) measures grad_err and update_err against olmoref's state after step s, which it keeps as the next
+    step's state before. The lr schedulers are untouched: step s runs with the scheduler's lr for step s."""
+    from types import SimpleNamespace
+
+    class FixedState:
+        def __init__(self):
+            self.judged = set(bundle.judged)
+            self.errors = {}
+            self.before = self.grads = None
+            self.cached = None  # (k, olmoref's state after step k), the last one loaded
+            self.hf_name = {titan_name(n): n for n in self.state(0)["param"]}
+            trainer.optimizers.register_step_pre_hook(self.keep_gradients)
+
+        def state(self, k):
+            if self.cached is None or self.cached[0] != k:
+                self.cached = (k, load_state(bundle, k))
+            return self.cached[1]
+
+        def rename(self, name):
+            return self.hf_name.get(name, name)  # unknown names reach hand_state, which names them
+
+        def named(self):
+            named = {}
+            for part in trainer.model_parts:
+                for n, p in part.named_parameters():
+                    if n in named:
+                        raise RuntimeError(f"two model parts have a parameter {n!r}: the hand-over cannot tell them "
+                                           f"apart")
+                    named[n] = p
+            return named
+
+        def optimizer_of(self, named):
+            """The OptimizersContainer's per-parameter state, each parameter's looked up in the torch optimizer that
+            steps it (the container holds one per model part and optimizer name)."""
+            owner = {id(p): opt for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+            lost = [n for n, p in named.items() if id(p) not in owner]
+            if lost:
+                raise RuntimeError(f"the model's parameters {lost[:4]} are in none of TorchTitan's optimizers: the "
+                                   f"hand-over would miss them")
+
+            class Routed:
+                def __getitem__(self, p):
+                    return owner[id(p)].state[p]
+
+            return SimpleNamespace(state=Routed())
+
+        def pre_step(self, s):
+            self.before = self.grads = None
+            if s not in self.judged:
+                return
+            self.before = self.state(s - 1)
+            if s > 1:
+                named = self.named()
+                hand_state(torch, self.before, named, self.optimizer_of(named), s - 1, rename=self.rename)
+
+        def keep_gradients(self, optimizer, args, kwargs):
+            if self.before is None:
+                return None
+            grads = {}
+            for n, p in self.named().items():
+                if p.grad is None:
+                    raise RuntimeError(f"step {trainer.step}: {n} has no gradient")
+                grads[n] = local_tensor(p.grad).detach().clone()
+            self.grads = grads
+            return None
+
+        def post_step(self, s):
+            if self.before is None:
+                return
+            if self.grads is None:
+                raise RuntimeError(f"step {s} is judged, and no gradient was captured before the optimizer step")
+            after = self.state(s)
+            if after["grad"] is None:
+                raise BundleError(f"the state after step {s} holds no gradient (bundle.json judges step {s})")
+            g_err, _ = gradient_error(torch, after["grad"], self.grads, rename=self.rename)
+            u_err, _ = update_error(torch, self.before["param"], after["param"], self.named(), rename=self.rename)
+            self.errors[s] = {"grad_err": g_err, "update_err": u_err}
+            self.before = self.grads = None
+
+    return FixedState()
+
+
+def replay(bundle, threads, work, fixed=False):
     torch = setup_torch(threads)
     import torch.distributed as dist
     from torchtitan.components.checkpoint import CheckpointManager
@@ -416,19 +519,34 @@ def replay(bundle, threads, work):
         activation_checkpoint=None, metrics=MetricsProcessor.Config(log_freq=1),
         debug=DebugConfig(deterministic=True, seed=0, enable_structured_logging=False))
     describe_run(bundle, titan_name, native, added, mb, attention, bf16)
+    if fixed:
+        added.append("FixedState (a wrapper around Trainer.train_step), --fixed-state: before judged step k > 1 the "
+                     "model parts' parameters and the exp_avg, exp_avg_sq and step of the torch AdamW in "
+                     "OptimizersContainer that steps each of them get olmoref's state after step k-1 (states/), "
+                     "named through HFTransformerStateDictAdapter's from_hf and copied into FSDP's local shards "
+                     "(bundle.hand_state; the lr stays the scheduler's at step k); a step pre-hook on the "
+                     "OptimizersContainer keeps the gradients after clip_grad_norm_ (compared by direction), and "
+                     "after train_step grad_err and update_err are measured against olmoref's state after step k")
     try:
         trainer = config.build()
         recorder = trace_logger_class()
         trainer.metrics_processor.logger = recorder
         steps_terms = {}
+        fixed_state = fixed_state_class(torch, bundle, trainer, titan_name) if fixed else None
 
-        # The loss terms of the step the Trainer is in: reset before and read after each train_step.
+        # The loss terms of the step the Trainer is in: reset before and read after each train_step; with
+        # --fixed-state, olmoref's state handed in before it and the step measured after it.
         train_step = trainer.train_step
 
         def train_step_with_terms(data_iterator):
+            s = trainer.step  # Trainer.train counts the step before calling train_step
+            if fixed_state is not None:
+                fixed_state.pre_step(s)
             terms["ce"] = terms["z"] = 0.0
             train_step(data_iterator)
-            steps_terms[trainer.step] = dict(terms)
+            steps_terms[s] = dict(terms)
+            if fixed_state is not None:
+                fixed_state.post_step(s)
 
         trainer.train_step = train_step_with_terms
         trainer.train()
@@ -436,7 +554,19 @@ def replay(bundle, threads, work):
     finally:
         dist.destroy_process_group()
 
-    return trace_records(bundle, recorder.metrics, steps_terms), native, added
+    records = trace_records(bundle, recorder.metrics, steps_terms)
+    if fixed:
+        judged = []
+        for rec in records:
+            s = rec["step"]
+            if s not in fixed_state.judged:
+                continue  # run (the trainer's counters and the free steps between sampled ones) but not judged
+            if s not in fixed_state.errors:
+                raise RuntimeError(f"step {s} is judged, and the fixed-state hand-over never measured it")
+            rec.update(fixed_state.errors[s])
+            judged.append(rec)
+        records = judged
+    return records, native, added
 
 
 def main(argv=None):
