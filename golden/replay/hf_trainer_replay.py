@@ -34,7 +34,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bundle import (Bundle, BundleError, adapter_args, adapter_jobs, attention_and_microbatch,  # noqa: E402
-                    pinned_version, recipe_loss_sums, setup_torch)
+                    gradient_error, hand_state, load_state, pinned_version, recipe_loss_sums, setup_torch,
+                    update_error)
 
 # The one place the Hugging Face releases are pinned: golden/parity/venv.sh reads these lines (olmoref_pin) to install
 # them into OLMOREF_VENV, whose other checks (parity, YaRN, TorchTitan's backend) use the same transformers.
@@ -107,6 +108,9 @@ def replay_job(torch, args, path, out_path, report_path, tag):
     try:
         bundle = Bundle(path, args.steps)
         bundle.require_hf_adamw("Hugging Face Trainer's adapter")
+        if args.fixed_state and not bundle.judged:
+            raise BundleError("--fixed-state needs olmoref's states and bundle.json lists none (export with "
+                              "`olmoref golden export --states all`, or replay the free trajectory)")
     except BundleError as e:
         print(f"{tag}: bad bundle: {e}", file=sys.stderr)
         return 2
@@ -174,11 +178,43 @@ def replay_job(torch, args, path, out_path, report_path, tag):
             ce, z = step_terms["ce"] / N, step_terms["z"] / N
             rec = {"step": s, "loss": (step_terms["ce"] + step_terms["z"]) / N, "ce": ce, "z": z,
                    "grad_norm": float(logs["grad_norm"]), "lr": record.lr}
+            if args.fixed_state:
+                if s not in judged:
+                    return  # run (the Trainer's counters go on) but not judged
+                rec["grad_err"], rec["update_err"] = errors[s]
             out.write(json.dumps(rec) + "\n")
             out.flush()
             if s % 10 == 0 or s == S:
                 print(f"{tag}: step {s}/{S} loss {rec['loss']:.6f} grad_norm {rec['grad_norm']:.4f} "
                       f"({time.time() - t0:.1f} s)", file=sys.stderr)
+
+    judged = set(bundle.judged) if args.fixed_state else set()
+    named = dict(model.named_parameters())
+    errors = {}  # step -> (grad_err, update_err)
+
+    class FixedState(TrainerCallback):
+        """--fixed-state: before each judged step k the Trainer's model and AdamW get olmoref's state after step k-1
+        (bundle.hand_state); the gradients the Trainer hands its optimizer (clipped: gradient_error compares
+        directions) and the parameters after its step are measured against olmoref's state after step k."""
+        before = grads = None
+
+        def on_step_begin(self, args_, state, control, **kw):
+            s = state.global_step + 1
+            if s in judged:
+                self.before = load_state(bundle, s - 1)
+                if s > 1:
+                    hand_state(torch, self.before, named, opt, s - 1)
+
+        def on_pre_optimizer_step(self, args_, state, control, **kw):
+            if state.global_step + 1 in judged:
+                self.grads = {n: p.grad.detach().clone() for n, p in named.items()}
+
+        def on_step_end(self, args_, state, control, **kw):
+            s = state.global_step
+            if s in judged:
+                after = load_state(bundle, s)
+                errors[s] = (gradient_error(torch, after["grad"], self.grads)[0],
+                             update_error(torch, self.before["param"], after["param"], named)[0])
 
     record = Record()
     targs = TrainingArguments(
@@ -188,7 +224,8 @@ def replay_job(torch, args, path, out_path, report_path, tag):
         dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False,
         bf16=route == "autocast")
     trainer = Trainer(model=model, args=targs, train_dataset=BundleBatches(), compute_loss_func=recipe_loss,
-                      optimizers=(opt, sched), callbacks=[record, Writer()])
+                      optimizers=(opt, sched),
+                      callbacks=[record] + ([FixedState()] if args.fixed_state else []) + [Writer()])
     trainer.remove_callback(transformers.PrinterCallback)  # its 4-digit log lines; the trace has the numbers
     print(f"{tag}: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), transformers "
           f"{transformers.__version__}, accelerate {accelerate.__version__}, torch {torch.__version__}, "
@@ -213,6 +250,14 @@ def replay_job(torch, args, path, out_path, report_path, tag):
                   "optimizers=(torch AdamW with the bundle's no-decay group, LambdaLR returning the bundle's lr per "
                   "step) (the Trainer's default optimizer decays all but biases and norms, its schedules are not "
                   "the bundle's bit for bit)"]}
+    if args.fixed_state:
+        report["mode"] = "fixed-state"
+        report["added"].append("FixedState (--fixed-state): a TrainerCallback whose on_step_begin hands the model and "
+                               "the AdamW the Trainer steps olmoref's parameters, moments and step count after the step "
+                               "before each judged step (bundle.hand_state); on_pre_optimizer_step keeps the gradients "
+                               "the Trainer clipped, on_step_end measures grad_err and update_err")
+    else:
+        report["mode"] = "free"
     if route == "fsdp":
         report["native"].append("bf16: DistributedConfig(fsdp_mixed_precision=True), MixedPrecisionPolicy("
                                 "param_dtype=bfloat16, reduce_dtype=float32), through transformers' "
