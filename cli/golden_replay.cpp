@@ -578,7 +578,7 @@ int golden_resume_audit(const AuditOptions& o) {
                       std::find(c->first_what.begin(), c->first_what.end(), r.first_what) != c->first_what.end();
     controls_seen = controls_seen && seen;
     const std::string verdict = r.identical ? "IDENTICAL" : "first at step " + std::to_string(r.first_step) + ": " + r.first_what;
-    text += std::string("\ncontrol ") + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict +
+    text += std::string(c == controls.front() ? "\n" : "") + "control " + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict +
             (seen ? "" : " (expected: step " + std::to_string(at.front() + c->step_after_k) + ", " + c->first_what.front() + ")") +
             " (" + path(tag + ".txt") + ")\n";
   }

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/golden/resume_audit.sh FRAMEWORK — meson tests golden-resume-audit-FRAMEWORK: `olmoref golden resume-audit`
+# drives the framework's own trainer through a bundle straight and stopped after step 4 through its own checkpoint
+# save, resumed in a fresh process through its own load path (configs/tiny.toml, 8 steps), and compares every step
+# exactly. The real resume must be what docs/golden.md ("Resume audits") says of the framework (identical, or its
+# documented first difference), and each of the four controls (optimizer state not restored, data position reset,
+# LR schedule restarted, one RNG stream not restored) must be seen at its step with its first difference. For
+# hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control (exit 2).
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+set +e
+cd "$SRC" || exit 2
+source golden/parity/venv.sh
+FRAMEWORK=$1
+skip() { echo "SKIPPED: golden-resume-audit-$FRAMEWORK: $1"; exit 77; }
+case $FRAMEWORK in
+  olmo-core) olmoref_ensure_olmo_core_venv resume_audit; py=$OLMOREF_OLMO_CORE_VENV/bin/python ;;
+  maxtext) olmoref_ensure_maxtext_venv resume_audit; py=$OLMOREF_MAXTEXT_VENV/bin/python ;;
+  *) olmoref_ensure_venv resume_audit ;;
+esac
+fail() { echo "FAIL: $*"; exit 1; }
+python3 tests/make_tokens.py "$work/tokens.u16" 5 60000 || exit 2
+"$BIN" train --config configs/tiny.toml --steps 8 --set "data.train_files=[\"$work/tokens.u16\"]" --set eval.interval=0 \
+  --threads 2 --out "$work/run" --quiet || exit 2
+"$BIN" golden export --run "$work/run" --out "$work/bundle" --states none > /dev/null || exit 2
+threads=${OLMOREF_PEER_THREADS:-1}
+OMP_NUM_THREADS=$threads "$BIN" golden resume-audit "$work/bundle" --framework "$FRAMEWORK" --at 4 --controls all \
+  --python "$py" --threads "$threads" --out "$work/audit" > "$work/audit.log" 2>&1
+rc=$?
+report=$work/audit/audit.txt
+[ -f "$report" ] || { tail -n 40 "$work/audit.log"; fail "the audit did not run (exit $rc)"; }
+sed -n '/^== resumed/,$p' "$report"
+# What the real resume must show: identical, unless docs/golden.md documents a difference (then exit 1 naming it).
+expected=${RESUME_EXPECT:-IDENTICAL}
+if [ "$expected" = IDENTICAL ]; then
+  grep -q "^IDENTICAL: resuming changed nothing" "$report" || fail "$FRAMEWORK's resume is no longer identical"
+else
+  grep -q "^DIFFERENT: first at step $expected" "$report" || fail "$FRAMEWORK's resume: want 'first at step $expected'"
+fi
+for c in "optimizer|first at step 4: optimizer state as loaded" "data|first at step 5: batch" \
+         "schedule|first at step 5: lr" "rng|first at step 5: "; do
+  name=${c%%|*} want=${c#*|}
+  [ -n "${RESUME_NO_CONTROL:-}" ] && [ "$name" = "$RESUME_NO_CONTROL" ] && continue
+  grep -q "^control $name: seen: $want" "$report" || fail "control $name: want 'seen: $want'"
+done
+if [ "$expected" = IDENTICAL ] && [ -z "${RESUME_NO_CONTROL:-}" ] && [ $rc != 0 ]; then fail "exit $rc, want 0"; fi
+echo "ok: $FRAMEWORK: the resume audit and its controls"
+
+if [ "$FRAMEWORK" = hf-trainer ]; then
+  expect_refused() {  # expect_refused TEXT ARGS...: exit 2 and TEXT said
+    local text=$1 rc=0
+    shift
+    "$BIN" golden resume-audit "$work/bundle" --python "$py" "$@" > "$work/bad.log" 2>&1 || rc=$?
+    [ $rc = 2 ] && grep -qF -- "$text" "$work/bad.log" || { cat "$work/bad.log"; fail "$* exited $rc, want 2: $text"; }
+    echo "ok: refused: $(grep -F -m1 -- "$text" "$work/bad.log" | cut -c1-150)"
+  }
+  expect_refused "outside 1..7" --framework hf-trainer --at 8 --out "$work/bad-at"
+  expect_refused "no resume audit for it" --framework torch --at 4 --out "$work/bad-fw"
+  expect_refused "is not a control" --framework hf-trainer --at 4 --controls memory --out "$work/bad-ctl"
+  # A bundle the Trainer cannot represent (SkipStepAdamW: OLMo-core's optimizer): the adapter's reason, no verdict.
+  cp -r "$work/bundle" "$work/skipstep"
+  python3 -c 'import json, sys; p = sys.argv[1]; b = json.load(open(p)); b["optim"]["kind"] = "skip_step_adamw"; json.dump(b, open(p, "w"))' \
+    "$work/skipstep/bundle.json"
+  rc=0
+  "$BIN" golden resume-audit "$work/skipstep" --python "$py" --framework hf-trainer --at 4 --out "$work/bad-skip" \
+    > "$work/bad.log" 2>&1 || rc=$?
+  [ $rc = 2 ] && grep -q "cannot audit: .*skip_step_adamw" "$work/bad.log" && grep -q "nothing was judged" "$work/bad.log" ||
+    { cat "$work/bad.log"; fail "a SkipStepAdamW bundle through the Trainer: want exit 2 and the reason (exit $rc)"; }
+  echo "ok: refused: $(grep -m1 'cannot audit' "$work/bad.log" | cut -c1-150)"
+fi
