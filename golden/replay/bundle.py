@@ -482,14 +482,15 @@ class AuditRecorder:
         self.records, self.states = [], {}
 
     def step(self, step, loss, grad_norm, lr, tokens, params):
-        """tokens: the ids the step consumed (any integer array, in the order consumed); params: {name: tensor}."""
+        """tokens: the ids the step consumed (any integer array, in the order consumed); params: {name: tensor}, or
+        their digest_tensors already taken (a string) when the record is written after the run."""
         import numpy as np
 
         self.records.append({"step": int(step), "loss": float(loss), "loss_hex": hex64(loss),
                              "grad_norm": float(grad_norm), "grad_norm_hex": hex64(grad_norm),
                              "lr": float(lr), "lr_hex": hex64(lr),
                              "data_digest": digest_tensors({"tokens": np.asarray(tokens, dtype=np.int64)}),
-                             "param_digest": digest_tensors(params)})
+                             "param_digest": params if isinstance(params, str) else digest_tensors(params)})
 
     def state(self, label, params, optimizer):
         """label: "stop", "loaded" or "final"; optimizer: {name: [its state tensors, the step count among them]}."""
