@@ -475,7 +475,7 @@ def hex64(x):
 
 class AuditRecorder:
     """What one audited run writes: a record per step (trace compare's JSON Lines with exact hex) and its state
-    digests ({"stop": ..., "loaded": ..., "final": ...}, each {"params": digest, "optimizer": digest})."""
+    digests ({"after-K": ..., "loaded": ..., "final": ...}, each {"params": digest, "optimizer": digest})."""
 
     def __init__(self, out, state_out):
         self.out, self.state_out = out, state_out
@@ -493,7 +493,7 @@ class AuditRecorder:
                              "param_digest": params if isinstance(params, str) else digest_tensors(params)})
 
     def state(self, label, params, optimizer):
-        """label: "stop", "loaded" or "final"; optimizer: {name: [its state tensors, the step count among them]}."""
+        """label: "after-K" (the straight run after step K), "loaded" or "final"; optimizer: {name: [its state tensors, the step count among them]}."""
         self.states[label] = {"params": digest_tensors(params), "optimizer": digest_tensors(optimizer)}
 
     def write(self):
@@ -504,16 +504,19 @@ class AuditRecorder:
             json.dump(self.states, f, indent=1)
 
 
-def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls):
+def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls, unplantable=None):
     """The frame of a resume audit adapter: --bundle B --plan PLAN.json [--threads N]. The plan (written by `olmoref
     golden resume-audit`) is a list of runs done in order in this process, each with a fresh trainer:
-      {"kind": "straight", "steps": S, "state_at": [K...], "out": ..., "state_out": ...}
+      {"kind": "straight", "steps": S, "state_at": [K...], "out": ..., "state_out": ...}  (states "after-K", "final")
       {"kind": "stop", "at": K, "checkpoint": DIR, "out": ..., "state_out": ...}
-      {"kind": "resume", "checkpoint": DIR, "steps": S, "control": null or a name of `controls`, "out", "state_out"}
+      {"kind": "resume", "checkpoint": DIR, "steps": S, "control": null or a control name, "out", "state_out"}
+                                                                                    (states "loaded", "final")
     audit_run(bundle, threads, work, run, recorder) does one run through the framework's own trainer and checkpointing
     (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
-    can plant to what each skips in the framework's own restore. Exit 0 every run done, 2 one could not run (its
-    reason on stderr, prefixed "cannot audit:")."""
+    can plant to what each skips in the framework's own restore, `unplantable` the others to why the framework has no
+    such restore to skip: a plan entry with one of those writes {"not_planted": reason} as its state file instead of
+    running. Exit 0 every run done, 2 one could not run (its reason on stderr, prefixed "cannot audit:")."""
+    unplantable = unplantable or {}
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--plan", required=True)
@@ -524,7 +527,7 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
         check_recipe(bundle)
         plan = json.load(open(args.plan))
         for run in plan:
-            if run.get("control") and run["control"] not in controls:
+            if run.get("control") and run["control"] not in controls and run["control"] not in unplantable:
                 raise BundleError(f"control {run['control']!r}: {framework}'s adapter plants "
                                   f"{', '.join(sorted(controls)) or 'none'}")
         version = import_framework()
@@ -532,6 +535,11 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
         print(f"{name}: cannot audit: {e}", file=sys.stderr)
         return 2
     for run in plan:
+        if run.get("control") in unplantable:
+            with open(run["state_out"], "w") as f:
+                json.dump({"not_planted": unplantable[run["control"]]}, f)
+            print(f"{name}: control {run['control']}: not planted: {unplantable[run['control']]}", file=sys.stderr)
+            continue
         rec = AuditRecorder(run["out"], run["state_out"])
         t0 = time.time()
         try:

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Resume audit of TorchTitan's Trainer (`olmoref golden resume-audit --framework torchtitan`).
+
+Usage: audit_torchtitan.py --bundle DIR --plan PLAN.json [--threads N]   (the plan: bundle.audit_main)
+Environment: OLMOREF_TORCHTITAN_AUDIT_DROPOUT=P sets the attention dropout (default 0.1; 0 makes the step draw no
+random numbers, to tell an RNG finding from any other).
+
+What runs is the Trainer of torchtitan_replay.py (its transformers_modeling_backend: HFTransformerTrainer over one gloo
+rank on the CPU, the bundle's weights by checkpoint.initial_load_in_hf, its AdamW, schedule and loss), with its own
+`Trainer.train` loop and its own DCP checkpointing, CheckpointManager:
+
+  stop     checkpoint.enable, folder = the plan's checkpoint DIR, interval = K: the Trainer's own save after step K
+           writes DIR/step-K (DCP: model, optimizer, lr_scheduler, dataloader, train_state); the Trainer is configured
+           for all S steps (the same schedule) and stops after that save, as a run killed there would;
+  resume   a fresh Trainer with the same folder (load_only): Trainer.train's CheckpointManager.load finds the newest
+           step-K (its fault-tolerance branch, which ignores initial_load_*) and restores model, optimizer,
+           lr_scheduler, dataloader and train_state (step, ntokens_seen), then trains steps K+1..S.
+
+Data: PositionedBatches, torchtitan_replay's BundleBatches (a BaseDataLoader yielding the bundle's micro-batches in
+order) with a position, the micro-batches it has handed out, as its state_dict/load_state_dict: TorchTitan's
+checkpoint carries it under "dataloader" as it carries its own ParallelAwareDataloader's state.
+
+RNG: attention dropout 0.1 (transformers' Olmo3Attention.attention_dropout, set as a field of the backend's model
+config: TitanModelConfig fields the user sets are re-applied over the HF config by HFTransformerModel.Config.
+update_from_config, as its flavors do), drawn from torch's CPU generator, which the Trainer seeds with debug.seed
+(set_determinism: torch.manual_seed). TorchTitan 0.3.0 saves no RNG state: the checkpoint's states are the five
+above and Trainer.state_dict() is {"step", "ntokens_seen"} (torchtitan/trainer.py; components/checkpointer/dcp.py,
+CheckpointManager.__init__; upstream pytorch/torchtitan#1194, open). A resumed Trainer draws step K+1's dropout masks
+from the generator as seeded plus weight init, not where the straight run's stood after K steps, so its resume with
+dropout is not bit-for-bit: the audit shows it at step K+1. For the same reason the "rng" control cannot be planted:
+there is no RNG restore in TorchTitan to skip.
+
+Controls, each TorchTitan's own checkpoint.exclude_from_loading (CheckpointManager._states_to_load):
+  optimizer  ["optimizer"]: AdamW starts fresh (no moments, step 0; its param_groups' lr, which the optimizer state
+             carries, as built)
+  data       ["dataloader"]: PositionedBatches starts again from the first micro-batch
+  schedule   ["lr_scheduler"]: the LambdaLR restarts at last_epoch 0; the lr TorchTitan logs for step K+1 is step 1's
+             (the lr AdamW steps with at K+1 comes from the optimizer's restored param_groups; from K+2 on it is the
+             restarted schedule's)
+
+Each record's lr is the one TorchTitan logs for the step (lr_schedulers.get_metrics(), lr/AdamW...); when it differs
+from the lr AdamW actually steps with (read in a step pre-hook on the OptimizersContainer) the run says so on stderr.
+"""
+import itertools
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, setup_torch  # noqa: E402
+from torchtitan_replay import (bundle_batches_config, check_recipe, import_torchtitan, loss_config,  # noqa: E402
+                               lr_config, model_spec, optimizer_config, precision_route, pretokenized_config,
+                               run_on_cpu, trace_logger_class)
+
+DROPOUT = float(os.environ.get("OLMOREF_TORCHTITAN_AUDIT_DROPOUT", "0.1"))
+
+CONTROLS = {
+    "optimizer": "checkpoint.exclude_from_loading = ['optimizer']: AdamW's state is not restored",
+    "data": "checkpoint.exclude_from_loading = ['dataloader']: the data loader starts again from the first batch",
+    "schedule": "checkpoint.exclude_from_loading = ['lr_scheduler']: the LambdaLR restarts at step 1",
+}
+UNPLANTABLE = {
+    "rng": "TorchTitan 0.3.0 saves no RNG state (its checkpoint holds train_state, model, optimizer, dataloader and "
+           "lr_scheduler; Trainer.state_dict is step and ntokens_seen), so there is no restore to skip: its own resume "
+           "with dropout differs at step K+1 (pytorch/torchtitan#1194)",
+}
+assert set(CONTROLS) | set(UNPLANTABLE) == set(AUDIT_CONTROLS)
+EXCLUDED = {"optimizer": "optimizer", "data": "dataloader", "schedule": "lr_scheduler"}  # TorchTitan's state keys
+
+
+def import_framework():
+    import logging
+
+    v = import_torchtitan()
+    logging.getLogger("torchtitan").setLevel(logging.WARNING)
+    import torchtitan.trainer
+
+    class OneRankTime:
+        """Trainer.train ends with time.sleep(2) "for other ranks to complete"; one rank has none to wait for."""
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds):
+            pass
+
+    torchtitan.trainer.time = OneRankTime()
+    return v
+
+
+def positioned_batches_config(torch, bundle):
+    """torchtitan_replay's BundleBatches with a position (micro-batches handed out) that its state_dict saves."""
+    base = type(bundle_batches_config(torch, bundle))._owner
+
+    class PositionedBatches(base):
+        @dataclass(kw_only=True, slots=True)
+        class Config(base.Config):
+            pass
+
+        def __init__(self, config, **kwargs):
+            super().__init__(config, **kwargs)
+            self.position = 0
+            self.consumed = []  # the inputs handed out since the last clear, for the step's record
+
+        def __iter__(self):
+            for item in itertools.islice(super().__iter__(), self.position, None):
+                self.position += 1
+                self.consumed.append(item[0]["input"])
+                yield item
+
+        def state_dict(self):
+            return {"position": self.position}
+
+        def load_state_dict(self, state_dict):
+            self.position = int(state_dict["position"])
+
+    return PositionedBatches.Config()
+
+
+def dropout_spec(attention):
+    """torchtitan_replay's ModelSpec with attention_dropout set in the backend's model config."""
+    from torchtitan.experiments.transformers_modeling_backend import HFTransformerModel, TitanModelConfig
+
+    @dataclass
+    class DropoutModelConfig(TitanModelConfig):
+        attention_dropout: float | None = None  # an HF config key: re-applied over hf/config.json's value
+
+    spec = model_spec(attention)
+    spec.model = HFTransformerModel.Config(model_config=DropoutModelConfig(attention_dropout=DROPOUT))
+    return spec
+
+
+def audit_run(bundle, threads, work, run, rec):
+    torch = setup_torch(threads)
+    import torch.distributed as dist
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.experiments.transformers_modeling_backend import HFTransformerStateDictAdapter
+    from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
+
+    run_on_cpu()
+    kind, control = run["kind"], run.get("control")
+    S = int(run["steps"])
+    if S > bundle.S:
+        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
+    K = int(run.get("at", 0))
+    state_at = set(run.get("state_at", []))
+    native, added = [], []
+    bf16, attention, mb = precision_route(bundle, native, added)
+    hf_dir = os.path.abspath(os.path.join(bundle.path, bundle.meta["hf_dir"]))
+    max_norm = float(bundle.optim["max_grad_norm"])
+    terms = {"ce": 0.0, "z": 0.0}
+
+    def titan_name(hf_name):
+        return next(iter(HFTransformerStateDictAdapter.from_hf(None, {hf_name: None})))
+
+    # TorchTitan's own checkpointing in every run: the step-0 weights by its initial HF load while the folder holds no
+    # step; the stop saves DIR/step-K; the resume loads the newest step of DIR.
+    ckpt = dict(enable=True, initial_load_in_hf=True, initial_load_model_only=True, initial_load_path=hf_dir,
+                keep_latest_k=0)
+    if kind == "straight":
+        ckpt.update(folder=os.path.join(work, "checkpoint"), load_only=True)
+    elif kind == "stop":
+        shutil.rmtree(run["checkpoint"], ignore_errors=True)  # a step there would be resumed from
+        ckpt.update(folder=os.path.abspath(run["checkpoint"]), interval=K, load_only=False)
+    elif kind == "resume":
+        if not os.path.isfile(os.path.join(run["checkpoint"], f"step-{K}", ".metadata")):
+            raise BundleError(f"{run['checkpoint']}: no TorchTitan checkpoint step-{K} (the stop run writes it)")
+        ckpt.update(folder=os.path.abspath(run["checkpoint"]), load_only=True,
+                    exclude_from_loading=[EXCLUDED[control]] if control else [])
+    else:
+        raise BundleError(f"plan entry of kind {kind!r}")
+
+    lr_cfg, base_lr = lr_config(torch, bundle, native, added)
+    config = TransformersBackendConfig(
+        hf_model=hf_dir, hf_assets_path=hf_dir, dump_folder=os.path.join(work, "dump"),
+        model_spec=dropout_spec(attention), tokenizer=pretokenized_config(),
+        dataloader=positioned_batches_config(torch, bundle), loss=loss_config(torch, bundle.z_loss, terms),
+        optimizer=optimizer_config(bundle, titan_name, base_lr), lr_scheduler=lr_cfg,
+        training=TrainingConfig(local_batch_size=mb, global_batch_size=bundle.G, seq_len=bundle.T, steps=S,
+                                max_norm=max_norm if max_norm > 0 else float("inf"), dtype="float32",
+                                mixed_precision_param="bfloat16" if bf16 else "float32",
+                                mixed_precision_reduce="float32", disable_cuda_graphs=True),
+        parallelism=ParallelismConfig(data_parallel_shard_degree=1),
+        checkpoint=CheckpointManager.Config(**ckpt), activation_checkpoint=None,
+        metrics=MetricsProcessor.Config(log_freq=1),
+        debug=DebugConfig(deterministic=True, seed=0, enable_structured_logging=False))
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1)
+    try:
+        trainer = config.build()
+        recorder = trace_logger_class()
+        trainer.metrics_processor.logger = recorder
+        feed = trainer.dataloader
+        if len(trainer.model_parts) != 1:
+            raise BundleError("the audit expects one model part (no pipeline parallelism)")
+        model = trainer.model_parts[0]
+        drops = {m.attention_dropout for m in model.modules() if hasattr(m, "attention_dropout")}
+        if drops != {DROPOUT}:
+            raise BundleError(f"the model's attention modules have attention_dropout {drops}, not {DROPOUT}")
+        named = dict(model.named_parameters())
+        owner = {id(p): opt for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+
+        def optimizer_tensors():
+            out = {}
+            for n, p in named.items():
+                st = owner[id(p)].state.get(p, {})
+                out[n] = [st[k] for k in ("exp_avg", "exp_avg_sq", "step") if k in st]
+            return out
+
+        stepped_lr = {}
+
+        def keep_lr(optimizer, args, kwargs):
+            stepped_lr[trainer.step] = {float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups}
+
+        trainer.optimizers.register_step_pre_hook(keep_lr)
+
+        load = trainer.checkpointer.load
+
+        def load_and_record(step=-1):
+            loaded = load(step=step)
+            if kind == "resume":
+                if trainer.step != K:
+                    raise BundleError(f"TorchTitan's CheckpointManager.load restored step {trainer.step}, not {K}")
+                rec.state("loaded", named, optimizer_tensors())
+            return loaded
+
+        trainer.checkpointer.load = load_and_record
+
+        train_step = trainer.train_step
+
+        def recorded_step(data_iterator):
+            s = trainer.step  # Trainer.train counts the step before calling train_step
+            terms["ce"] = terms["z"] = 0.0
+            feed.consumed.clear()
+            train_step(data_iterator)
+            m = recorder.metrics.get(s, {})
+            lrs = {v for k, v in m.items() if k.startswith("lr/")}
+            if "loss_metrics/global_avg_loss" not in m or "grad_norm" not in m or len(lrs) != 1:
+                raise RuntimeError(f"step {s}: TorchTitan logged no loss, grad_norm or one lr ({sorted(m)})")
+            lr = lrs.pop()
+            if stepped_lr.get(s) != {lr}:
+                print(f"audit_torchtitan: {kind}{f' ({control})' if control else ''} step {s}: TorchTitan logged lr "
+                      f"{lr!r}, AdamW stepped with {sorted(stepped_lr.get(s, ()))}", file=sys.stderr)
+            rec.step(s, float(m["loss_metrics/global_avg_loss"]), float(m["grad_norm"]), lr,
+                     torch.cat(feed.consumed).numpy(), named)
+            if s in state_at:
+                rec.state(f"after-{s}", named, optimizer_tensors())
+
+        trainer.train_step = recorded_step
+        if kind == "stop":
+            # Killed right after the save at step K: the Trainer is configured for S steps.
+            trainer.should_continue_training = lambda: trainer.step < K
+        trainer.train()
+        if kind == "stop" and not os.path.isfile(os.path.join(run["checkpoint"], f"step-{K}", ".metadata")):
+            raise BundleError(f"TorchTitan's CheckpointManager saved no {run['checkpoint']}/step-{K} after step {K}")
+        if kind != "stop":
+            rec.state("final", named, optimizer_tensors())
+        trainer.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    return audit_main(__doc__, argv, name="audit_torchtitan", framework="torchtitan", check_recipe=check_recipe,
+                      import_framework=import_framework, audit_run=audit_run, controls=CONTROLS,
+                      unplantable=UNPLANTABLE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
