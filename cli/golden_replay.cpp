@@ -80,7 +80,7 @@ constexpr Framework kFrameworks[] = {
      "OLMOREF_HF_MICROBATCH"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
      "venv-olmo-core",
-     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler", "audit_olmo_core.py",
+     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler", nullptr,
      "OLMOREF_OLMO_CORE_MICROBATCH"},
     {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "rules-torchtitan-bf16.toml", "OLMOREF_VENV",
      "venv",
@@ -88,7 +88,7 @@ constexpr Framework kFrameworks[] = {
      "OLMOREF_TORCHTITAN_MICROBATCH"},
     {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", "rules-maxtext-bf16.toml", "OLMOREF_MAXTEXT_VENV",
      "venv-maxtext",
-     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax", "audit_maxtext.py",
+     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax", nullptr,
      "OLMOREF_MAXTEXT_MICROBATCH"},
 };
 
@@ -461,8 +461,8 @@ StateDigests digests_of(const std::string& state_file, const std::string& label)
 int golden_resume_audit(const AuditOptions& o) {
   const Framework& f = framework_named(o.framework);
   if (!f.audit_script)
-    throw std::invalid_argument("--framework " + o.framework + ": no resume audit for it (the audited frameworks are "
-                                "olmo-core, torchtitan, hf-trainer and maxtext; olmoref's own resume: resume-check)");
+    throw std::invalid_argument("--framework " + o.framework + ": no resume audit for it yet (audited: hf-trainer and "
+                                "torchtitan; olmoref's own resume: resume-check)");
   const fs::path here = fs::path(source_root()) / "golden" / "replay";
   const fs::path script = here / f.audit_script;
   if (!fs::is_regular_file(script))
@@ -644,7 +644,7 @@ void register_golden_replay(CLI::App& golden) {
       "1 different (the first differing step and what differed first), 2 could not run");
   auto a = std::make_shared<AuditOptions>();
   audit->add_option("BUNDLE", a->bundle, "Golden bundle directory (`olmoref golden export`)")->required();
-  audit->add_option("--framework", a->framework, "Whose trainer: olmo-core, torchtitan, hf-trainer or maxtext")
+  audit->add_option("--framework", a->framework, "Whose trainer: hf-trainer or torchtitan (olmo-core and maxtext: not yet)")
       ->required();
   audit->add_option("--at", a->at_text, "Stop after these steps (comma-separated), each resumed in its own process")
       ->required();

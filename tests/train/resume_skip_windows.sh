@@ -42,7 +42,7 @@ if command -v mpirun > /dev/null; then
     --steps 16 --at 12 --threads 1 --layout 2x1 --resume-layout 1x2 --work "$work/rc-layout" > "$work/layout.log" 2>&1 ||
     { cat "$work/layout.log"; echo "FAIL: resume-check across layouts"; exit 1; }
   want=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])][-1]['param_digest'])" "$work/straight/trace.jsonl")
-  grep -q "uninterrupted step 16 params $want" "$work/layout.log" ||
+  grep -q "step: straight 16, resumed 16" "$work/layout.log" && grep -q "params: straight $want," "$work/layout.log" ||
     { cat "$work/layout.log"; echo "FAIL: the 2x1 run's parameters differ from the single-process run's ($want)"; exit 1; }
   echo "layouts: 2x1 uninterrupted = 1x2 resumed = single process ($want)"
 else
