@@ -80,7 +80,8 @@ constexpr Framework kFrameworks[] = {
      "OLMOREF_HF_MICROBATCH"},
     {"olmo-core", "olmo_core_replay.py", "rules-olmo-core.toml", "rules-olmo-core-bf16.toml", "OLMOREF_OLMO_CORE_VENV",
      "venv-olmo-core",
-     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler", nullptr,
+     "ai2-olmo-core's Trainer.fit with its TransformerTrainModule, AdamW/SkipStepAdamW and scheduler",
+     "audit_olmo_core.py",
      "OLMOREF_OLMO_CORE_MICROBATCH"},
     {"torchtitan", "torchtitan_replay.py", "rules-torchtitan.toml", "rules-torchtitan-bf16.toml", "OLMOREF_VENV",
      "venv",
@@ -88,7 +89,8 @@ constexpr Framework kFrameworks[] = {
      "OLMOREF_TORCHTITAN_MICROBATCH"},
     {"maxtext", "maxtext_replay.py", "rules-maxtext.toml", "rules-maxtext-bf16.toml", "OLMOREF_MAXTEXT_VENV",
      "venv-maxtext",
-     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax", nullptr,
+     "MaxText's pre-training trainer (JAX, CPU backend), weights through its to_maxtext converter into Orbax",
+     "audit_maxtext.py",
      "OLMOREF_MAXTEXT_MICROBATCH"},
 };
 
@@ -461,8 +463,8 @@ StateDigests digests_of(const std::string& state_file, const std::string& label)
 int golden_resume_audit(const AuditOptions& o) {
   const Framework& f = framework_named(o.framework);
   if (!f.audit_script)
-    throw std::invalid_argument("--framework " + o.framework + ": no resume audit for it yet (audited: hf-trainer and "
-                                "torchtitan; olmoref's own resume: resume-check)");
+    throw std::invalid_argument("--framework " + o.framework + ": no resume audit for it (audited: hf-trainer, olmo-core, "
+                                "torchtitan, maxtext; olmoref's own resume: resume-check)");
   const fs::path here = fs::path(source_root()) / "golden" / "replay";
   const fs::path script = here / f.audit_script;
   if (!fs::is_regular_file(script))
@@ -562,11 +564,29 @@ int golden_resume_audit(const AuditOptions& o) {
     *report = format_resume_report(in, finding, who);
     return finding;
   };
+  // A control against the real resume from the same checkpoint (both spliced by `judge` already): what the control
+  // changed beyond what the framework's own resume changed.
+  auto judge_against_resume = [&](int64_t k, const std::string& tag, std::string* report) {
+    const std::string real = "resumed-" + std::to_string(k);
+    ResumeAuditInput in;
+    in.straight = load_trace_any(path(real + ".spliced.jsonl"));
+    in.resumed = load_trace_any(path(tag + ".spliced.jsonl"));
+    in.stop_after = k;
+    in.straight_at_stop = digests_of(path(real + ".state.json"), "loaded");
+    in.loaded = digests_of(path(tag + ".state.json"), "loaded");
+    in.final_straight = digests_of(path(real + ".state.json"), "final");
+    in.final_resumed = digests_of(path(tag + ".state.json"), "final");
+    const ResumeFinding finding = compare_resume(in);
+    *report = format_resume_report(in, finding, who + " (the control against the real resume)");
+    return finding;
+  };
   bool identical = true, controls_seen = true;
   std::string text;
+  ResumeFinding real_at_first;  // the real resume from the stop the controls resume from
   for (int64_t k : at) {
     std::string report;
     const ResumeFinding r = judge(k, "resumed-" + std::to_string(k), &report);
+    if (k == at.front()) real_at_first = r;
     identical = identical && r.identical;
     text += "\n== resumed after step " + std::to_string(k) + "\n" + report;
   }
@@ -577,22 +597,41 @@ int golden_resume_audit(const AuditOptions& o) {
   for (const ControlExpectation* c : controls) {
     std::string report;
     const std::string tag = std::string("control-") + c->name;
+    const std::string lead = c == controls.front() ? "\n" : "";
     // A control the framework has no restore for (its adapter says why): reported, neither seen nor blind.
     if (const nlohmann::json marker = nlohmann::json::parse(std::ifstream(path(tag + ".state.json")), nullptr, false);
         marker.is_object() && marker.contains("not_planted")) {
-      text += std::string(c == controls.front() ? "\n" : "") + "control " + c->name + ": not planted: " +
-              marker["not_planted"].get<std::string>() + "\n";
+      text += lead + "control " + c->name + ": not planted: " + marker["not_planted"].get<std::string>() + "\n";
       continue;
     }
+    const int64_t want_step = at.front() + c->step_after_k;
+    auto as_expected = [&](const ResumeFinding& r) {
+      return !r.identical && r.first_step == want_step &&
+             std::find(c->first_what.begin(), c->first_what.end(), r.first_what) != c->first_what.end();
+    };
+    auto verdict_of = [](const ResumeFinding& r) {
+      return r.identical ? std::string("IDENTICAL") : "first at step " + std::to_string(r.first_step) + ": " + r.first_what;
+    };
     const ResumeFinding r = judge(at.front(), tag, &report);
-    std::ofstream(path(tag + ".txt")) << report;
-    const bool seen = !r.identical && r.first_step == at.front() + c->step_after_k &&
-                      std::find(c->first_what.begin(), c->first_what.end(), r.first_what) != c->first_what.end();
+    bool seen = as_expected(r);
+    std::string note;
+    // Where the framework's own resume already differs first at the same step in the same way, that difference would
+    // pass for the control's: the control counts as seen only if it also differs from the real resume there.
+    if (seen && !real_at_first.identical && real_at_first.first_step == r.first_step &&
+        real_at_first.first_what == r.first_what) {
+      std::string against;
+      const ResumeFinding vs_real = judge_against_resume(at.front(), tag, &against);
+      report += "\n-- the control against the real resume from the same checkpoint\n" + against;
+      seen = as_expected(vs_real);
+      note = std::string(seen ? " (the real resume differs there too; the control against it: "
+                              : " (MASKED: the real resume differs there in the same way; the control against it: ") +
+             verdict_of(vs_real) + ")";
+    }
     controls_seen = controls_seen && seen;
-    const std::string verdict = r.identical ? "IDENTICAL" : "first at step " + std::to_string(r.first_step) + ": " + r.first_what;
-    text += std::string(c == controls.front() ? "\n" : "") + "control " + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict +
-            (seen ? "" : " (expected: step " + std::to_string(at.front() + c->step_after_k) + ", " + c->first_what.front() + ")") +
-            " (" + path(tag + ".txt") + ")\n";
+    std::ofstream(path(tag + ".txt")) << report;
+    text += lead + "control " + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict_of(r) + note +
+            (seen ? "" : " (expected: step " + std::to_string(want_step) + ", " + c->first_what.front() + ")") + " (" +
+            path(tag + ".txt") + ")\n";
   }
   text += std::string("\nolmoref golden resume-audit: ") + f.name + ": " +
           (identical ? "IDENTICAL: its resume changed nothing" : "DIFFERENT: its resume changed the run") +
@@ -644,7 +683,7 @@ void register_golden_replay(CLI::App& golden) {
       "1 different (the first differing step and what differed first), 2 could not run");
   auto a = std::make_shared<AuditOptions>();
   audit->add_option("BUNDLE", a->bundle, "Golden bundle directory (`olmoref golden export`)")->required();
-  audit->add_option("--framework", a->framework, "Whose trainer: hf-trainer or torchtitan (olmo-core and maxtext: not yet)")
+  audit->add_option("--framework", a->framework, "Whose trainer: hf-trainer, olmo-core, torchtitan or maxtext")
       ->required();
   audit->add_option("--at", a->at_text, "Stop after these steps (comma-separated), each resumed in its own process")
       ->required();

@@ -3,6 +3,7 @@
 (a bf16 bundle: in Hugging Face's own FSDP2 bf16 mixed precision, below).
 
 Usage: hf_trainer_replay.py --bundle DIR --out REPLAY.jsonl --report REPORT.json [--steps N] [--threads N]
+                            [--fixed-state]
 (normally run by `olmoref golden replay BUNDLE... --framework hf-trainer`, which then compares the traces); --bundle,
 --out and --report repeat, one of each per bundle, to replay several in this one process (bundle.py)
 
@@ -24,7 +25,15 @@ routes (each is named in the report): OLMOREF_HF_BF16=autocast (TrainingArgument
 torch.autocast over fp32 parameters), OLMOREF_HF_ATTN=eager|sdpa, OLMOREF_HF_MICROBATCH=K.
 The trace records, per step, the loss terms the Trainer's forward produced (its logged loss is rounded to 4
 digits), the grad norm it logged and the lr its optimizer used.
-Exit status: 0 replayed; 2 the bundle is malformed or transformers/accelerate cannot be imported.
+--fixed-state (a bundle with states/: docs/golden.md, "Judged one step at a time"): before each judged step k a
+TrainerCallback (FixedState) hands the parameters of the model the Trainer trains and the torch AdamW it steps (under
+accelerate's AcceleratedOptimizer) olmoref's parameters, Adam moments and step count after step k-1
+(bundle.hand_state); the Trainer then does step k itself (its batches, loss, clip, optimizer and scheduler: the lr
+stays the bundle's). The trace holds the judged steps only, each with grad_err (the gradients the Trainer hands its
+optimizer, already clipped: gradient_error compares directions) and update_err (its parameters after the step)
+against olmoref's state after step k; golden/replay/rules-fixed.toml judges it.
+Exit status: 0 replayed; 2 the bundle is malformed (or has no states under --fixed-state) or
+transformers/accelerate cannot be imported.
 """
 import json
 import os
@@ -109,8 +118,8 @@ def replay_job(torch, args, path, out_path, report_path, tag):
         bundle = Bundle(path, args.steps)
         bundle.require_hf_adamw("Hugging Face Trainer's adapter")
         if args.fixed_state and not bundle.judged:
-            raise BundleError("--fixed-state needs olmoref's states and bundle.json lists none (export with "
-                              "`olmoref golden export --states all`, or replay the free trajectory)")
+            raise BundleError(f"--fixed-state needs olmoref's states, and {path}/bundle.json lists none (export it "
+                              f"with `olmoref golden export --states all`, or replay the free trajectory)")
     except BundleError as e:
         print(f"{tag}: bad bundle: {e}", file=sys.stderr)
         return 2
@@ -193,12 +202,30 @@ def replay_job(torch, args, path, out_path, report_path, tag):
     errors = {}  # step -> (grad_err, update_err)
 
     class FixedState(TrainerCallback):
-        """--fixed-state: before each judged step k the Trainer's model and AdamW get olmoref's state after step k-1
-        (bundle.hand_state); the gradients the Trainer hands its optimizer (clipped: gradient_error compares
+        """--fixed-state: before each judged step k the parameters the Trainer trains and the torch AdamW it steps get
+        olmoref's state after step k-1 (bundle.hand_state; step 1 starts from the step-0 weights and a fresh AdamW, as
+        the Trainer's own does); the gradients the Trainer hands its optimizer (clipped: gradient_error compares
         directions) and the parameters after its step are measured against olmoref's state after step k."""
         before = grads = None
+        checked = False
+
+        def check_trained(self, kw):
+            # The tensors written are the ones the Trainer trains: its model's parameters are `named`, and the
+            # optimizer it steps (accelerate's AcceleratedOptimizer, wrapping) is `opt`, over those same parameters.
+            if self.checked:
+                return
+            stepped = kw.get("optimizer")
+            inner = getattr(stepped, "optimizer", stepped)
+            trained = dict(kw["model"].named_parameters())
+            in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+            if (inner is not opt or trained.keys() != named.keys()
+                    or any(trained[n] is not p for n, p in named.items()) or in_opt != set(map(id, named.values()))):
+                raise RuntimeError("--fixed-state: the Trainer trains other parameters or steps another optimizer "
+                                   "than the ones handed olmoref's state")
+            self.checked = True
 
         def on_step_begin(self, args_, state, control, **kw):
+            self.check_trained(kw)
             s = state.global_step + 1
             if s in judged:
                 self.before = load_state(bundle, s - 1)
@@ -213,8 +240,11 @@ def replay_job(torch, args, path, out_path, report_path, tag):
             s = state.global_step
             if s in judged:
                 after = load_state(bundle, s)
+                if after["grad"] is None:
+                    raise BundleError(f"the state after step {s} holds no gradient (grad.*), and step {s} is judged")
                 errors[s] = (gradient_error(torch, after["grad"], self.grads)[0],
                              update_error(torch, self.before["param"], after["param"], named)[0])
+                self.grads = None
 
     record = Record()
     targs = TrainingArguments(
@@ -230,10 +260,17 @@ def replay_job(torch, args, path, out_path, report_path, tag):
     print(f"{tag}: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), transformers "
           f"{transformers.__version__}, accelerate {accelerate.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads", file=sys.stderr)
-    trainer.train()
-    if route == "fsdp":
-        torch.distributed.destroy_process_group()
-        pg_dir.cleanup()
+    try:
+        trainer.train()
+    except BundleError as e:  # --fixed-state: a state file the Trainer's step was to be handed or judged by
+        out.close()
+        os.remove(out_path + ".tmp")
+        print(f"{tag}: bad bundle: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if route == "fsdp":
+            torch.distributed.destroy_process_group()
+            pg_dir.cleanup()
     out.close()
     os.replace(out_path + ".tmp", out_path)
     report = {
@@ -252,10 +289,13 @@ def replay_job(torch, args, path, out_path, report_path, tag):
                   "the bundle's bit for bit)"]}
     if args.fixed_state:
         report["mode"] = "fixed-state"
-        report["added"].append("FixedState (--fixed-state): a TrainerCallback whose on_step_begin hands the model and "
-                               "the AdamW the Trainer steps olmoref's parameters, moments and step count after the step "
-                               "before each judged step (bundle.hand_state); on_pre_optimizer_step keeps the gradients "
-                               "the Trainer clipped, on_step_end measures grad_err and update_err")
+        report["added"].append("fixed state (--fixed-state): a TrainerCallback whose on_step_begin, before each "
+                               "judged step k > 1, copies olmoref's parameters, AdamW exp_avg/exp_avg_sq and step "
+                               "count k-1 after step k-1 (states/) into the model's parameters and the torch AdamW "
+                               "under accelerate's AcceleratedOptimizer (bundle.hand_state); the Trainer's own "
+                               "batches, loss, clip, optimizer and LambdaLR step do step k; on_pre_optimizer_step "
+                               "keeps the gradients the Trainer clipped, on_step_end measures grad_err and update_err "
+                               "against the state after step k")
     else:
         report["mode"] = "free"
     if route == "fsdp":

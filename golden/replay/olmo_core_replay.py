@@ -374,12 +374,52 @@ def fixed_state_class(torch, bundle, to_oc):
     return FixedState()
 
 
+def train_module(torch, bundle, model, state, oc_name, native, added, mb, route="fsdp"):
+    """OLMo-core's TransformerTrainModule for the bundle: its AdamW and scheduler, micro-batches of mb instances,
+    z-loss and clipping, bf16 through FSDP's param_dtype (route "fsdp", the Olmo 3 scripts') or torch.autocast
+    (route "autocast"), and the bundle's step-0 weights loaded after the module's own init. Returns (module, z,
+    max_norm)."""
+    from olmo_core.train.train_module import TransformerTrainModule
+
+    optim = optim_config(bundle, oc_name, native, added)
+    sched, initial_lr = scheduler(bundle, native, added)
+    optim.lr = initial_lr
+    z, max_norm = bundle.z_loss, float(bundle.optim["max_grad_norm"])
+    T = bundle.T
+    dp_config, autocast = None, None
+    if route not in ("fsdp", "autocast"):
+        raise BundleError(f"OLMOREF_OLMO_CORE_BF16={route!r}: fsdp (the default) or autocast")
+    if bundle.meta.get("precision") == "bf16" and route == "autocast":
+        autocast = torch.bfloat16
+        added.append("OLMOREF_OLMO_CORE_BF16=autocast: bf16 through torch.autocast (autocast_precision) instead of "
+                     "FSDP's param_dtype (a measurement of OLMo-core's own spread, not the Olmo 3 recipe)")
+    elif bundle.meta.get("precision") == "bf16":
+        from olmo_core.config import DType
+        from olmo_core.distributed.parallel import DataParallelType
+        from olmo_core.train.train_module.transformer.config import TransformerDataParallelConfig
+
+        dp_config = TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.bfloat16,
+                                                  reduce_dtype=DType.float32)
+        native.append("bf16: TransformerDataParallelConfig(name=fsdp, param_dtype=bfloat16, reduce_dtype=float32), "
+                      "the Olmo 3 scripts' mixed precision, FSDP2 over one gloo rank")
+    module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=mb * T, max_sequence_length=T,
+                                    dp_config=dp_config, autocast_precision=autocast,
+                                    z_loss_multiplier=z if z != 0 else None,
+                                    max_grad_norm=max_norm if max_norm > 0 else None,
+                                    scheduler=sched, device=torch.device("cpu"))
+    # Its parallelize_model() runs the model's init_weights(), so the checkpoint goes in afterwards, as
+    # OLMo-core's own scripts load one (train_module.model, then Trainer.fit).
+    load_weights(module.model, state)
+    if is_moe(bundle.meta["model"]):
+        use_torch_gmm(module.model)  # OLMo-core's own fp32 per-expert matmuls, not grouped_gemm's bf16
+    return module, z, max_norm
+
+
 def replay(bundle, threads, work, fixed=False):
     torch = setup_torch(threads)
     import torch.distributed as dist
     from olmo_core.train import Duration, TrainerConfig
     from olmo_core.train.callbacks import CheckpointerCallback
-    from olmo_core.train.train_module import TransformerTrainModule
 
     native, added = [], []
     # One rank, gloo, rendezvous through a file: no port to collide with parallel tests.
@@ -397,41 +437,13 @@ def replay(bundle, threads, work, fixed=False):
         else:
             native.append(f"model: TransformerConfig.llama_like, reordered-norm Olmo 3 blocks, windows "
                           f"{model_windows(model)}, torch SDPA attention; step-0 weights through convert_state_from_hf")
-        optim = optim_config(bundle, oc_name, native, added)
-        sched, initial_lr = scheduler(bundle, native, added)
-        optim.lr = initial_lr
-        z, max_norm = bundle.z_loss, float(bundle.optim["max_grad_norm"])
-        T, mb, steps = bundle.T, int(os.environ.get("OLMOREF_OLMO_CORE_MICROBATCH", bundle.mb)), bundle.S
+        T, steps = bundle.T, bundle.S
+        mb = int(os.environ.get("OLMOREF_OLMO_CORE_MICROBATCH", bundle.mb))
         if mb != bundle.mb:
             added.append(f"OLMOREF_OLMO_CORE_MICROBATCH: micro-batches of {mb} instances instead of the bundle's "
                          f"{bundle.mb} (a measurement of OLMo-core's own spread, not a replay of the bundle)")
-        dp_config, autocast = None, None
         route = os.environ.get("OLMOREF_OLMO_CORE_BF16", "fsdp")
-        if route not in ("fsdp", "autocast"):
-            raise BundleError(f"OLMOREF_OLMO_CORE_BF16={route!r}: fsdp (the default) or autocast")
-        if bundle.meta.get("precision") == "bf16" and route == "autocast":
-            autocast = torch.bfloat16
-            added.append("OLMOREF_OLMO_CORE_BF16=autocast: bf16 through torch.autocast (autocast_precision) instead of "
-                         "FSDP's param_dtype (a measurement of OLMo-core's own spread, not the Olmo 3 recipe)")
-        elif bundle.meta.get("precision") == "bf16":
-            from olmo_core.config import DType
-            from olmo_core.distributed.parallel import DataParallelType
-            from olmo_core.train.train_module.transformer.config import TransformerDataParallelConfig
-
-            dp_config = TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.bfloat16,
-                                                      reduce_dtype=DType.float32)
-            native.append("bf16: TransformerDataParallelConfig(name=fsdp, param_dtype=bfloat16, reduce_dtype=float32), "
-                          "the Olmo 3 scripts' mixed precision, FSDP2 over one gloo rank")
-        module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=mb * T, max_sequence_length=T,
-                                        dp_config=dp_config, autocast_precision=autocast,
-                                        z_loss_multiplier=z if z != 0 else None,
-                                        max_grad_norm=max_norm if max_norm > 0 else None,
-                                        scheduler=sched, device=torch.device("cpu"))
-        # Its parallelize_model() runs the model's init_weights(), so the checkpoint goes in afterwards, as
-        # OLMo-core's own scripts load one (train_module.model, then Trainer.fit).
-        load_weights(module.model, state)
-        if moe:
-            use_torch_gmm(module.model)  # OLMo-core's own fp32 per-expert matmuls, not grouped_gemm's bf16
+        module, z, max_norm = train_module(torch, bundle, model, state, oc_name, native, added, mb, route)
         native.append(f"TransformerTrainModule: micro-batches of {mb} x {T}, z_loss_multiplier "
                       f"{z if z != 0 else None}, max_grad_norm {max_norm} (clip max_norm / (norm + 1e-6))")
         loader = bundle_data_loader(torch, bundle, os.path.join(work, "data"))

@@ -44,6 +44,12 @@ for c in "optimizer|first at step 4: optimizer state as loaded" "data|first at s
     continue
   fi
   grep -q "^control $name: seen: $want" "$report" || fail "control $name: want 'seen: $want'"
+  # Where the real resume already differs first at the control's step in the same way, the control is judged against
+  # the real resume as well, so the framework's own difference cannot pass for the control's.
+  if [ "$expected" != IDENTICAL ] && grep -q "^control $name: seen: first at step $expected " "$report"; then
+    grep -q "^control $name: seen: .*the control against it: first at step ${want#first at step }" "$report" ||
+      fail "control $name: at the real resume's own first difference, want it judged against the real resume"
+  fi
 done
 want_rc=0
 [ "$expected" = IDENTICAL ] || want_rc=1
