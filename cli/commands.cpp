@@ -17,6 +17,7 @@
 #include "train/config.h"
 #include "train/parity_dump.h"
 #include "train/resume_check.h"
+#include "train/step_list.h"
 #include "ckpt/checkpoint.h"
 #include "golden/plot.h"
 #include <fstream>
@@ -314,8 +315,7 @@ void register_commands(CLI::App& app) {
       ResumeCheckOptions opts = *o;
       parse_layout(*layout, "--layout", opts.dp_shard, opts.dp_replicate);
       if (!resume_layout->empty()) parse_layout(*resume_layout, "--resume-layout", opts.resume_dp_shard, opts.resume_dp_replicate);
-      std::stringstream ss(*at);
-      for (std::string item; std::getline(ss, item, ',');) opts.at.push_back(std::stoll(item));
+      opts.at = parse_step_list(*at, "--at");
       for (const auto& s : *skip) {
         opts.extra_resume_args.push_back("--debug-skip-restore");
         opts.extra_resume_args.push_back(s);

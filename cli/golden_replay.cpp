@@ -38,6 +38,7 @@
 #include "cli/commands.h"
 #include "golden/compare.h"
 #include "golden/resume_compare.h"
+#include "train/step_list.h"
 
 #ifndef OLMOREF_SOURCE_DIR
 #error "cli/meson.build defines OLMOREF_SOURCE_DIR: where golden/replay/ is found when OLMOREF_SOURCE_ROOT is unset"
@@ -400,7 +401,7 @@ int golden_replay(const ReplayOptions& o) {
 // ---- golden resume-audit ----
 
 struct AuditOptions {
-  std::string bundle, framework, out, python, at_text, controls_text;
+  std::string bundle, framework, out, python, at_text, controls_text, world_size_text = "1";
   int64_t steps = 0;
   int threads = 1;
 };
@@ -417,24 +418,6 @@ const ControlExpectation kControls[] = {
     {"schedule", {"lr"}, 1},
     {"rng", {"loss", "grad_norm", "parameters after the step"}, 1},
 };
-
-std::vector<int64_t> parse_steps_list(const std::string& text, const std::string& what) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size()) throw std::invalid_argument(what + " " + text + ": '" + item + "' is not a step");
-    out.push_back(v);
-  }
-  return out;
-}
 
 // One JSON Lines trace of the records of `a` up to step k and of `b` after it: the stopped-and-resumed run.
 void splice_trace(const std::string& a, const std::string& b, int64_t k, const std::string& out) {
@@ -460,6 +443,42 @@ StateDigests digests_of(const std::string& state_file, const std::string& label)
   return d;
 }
 
+// A resume over another number of ranks than the stop: a different reduction order may change the step's own
+// results (loss, grad norm, parameters after it), and nothing else may change: the state as loaded (a resharded
+// checkpoint holds the same values), the batch of every step (the data order is the run's, not the ranks') and the lr.
+struct ResharedVerdict {
+  bool kept = true;
+  std::string line;
+};
+ResharedVerdict judge_reshard(const ResumeFinding& r) {
+  ResharedVerdict v;
+  if (r.identical) return v;
+  if (r.first_what == "parameters as loaded" || r.first_what == "optimizer state as loaded") {
+    v.kept = false;
+    v.line = "across the change of world size: DIFFERENT: the " + r.first_what + " (a resharded checkpoint must load "
+             "the values it saved)\n";
+    return v;
+  }
+  for (const char* metric : {"data_digest", "lr"}) {
+    for (const ResumeStepRow& row : r.rows) {
+      const auto it = row.same.find(metric);
+      if (!row.present || (it != row.same.end() && !it->second)) {
+        v.kept = false;
+        v.line = "across the change of world size: DIFFERENT: the " +
+                 std::string(std::string(metric) == "lr" ? "lr" : "batch") + " of step " + std::to_string(row.step) +
+                 (row.present ? "" : " (missing)") +
+                 (std::string(metric) == "lr" ? " (the schedule must not depend on the ranks)"
+                                              : " (the data order must not depend on the ranks: a loader bug)") + "\n";
+        return v;
+      }
+    }
+  }
+  v.line = "across the change of world size: kept: every batch, every lr and the loaded state are the same; the "
+           "step's own results differ from step " + std::to_string(r.first_step) + " (" + r.first_what +
+           "), as a different reduction order over the ranks makes them (not judged)\n";
+  return v;
+}
+
 int golden_resume_audit(const AuditOptions& o) {
   const Framework& f = framework_named(o.framework);
   if (!f.audit_script)
@@ -482,7 +501,7 @@ int golden_resume_audit(const AuditOptions& o) {
   }
   const int64_t bundle_steps = meta.value("steps", int64_t{0});
   const int64_t S = o.steps > 0 ? std::min(o.steps, bundle_steps) : bundle_steps;
-  const std::vector<int64_t> at = parse_steps_list(o.at_text, "--at");
+  const std::vector<int64_t> at = parse_step_list(o.at_text, "--at");
   for (int64_t k : at)
     if (k < 1 || k >= S)
       throw std::invalid_argument("--at " + o.at_text + ": step " + std::to_string(k) + " is outside 1.." +
@@ -501,6 +520,24 @@ int golden_resume_audit(const AuditOptions& o) {
       controls.push_back(c);
     }
   }
+  // --world-size A[:B]: the straight run and the stops over A ranks, each resume over B.
+  int64_t ranks_before = 1, ranks_after = 1;
+  {
+    const std::string& t = o.world_size_text;
+    const size_t colon = t.find(':');
+    const std::vector<int64_t> a = parse_step_list(t.substr(0, colon), "--world-size");
+    const std::vector<int64_t> b =
+        colon == std::string::npos ? a : parse_step_list(t.substr(colon + 1), "--world-size");
+    if (a.size() != 1 || b.size() != 1 || a[0] < 1 || b[0] < 1 || a[0] > 64 || b[0] > 64)
+      throw std::invalid_argument("--world-size " + t + ": ranks A, or A:B (the stop over A ranks, the resume over B), "
+                                  "each 1..64");
+    ranks_before = a[0];
+    ranks_after = b[0];
+  }
+  const bool reshard = ranks_before != ranks_after;
+  if (reshard && !controls.empty())
+    throw std::invalid_argument("--controls with --world-size " + o.world_size_text + ": the controls judge a resume "
+                                "at the world size it stopped at; audit them without the change of world size");
   const fs::path out = o.out.empty() ? bundle / ("resume-audit-" + std::string(f.name)) : fs::path(o.out);
   fs::remove_all(out);
   fs::create_directories(out);
@@ -513,16 +550,22 @@ int golden_resume_audit(const AuditOptions& o) {
                         std::to_string(o.threads)});
   };
   auto path = [&](const std::string& name) { return (out / name).string(); };
-  std::printf("olmoref golden resume-audit: %s (%s), %lld steps, stopped after step %s and resumed in a fresh process\n",
-              f.name, f.what, static_cast<long long>(S), o.at_text.c_str());
+  std::printf("olmoref golden resume-audit: %s (%s), %lld steps, stopped after step %s and resumed in a fresh process%s\n",
+              f.name, f.what, static_cast<long long>(S), o.at_text.c_str(),
+              reshard ? (" (stopped over " + std::to_string(ranks_before) + " ranks, resumed over " +
+                         std::to_string(ranks_after) + ")").c_str()
+                      : ranks_before > 1 ? (" (" + std::to_string(ranks_before) + " ranks)").c_str() : "");
   // 1. straight through, and each stop, in one process.
   nlohmann::json first = nlohmann::json::array();
+  const nlohmann::json world_sizes = {ranks_before, ranks_after};
   first.push_back({{"kind", "straight"}, {"steps", S}, {"state_at", at}, {"out", path("straight.jsonl")},
-                   {"state_out", path("straight.state.json")}});
+                   {"state_out", path("straight.state.json")}, {"world_size", ranks_before},
+                   {"world_sizes", world_sizes}});
   for (int64_t k : at)
     first.push_back({{"kind", "stop"}, {"at", k}, {"steps", S}, {"checkpoint", path("checkpoint-" + std::to_string(k))},
                      {"out", path("stopped-" + std::to_string(k) + ".jsonl")},
-                     {"state_out", path("stopped-" + std::to_string(k) + ".state.json")}});
+                     {"state_out", path("stopped-" + std::to_string(k) + ".state.json")},
+                     {"world_size", ranks_before}, {"world_sizes", world_sizes}});
   auto could_not = [&](const std::string& what, int rc) {
     std::fprintf(stderr, "olmoref golden resume-audit: %s exited with status %d (its reason above): nothing was judged\n",
                  what.c_str(), rc);
@@ -533,7 +576,8 @@ int golden_resume_audit(const AuditOptions& o) {
   auto resume_run = [&](int64_t k, const std::string& tag, const char* control) {
     nlohmann::json r = {{"kind", "resume"}, {"at", k}, {"steps", S}, {"checkpoint", path("checkpoint-" + std::to_string(k))},
                         {"control", control ? nlohmann::json(control) : nlohmann::json(nullptr)},
-                        {"out", path(tag + ".jsonl")}, {"state_out", path(tag + ".state.json")}};
+                        {"out", path(tag + ".jsonl")}, {"state_out", path(tag + ".state.json")},
+                        {"world_size", ranks_after}, {"world_sizes", world_sizes}};
     return r;
   };
   for (int64_t k : at) {
@@ -583,12 +627,18 @@ int golden_resume_audit(const AuditOptions& o) {
   bool identical = true, controls_seen = true;
   std::string text;
   ResumeFinding real_at_first;  // the real resume from the stop the controls resume from
+  bool kept = true;  // across a change of world size: the loaded state, every batch and every lr the same
   for (int64_t k : at) {
     std::string report;
     const ResumeFinding r = judge(k, "resumed-" + std::to_string(k), &report);
     if (k == at.front()) real_at_first = r;
     identical = identical && r.identical;
     text += "\n== resumed after step " + std::to_string(k) + "\n" + report;
+    if (reshard) {
+      const ResharedVerdict v = judge_reshard(r);
+      kept = kept && v.kept;
+      text += v.line;
+    }
   }
   if (controls_rc != 0) {
     text += "\nthe controls could not run (exit " + std::to_string(controls_rc) + ", the adapter's reason above)\n";
@@ -632,6 +682,19 @@ int golden_resume_audit(const AuditOptions& o) {
     text += lead + "control " + c->name + ": " + (seen ? "seen" : "NOT SEEN") + ": " + verdict_of(r) + note +
             (seen ? "" : " (expected: step " + std::to_string(want_step) + ", " + c->first_what.front() + ")") + " (" +
             path(tag + ".txt") + ")\n";
+  }
+  if (reshard) {
+    auto ranks = [](int64_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+    text += std::string("\nolmoref golden resume-audit: ") + f.name + ": stopped over " + ranks(ranks_before) +
+            ", resumed over " + ranks(ranks_after) + ": " +
+            (identical ? "IDENTICAL: even the reduction order's results are the same"
+             : kept    ? "the data order, the lr and the loaded state are kept; the step's results change, as a "
+                         "different reduction order makes them"
+                       : "DIFFERENT: the change of world size changed what the run trains on or with (a bug)") +
+            " (" + path("audit.txt") + ")\n";
+    std::fputs(text.c_str(), stdout);
+    std::ofstream(path("audit.txt")) << text;
+    return kept ? 0 : 1;
   }
   text += std::string("\nolmoref golden resume-audit: ") + f.name + ": " +
           (identical ? "IDENTICAL: its resume changed nothing" : "DIFFERENT: its resume changed the run") +
@@ -692,6 +755,9 @@ void register_golden_replay(CLI::App& golden) {
   audit->add_option("--controls", a->controls_text,
                     "Also resume with one part of the framework's restore skipped, each of which the audit must see "
                     "(at the first --at): optimizer, data, schedule, rng, or all");
+  audit->add_option("--world-size", a->world_size_text,
+                    "Ranks: A (every run), or A:B (the straight run and the stop over A gloo ranks, the resume over "
+                    "B): across a change the batches, lrs and loaded state must be kept (olmo-core)");
   audit->add_option("--out", a->out, "Where the runs' records, checkpoints and the report go (default "
                                      "BUNDLE/resume-audit-FRAMEWORK; replaced)");
   audit->add_option("--threads", a->threads, "CPU threads of the framework (default 1)")->check(CLI::Range(1, 1024));

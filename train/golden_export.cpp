@@ -27,6 +27,7 @@
 #include "train/batch_source.h"
 #include "train/config.h"
 #include "train/manifest.h"
+#include "train/step_list.h"
 #include "train/trainer.h"
 #include "train/weights.h"
 
@@ -246,25 +247,11 @@ std::vector<int64_t> judged_state_steps(const std::string& value, int64_t steps,
     return pick;
   }
   refuse_skip();
-  std::vector<int64_t> list;
-  std::stringstream ss(value);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int64_t s = -1;
-    try {
-      s = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || item.empty())
-      throw std::invalid_argument("--states " + value + ": '" + item + "' is not a step; give auto, all, none or "
-                                  "steps like 1,5,10");
+  std::vector<int64_t> list = parse_step_list(value, "--states", "give auto, all, none or steps like 1,5,10");
+  for (int64_t s : list)
     if (s < 1 || s > steps)
-      throw std::invalid_argument("--states " + value + ": step " + item + " is outside the bundle's steps 1.." +
-                                  std::to_string(steps));
-    list.push_back(s);
-  }
+      throw std::invalid_argument("--states " + value + ": step " + std::to_string(s) + " is outside the bundle's "
+                                  "steps 1.." + std::to_string(steps));
   std::sort(list.begin(), list.end());
   list.erase(std::unique(list.begin(), list.end()), list.end());
   return list;
@@ -513,7 +500,7 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
     b["states"] = {{"judged_steps", summary.judged_steps},
                    {"files", files_by_step},
                    {"names", moe ? "olmo_core" : "hf"},
-                   {"adam_step_offset", 0},
+                   {"adam_step_offset", 0},  // a run from init.checkpoint (the only source of an offset) is refused above
                    {"contents",
                     "the state after step k: param.NAME (fp32 parameters), exp_avg.NAME and exp_avg_sq.NAME (Adam's "
                     "first and second moments, PyTorch AdamW's state, bias correction at step k), and for a judged "

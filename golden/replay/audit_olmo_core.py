@@ -7,6 +7,17 @@ Environment (to tell one finding from another; the audit's default is the first 
   OLMOREF_OLMO_CORE_AUDIT_DATA=numpy|bundle  numpy (default): OLMo-core's NumpyFSLDataLoader over the bundle's
       token files; bundle: olmo_core_replay's BundleDataLoader (the bundle's batches in order, no mock batch, no
       torch DataLoader)
+  OLMOREF_OLMO_CORE_AUDIT_SEED_BY_WORLD_SIZE=1  a planted loader bug: the shuffle seed plus the number of ranks, and
+      the checkpoint's seed not restored (the negative control of the audit across world sizes; OLMo-core's own
+      load_state_dict takes the checkpoint's seed back, so without the second half its order is kept)
+
+Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): every run of the audit shards the
+model with FSDP (TransformerDataParallelConfig(name=fsdp, reduce_dtype=float32)) over gloo ranks, one spawned process
+each (bundle.audit_main), with no dropout (an instance's masks follow the rank and micro-batch it lands in); each rank's
+NumpyFSLDataLoader reads its share of the global batch (dp_world_size, dp_rank), and the record's batch is the whole
+global batch gathered from the ranks, its instances sorted (the step's instances, not how the ranks split them). The
+parameters and optimizer states are digested whole (DTensor.full_tensor). OLMo-core loads a checkpoint saved at
+another world size through DCP's resharding and restores no RNG state then (Trainer.load_state_dict warns).
 
 What runs is the model, train module and optimizer of olmo_core_replay.py (OLMo-core's Olmo 3 TransformerConfig with
 the bundle's step-0 weights, TransformerTrainModule with the recipe's micro-batches, z-loss and clipping, its AdamW
@@ -71,6 +82,7 @@ What ai2-olmo-core 3.0.0 shows (measured on configs/tiny.toml, 8 and 30 steps, f
     rolling_interval_length 128 on a short run; a bundle with optim.rolling_interval_length = 2, sigma_factor = 0
     (tiny, 30 steps, OLMOREF_OLMO_CORE_AUDIT_DATA=bundle, dropout 0) differs at K+1 in the parameters at every K.
 """
+import datetime
 import logging
 import os
 import shutil
@@ -85,6 +97,9 @@ from olmo_core_replay import (bundle_data_loader, build_model, check_recipe, met
 
 DROPOUT = float(os.environ.get("OLMOREF_OLMO_CORE_AUDIT_DROPOUT", "0.1"))
 DATA = os.environ.get("OLMOREF_OLMO_CORE_AUDIT_DATA", "numpy")
+# A planted loader bug for the audit across world sizes (its negative control): the shuffle seed mixed with the
+# number of ranks and not taken back from the checkpoint, so the data order depends on the world size.
+SEED_BY_WORLD_SIZE = os.environ.get("OLMOREF_OLMO_CORE_AUDIT_SEED_BY_WORLD_SIZE") == "1"
 SEED = 0  # seed_all's seed in every run (the resume's torch stream is then the checkpoint's, unless "rng")
 
 CONTROLS = {
@@ -106,17 +121,18 @@ def import_framework():
     return f"ai2-olmo-core {v}"
 
 
-def with_dropout(build_config):
-    """olmo_core_replay's TransformerConfig for the bundle with the blocks' dropout set."""
+def with_dropout(build_config, p):
+    """olmo_core_replay's TransformerConfig for the bundle with the blocks' dropout p."""
     def config(m):
         c = build_config(m)
-        c.block.dropout = DROPOUT
+        c.block.dropout = p
         return c
     return config
 
 
-def numpy_data_loader(bundle, work):
-    """OLMo-core's own NumpyFSLDataset + NumpyFSLDataLoader over the bundle's token files."""
+def numpy_data_loader(bundle, work, dp_world_size=1, dp_rank=0):
+    """OLMo-core's own NumpyFSLDataset + NumpyFSLDataLoader over the bundle's token files (this rank's share of each
+    global batch)."""
     import numpy as np
     from olmo_core.data import DataCollator, NumpyFSLDataLoader, NumpyFSLDataset
 
@@ -131,15 +147,44 @@ def numpy_data_loader(bundle, work):
     ds.work_dir = os.path.join(work, "dataset")
     ds.prepare()
     loader = NumpyFSLDataLoader(ds, collator=DataCollator(pad_token_id=eos), global_batch_size=bundle.G * bundle.T,
-                                work_dir=os.path.join(work, "data"), seed=int(data.get("seed", 0)), shuffle=True,
-                                num_workers=0)
+                                work_dir=os.path.join(work, "data"),
+                                seed=int(data.get("seed", 0)) + (dp_world_size if SEED_BY_WORLD_SIZE else 0), shuffle=True,
+                                num_workers=0, dp_world_size=dp_world_size, dp_rank=dp_rank)
+    if SEED_BY_WORLD_SIZE:  # OLMo-core restores the checkpoint's seed ("for data order consistency"); the bug does not
+        own_seed, restore = loader.seed, loader.load_state_dict
+
+        def load_state_dict(state_dict):
+            restore(state_dict)
+            loader.seed = own_seed
+
+        loader.load_state_dict = load_state_dict
     if loader.total_batches < bundle.S:
         raise BundleError(f"the token files hold {len(ds)} instances of {bundle.T} tokens: {loader.total_batches} "
                           f"batches of {bundle.G}, fewer than the {bundle.S} steps")
     return loader
 
 
-def audit_callback_class(rec, state_at):
+def full(t):
+    """A tensor whole: an FSDP parameter or optimizer state (a DTensor) gathered from every rank (a collective: every
+    rank calls it in the same order)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def global_batch(tokens, world_size):
+    """The step's whole batch from every rank's share ([rank batch, T] each), its instances sorted: a run over several
+    ranks compares the instances of each step, not the order the ranks split them in (a collective)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    shares = [tokens]
+    if world_size > 1:
+        shares = [None] * world_size
+        dist.all_gather_object(shares, tokens)
+    rows = np.concatenate(shares, axis=0)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def audit_callback_class(rec, state_at, world_size, multi):
     from olmo_core.train.callbacks import Callback
 
     class Audit(Callback):
@@ -154,14 +199,14 @@ def audit_callback_class(rec, state_at):
             self.on_loaded = []
 
         def named(self):
-            return dict(self.trainer.train_module.model.named_parameters())
+            return {n: full(p.detach()) for n, p in self.trainer.train_module.model.named_parameters()}
 
         def optimizer_tensors(self):
             opt = self.trainer.train_module.optim
             out = {}
-            for n, p in self.named().items():
+            for n, p in self.trainer.train_module.model.named_parameters():
                 st = opt.state.get(p, {})
-                out[n] = [st[k] for k in ("exp_avg", "exp_avg_sq", "step") if k in st]
+                out[n] = [full(st[k]) for k in ("exp_avg", "exp_avg_sq", "step") if k in st]
             return out
 
         def post_checkpoint_loaded(self, path):
@@ -172,7 +217,8 @@ def audit_callback_class(rec, state_at):
             rec.state("loaded", self.named(), self.optimizer_tensors())
 
         def pre_step(self, batch):
-            self.tokens[self.trainer.global_step] = batch["input_ids"].detach().clone().numpy()
+            tokens = batch["input_ids"].detach().clone().numpy()
+            self.tokens[self.trainer.global_step] = global_batch(tokens, world_size) if multi else tokens
 
         def post_train_batch(self):
             s = self.trainer.global_step
@@ -207,25 +253,38 @@ def audit_run(bundle, threads, work, run, rec):
     if kind == "resume" and not Checkpointer.dir_is_checkpoint(os.path.join(ckpt_dir, f"step{K}")):
         raise BundleError(f"{ckpt_dir}: no OLMo-core checkpoint step{K} (the stop run writes it)")
 
+    rank, world_size = int(run.get("rank", 0)), int(run.get("world_size", 1))
+    multi = max(int(w) for w in run.get("world_sizes", [world_size])) > 1
+    # Across a change of world size the dropout masks of an instance change with the rank and micro-batch it lands
+    # in (OLMo-core, like every trainer, promises nothing else), so that audit runs without dropout: what it asks is
+    # whether the data order, the schedule and the loaded state survive the change.
+    dropout = 0.0 if multi else DROPOUT
+    if multi and DATA != "numpy":
+        raise BundleError("a resume at another world size reads OLMo-core's own NumpyFSLDataLoader "
+                          "(OLMOREF_OLMO_CORE_AUDIT_DATA=numpy): the bundle's loader hands one rank every batch")
+    if world_size > 1:
+        os.environ["OLMO_SHARED_FS"] = "1"  # the ranks are processes on this machine: one filesystem, as OLMo-core asks
     native, added = [], []
-    seed_all(SEED)
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1)
+    seed_all(SEED)  # on every rank, as OLMo-core's prepare_training_environment(seed=...) does
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(minutes=3))
     try:
         plain = ocr.olmo_core_config
-        ocr.olmo_core_config = with_dropout(plain)
+        ocr.olmo_core_config = with_dropout(plain, dropout)
         try:
             model, state, oc_name, _ = build_model(torch, bundle)
         finally:
             ocr.olmo_core_config = plain
         drops = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
-        if drops != ({DROPOUT} if DROPOUT > 0 else set()):
-            raise BundleError(f"the model's dropout modules have p {drops}, not {DROPOUT}")
-        module, _, _ = train_module(torch, bundle, model, state, oc_name, native, added, bundle.mb)
-        loader = (numpy_data_loader(bundle, work) if DATA == "numpy"
+        if drops != ({dropout} if dropout > 0 else set()):
+            raise BundleError(f"the model's dropout modules have p {drops}, not {dropout}")
+        module, _, _ = train_module(torch, bundle, model, state, oc_name, native, added, bundle.mb,
+                                    data_parallel=multi)
+        loader = (numpy_data_loader(bundle, work, world_size, rank) if DATA == "numpy"
                   else bundle_data_loader(torch, bundle, os.path.join(work, "data")))
 
         capture = metrics_capture_class()
-        audit = audit_callback_class(rec, state_at)
+        audit = audit_callback_class(rec, state_at, world_size, multi)
         if kind == "straight":
             checkpointer = CheckpointerCallback(enabled=False)
         else:
@@ -275,7 +334,7 @@ def audit_run(bundle, threads, work, run, rec):
         if trainer.global_step != last:
             raise BundleError(f"OLMo-core's Trainer stopped at step {trainer.global_step}, not {last}")
         first = K + 1 if kind == "resume" else 1
-        for s in range(first, last + 1):
+        for s in range(first, last + 1 if rank == 0 else first):  # rank 0 records (the trainer's metrics are there)
             m = capture.metrics.get(s, {})
             if "train/CE loss" not in m or "optim/total grad norm" not in m or s not in audit.param_digests:
                 raise RuntimeError(f"step {s}: OLMo-core recorded no CE loss or grad norm, or the step did not run "
@@ -296,7 +355,7 @@ def audit_run(bundle, threads, work, run, rec):
 
 def main(argv=None):
     return audit_main(__doc__, argv, name="audit_olmo_core", framework="olmo-core", check_recipe=check_recipe,
-                      import_framework=import_framework, audit_run=audit_run, controls=CONTROLS)
+                      import_framework=import_framework, audit_run=audit_run, controls=CONTROLS, world_sizes=True)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,14 @@ class Bundle:
                 if need not in self.state_files or not os.path.exists(self.state_files[need]):
                     raise BundleError(f"bundle.json: states.judged_steps has step {k}, which needs the state after step "
                                       f"{need}: {self.state_files.get(need, 'not listed in states.files')} is missing")
+            if not _has_gradients(self.state_files[k]):
+                raise BundleError(f"{self.state_files[k]}: step {k} is judged (bundle.json states.judged_steps) and "
+                                  f"its state holds no gradient (grad.*): export the bundle again with `olmoref golden "
+                                  f"export --states`")
+        if self.judged and int(states.get("adam_step_offset", 0)) != 0:
+            raise BundleError(f"bundle.json: states.adam_step_offset is {states['adam_step_offset']}: the replays hand a "
+                              f"trainer AdamW step count k after step k (a run that continued another run's optimizer "
+                              f"state cannot be judged at fixed state; replay its free trajectory with --mode free)")
 
     def require_hf_adamw(self, who):
         """For the adapters that load the Hugging Face weights and run plain AdamW (all but OLMo-core's): refuses a
@@ -170,6 +178,17 @@ def load_state(bundle, k, kind="pt"):
     if set(out["exp_avg"]) != set(out["param"]) or set(out["exp_avg_sq"]) != set(out["param"]):
         raise BundleError(f"{path}: the moments do not name the same tensors as the parameters")
     return out
+
+
+def _has_gradients(path):
+    """Whether a state file holds grad.* tensors (read from its header only)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise BundleError(f"{path}: not a safetensors file ({e})")
+    return any(name.startswith("grad.") for name in header)
 
 
 def _load_safetensors(path, kind):
@@ -504,13 +523,87 @@ class AuditRecorder:
             json.dump(self.states, f, indent=1)
 
 
-def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls, unplantable=None):
+class _NoRecorder:
+    """The recorder of ranks other than 0 in a multi-rank run: rank 0 records what the run did (its records and
+    digests cover the whole global batch and every full tensor; the adapter gathers them there)."""
+
+    def step(self, *args, **kwargs):
+        pass
+
+    def state(self, *args, **kwargs):
+        pass
+
+    def write(self):
+        pass
+
+
+def _audit_rank(audit_run, import_framework, bundle_path, threads, work, run, rank, result):
+    """One rank of a multi-rank run, in a fresh (spawned) process: its exit status 0 done, 2 cannot audit (the reason
+    in `result`), 1 failed."""
+    try:
+        import_framework()
+        bundle = Bundle(bundle_path)
+        rec = AuditRecorder(run["out"], run["state_out"]) if rank == 0 else _NoRecorder()
+        audit_run(bundle, threads, work, dict(run, rank=rank), rec)
+        rec.write()
+        if rank == 0:
+            result.put(len(rec.records))
+    except BundleError as e:
+        result.put(f"cannot audit: {e}")
+        sys.exit(2)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def _run_ranks(audit_run, import_framework, bundle_path, threads, work, run):
+    """A run over run["world_size"] gloo ranks on this machine, one spawned process each (rank 0 records). Returns the
+    number of steps recorded; raises BundleError (a rank could not audit) or RuntimeError (a rank failed: the others
+    are stopped rather than left waiting in a collective)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    n = int(run["world_size"])
+    procs = [ctx.Process(target=_audit_rank, args=(audit_run, import_framework, bundle_path, threads, work, run, r,
+                                                   result)) for r in range(n)]
+    for p in procs:
+        p.start()
+    failed = None
+    while any(p.is_alive() for p in procs) and failed is None:
+        for p in procs:
+            p.join(timeout=0.2)
+            if p.exitcode not in (None, 0):
+                failed = p
+                break
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+        p.join()
+    said = []
+    while not result.empty():
+        said.append(result.get())
+    reasons = [m for m in said if isinstance(m, str)]
+    if reasons:
+        raise BundleError(reasons[0][len("cannot audit: "):])
+    if failed is not None or any(p.exitcode != 0 for p in procs):
+        codes = [p.exitcode for p in procs]
+        raise RuntimeError(f"a rank of the {n}-rank run failed (exit statuses by rank {codes}; its traceback above)")
+    return next(m for m in said if isinstance(m, int))
+
+
+def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls, unplantable=None,
+               world_sizes=False):
     """The frame of a resume audit adapter: --bundle B --plan PLAN.json [--threads N]. The plan (written by `olmoref
     golden resume-audit`) is a list of runs done in order in this process, each with a fresh trainer:
       {"kind": "straight", "steps": S, "state_at": [K...], "out": ..., "state_out": ...}  (states "after-K", "final")
       {"kind": "stop", "at": K, "checkpoint": DIR, "out": ..., "state_out": ...}
       {"kind": "resume", "checkpoint": DIR, "steps": S, "control": null or a control name, "out", "state_out"}
                                                                                     (states "loaded", "final")
+    Each run may name "world_size" (default 1) and every run of a plan "world_sizes" (the audit's, e.g. [2, 1]: the
+    straight run and the stop at 2 ranks, the resume at 1); a run over several ranks runs as that many spawned
+    processes over gloo (run["rank"] tells audit_run which; rank 0 records). Only an adapter with world_sizes=True
+    takes them; the others refuse.
     audit_run(bundle, threads, work, run, recorder) does one run through the framework's own trainer and checkpointing
     (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
     can plant to what each skips in the framework's own restore, `unplantable` the others to why the framework has no
@@ -530,6 +623,13 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
             if run.get("control") and run["control"] not in controls and run["control"] not in unplantable:
                 raise BundleError(f"control {run['control']!r}: {framework}'s adapter plants "
                                   f"{', '.join(sorted(controls)) or 'none'}")
+            sizes = [int(w) for w in run.get("world_sizes", [run.get("world_size", 1)])]
+            if not world_sizes and any(w != 1 for w in sizes):
+                raise BundleError(f"{framework}'s audit runs its trainer on one rank only (--world-size 1); a resume "
+                                  f"at another world size is audited for olmo-core")
+            if int(run.get("world_size", 1)) < 1 or bundle.G % int(run.get("world_size", 1)) != 0:
+                raise BundleError(f"world size {run.get('world_size')}: the bundle's global batch of {bundle.G} "
+                                  f"instances must split evenly over the ranks")
         version = import_framework()
     except (BundleError, ImportError, OSError, ValueError) as e:
         print(f"{name}: cannot audit: {e}", file=sys.stderr)
@@ -540,16 +640,22 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
                 json.dump({"not_planted": unplantable[run["control"]]}, f)
             print(f"{name}: control {run['control']}: not planted: {unplantable[run['control']]}", file=sys.stderr)
             continue
-        rec = AuditRecorder(run["out"], run["state_out"])
+        n = int(run.get("world_size", 1))
         t0 = time.time()
         try:
             with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-audit.") as work:
-                audit_run(bundle, args.threads, work, run, rec)
+                if n == 1:
+                    rec = AuditRecorder(run["out"], run["state_out"])
+                    audit_run(bundle, args.threads, work, run, rec)
+                    rec.write()
+                    steps = len(rec.records)
+                else:
+                    steps = _run_ranks(audit_run, import_framework, args.bundle, args.threads, work, run)
         except BundleError as e:
             print(f"{name}: cannot audit: {e}", file=sys.stderr)
             return 2
-        rec.write()
         what = run["kind"] + (f" (control: {run['control']})" if run.get("control") else "")
-        print(f"{name}: {what}: {len(rec.records)} steps through {framework} {version} in {time.time() - t0:.1f} s",
+        ranks = f" on {n} ranks" if n > 1 else ""
+        print(f"{name}: {what}: {steps} steps through {framework} {version}{ranks} in {time.time() - t0:.1f} s",
               file=sys.stderr)
     return 0

@@ -374,11 +374,12 @@ def fixed_state_class(torch, bundle, to_oc):
     return FixedState()
 
 
-def train_module(torch, bundle, model, state, oc_name, native, added, mb, route="fsdp"):
+def train_module(torch, bundle, model, state, oc_name, native, added, mb, route="fsdp", data_parallel=False):
     """OLMo-core's TransformerTrainModule for the bundle: its AdamW and scheduler, micro-batches of mb instances,
     z-loss and clipping, bf16 through FSDP's param_dtype (route "fsdp", the Olmo 3 scripts') or torch.autocast
-    (route "autocast"), and the bundle's step-0 weights loaded after the module's own init. Returns (module, z,
-    max_norm)."""
+    (route "autocast"), and the bundle's step-0 weights loaded after the module's own init. data_parallel: an fp32
+    bundle sharded with FSDP over the process group too (reduce in fp32), as a run over several ranks needs. Returns
+    (module, z, max_norm)."""
     from olmo_core.train.train_module import TransformerTrainModule
 
     optim = optim_config(bundle, oc_name, native, added)
@@ -402,6 +403,12 @@ def train_module(torch, bundle, model, state, oc_name, native, added, mb, route=
                                                   reduce_dtype=DType.float32)
         native.append("bf16: TransformerDataParallelConfig(name=fsdp, param_dtype=bfloat16, reduce_dtype=float32), "
                       "the Olmo 3 scripts' mixed precision, FSDP2 over one gloo rank")
+    elif data_parallel:
+        from olmo_core.config import DType
+        from olmo_core.distributed.parallel import DataParallelType
+        from olmo_core.train.train_module.transformer.config import TransformerDataParallelConfig
+
+        dp_config = TransformerDataParallelConfig(name=DataParallelType.fsdp, reduce_dtype=DType.float32)
     module = TransformerTrainModule(model=model, optim=optim, rank_microbatch_size=mb * T, max_sequence_length=T,
                                     dp_config=dp_config, autocast_precision=autocast,
                                     z_loss_multiplier=z if z != 0 else None,

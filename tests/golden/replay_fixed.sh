@@ -9,8 +9,8 @@
 #   3. sampled states (--states 5,20): only steps 5 and 20 are judged, and they hold;
 #   4. controls at fixed state: weight decay on the embeddings too fails update_err at step 2; steps 4 and 7 swapped
 #      fail the loss at step 4;
-#   5. bad input: --mode fixed on a bundle without states, and --states outside the run or not a step, exit 2 naming
-#      the fix.
+#   5. bad input: --mode fixed on a bundle without states, --states outside the run or not a step, a judged state
+#      without its gradients, a nonzero states.adam_step_offset: exit 2 naming the fix.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
@@ -96,4 +96,16 @@ expect_fail "golden export --states all" "$BIN" golden replay "$work/nostates" -
 expect_fail "outside the bundle's steps 1..30" "$BIN" golden export --run "$work/tiny" --out "$work/b1" --states 31
 expect_fail "is not a step" "$BIN" golden export --run "$work/tiny" --out "$work/b2" --states 3,x
 [ ! -e "$work/b1/bundle.json" ] && [ ! -e "$work/b2/bundle.json" ] || fail "a refused export left a bundle"
+# A bundle whose judged state lost its gradients, and one that says its AdamW step counts run ahead of the steps.
+cp -r "$work/sampled" "$work/nograd"
+"$py" -c 'import sys; from safetensors.numpy import load_file, save_file
+p = sys.argv[1]; t = load_file(p); save_file({k: v for k, v in t.items() if not k.startswith("grad.")}, p)' \
+  "$(ls "$work"/nograd/states/*00000005.safetensors)" || exit 2
+expect_fail "holds no gradient (grad.*)" "$BIN" golden replay "$work/nograd" --framework torch --python "$py" \
+  --mode fixed --out "$work/bad-nograd"
+cp -r "$work/sampled" "$work/offset"
+python3 -c 'import json, sys; p = sys.argv[1]; b = json.load(open(p)); b["states"]["adam_step_offset"] = 3; json.dump(b, open(p, "w"))' \
+  "$work/offset/bundle.json"
+expect_fail "states.adam_step_offset is 3" "$BIN" golden replay "$work/offset" --framework torch --python "$py" \
+  --mode fixed --out "$work/bad-offset"
 echo "PASS: golden-replay-fixed"

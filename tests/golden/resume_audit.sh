@@ -5,7 +5,9 @@
 # exactly. The real resume must be what docs/golden.md ("Resume audits") says of the framework (identical, or its
 # documented first difference), and each of the four controls (optimizer state not restored, data position reset,
 # LR schedule restarted, one RNG stream not restored) must be seen at its step with its first difference. For
-# hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control (exit 2).
+# hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control, a world size
+# the adapter cannot run or that is no rank count, controls across world sizes (exit 2). For olmo-core also the audit
+# across world sizes (stopped over 2 ranks, resumed over 1) and its planted loader bug.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
@@ -56,6 +58,26 @@ want_rc=0
 [ $rc = $want_rc ] || fail "exit $rc, want $want_rc"
 echo "ok: $FRAMEWORK: the resume audit and its controls"
 
+if [ "$FRAMEWORK" = olmo-core ]; then
+  # Across a change of world size (FSDP over 2 gloo ranks, stopped; resumed over 1): the batches, the lrs and the
+  # loaded state must be kept (the step's own results may change with the reduction order); a loader whose shuffle
+  # depends on the number of ranks must be caught at the first resumed step's batch.
+  audit_ws() {  # audit_ws NAME: the audit across 2:1 into $work/NAME, its exit status in $ws_rc
+    ws_rc=0
+    OMP_NUM_THREADS=$threads "$BIN" golden resume-audit "$work/bundle" --framework olmo-core --at 4 --world-size 2:1 \
+      --python "$py" --threads "$threads" --out "$work/$1" > "$work/$1.log" 2>&1 || ws_rc=$?
+    [ -f "$work/$1/audit.txt" ] || { tail -n 40 "$work/$1.log"; fail "the audit across world sizes did not run"; }
+    grep "^across the change of world size" "$work/$1/audit.txt"
+  }
+  audit_ws ws
+  [ $ws_rc = 0 ] && grep -q "^across the change of world size: kept: every batch, every lr and the loaded state" \
+    "$work/ws/audit.txt" || fail "stopped over 2 ranks and resumed over 1: want the data order, lr and state kept (exit $ws_rc)"
+  OLMOREF_OLMO_CORE_AUDIT_SEED_BY_WORLD_SIZE=1 audit_ws ws-planted
+  [ $ws_rc = 1 ] && grep -q "^across the change of world size: DIFFERENT: the batch of step 5" "$work/ws-planted/audit.txt" ||
+    fail "a shuffle seeded with the number of ranks: want 'DIFFERENT: the batch of step 5' (exit $ws_rc)"
+  echo "ok: olmo-core: a resume over another world size keeps the data order; a rank-dependent shuffle is caught"
+fi
+
 if [ "$FRAMEWORK" = hf-trainer ]; then
   expect_refused() {  # expect_refused TEXT ARGS...: exit 2 and TEXT said
     local text=$1 rc=0
@@ -67,6 +89,10 @@ if [ "$FRAMEWORK" = hf-trainer ]; then
   expect_refused "outside 1..7" --framework hf-trainer --at 8 --out "$work/bad-at"
   expect_refused "no resume audit for it" --framework torch --at 4 --out "$work/bad-fw"
   expect_refused "is not a control" --framework hf-trainer --at 4 --controls memory --out "$work/bad-ctl"
+  expect_refused "runs its trainer on one rank only" --framework hf-trainer --at 4 --world-size 2:1 --out "$work/bad-ws"
+  expect_refused "the controls judge a resume at the world size" --framework hf-trainer --at 4 --world-size 2:1 \
+    --controls all --out "$work/bad-ws-ctl"
+  expect_refused "each 1..64" --framework hf-trainer --at 4 --world-size 2:0 --out "$work/bad-ws-0"
   # A bundle the Trainer cannot represent (SkipStepAdamW: OLMo-core's optimizer): the adapter's reason, no verdict.
   cp -r "$work/bundle" "$work/skipstep"
   python3 -c 'import json, sys; p = sys.argv[1]; b = json.load(open(p)); b["optim"]["kind"] = "skip_step_adamw"; json.dump(b, open(p, "w"))' \

@@ -12,6 +12,7 @@
 #include "tests/common/test_util.h"
 #include "train/batch_source.h"
 #include "train/config.h"
+#include "train/step_list.h"
 #include "train/eval.h"
 #include "train/memory_model.h"
 
@@ -394,4 +395,20 @@ TEST_CASE("the memory model: recompute, ranks and the alternatives it offers com
   const std::string fits = memory_alternatives(none, gpu8, budget);
   CHECK_MESSAGE(fits.find("train.activation_checkpointing=\"full\"") != std::string::npos, fits);
   CHECK(memory_alternatives(none, gpu8, 1 << 20).empty());  // 1 MiB: nothing does
+}
+
+TEST_CASE("step lists: the steps in the order given; a malformed item refused, naming the option and the item") {
+  using olmoref::parse_step_list;
+  CHECK(parse_step_list("4", "--at") == std::vector<int64_t>{4});
+  CHECK(parse_step_list("8,4,-1", "--at") == std::vector<int64_t>{8, 4, -1});  // ranges are the caller's
+  for (const char* bad : {"", "4,", ",4", "4,,8", "4x", "x", "4.5", " 4"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_step_list(bad, "--at"), std::invalid_argument);
+  }
+  try {
+    parse_step_list("1,5,z", "--states", "give steps like 1,5,10");
+    FAIL("accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) == "--states 1,5,z: 'z' is not a step; give steps like 1,5,10");
+  }
 }
