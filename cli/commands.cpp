@@ -172,6 +172,8 @@ void register_commands(CLI::App& app) {
                   "Resume even though the data files differ from the checkpoint's");
     cmd->add_flag("--allow-config-change", o->resume_opts.allow_config_change,
                   "Resume even though the run configuration differs from the checkpoint's");
+    cmd->add_flag("--allow-shared-gpu", o->allow_shared_gpu,
+                  "Executor cuda: let ranks of one node drive the same GPU (checks on one card; refused otherwise)");
     cmd->add_flag("--new-records", o->new_records,
                   "Resume even though OUT's trace or audit logs lack steps up to the checkpoint's (deleted, cut "
                   "short, or a checkpoint copied into a new directory): the records begin again after the checkpoint, "
@@ -278,6 +280,7 @@ void register_commands(CLI::App& app) {
       if (const char* dump = std::getenv("OLMOREF_TEST_OPTIM_DUMP")) run.optim_dump_dir = dump;
       if (const char* drop = std::getenv("OLMOREF_TEST_DROP_SKIP_WINDOWS"); drop && std::string(drop) == "1")
         run.resume_opts.drop_skip_windows = true;
+      if (const char* fake = std::getenv("OLMOREF_TEST_FAKE_GPUS")) run.fake_gpus = std::atoi(fake);
       run.report_memory = *report_memory;
       run_training(c, run);
       if (*report_memory) {
@@ -297,6 +300,8 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--config", o->config_path, "Run configuration (TOML)")->required();
     cmd->add_option("--set", o->overrides, "Override a config key (repeatable)");
     cmd->add_option("--steps", o->steps, "Steps of the run")->required()->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_flag("--allow-shared-gpu", o->allow_shared_gpu,
+                  "Executor cuda: the runs' ranks may share a GPU (train --allow-shared-gpu)");
     cmd->add_option("--at", *at, "Steps to stop and resume at, comma separated (e.g. 3,7)")->required();
     cmd->add_option("--threads", o->threads, "Worker threads per run")->check(CLI::Range(0, 65536));
     cmd->add_option("--work", o->work_dir, "Keep the runs here (default: a temporary directory, removed when identical)");

@@ -33,6 +33,7 @@ class LocalComm : public Comm {
     if (send != recv) std::memmove(recv, send, static_cast<size_t>(send_counts.at(0)) * sizeof(float));
   }
   std::unique_ptr<Comm> split(int, int) override { return std::make_unique<LocalComm>(); }
+  std::unique_ptr<Comm> split_node() override { return std::make_unique<LocalComm>(); }
   void float_allreduce_sum_unordered(float*, size_t, const char*) override {}
   [[noreturn]] void abort(const std::string& message) override {
     std::fprintf(stderr, "olmoref: fatal: %s\n", message.c_str());
@@ -107,6 +108,15 @@ class MpiComm : public Comm {
   std::unique_ptr<Comm> split(int color, int key) override {
     MPI_Comm sub;
     MPI_Comm_split(comm_, color, key, &sub);
+    return wrap(sub);
+  }
+  std::unique_ptr<Comm> split_node() override {
+    MPI_Comm sub;
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub);
+    return wrap(sub);
+  }
+  // A sub-communicator of this one, knowing its members' world ranks (for the timeout messages).
+  std::unique_ptr<Comm> wrap(MPI_Comm sub) {
     int n = 0;
     MPI_Comm_size(sub, &n);
     std::vector<int> mine(1, world_ranks_[static_cast<size_t>(rank_)]), all(static_cast<size_t>(n));

@@ -40,6 +40,9 @@ class Comm {
                          const std::vector<int64_t>* send_at = nullptr) = 0;
   // A sub-communicator of the ranks with the same color, ordered by key.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+  // The ranks of this communicator that share this node's memory (MPI_COMM_TYPE_SHARED), in rank order: its rank()
+  // is the local rank the launcher would give, whatever launcher started the job.
+  virtual std::unique_ptr<Comm> split_node() = 0;
   // TEST ONLY: MPI_Allreduce(SUM) on floats, the order left to the library (negative control).
   virtual void float_allreduce_sum_unordered(float* data, size_t n, const char* what) = 0;
   // Aborts every rank of the job with a message (never returns).

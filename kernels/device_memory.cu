@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <stdexcept>
 
 namespace olmoref::kernels {
@@ -46,6 +47,27 @@ int64_t device_free_bytes() {
   return static_cast<int64_t>(free_b);
 }
 
+int visible_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void select_device(int d, std::string* uuid, std::string* name) {
+  check(cudaSetDevice(d), "selecting device " + std::to_string(d));
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, d), "querying device " + std::to_string(d));
+  char text[64];
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  *uuid = text;
+  *name = prop.name;
+}
+
 std::string device_unavailable_reason() {
   int driver = 0, runtime = 0;
   cudaRuntimeGetVersion(&runtime);
@@ -64,7 +86,9 @@ std::string device_unavailable_reason() {
   if (cudaFuncGetAttributes(&attr, probe_kernel) != cudaSuccess) {
     cudaGetLastError();
     cudaDeviceProp prop{};
-    cudaGetDeviceProperties(&prop, 0);
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaGetDeviceProperties(&prop, current);
     return "this build has no kernels for the device's architecture sm_" + std::to_string(prop.major) +
            std::to_string(prop.minor) + " (" + prop.name + "); rebuild with -Dgpu_archs=" +
            std::to_string(prop.major) + std::to_string(prop.minor);

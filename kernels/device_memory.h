@@ -17,7 +17,12 @@ void device_to_host(void* dst, const void* src, size_t bytes);
 void device_zero(void* dst, size_t bytes);
 void device_synchronize(const char* after);
 int64_t device_free_bytes();
-// "" when device 0 can run this build's kernels; else one line: no driver, no device, driver older than the
+// The CUDA devices this process sees (0 without a driver or a device; CUDA_VISIBLE_DEVICES applies).
+int visible_device_count();
+// Makes device d this process's (cudaSetDevice: before anything is allocated, so no context lands on device 0) and
+// returns its identity as nvidia-smi prints it ("GPU-xxxxxxxx-...") and its name.
+void select_device(int d, std::string* uuid, std::string* name);
+// "" when the current device can run this build's kernels; else one line: no driver, no device, driver older than the
 // toolkit, or an architecture the build has no code for.
 std::string device_unavailable_reason();
 

@@ -21,6 +21,23 @@ std::string executor_unavailable(const std::string& name) {
 #endif
 }
 
+int cuda_device_count() {
+#if OLMOREF_HAVE_CUDA
+  return kernels::visible_device_count();
+#else
+  return 0;
+#endif
+}
+
+void use_cuda_device(int d, std::string* id, std::string* name) {
+#if OLMOREF_HAVE_CUDA
+  kernels::select_device(d, id, name);
+#else
+  (void)d, (void)id, (void)name;
+  throw std::runtime_error("this olmoref was built without CUDA: no device to select");
+#endif
+}
+
 std::unique_ptr<Executor> make_executor(const std::string& name, ThreadPool* pool) {
   const std::string why = executor_unavailable(name);
   if (!why.empty()) throw std::runtime_error("executor " + name + ": " + why);

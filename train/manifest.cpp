@@ -43,7 +43,7 @@ nlohmann::json machine_facts() {
 }
 
 void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard, int dp_replicate,
-                        int ep) {
+                        int ep, const nlohmann::json& gpus, bool allow_shared_gpu) {
   nlohmann::json j;
   j["format"] = "olmoref-run/1";
   j["trace_format"] = kTraceFormat;
@@ -56,6 +56,10 @@ void write_run_manifest(const std::string& path, const TrainConfig& cfg, int thr
   j["dp_shard"] = dp_shard;
   j["dp_replicate"] = dp_replicate;
   j["ep"] = ep;
+  if (!gpus.is_null()) {
+    j["gpus"] = gpus;
+    j["allow_shared_gpu"] = allow_shared_gpu;
+  }
   j["n_params"] = cfg.model.n_params();
   j["flops_per_token"] = cfg.model.flops_per_token(cfg.train.seq_len);
   // The dataset both ways: olmoref's fingerprint (checkpoints check it) and OLMo-core's (what an OLMo-core run over

@@ -85,6 +85,7 @@ int resume_check(const ResumeCheckOptions& o) {
     base.push_back("--set");
     base.push_back(ov);
   }
+  if (o.allow_shared_gpu) base.push_back("--allow-shared-gpu");
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
     a.insert(a.end(), extra.begin(), extra.end());

@@ -27,6 +27,7 @@ struct ResumeCheckOptions {
   int resume_dp_shard = 0, resume_dp_replicate = 0;  // the resumed runs (0: as above)
   int ep = 1, resume_ep = 0;                        // expert parallelism (--ep) of the two parts (0: as above)
   bool quiet = false;
+  bool allow_shared_gpu = false;  // every run's `train --allow-shared-gpu` (executor cuda, ranks on one card)
 };
 
 // 0: every step identical; 1: a difference; 2: could not verify (a run failed, a trace is missing).

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <unistd.h>
+
 #include "ckpt/checkpoint.h"
 #include "interop/olmo_core_data.h"
 #include "model/executors.h"
@@ -20,6 +22,7 @@
 #include "train/run_lock.h"
 #include "train/trainer.h"
 #include "train/weights.h"
+#include "dist/gpu_map.h"
 
 namespace olmoref {
 
@@ -411,11 +414,44 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
                static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, grad_part, ep_part);
 }
 
+// One rank per GPU (dist/gpu_map.h), before the executor is made or anything is allocated, so that no rank's CUDA
+// context lands on another rank's device: each rank's local rank picks the device, every rank's choice is gathered,
+// and two ranks of a node on one GPU are refused (every rank judges the same slots, so all stop together) unless
+// --allow-shared-gpu. Returns every rank's slot, in rank order; empty when the executor drives no device.
+std::vector<dist::GpuSlot> place_ranks_on_gpus(const TrainConfig& cfg, const RunOptions& opts) {
+  const bool fake = opts.fake_gpus > 0;
+  if (cfg.train.executor != "cuda" && !(fake && cfg.train.executor == "cuda-host")) return {};
+  const int count = fake ? opts.fake_gpus : cuda_device_count();
+  if (count == 0) return {};  // executor_unavailable() says why, next
+  dist::Comm& comm = opts.parallel.comm ? *opts.parallel.comm : dist::world(opts.comm_timeout_s);
+  const std::unique_ptr<dist::Comm> node = comm.split_node();
+  dist::GpuSlot mine;
+  mine.world_rank = comm.rank();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  mine.host = host;
+  int first = comm.rank();  // the node's first world rank names the node
+  std::vector<int> members(static_cast<size_t>(node->size()));
+  node->allgather(&first, sizeof first, members.data(), "the node's ranks");
+  mine.node = *std::min_element(members.begin(), members.end());
+  mine.device = dist::device_for_local_rank(node->rank(), count);
+  if (fake) {
+    mine.id = "fake-gpu-" + std::to_string(mine.device);
+    mine.name = "stand-in (OLMOREF_TEST_FAKE_GPUS)";
+  } else {
+    use_cuda_device(mine.device, &mine.id, &mine.name);
+  }
+  std::vector<dist::GpuSlot> slots = dist::gather_gpu_slots(comm, mine);
+  dist::check_gpu_sharing(slots, opts.allow_shared_gpu);
+  return slots;
+}
+
 }  // namespace
 
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
   const std::string& out_dir = opts.out_dir;
+  const std::vector<dist::GpuSlot> gpus = place_ranks_on_gpus(cfg, opts);
   // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
   if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())
     throw std::runtime_error("--executor " + cfg.train.executor + ": " + why);
@@ -461,8 +497,19 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   start_state(trainer, cfg, opts, resume_dir, quiet);
   TraceWriter trace;
   if (lead) {
+    nlohmann::json gpu_record = nullptr;
+    if (!gpus.empty()) {
+      gpu_record = nlohmann::json::array();
+      for (const dist::GpuSlot& g : gpus)
+        gpu_record.push_back({{"rank", g.world_rank}, {"host", g.host}, {"device", g.device}, {"id", g.id},
+                              {"name", g.name}});
+      if (!quiet)
+        for (const dist::GpuSlot& g : gpus)
+          std::fprintf(stderr, "gpu: rank %d on %s: device %d (%s, %s)\n", g.world_rank, g.host.c_str(), g.device,
+                       g.name.c_str(), g.id.c_str());
+    }
     write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size(), trainer.layout().dp_shard,
-                       trainer.layout().dp_replicate, trainer.ep());
+                       trainer.layout().dp_replicate, trainer.ep(), gpu_record, opts.allow_shared_gpu);
     trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
   }
   // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the

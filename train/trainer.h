@@ -277,10 +277,16 @@ struct RunOptions {
   // After a resume, print this rank's peak resident memory so far and the bytes it has read (the resume's peak and
   // reads: nothing of the steps has run yet); `--report-memory`.
   bool report_memory = false;
+  // Executor cuda: ranks of a node that would drive one GPU are refused unless this is set (`--allow-shared-gpu`,
+  // for checks on one card); dist/gpu_map.h.
+  bool allow_shared_gpu = false;
   // TEST ONLY controls, set by cli/ alone (from OLMOREF_TEST_FAULT and OLMOREF_TEST_OPTIM_DUMP), never read
   // from the environment below it.
   FaultInjection fault;
   std::string optim_dump_dir;  // Trainer::dump_optimizer_to
+  // OLMOREF_TEST_FAKE_GPUS: this many stand-in GPUs per node (identities "fake-gpu-N"), so that the ranks' choice of a
+  // device, the sharing check and the manifest's record run under executor cuda-host on a machine without one.
+  int fake_gpus = 0;
 };
 
 // `olmoref train`: runs to cfg.train.steps writing out_dir/trace.jsonl (one record per step),

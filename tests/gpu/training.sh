@@ -35,22 +35,25 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 golden/traces/make_tiny_corpus.py "$work/tiny.u16" || exit 2
 run=(--config configs/tiny.toml --steps 50 --stop-after 6 --set "data.train_files=[\"$work/tiny.u16\"]" --threads 1 --quiet --executor "$ex")
+# The device machine has one GPU: its two ranks share it (--allow-shared-gpu; refused without). The dry run
+# (cuda-host) gives them one stand-in GPU, so the same command lines pass the same check there.
 mpi=(mpirun --oversubscribe --bind-to none -np 2)
+[ "$ex" = cuda ] || mpi+=(-x OLMOREF_TEST_FAKE_GPUS=1)
 "$BIN" train "${run[@]}" --out "$work/single" && "$BIN" train "${run[@]}" --out "$work/again" &&
-  "${mpi[@]}" "$BIN" train "${run[@]}" --dp-replicate 2 --out "$work/ddp" &&
-  "${mpi[@]}" "$BIN" train "${run[@]}" --dp-shard 2 --out "$work/fsdp" || failed=1
+  "${mpi[@]}" "$BIN" train "${run[@]}" --allow-shared-gpu --dp-replicate 2 --out "$work/ddp" &&
+  "${mpi[@]}" "$BIN" train "${run[@]}" --allow-shared-gpu --dp-shard 2 --out "$work/fsdp" || failed=1
 for r in again ddp fsdp; do
   if cmp "$work/single/trace.jsonl" "$work/$r/trace.jsonl"; then echo "$r: identical to the single run"
   else echo "FAILED: $r differs from the single run"; failed=1; fi
 done
 # Expert parallelism on the device: tiny-moe with its experts split over two processes (FSDP + EP 2) equals one.
 moe=(--config configs/tiny-moe.toml --steps 4 --set "data.train_files=[\"$work/tiny.u16\"]" --threads 1 --quiet --executor "$ex")
-"$BIN" train "${moe[@]}" --out "$work/moe1" && "${mpi[@]}" "$BIN" train "${moe[@]}" --dp-shard 2 --ep 2 --out "$work/moe-ep2" ||
+"$BIN" train "${moe[@]}" --out "$work/moe1" && "${mpi[@]}" "$BIN" train "${moe[@]}" --allow-shared-gpu --dp-shard 2 --ep 2 --out "$work/moe-ep2" ||
   failed=1
 if cmp "$work/moe1/trace.jsonl" "$work/moe-ep2/trace.jsonl"; then echo "moe ep 2: identical to the single run"
 else echo "FAILED: moe at EP 2 differs from the single run"; failed=1; fi
 # DDP + EP 2: each process keeps only its experts' state (expert-resident), digests gather the missing pieces.
-"${mpi[@]}" "$BIN" train "${moe[@]}" --dp-replicate 2 --ep 2 --out "$work/moe-ddp-ep2" || failed=1
+"${mpi[@]}" "$BIN" train "${moe[@]}" --allow-shared-gpu --dp-replicate 2 --ep 2 --out "$work/moe-ddp-ep2" || failed=1
 if cmp "$work/moe1/trace.jsonl" "$work/moe-ddp-ep2/trace.jsonl"; then echo "moe ddp + ep 2: identical to the single run"
 else echo "FAILED: moe at DDP + EP 2 differs from the single run"; failed=1; fi
 cmp "$work/single/trace.jsonl" <(head -n 6 golden/traces/tiny-fp32.jsonl) && echo "single run: the golden trace's 6 steps" || failed=1
