@@ -8,14 +8,14 @@ namespace olmoref::kernels {
 // the device. Shared memory and the blocks' registers on the heap: together they pass 100 KiB.
 void attention_forward_host(const AttentionArgs& a) {
   auto sh = std::make_unique<AttentionForwardShared>();
-  HostBlock<AttentionForwardRegs, kAttThreads> blk;
+  HostBlock<AttentionForwardRegs, kAttThreads> blk(*sh);
   const int64_t blocks = attention_forward_blocks(a);
   for (int64_t block = 0; block < blocks; ++block) attention_forward_block(blk, *sh, a, block, blocks);
 }
 
 void attention_backward_host(const AttentionArgs& a) {
   auto sh = std::make_unique<AttentionBackwardShared>();
-  HostBlock<AttentionBackwardRegs, kAttThreads> blk;
+  HostBlock<AttentionBackwardRegs, kAttThreads> blk(*sh);
   const int64_t tiles = attention_tiles(a);
   for (int64_t tile = 0; tile < tiles; ++tile) attention_backward_query_tile(blk, *sh, a, tile);
   for (int64_t tile = 0; tile < tiles; ++tile) attention_backward_key_tile(blk, *sh, a, tile);

@@ -9,6 +9,11 @@
 // device, a local object on the host.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/hd.h"
@@ -23,14 +28,83 @@
 
 namespace olmoref::kernels {
 
+// The race check: how HostBlock runs one phase's threads. A body with no race between barriers computes the same bits
+// in every order, so the kernels' host tests run in each and compare with ref/ (tests/kernels). forward is tid 0, 1,
+// ...; reverse is kThreads-1 down to 0 (a thread reads what a higher one writes in the same phase: other bits);
+// snapshot runs every thread against the shared memory as the phase found it, each thread's writes merged at the
+// barrier, and stops at a byte of shared memory written by two threads in one phase (a thread that reads what another
+// writes in the same phase sees the old value: other bits). What it cannot see: a write of the value already there,
+// and races in global memory.
+enum class HostOrder { forward, reverse, snapshot };
+inline HostOrder& host_block_order() {
+  static HostOrder order = HostOrder::forward;
+  return order;
+}
+
+// Thrown by the snapshot order at a byte of shared memory two threads write in one phase.
+struct SharedWriteRace : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
 template <class State, int kThreads>
 struct HostBlock {
   static constexpr int threads = kThreads;
   std::vector<State> regs = std::vector<State>(kThreads);
+
+  HostBlock() = default;
+  // The block's shared memory (the struct its body is given), for the snapshot order.
+  template <class Shared>
+  explicit HostBlock(Shared& shared) : shared_(reinterpret_cast<unsigned char*>(&shared)), shared_bytes_(sizeof(Shared)) {}
+
   template <class F>
   void phase(F&& f) {
-    for (int t = 0; t < kThreads; ++t) f(t, regs[static_cast<size_t>(t)]);
+    ++phases_;
+    const HostOrder order = host_block_order();
+    if (order == HostOrder::reverse) {
+      for (int t = kThreads - 1; t >= 0; --t) f(t, regs[static_cast<size_t>(t)]);
+    } else if (order == HostOrder::snapshot && shared_) {
+      snapshot_phase(f);
+    } else {
+      for (int t = 0; t < kThreads; ++t) f(t, regs[static_cast<size_t>(t)]);
+    }
   }
+
+ private:
+  template <class F>
+  void snapshot_phase(F& f) {
+    const size_t n = shared_bytes_;
+    base_.assign(shared_, shared_ + n);
+    merged_ = base_;
+    writer_.assign(n, -1);
+    constexpr size_t kChunk = 64;
+    for (int t = 0; t < kThreads; ++t) {
+      f(t, regs[static_cast<size_t>(t)]);
+      // What thread t changed: kept in merged_ (a byte another thread changed too is a race), then undone, so the
+      // next thread finds the shared memory as the phase began.
+      for (size_t c = 0; c < n; c += kChunk) {
+        const size_t len = std::min(kChunk, n - c);
+        if (std::memcmp(shared_ + c, base_.data() + c, len) == 0) continue;
+        for (size_t b = c; b < c + len; ++b) {
+          if (shared_[b] == base_[b]) continue;
+          if (writer_[b] >= 0 && writer_[b] != t)
+            throw SharedWriteRace("shared-memory race: phase " + std::to_string(phases_) + " of a block of " +
+                                  std::to_string(kThreads) + " threads: threads " + std::to_string(writer_[b]) +
+                                  " and " + std::to_string(t) + " both write byte " + std::to_string(b) + " of " +
+                                  std::to_string(n) + " (a barrier missing between them)");
+          writer_[b] = t;
+          merged_[b] = shared_[b];
+          shared_[b] = base_[b];
+        }
+      }
+    }
+    std::memcpy(shared_, merged_.data(), n);
+  }
+
+  unsigned char* shared_ = nullptr;
+  size_t shared_bytes_ = 0;
+  int64_t phases_ = 0;
+  std::vector<unsigned char> base_, merged_;
+  std::vector<int> writer_;
 };
 
 #if defined(__CUDACC__)

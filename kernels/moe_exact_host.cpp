@@ -8,7 +8,7 @@ namespace {
 template <class Body>
 void run_rows_host(int64_t R, Body&& body) {
   MoERowShared sh;
-  HostBlock<NoRegs, kRowThreads> blk;
+  HostBlock<NoRegs, kRowThreads> blk(sh);
   for (int64_t r = 0; r < R; ++r) body(blk, sh, r);
 }
 }  // namespace

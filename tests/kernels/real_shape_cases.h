@@ -130,13 +130,13 @@ inline RealShapeExecutor host_real_shape_executor() {
   // them.
   ex.attention_forward = [](const kernels::AttentionArgs& a, const AttentionSample& s) {
     auto sh = std::make_unique<kernels::AttentionForwardShared>();
-    kernels::HostBlock<kernels::AttentionForwardRegs, kernels::kAttThreads> blk;
+    kernels::HostBlock<kernels::AttentionForwardRegs, kernels::kAttThreads> blk(*sh);
     std::vector<float> scratch(static_cast<size_t>(kernels::kAttTile * a.T));
     for (const int64_t tile : attention_sample_tiles(a, s.rows)) kernels::attention_forward_tile(blk, *sh, a, tile, scratch.data());
   };
   ex.attention_backward = [](const kernels::AttentionArgs& a, const AttentionSample& s) {
     auto sh = std::make_unique<kernels::AttentionBackwardShared>();
-    kernels::HostBlock<kernels::AttentionBackwardRegs, kernels::kAttThreads> blk;
+    kernels::HostBlock<kernels::AttentionBackwardRegs, kernels::kAttThreads> blk(*sh);
     for (const int64_t tile : attention_sample_tiles(a, s.rows)) kernels::attention_backward_query_tile(blk, *sh, a, tile);
     std::set<int64_t> positions;
     for (const int64_t tile : attention_sample_tiles(a, s.keys)) kernels::attention_backward_key_tile(blk, *sh, a, tile);

@@ -20,6 +20,7 @@
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/case_loops.h"
 #include "tests/kernels/gemm_cases.h"
+#include "tests/kernels/host_order.h"
 #include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;

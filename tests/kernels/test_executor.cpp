@@ -20,6 +20,7 @@
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/model_cases.h"
 #include "tests/kernels/moe_cases.h"
+#include "tests/kernels/host_order.h"
 
 using namespace olmoref;
 
