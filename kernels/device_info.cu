@@ -32,6 +32,18 @@ __global__ void fma_chain_kernel(const float* a, const float* b, int n, float* o
   *out = acc;
 }
 
+__global__ void contraction_kernel(float a, float b, float c, float* out) { *out = a * b + c; }
+
+float smoke_contraction(float a, float b, float c) {
+  float* dout = nullptr;
+  cudaMalloc(&dout, sizeof(float));
+  contraction_kernel<<<1, 1>>>(a, b, c, dout);
+  float result = 0.0f;
+  cudaMemcpy(&result, dout, sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(dout);
+  return result;
+}
+
 float smoke_fma_chain(const float* a, const float* b, int n) {
   float *da = nullptr, *db = nullptr, *dout = nullptr;
   cudaMalloc(&da, n * sizeof(float));

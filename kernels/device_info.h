@@ -19,4 +19,9 @@ DeviceInfo query_device();
 // toolchain, driver and device work together. Only meaningful when query_device().available.
 float smoke_fma_chain(const float* a, const float* b, int n);
 
+// a * b + c written as two operations, compiled as the kernels are (-fmad=false): the device's result, which must be
+// the product rounded and then the sum rounded, never one fused multiply-add (the kernels' bits depend on it: every
+// fma they want is written as one).
+float smoke_contraction(float a, float b, float c);
+
 }  // namespace olmoref::cuda

@@ -39,6 +39,13 @@ KernelExecutor::KernelExecutor(bool on_device) : on_device_(on_device) {
 }
 KernelExecutor::~KernelExecutor() = default;
 
+void KernelExecutor::set_debug_split_k(bool on) {
+  if (on && on_device_)
+    throw std::invalid_argument("debug_split_k is a negative control of the host execution (cuda-host) only: the "
+                                "device's GEMM kernel has no split-K path, so on the device it would be ignored");
+  debug_split_k_ = on;
+}
+
 void* KernelExecutor::allocate(size_t bytes, const std::string& what) {
   if (on_device_) return OLMOREF_DEVICE(device_allocate(bytes, what));
   void* p = std::malloc(bytes > 0 ? bytes : 1);

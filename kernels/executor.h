@@ -28,8 +28,10 @@ class KernelExecutor final : public Executor {
   int64_t memory_available() const override;
   // Bytes of kernel scratch held now (every workspace buffer, grown to the largest call so far).
   int64_t workspace_bytes() const;
-  // TEST ONLY negative control: every GEMM splits K into slabs added afterwards (GemmArgs::debug_split_k).
-  void set_debug_split_k(bool on) { debug_split_k_ = on; }
+  // TEST ONLY negative control: every GEMM splits K into slabs added afterwards (GemmArgs::debug_split_k). The split
+  // exists in the host execution only (the device kernel has no such path): on the device it is refused, never
+  // silently ignored, so a control that cannot fail there is not mistaken for one that passed.
+  void set_debug_split_k(bool on);
 
  private:
   void gemm(GemmArgs g);  // the exact GEMM, on the device or executed on the host

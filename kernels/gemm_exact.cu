@@ -19,6 +19,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_exact_kernel(GemmArgs g) {
 }
 
 void gemm_exact_device(const GemmArgs& g) {
+  if (g.debug_split_k)  // the kernel compiles the split out (#if !defined(__CUDA_ARCH__)): refused, never ignored
+    throw std::invalid_argument("gemm_exact_device: debug_split_k is a host-only negative control (cuda-host)");
   if (g.M == 0 || g.N == 0) return;
   const dim3 grid(static_cast<unsigned>(gemm_grid_cols(g.N)), static_cast<unsigned>(gemm_grid_rows(g.M)));
   if (gemm_grid_rows(g.M) > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");

@@ -32,5 +32,21 @@ int main() {
     return 1;
   }
   std::printf("OK: bitwise equal\n");
+  // The contraction probe: a = 1 + 2^-12, a * a = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11, so a * a + c with
+  // c = -(1 + 2^-11) is 0 when the product is rounded first and 2^-24 when fused into one fma.
+  const float pa = 1.0f + std::ldexp(1.0f, -12), pc = -(1.0f + std::ldexp(1.0f, -11));
+  const float fused = std::fma(pa, pa, pc);
+  volatile float product = pa * pa;
+  const float unfused = product + pc;
+  const float device = olmoref::cuda::smoke_contraction(pa, pa, pc);
+  std::printf("contraction probe: a*b+c on the device %a (unfused %a, fused %a)\n", static_cast<double>(device),
+              static_cast<double>(unfused), static_cast<double>(fused));
+  if (unfused == fused || device != unfused) {
+    std::printf("FAILED: %s\n", unfused == fused ? "the probe cannot tell fused from unfused"
+                                                 : "the device fused a*b+c into one fma: the kernels' build must keep "
+                                                   "-fmad=false (kernels/meson.build)");
+    return 1;
+  }
+  std::printf("OK: a*b+c is not contracted\n");
   return 0;
 }

@@ -219,6 +219,14 @@ TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradien
   const std::string diff = testing::model_runs_differ(testing::run_model_case(mc, cpu),
                                                       testing::run_model_case(mc, host), ParamLayout(mc.cfg));
   CHECK(diff != "");
+#if OLMOREF_HAVE_CUDA
+  // The device's GEMM has no split-K path: asking for the control there is refused, never ignored (making the
+  // executor touches no device).
+  kernels::KernelExecutor device(true);
+  CHECK_THROWS_WITH_AS(device.set_debug_split_k(true), doctest::Contains("host execution (cuda-host) only"),
+                       std::invalid_argument);
+  CHECK_NOTHROW(device.set_debug_split_k(false));
+#endif
 }
 
 TEST_CASE("make_executor: names, refusals with one line") {
