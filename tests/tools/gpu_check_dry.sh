@@ -2,7 +2,8 @@
 # meson test tools-gpu-check-dry-run: the device check (tools/gpu_check.sh) proved here, without a GPU, so the first
 # device session is not spent on the script:
 #   1. what gpu_carry.sh carries loads on a machine with nothing but the C/C++ runtime (a chroot), including mpirun
-#      and two processes training like one; with one carried library taken away, the check fails;
+#      and two processes training like one; with one carried library taken away, the check fails; a carry over its
+#      size limit (with the repository, 64 MiB; a planted 5 here) is refused, naming its largest files;
 #   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
 #      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run; the kernels step checked the
@@ -31,6 +32,16 @@ if [ "$(id -u)" = 0 ] && chroot / true 2> /dev/null; then
 else
   echo "NOTE: the chroot check needs root; not checked here"
 fi
+
+# The carry's size is enforced where it can be fixed: over the limit (a planted 5 MiB) the fill fails naming the
+# largest files.
+if GPU_CARRY_LIMIT_MIB=5 GPU_CARRY_DIR=$work/small bash tools/gpu_carry.sh --build "$BUILD" > "$work/small.log" 2>&1; then
+  cat "$work/small.log"; echo "FAIL: a carry over a 5 MiB limit was accepted"; exit 1
+fi
+grep -q "gpu-carry: FAILED: .* MiB is over the 5 MiB a device call carries" "$work/small.log" &&
+  grep -q " MiB  olmoref$" "$work/small.log" || { cat "$work/small.log"; echo "FAIL: the size refusal"; exit 1; }
+rm -rf "$work/small"
+echo "a carry over its limit: refused, naming its largest files"
 
 check_out() {  # check_out DIR: the device tool's limits on what comes back
   python3 - "$1" <<'PY'
