@@ -26,7 +26,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, pinned_version, recipe_loss_sums, setup_torch  # noqa: E402
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry, pinned_version, recipe_loss_sums, setup_torch  # noqa: E402
 from hf_trainer_replay import ACCELERATE_VERSION, TRANSFORMERS_VERSION  # noqa: E402
 
 DROPOUT = 0.1  # attention dropout: the step's own draw from torch's RNG
@@ -68,9 +68,9 @@ def audit_run(bundle, threads, work, run, rec):
     import transformers
     from transformers import Olmo3ForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-    S, G, mb, N, optim = run["steps"], bundle.G, bundle.mb, bundle.N, bundle.optim
-    if S > bundle.S:
-        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
+    entry = plan_entry(bundle, run)
+    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
+    G, mb, N, optim = bundle.G, bundle.mb, bundle.N, bundle.optim
     instances = torch.cat([torch.from_numpy(bundle.tokens(s)) for s in range(1, S + 1)])  # [S*G, T]
 
     class Instances(torch.utils.data.Dataset):
@@ -103,9 +103,6 @@ def audit_run(bundle, threads, work, run, rec):
         step["tokens"].append(labels.detach().clone())
         return (ce + z) / num_items_in_batch
 
-    kind, control = run["kind"], run.get("control")
-    state_at = set(run.get("state_at", []))
-
     class Audit(TrainerCallback):
         def on_train_begin(self, args_, state, control_, **kw):
             if kind == "resume":
@@ -122,7 +119,7 @@ def audit_run(bundle, threads, work, run, rec):
             s = state.global_step
             if s in state_at:
                 rec.state(f"after-{s}", named, optimizer_tensors(opt, named))
-            if kind == "stop" and s == run["at"]:
+            if kind == "stop" and s == K:
                 control_.should_save = True
                 control_.should_training_stop = True
 
@@ -150,9 +147,9 @@ def audit_run(bundle, threads, work, run, rec):
     trainer.remove_callback(transformers.PrinterCallback)
     trainer.train(resume_from_checkpoint=resume_from)
     if kind == "stop":
-        saved = os.path.join(out_dir, f"checkpoint-{run['at']}")
+        saved = os.path.join(out_dir, f"checkpoint-{K}")
         if not os.path.isdir(saved):
-            raise BundleError(f"the Trainer saved no {saved} after step {run['at']}")
+            raise BundleError(f"the Trainer saved no {saved} after step {K}")
         shutil.rmtree(checkpoint, ignore_errors=True)
         shutil.move(saved, checkpoint)
     else:

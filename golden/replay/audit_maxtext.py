@@ -70,7 +70,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import AUDIT_CONTROLS, BundleError, audit_main  # noqa: E402
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry  # noqa: E402
 from maxtext_export import base_yml, export, import_maxtext, maxtext_overrides  # noqa: E402
 from maxtext_replay import check_recipe, microbatches, precision_args  # noqa: E402
 
@@ -181,12 +181,8 @@ def audit_run(bundle, threads, work, run, rec):
 
     global SCHEDULE_INDEX
     SCHEDULE_INDEX = schedule_index()
-    kind, control = run["kind"], run.get("control")
-    S = int(run["steps"])
-    if S > bundle.S:
-        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
-    K = int(run.get("at", 0))
-    state_at = set(run.get("state_at", []))
+    entry = plan_entry(bundle, run)
+    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
     native, added = [], []
     ga = microbatches(bundle, added)
     o, sched = bundle.optim, bundle.meta.get("schedule") or {}
@@ -196,8 +192,6 @@ def audit_run(bundle, threads, work, run, rec):
     if kind == "straight":
         ckpt = ["enable_checkpointing=False", f"base_output_directory={work}"]
     elif kind == "stop":
-        if not 1 <= K < S:
-            raise BundleError(f"stop at {K} of {S} steps")
         import shutil
 
         shutil.rmtree(run["checkpoint"], ignore_errors=True)  # a checkpoint there would be resumed from
@@ -211,8 +205,6 @@ def audit_run(bundle, threads, work, run, rec):
         ckpt = ["enable_checkpointing=True", f"base_output_directory={os.path.abspath(run['checkpoint'])}",
                 f"checkpoint_period={10 * S + 10}", "save_checkpoint_on_start=False",
                 "save_checkpoint_on_completion=False"]
-    else:
-        raise BundleError(f"plan entry of kind {kind!r}")
 
     if DATA not in ("grain", "olmo_grain"):
         raise BundleError(f"OLMOREF_MAXTEXT_AUDIT_DATA={DATA!r}: grain (the default) or olmo_grain")

@@ -91,7 +91,7 @@ import sys
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 import olmo_core_replay as ocr  # noqa: E402
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, digest_tensors, setup_torch  # noqa: E402
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry, digest_tensors, setup_torch  # noqa: E402
 from olmo_core_replay import (bundle_data_loader, build_model, check_recipe, metrics_capture_class,  # noqa: E402
                               train_module)
 
@@ -237,14 +237,8 @@ def audit_run(bundle, threads, work, run, rec):
     from olmo_core.train.checkpoint import Checkpointer
     from olmo_core.utils import seed_all
 
-    kind, control = run["kind"], run.get("control")
-    S = int(run["steps"])
-    if S > bundle.S:
-        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
-    K = int(run.get("at", 0))
-    state_at = {int(k) for k in run.get("state_at", [])}
-    if kind not in ("straight", "stop", "resume"):
-        raise BundleError(f"plan entry of kind {kind!r}")
+    entry = plan_entry(bundle, run)
+    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
     if DATA not in ("numpy", "bundle"):
         raise BundleError(f"OLMOREF_OLMO_CORE_AUDIT_DATA={DATA!r}: numpy (the default) or bundle")
     ckpt_dir = os.path.abspath(run["checkpoint"]) if kind != "straight" else None
@@ -253,7 +247,7 @@ def audit_run(bundle, threads, work, run, rec):
     if kind == "resume" and not Checkpointer.dir_is_checkpoint(os.path.join(ckpt_dir, f"step{K}")):
         raise BundleError(f"{ckpt_dir}: no OLMo-core checkpoint step{K} (the stop run writes it)")
 
-    rank, world_size = int(run.get("rank", 0)), int(run.get("world_size", 1))
+    rank, world_size = int(run.get("rank", 0)), entry.world_size
     multi = max(int(w) for w in run.get("world_sizes", [world_size])) > 1
     # Across a change of world size the dropout masks of an instance change with the rank and micro-batch it lands
     # in (OLMo-core, like every trainer, promises nothing else), so that audit runs without dropout: what it asks is

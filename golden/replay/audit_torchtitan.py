@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, setup_torch  # noqa: E402
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry, setup_torch  # noqa: E402
 from torchtitan_replay import (bundle_batches_config, check_recipe, import_torchtitan, loss_config,  # noqa: E402
                                lr_config, model_spec, optimizer_config, precision_route, pretokenized_config,
                                run_on_cpu, trace_logger_class)
@@ -143,12 +143,8 @@ def audit_run(bundle, threads, work, run, rec):
     from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 
     run_on_cpu()
-    kind, control = run["kind"], run.get("control")
-    S = int(run["steps"])
-    if S > bundle.S:
-        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
-    K = int(run.get("at", 0))
-    state_at = set(run.get("state_at", []))
+    entry = plan_entry(bundle, run)
+    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
     native, added = [], []
     bf16, attention, mb = precision_route(bundle, native, added)
     hf_dir = os.path.abspath(os.path.join(bundle.path, bundle.meta["hf_dir"]))
@@ -172,8 +168,6 @@ def audit_run(bundle, threads, work, run, rec):
             raise BundleError(f"{run['checkpoint']}: no TorchTitan checkpoint step-{K} (the stop run writes it)")
         ckpt.update(folder=os.path.abspath(run["checkpoint"]), load_only=True,
                     exclude_from_loading=[EXCLUDED[control]] if control else [])
-    else:
-        raise BundleError(f"plan entry of kind {kind!r}")
 
     lr_cfg, base_lr = lr_config(torch, bundle, native, added)
     config = TransformersBackendConfig(

@@ -5,6 +5,7 @@ each step's global batch checked against its checksums, the step-0 weights as tr
 the recipe's loss terms. Only what each framework's own trainer does differs, so that is all an adapter holds.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -537,6 +538,46 @@ class _NoRecorder:
         pass
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanEntry:
+    """One run of a resume audit's plan, checked against the bundle before any framework is imported, so that every
+    adapter refuses the same malformed entry with the same words."""
+    kind: str  # "straight", "stop" or "resume"
+    steps: int  # S: the run ends after step S (a stop run after step K, but S is the run it stands in for)
+    at: int  # K: the step a stop run saves after and a resume run starts from; 0 for a straight run
+    control: object  # None or the name of the restore the resume skips
+    state_at: frozenset  # the steps after which a straight run records its state
+    world_size: int
+
+
+def plan_entry(bundle, run):
+    kind = run.get("kind")
+    if kind not in ("straight", "stop", "resume"):
+        raise BundleError(f"plan entry of kind {kind!r}: straight, stop or resume")
+    try:
+        S, K = int(run["steps"]), int(run.get("at", 0))
+        state_at = frozenset(int(k) for k in run.get("state_at", []))
+        world_size = int(run.get("world_size", 1))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"plan entry {run!r}: steps, at, state_at and world_size are integers ({e})")
+    if not 1 <= S <= bundle.S:
+        raise BundleError(f"the plan runs {S} steps; the bundle has {bundle.S}")
+    if kind == "straight" and K:
+        raise BundleError(f"a straight run stops nowhere (at {K})")
+    if kind != "straight" and not 1 <= K < S:
+        raise BundleError(f"a {kind} run at step {K} of {S}: the stop must fall inside the run (1 <= K < S)")
+    if kind != "straight" and not run.get("checkpoint"):
+        raise BundleError(f"a {kind} run names no checkpoint folder")
+    if not all(1 <= k <= S for k in state_at):
+        raise BundleError(f"states after steps {sorted(state_at)}: the run has steps 1..{S}")
+    if run.get("control") and kind != "resume":
+        raise BundleError(f"a control ({run['control']}) is planted in a resume run, not a {kind} run")
+    if world_size < 1 or bundle.G % world_size != 0:
+        raise BundleError(f"world size {world_size}: the bundle's global batch of {bundle.G} "
+                          f"instances must split evenly over the ranks")
+    return PlanEntry(kind, S, K, run.get("control"), state_at, world_size)
+
+
 def _audit_rank(audit_run, import_framework, bundle_path, threads, work, run, rank, result):
     """One rank of a multi-rank run, in a fresh (spawned) process: its exit status 0 done, 2 cannot audit (the reason
     in `result`), 1 failed."""
@@ -604,8 +645,8 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
     straight run and the stop at 2 ranks, the resume at 1); a run over several ranks runs as that many spawned
     processes over gloo (run["rank"] tells audit_run which; rank 0 records). Only an adapter with world_sizes=True
     takes them; the others refuse.
-    audit_run(bundle, threads, work, run, recorder) does one run through the framework's own trainer and checkpointing
-    (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
+    audit_run(bundle, threads, work, run, recorder) does one run (plan_entry(bundle, run) gives its checked fields)
+    through the framework's own trainer and checkpointing (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
     can plant to what each skips in the framework's own restore, `unplantable` the others to why the framework has no
     such restore to skip: a plan entry with one of those writes {"not_planted": reason} as its state file instead of
     running. Exit 0 every run done, 2 one could not run (its reason on stderr, prefixed "cannot audit:")."""
@@ -627,9 +668,7 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
             if not world_sizes and any(w != 1 for w in sizes):
                 raise BundleError(f"{framework}'s audit runs its trainer on one rank only (--world-size 1); a resume "
                                   f"at another world size is audited for olmo-core")
-            if int(run.get("world_size", 1)) < 1 or bundle.G % int(run.get("world_size", 1)) != 0:
-                raise BundleError(f"world size {run.get('world_size')}: the bundle's global batch of {bundle.G} "
-                                  f"instances must split evenly over the ranks")
+            plan_entry(bundle, run)
         version = import_framework()
     except (BundleError, ImportError, OSError, ValueError) as e:
         print(f"{name}: cannot audit: {e}", file=sys.stderr)
