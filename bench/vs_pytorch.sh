@@ -63,7 +63,7 @@ for name in $configs; do
   # shellcheck disable=SC2086
   "$bin" train "${base[@]}" ${shape[$name]} --steps "${steps[$name]}" --threads "$max_threads" --profile-ops \
     --out "$work/$name-prof" > "$work/$name-prof.log" 2>&1
-  flops_per_step=$(awk -v n="${steps[$name]}" '/^op \(/{on=1; next} on && NF>=5 && $NF ~ /^[0-9.]+$/ {s += $(NF-2) * $NF * 1e9} END {print s / n}' \
+  flops_per_step=$(awk -v n="${steps[$name]}" '/^op \(/{on=1; next} on && NF>=6 && $NF ~ /^[0-9]+$/ {s += $NF} END {print s / n}' \
     "$work/$name-prof.log")
   tokens_per_step=$(( ${seq[$name]} * ${global[$name]} ))
   for t in $threads_list; do

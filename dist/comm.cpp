@@ -67,19 +67,19 @@ class MpiComm : public Comm {
   void broadcast(void* data, size_t bytes, int root, const char* what) override {
     MPI_Request req;
     MPI_Ibcast(data, count(bytes), MPI_BYTE, root, comm_, &req);
-    if (rank_ == root) bytes_sent_ += bytes * static_cast<uint64_t>(size_ - 1);
+    if (rank_ == root) count_sent(what, bytes * static_cast<uint64_t>(size_ - 1));
     wait(req, what);
   }
   void allgather(const void* send, size_t bytes, void* recv, const char* what) override {
     MPI_Request req;
     MPI_Iallgather(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, comm_, &req);
-    bytes_sent_ += bytes * static_cast<uint64_t>(size_ - 1);
+    count_sent(what, bytes * static_cast<uint64_t>(size_ - 1));
     wait(req, what);
   }
   void alltoall(const void* send, size_t bytes, void* recv, const char* what) override {
     MPI_Request req;
     MPI_Ialltoall(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, comm_, &req);
-    bytes_sent_ += bytes * static_cast<uint64_t>(size_ - 1);
+    count_sent(what, bytes * static_cast<uint64_t>(size_ - 1));
     wait(req, what);
   }
   void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
@@ -99,7 +99,7 @@ class MpiComm : public Comm {
       rd[J] = static_cast<int>(ro);
       so += send_counts[J];
       ro += recv_counts[J];
-      if (j != rank_) bytes_sent_ += static_cast<uint64_t>(send_counts[J]) * sizeof(float);
+      if (j != rank_) count_sent(what, static_cast<uint64_t>(send_counts[J]) * sizeof(float));
     }
     MPI_Request req;
     MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_, &req);
@@ -126,7 +126,7 @@ class MpiComm : public Comm {
   void float_allreduce_sum_unordered(float* data, size_t n, const char* what) override {
     MPI_Request req;
     MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, comm_, &req);
-    bytes_sent_ += 2 * n * sizeof(float);
+    count_sent(what, 2 * n * sizeof(float));
     wait(req, what);
   }
   [[noreturn]] void abort(const std::string& message) override {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,11 +49,21 @@ class Comm {
   // Aborts every rank of the job with a message (never returns).
   [[noreturn]] virtual void abort(const std::string& message) = 0;
 
-  // Bytes this rank has sent through collectives (for the communication-volume figures).
+  // Bytes this rank has sent through collectives (for the communication-volume figures), in all and by operation
+  // (the `what` each call names): what `train --report-comm` prints and the step-time model predicts
+  // (train/time_model.h).
   uint64_t bytes_sent() const { return bytes_sent_; }
+  const std::map<std::string, uint64_t>& bytes_sent_by_what() const { return bytes_sent_by_what_; }
 
  protected:
+  void count_sent(const char* what, uint64_t bytes) {
+    bytes_sent_ += bytes;
+    bytes_sent_by_what_[what] += bytes;
+  }
+
+ private:
   uint64_t bytes_sent_ = 0;
+  std::map<std::string, uint64_t> bytes_sent_by_what_;
 };
 
 // The process's world: MPI when started by mpirun (OMPI_COMM_WORLD_SIZE is set), else LocalComm.

@@ -19,12 +19,18 @@
 
 namespace olmoref {
 
-std::pair<int64_t, int64_t> Olmo3::unit_range(int unit) const {
-  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
-  if (unit == 0) return {layout_.embeddings, layout_.embeddings + V * d};
-  if (unit == n_units() - 1) return {layout_.final_norm, layout_.lm_head + V * d};
-  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
+std::pair<int64_t, int64_t> fsdp_unit_range(const ModelConfig& cfg, const ParamLayout& layout, int unit) {
+  const int64_t d = cfg.d_model, V = cfg.vocab_size;
+  if (unit == 0) return {layout.embeddings, layout.embeddings + V * d};
+  if (unit == cfg.n_layers + 1) return {layout.final_norm, layout.lm_head + V * d};
+  const BlockOffsets& o = layout.blocks[static_cast<size_t>(unit - 1)];
   return {o.w_q, o.ffn_norm + d};
+}
+
+std::vector<std::pair<int64_t, int64_t>> fsdp_unit_ranges(const ModelConfig& cfg, const ParamLayout& layout) {
+  std::vector<std::pair<int64_t, int64_t>> units;
+  for (int u = 0; u < cfg.n_layers + 2; ++u) units.push_back(fsdp_unit_range(cfg, layout, u));
+  return units;
 }
 
 int64_t Olmo3::largest_unit() const {
@@ -33,11 +39,12 @@ int64_t Olmo3::largest_unit() const {
   return longest;
 }
 
-std::vector<std::pair<int64_t, int64_t>> Olmo3::unit_reads(int unit, int ep_size, int ep_index) const {
-  const auto [a, b] = unit_range(unit);
-  if (ep_size <= 1 || !cfg_.moe.enabled() || unit == 0 || unit == n_units() - 1) return {{a, b}};
-  const BlockOffsets& o = layout_.blocks[static_cast<size_t>(unit - 1)];
-  const int64_t per = cfg_.moe.hidden * cfg_.d_model, E = cfg_.moe.n_experts;
+std::vector<std::pair<int64_t, int64_t>> fsdp_unit_reads(const ModelConfig& cfg, const ParamLayout& layout, int unit,
+                                                         int ep_size, int ep_index) {
+  const auto [a, b] = fsdp_unit_range(cfg, layout, unit);
+  if (ep_size <= 1 || !cfg.moe.enabled() || unit == 0 || unit == cfg.n_layers + 1) return {{a, b}};
+  const BlockOffsets& o = layout.blocks[static_cast<size_t>(unit - 1)];
+  const int64_t per = cfg.moe.hidden * cfg.d_model, E = cfg.moe.n_experts;
   const auto [first, last] = moe::ep_experts(E, ep_size, ep_index);
   // The other experts' rows of w1, w2, w3 [E·h, d] are cut out of the unit.
   std::vector<std::pair<int64_t, int64_t>> cuts;

@@ -185,6 +185,16 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t se
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
                            bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
 
+// FSDP's units of the flat vector, for the model (Olmo3::unit_range, unit_reads) and for the models of memory and
+// step time that need no model: unit 0 the embedding, 1..n_layers the blocks, n_layers + 1 the final norm and the LM
+// head. [begin, end) in the flat vector.
+std::pair<int64_t, int64_t> fsdp_unit_range(const ModelConfig& cfg, const ParamLayout& layout, int unit);
+std::vector<std::pair<int64_t, int64_t>> fsdp_unit_ranges(const ModelConfig& cfg, const ParamLayout& layout);
+// The parts of a unit that rank ep_index of an EP group of ep_size reads (ascending, disjoint): the whole unit,
+// except that a block's routed experts are only its own (the others run on their owners, moe::ep_experts).
+std::vector<std::pair<int64_t, int64_t>> fsdp_unit_reads(const ModelConfig& cfg, const ParamLayout& layout, int unit,
+                                                         int ep_size, int ep_index);
+
 class Olmo3 {
  public:
   // precision bf16: the Olmo 3 recipe (docs/canonical/bf16.md). `params` stay the fp32 master weights;
@@ -208,12 +218,15 @@ class Olmo3 {
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
   void set_unit_gradient_sink(UnitGradientSink* sink) { sink_ = sink; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
-  std::pair<int64_t, int64_t> unit_range(int unit) const;  // [begin, end) in the flat vector
+  std::pair<int64_t, int64_t> unit_range(int unit) const {  // [begin, end) in the flat vector
+    return fsdp_unit_range(cfg_, layout_, unit);
+  }
   int64_t largest_unit() const;                             // the longest unit_range, in floats
   // The parts of unit_range(unit) that forward_backward and idle_pass read on rank ep_index of an EP group of
-  // ep_size (ascending, disjoint): the whole unit, except that a block's routed experts are only its own
-  // (the others run on their owners, moe::ep_experts). ep_size 1: the whole unit.
-  std::vector<std::pair<int64_t, int64_t>> unit_reads(int unit, int ep_size, int ep_index) const;
+  // ep_size (fsdp_unit_reads). ep_size 1: the whole unit.
+  std::vector<std::pair<int64_t, int64_t>> unit_reads(int unit, int ep_size, int ep_index) const {
+    return fsdp_unit_reads(cfg_, layout_, unit, ep_size, ep_index);
+  }
   const ParamLayout& layout() const { return layout_; }
   int64_t micro_batch() const { return B_; }
   int64_t seq_len() const { return T_; }

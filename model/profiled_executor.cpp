@@ -25,13 +25,14 @@ std::string ProfiledExecutor::report() const {
   for (const auto& r : rows) total += r.second.seconds;
   std::string out;
   char line[160];
-  std::snprintf(line, sizeof line, "%-24s %10s %10s %7s %10s\n", ("op (" + name() + ")").c_str(), "calls", "seconds",
-                "share", "GFLOP/s");
+  std::snprintf(line, sizeof line, "%-24s %10s %10s %7s %10s %16s\n", ("op (" + name() + ")").c_str(), "calls",
+                "seconds", "share", "GFLOP/s", "FLOP");
   out += line;
   for (const auto& [op, s] : rows) {
     if (s.flops > 0)
-      std::snprintf(line, sizeof line, "%-24s %10lld %10.4f %6.1f%% %10.1f\n", op.c_str(), static_cast<long long>(s.calls),
-                    s.seconds, 100.0 * s.seconds / total, s.flops / s.seconds / 1e9);
+      std::snprintf(line, sizeof line, "%-24s %10lld %10.4f %6.1f%% %10.1f %16.0f\n", op.c_str(),
+                    static_cast<long long>(s.calls), s.seconds, 100.0 * s.seconds / total, s.flops / s.seconds / 1e9,
+                    s.flops);
     else
       std::snprintf(line, sizeof line, "%-24s %10lld %10.4f %6.1f%% %10s\n", op.c_str(), static_cast<long long>(s.calls),
                     s.seconds, 100.0 * s.seconds / total, "-");

@@ -67,15 +67,6 @@ namespace {
 
 constexpr int64_t kF32 = sizeof(float);
 
-// The FSDP units [begin, end) of the flat vector (Olmo3::unit_range): embedding, each block, the head.
-std::vector<std::pair<int64_t, int64_t>> fsdp_units(const ModelConfig& m, const ParamLayout& layout) {
-  const int64_t d = m.d_model, V = m.vocab_size;
-  std::vector<std::pair<int64_t, int64_t>> units = {{layout.embeddings, layout.embeddings + V * d}};
-  for (const BlockOffsets& o : layout.blocks) units.push_back({o.w_q, o.ffn_norm + d});
-  units.push_back({layout.final_norm, layout.lm_head + V * d});
-  return units;
-}
-
 // What one rank holds at its peak; the fullest rank is the table's.
 struct RankParts {
   int64_t shard_floats = 0, state_floats = 0;  // the parameters' shard range; of it, what is held
@@ -225,7 +216,7 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
   const dist::StatePlacement P(x.L, x.ep ? where.ep : 1, m.moe.enabled() ? m.moe.n_experts : 0,
                                expert_spans(x.layout, m));
   x.drops_any = P.drops_any();
-  const auto units = fsdp_units(m, x.layout);
+  const auto units = fsdp_unit_ranges(m, x.layout);
   x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.rank);
   x.L.rank = x.rank;
   x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);

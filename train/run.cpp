@@ -409,9 +409,20 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
                   trainer.gradient_exchange_seconds() / steps);
   if (const int64_t r = trainer.state_resident_bytes(); r >= 0)
     std::snprintf(resident, sizeof resident, " (%.2f MiB resident)", static_cast<double>(r) / (1 << 20));
-  std::fprintf(stderr, "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s%s%s\n",
-               rank, static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
-               static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, grad_part, ep_part);
+  // Then the bytes of each operation in the whole run (`olmoref config --time` predicts the per-step ones), one write
+  // per rank so that ranks' lines do not interleave.
+  char line[1024];
+  std::snprintf(line, sizeof line,
+                "rank %d: sent %.3f MiB/step (ring all-reduce of the gradients: %.3f MiB), state %.2f MiB%s%s%s\n", rank,
+                static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
+                static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, grad_part, ep_part);
+  std::string text = line;
+  for (const auto& [what, bytes] : trainer.bytes_sent_by_what()) {
+    std::snprintf(line, sizeof line, "rank %d: sent %llu bytes in %lld steps: %s\n", rank,
+                  static_cast<unsigned long long>(bytes), static_cast<long long>(done), what.c_str());
+    text += line;
+  }
+  std::fputs(text.c_str(), stderr);
 }
 
 // One rank per GPU (dist/gpu_map.h), before the executor is made or anything is allocated, so that no rank's CUDA

@@ -562,6 +562,14 @@ void Trainer::adamw_update(int64_t step, const std::vector<double>& group_lr) {
                v_.data() + q.begin, q.n);
 }
 
+std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
+  std::map<std::string, uint64_t> all;
+  for (const dist::Comm* c : {comm_, shard_comm_.get(), replica_comm_.get(), ep_comm_.get()})
+    if (c)
+      for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
+  return all;
+}
+
 float* Trainer::optimizer_params() { return params_.data() + (layout_.optimizer_lo() - layout_.lo()); }
 
 // The replicas of a shard each updated their optimizer range of its parameters; they all-gather the ranges back, so

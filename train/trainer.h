@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,8 @@ class Trainer {
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
            (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent();
   }
+  // The same by operation (each collective's `what`), over the same communicators.
+  std::map<std::string, uint64_t> bytes_sent_by_what() const;
   // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
   uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
   // Several ranks: the most gradient bytes held at once during a step's reduction, and the longest single gradient
