@@ -29,6 +29,7 @@
 #include "model/init.h"
 #include "core/params.h"
 #include "train/memory_model.h"
+#include "train/time_model.h"
 #include "train/trainer.h"
 #include "dist/comm.h"
 #include "train/weights.h"
@@ -485,8 +486,33 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--dataset-tokens", *dataset_tokens,
                     "With --layout: tokens in the training data, for the data order's memory (default: counted from "
                     "the config's data files when they can be read)")->check(CLI::NonNegativeNumber);
+    auto time = std::make_shared<bool>(false);
+    auto gpu = std::make_shared<std::string>("h100");
+    auto rates = std::make_shared<std::vector<std::string>>();
+    auto bench = std::make_shared<std::string>();
+    auto rank = std::make_shared<int>(-1);
+    cmd->add_flag("--time", *time, "With --layout: the step's work per rank (FLOPs, bytes per collective) and its "
+                  "time over MPI and NCCL (docs/memory.md, \"Step time\")");
+    cmd->add_option("--gpu", *gpu, "With --time: data-sheet rates of h100 or h200 (default h100)")
+        ->check(CLI::IsMember({"h100", "h200"}));
+    cmd->add_option("--rate", *rates, "With --time: override a rate, KEY=VALUE (gemm_tflops, attention_tflops, "
+                    "hbm_gbps, nvlink_gbps, pcie_gbps, host_copy_gbps, network_gbps; repeatable)");
+    cmd->add_option("--bench", *bench, "With --time: the exact GEMM's rate from gemm_bench's bench.json (a device run)");
+    cmd->add_option("--rank", *rank, "With --time: this rank's work instead of the slowest rank's")
+        ->check(CLI::NonNegativeNumber);
     cmd->callback([=] {
       const TrainConfig c = cfg->load();
+      const bool time_options = *gpu != "h100" || !rates->empty() || !bench->empty() || *rank >= 0;
+      if (time_options && !*time)
+        throw std::invalid_argument("--gpu, --rate, --bench and --rank describe a step time: add --time");
+      if (*time && layout->empty())
+        throw std::invalid_argument("--time predicts a step at a layout: add --layout SxR (e.g. --layout 8x1)");
+      DeviceRates device;
+      if (*time) {  // every rate checked before anything prints
+        device = device_rates(*gpu);
+        if (!bench->empty()) gemm_rate_from_bench(device, *bench);
+        for (const std::string& r : *rates) set_rate(device, r);
+      }
       print_config_summary(c);
       if (!layout->empty()) {
         MemoryPlacement w = *where;
@@ -496,6 +522,7 @@ void register_commands(CLI::App& app) {
         std::printf("%s", memory_table(c, w, predict_rank_memory(c, w)).c_str());
         const int per_node = *ranks_per_node > 0 ? *ranks_per_node : std::min(8, w.dp_shard * w.dp_replicate);
         std::printf("%s", host_memory_table(c, w, predict_host_memory(c, w), per_node).c_str());
+        if (*time) std::printf("%s", time_table(c, w, per_node, device, *rank).c_str());
       } else if (where->ep > 1 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0) {
         throw std::invalid_argument("--ep, --executor, --ranks-per-node and --dataset-tokens describe a --layout: add "
                                     "--layout SxR (e.g. --layout 8x1)");

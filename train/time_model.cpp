@@ -1,0 +1,391 @@
+// train/time_model.cpp — the step's work from the trainer's own plans, and its time at stated rates (time_model.h).
+#include "train/time_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "core/instance_tree.h"
+#include "core/params.h"
+#include "dist/layout.h"
+#include "model/olmo3.h"
+#include "model/profiled_executor.h"
+
+namespace olmoref {
+
+namespace {
+
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+constexpr double kGB = 1e9;
+
+int64_t overlap(int64_t a, int64_t b, int64_t lo, int64_t hi) { return std::max<int64_t>(0, std::min(b, hi) - std::max(a, lo)); }
+
+int64_t overlap(const Ranges& reads, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  for (const auto& [a, b] : reads) n += overlap(a, b, lo, hi);
+  return n;
+}
+
+// The matmuls one token's forward runs, as Σ N·K over the linear layers (ProfiledExecutor counts 2·M·N·K each, M
+// the rows): the blocks' and the LM head's separately, since a recompute runs the blocks' again.
+struct TokenMatmuls {
+  double blocks = 0, head = 0;
+};
+TokenMatmuls token_matmuls(const ModelConfig& m) {
+  const double d = static_cast<double>(m.d_model);
+  const double attn = d * static_cast<double>(m.q_dim()) * 2 + 2 * d * static_cast<double>(m.kv_dim());  // q, o; k, v
+  double ffn = 3 * d * static_cast<double>(m.ffn_hidden);
+  if (m.moe.enabled())  // the router, the top_k experts a token is routed to, the shared expert
+    ffn = d * static_cast<double>(m.moe.n_experts) + 3 * d * static_cast<double>(m.moe.hidden * m.moe.top_k) +
+          3 * d * static_cast<double>(m.moe.shared_hidden);
+  return {static_cast<double>(m.n_layers) * (attn + ffn), d * static_cast<double>(m.vocab_size)};
+}
+
+// Attention FLOPs of one instance through every layer, forward (ProfiledExecutor's 4·hd per key) or backward (8·hd).
+double attention_flops_per_instance(const ModelConfig& m, int64_t T, double per_key) {
+  double flops = 0;
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const AttentionShape s{1, T, m.n_heads, m.n_kv_heads, m.head_dim, m.window(l), 1.0f};
+    flops += per_key * attention_keys(s) * static_cast<double>(m.head_dim);
+  }
+  return flops;
+}
+
+struct Peers {
+  int ranks_per_node;
+  int me;
+  bool same_node(int r) const { return r / ranks_per_node == me / ranks_per_node; }
+};
+
+void add_sent(CollectiveWork& c, const Peers& p, int to, int64_t bytes) {
+  (p.same_node(to) ? c.sent_on_node : c.sent_off_node) += bytes;
+}
+void add_received(CollectiveWork& c, const Peers& p, int from, int64_t bytes) {
+  (p.same_node(from) ? c.received_on_node : c.received_off_node) += bytes;
+}
+
+}  // namespace
+
+DeviceRates device_rates(const std::string& gpu) {
+  DeviceRates r;
+  // Both SXM parts: 67 TFLOP/s fp32 on the CUDA cores, NVLink 4 at 900 GB/s (450 each way), PCIe Gen5 x16 (64 GB/s
+  // each way); the exact kernels round each product before the add (no FMA contraction: the GPU smoke test's
+  // contraction probe), so a multiply-add is two instructions and their ceiling is half the fp32 figure.
+  r.gemm_flops = r.attention_flops = 67e12 / 2;
+  r.nvlink_bytes = 450 * kGB;
+  r.pcie_bytes = 64 * kGB;
+  r.network_bytes = 50 * kGB;  // one 400 Gb/s NIC per GPU (ConnectX-7 NDR, as on DGX H100/H200)
+  r.host_copy_bytes = 10 * kGB;
+  if (gpu == "h100") {
+    r.name = "H100 SXM";
+    r.hbm_bytes = 3.35e12;
+  } else if (gpu == "h200") {
+    r.name = "H200 SXM";
+    r.hbm_bytes = 4.8e12;
+  } else {
+    throw std::invalid_argument("--gpu '" + gpu + "': h100 or h200 (set any rate with --rate KEY=VALUE)");
+  }
+  r.notes = {"data sheet: fp32 67 TFLOP/s halved for the unfused exact kernels; HBM " +
+                 std::string(gpu == "h100" ? "3.35" : "4.8") + " TB/s; NVLink 450 GB/s, PCIe 64 GB/s, network 50 GB/s "
+                 "per direction",
+             "assumed, not a data-sheet figure: host copies between MPI processes of a node 10 GB/s"};
+  return r;
+}
+
+void set_rate(DeviceRates& rates, const std::string& key_value) {
+  const std::map<std::string, std::pair<double DeviceRates::*, double>> keys = {
+      {"gemm_tflops", {&DeviceRates::gemm_flops, 1e12}},     {"attention_tflops", {&DeviceRates::attention_flops, 1e12}},
+      {"hbm_gbps", {&DeviceRates::hbm_bytes, kGB}},          {"nvlink_gbps", {&DeviceRates::nvlink_bytes, kGB}},
+      {"pcie_gbps", {&DeviceRates::pcie_bytes, kGB}},        {"host_copy_gbps", {&DeviceRates::host_copy_bytes, kGB}},
+      {"network_gbps", {&DeviceRates::network_bytes, kGB}}};
+  std::string names;
+  for (const auto& [k, v] : keys) names += (names.empty() ? "" : ", ") + k;
+  const size_t eq = key_value.find('=');
+  const auto it = keys.find(key_value.substr(0, eq));
+  if (eq == std::string::npos || it == keys.end())
+    throw std::invalid_argument("--rate '" + key_value + "': KEY=VALUE with KEY one of " + names);
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = std::stod(key_value.substr(eq + 1), &used);
+    if (used != key_value.size() - eq - 1) throw std::invalid_argument("trailing text");
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--rate '" + key_value + "': the value is not a number");
+  }
+  if (!(value > 0)) throw std::invalid_argument("--rate '" + key_value + "': the value must be positive");
+  rates.*(it->second.first) = value * it->second.second;
+  rates.notes.push_back("--rate " + key_value);
+}
+
+void gemm_rate_from_bench(DeviceRates& rates, const std::string& bench_json) {
+  std::ifstream in(bench_json);
+  if (!in) throw std::runtime_error(bench_json + ": cannot read (gemm_bench --out writes it)");
+  nlohmann::json rows;
+  try {
+    rows = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(bench_json + ": not JSON (" + e.what() + ")");
+  }
+  double flops = 0, seconds = 0;
+  if (rows.is_array())
+    for (const auto& row : rows) {
+      if (!row.is_object() || !row.contains("exact_seconds") || !row.contains("exact_tflops")) continue;
+      const double s = row["exact_seconds"].get<double>();
+      flops += row["exact_tflops"].get<double>() * 1e12 * s;
+      seconds += s;
+    }
+  if (!(seconds > 0))
+    throw std::runtime_error(bench_json + ": no gemm_bench rows (objects with exact_seconds and exact_tflops)");
+  rates.gemm_flops = flops / seconds;
+  char note[320];
+  std::snprintf(note, sizeof note, "exact GEMM %.2f TFLOP/s measured: %s", rates.gemm_flops / 1e12, bench_json.c_str());
+  rates.notes.push_back(note);
+}
+
+std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node) {
+  cfg.validate();
+  const ModelConfig& m = cfg.model;
+  if (where.dp_shard < 1 || where.dp_replicate < 1 || where.ep < 1 || ranks_per_node < 1)
+    throw std::invalid_argument("--layout, --ep and --ranks-per-node: every factor must be >= 1");
+  const ParamLayout layout(m);
+  dist::Layout L;
+  L.dp_shard = where.dp_shard, L.dp_replicate = where.dp_replicate, L.total = layout.total;
+  const int W = L.world(), S = L.dp_shard, R = L.dp_replicate;
+  // An EP group the trainer would refuse is taken as none, as the memory model does.
+  const int ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts ? where.ep : 1;
+  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, W};
+  split.validate();
+  const int64_t N = split.global_instances, T = cfg.train.seq_len;
+  const bool recompute = parse_activation_checkpointing(cfg.train.activation_checkpointing) == ActivationCheckpointing::full;
+  const Ranges units = fsdp_unit_ranges(m, layout);
+  const TokenMatmuls mm = token_matmuls(m);
+  const double attn_fwd = attention_flops_per_instance(m, T, 4.0), attn_bwd = attention_flops_per_instance(m, T, 8.0);
+
+  // Every rank's subtrees in every round (dist::OwnerReduction sends k per unit and owner).
+  std::vector<std::vector<int64_t>> subtrees(static_cast<size_t>(W), std::vector<int64_t>(split.n_rounds(), 0));
+  for (int r = 0; r < W; ++r)
+    for (int64_t t = 0; t < split.n_rounds(); ++t)
+      if (const int64_t mb = split.microbatch_of(r, t); mb >= 0) {
+        const auto [a, b] = split.instances_of_microbatch(mb);
+        subtrees[static_cast<size_t>(r)][static_cast<size_t>(t)] = static_cast<int64_t>(maximal_subtrees(N, a, b).size());
+      }
+  int64_t all_subtrees = 0;
+  for (const auto& per : subtrees)
+    for (const int64_t k : per) all_subtrees += k;
+
+  std::vector<StepWork> out;
+  for (int me = 0; me < W; ++me) {
+    L.rank = me;
+    const Peers peers{ranks_per_node, me};
+    StepWork w;
+    w.rank = me;
+    int64_t instances = 0, local_merges = 0;
+    for (int64_t t = 0; t < split.n_rounds(); ++t)
+      if (const int64_t mb = split.microbatch_of(me, t); mb >= 0) {
+        const auto [a, b] = split.instances_of_microbatch(mb);
+        instances += b - a;
+        local_merges += (b - a) - subtrees[static_cast<size_t>(me)][static_cast<size_t>(t)];
+      }
+    w.tokens = instances * T;
+    const double tokens = static_cast<double>(w.tokens);
+    // Forward, then backward's input and weight gradients (two products of the forward's size), then a recompute of
+    // the blocks' forward.
+    w.gemm_flops = 2 * tokens * (mm.blocks + mm.head) * 3 + (recompute ? 2 * tokens * mm.blocks : 0);
+    w.attention_flops = static_cast<double>(instances) * (attn_fwd + attn_bwd + (recompute ? attn_fwd : 0));
+
+    const int64_t n = layout.total, opt = L.optimizer_hi() - L.optimizer_lo(), shard = L.hi() - L.lo();
+    // AdamW reads p, g, m, v and writes p, m, v; the norm reads g and the clip rewrites it; each tree add reads two
+    // vectors and writes one; the step digest reads the shard's parameters.
+    const int64_t merges_at_owner = W > 1 ? all_subtrees - 1 : 0;
+    w.hbm_bytes = 4.0 * (7.0 * static_cast<double>(opt) + 3.0 * static_cast<double>(opt) +
+                         3.0 * static_cast<double>(W > 1 ? local_merges : N - 1) * static_cast<double>(n) +
+                         3.0 * static_cast<double>(merges_at_owner) * static_cast<double>(opt) +
+                         static_cast<double>(shard));
+
+    if (S > 1) {  // dist::UnitGather::acquire: each unit in forward, each but the embedding again in backward
+      CollectiveWork c{"gather parameters of a unit"};
+      c.gather = true;
+      const int g = L.replicate_index(), s_me = L.shard_index();
+      for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+        const int64_t acquires = split.n_rounds() * (u == 0 ? 1 : 2);
+        const auto [a, b] = units[static_cast<size_t>(u)];
+        for (int q = 0; q < S; ++q) {
+          if (q == s_me) continue;
+          const int peer = L.rank_of(q, g);
+          const Ranges reads_q = fsdp_unit_reads(m, layout, u, ep, peer % ep);
+          const Ranges reads_me = fsdp_unit_reads(m, layout, u, ep, me % ep);
+          const int64_t to = overlap(reads_q, std::max(a, L.begin(s_me)), std::min(b, L.end(s_me)));
+          const int64_t from = overlap(reads_me, std::max(a, L.begin(q)), std::min(b, L.end(q)));
+          add_sent(c, peers, peer, 4 * acquires * to);
+          add_received(c, peers, peer, 4 * acquires * from);
+        }
+      }
+      w.collectives.push_back(c);
+    }
+    if (W > 1) {  // dist::OwnerReduction: every round, each unit's subtrees to the owners of its pieces
+      CollectiveWork c{"all-to-all gradient subtrees of a unit"};
+      for (const auto& [a, b] : units)
+        for (int j = 0; j < W; ++j) {
+          if (j == me) continue;
+          int64_t k_mine = 0, k_theirs = 0;
+          for (int64_t t = 0; t < split.n_rounds(); ++t) {
+            k_mine += subtrees[static_cast<size_t>(me)][static_cast<size_t>(t)];
+            k_theirs += subtrees[static_cast<size_t>(j)][static_cast<size_t>(t)];
+          }
+          add_sent(c, peers, j, 4 * k_mine * overlap(a, b, L.optimizer_begin(j), L.optimizer_end(j)));
+          add_received(c, peers, j, 4 * k_theirs * overlap(a, b, L.optimizer_lo(), L.optimizer_hi()));
+        }
+      w.collectives.push_back(c);
+    }
+    if (R > 1) {  // Trainer::gather_updated_params: the optimizer stride from every replica
+      CollectiveWork c{"all-gather updated parameters"};
+      for (int g = 0; g < R; ++g) {
+        if (g == L.replicate_index()) continue;
+        const int peer = L.rank_of(L.shard_index(), g);
+        add_sent(c, peers, peer, 4 * L.optimizer_stride());
+        add_received(c, peers, peer, 4 * L.optimizer_stride());
+      }
+      w.collectives.push_back(c);
+    }
+    if (ep > 1) {
+      // model/ep_exchange.cpp, each MoE layer: forward sends a row's input x [d] to its expert's owner, which returns
+      // [y | a] [d + h]; backward sends ∂y [d] and gets [∂x | ∂g | ∂u] [d + 2h]; a recompute runs forward's again.
+      // At balanced routing a rank sends, for each of its rows whose expert lives elsewhere, the source's part, and
+      // returns as many rows of others as the owner's part.
+      CollectiveWork c{"all-to-all of expert rows"};
+      c.exact = false;
+      const double d = static_cast<double>(m.d_model), h = static_cast<double>(m.moe.hidden);
+      const double per_row = (2 * d + h) * (recompute ? 2 : 1) + (2 * d + 2 * h);
+      const double rows = tokens * static_cast<double>(m.moe.top_k) * static_cast<double>(m.n_layers);
+      const int first = me - me % ep;
+      for (int peer = first; peer < first + ep; ++peer) {
+        if (peer == me) continue;
+        const auto bytes = static_cast<int64_t>(4 * per_row * rows / ep);
+        add_sent(c, peers, peer, bytes);
+        add_received(c, peers, peer, bytes);
+      }
+      w.collectives.push_back(c);
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::string& transport) {
+  if (transport != "mpi" && transport != "nccl" && transport != "nccl+prefetch")
+    throw std::invalid_argument("transport '" + transport + "': mpi, nccl or nccl+prefetch");
+  StepTime t;
+  t.transport = transport;
+  const double gemm = w.gemm_flops / r.gemm_flops, attention = w.attention_flops / r.attention_flops;
+  const double memory = w.hbm_bytes / r.hbm_bytes;
+  // Link seconds of the unit gathers and of the other collectives. MPI: every byte sent is copied to pageable host
+  // memory and every byte received back, by blocking copies one after another; the node's ranks exchange through
+  // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once.
+  double gathers = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0;
+  for (const CollectiveWork& c : w.collectives) {
+    double link = 0;
+    const double off = static_cast<double>(std::max(c.sent_off_node, c.received_off_node)) / r.network_bytes;
+    network += off;
+    if (transport == "mpi") {
+      const double p = static_cast<double>(c.sent() + c.received()) / r.pcie_bytes;
+      const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
+      pcie += p, host += h, link = p + h + off;
+    } else {
+      const double v = static_cast<double>(std::max(c.sent_on_node, c.received_on_node)) / r.nvlink_bytes;
+      nvlink += v, link = v + off;
+    }
+    (c.gather ? gathers : others) += link;
+  }
+  t.parts = {{"GEMM", gemm}, {"attention", attention}, {"memory-bound ops (HBM)", memory}};
+  if (transport == "mpi") {
+    t.parts.push_back({"PCIe staging (pageable, blocking)", pcie});
+    t.parts.push_back({"host copies between ranks", host});
+  } else {
+    t.parts.push_back({"NVLink", nvlink});
+  }
+  t.parts.push_back({"network", network});
+  t.seconds = gemm + attention + memory + gathers + others;
+  if (transport == "nccl+prefetch") {
+    // The next unit's gather runs while this unit computes: only what the compute does not cover is waited for.
+    const double hidden = std::min(gathers, gemm + attention);
+    t.seconds -= hidden;
+    t.parts.push_back({"unit gathers under compute", -hidden});
+  }
+  const auto largest = std::max_element(t.parts.begin(), t.parts.end(),
+                                        [](const TimePart& a, const TimePart& b) { return a.seconds < b.seconds; });
+  t.dominant = largest->name;
+  return t;
+}
+
+std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node,
+                       const DeviceRates& rates, int rank) {
+  const std::vector<StepWork> works = predict_step_work(cfg, where, ranks_per_node);
+  if (rank >= static_cast<int>(works.size()))
+    throw std::invalid_argument("--rank " + std::to_string(rank) + ": the layout has ranks 0.." +
+                                std::to_string(works.size() - 1));
+  // The slowest rank under today's transport (the step waits for it), or the one asked for.
+  size_t pick = 0;
+  if (rank >= 0) {
+    pick = static_cast<size_t>(rank);
+  } else {
+    double slowest = -1;
+    for (size_t i = 0; i < works.size(); ++i)
+      if (const double s = predict_step_time(works[i], rates, "mpi").seconds; s > slowest) slowest = s, pick = i;
+  }
+  const StepWork& w = works[pick];
+  std::string out;
+  char line[320];
+  std::snprintf(line, sizeof line, "\nstep time at %dx%d%s, %d ranks per node, %s (docs/memory.md, \"Step time\"):\n",
+                where.dp_shard, where.dp_replicate, where.ep > 1 ? (" ep " + std::to_string(where.ep)).c_str() : "",
+                ranks_per_node, rates.name.c_str());
+  out += line;
+  for (const std::string& note : rates.notes) out += "  rates: " + note + "\n";
+  std::snprintf(line, sizeof line, "rank %d (%s): %lld tokens per step\n", w.rank,
+                rank >= 0 ? "asked for" : "the slowest", static_cast<long long>(w.tokens));
+  out += line;
+  std::snprintf(line, sizeof line, "  %-40s %16.0f FLOP\n  %-40s %16.0f FLOP\n  %-40s %16.0f bytes (estimate)\n",
+                "GEMM (forward, backward, recompute)", w.gemm_flops, "attention", w.attention_flops,
+                "memory-bound ops (AdamW, tree adds, digest)", w.hbm_bytes);
+  out += line;
+  for (const CollectiveWork& c : w.collectives) {
+    std::snprintf(line, sizeof line, "  %-40s %16lld bytes sent (%lld on node), %lld received%s\n", c.what.c_str(),
+                  static_cast<long long>(c.sent()), static_cast<long long>(c.sent_on_node),
+                  static_cast<long long>(c.received()), c.exact ? "" : " (estimate: balanced routing)");
+    out += line;
+  }
+  const std::vector<StepTime> times = {predict_step_time(w, rates, "mpi"), predict_step_time(w, rates, "nccl"),
+                                       predict_step_time(w, rates, "nccl+prefetch")};
+  std::snprintf(line, sizeof line, "  %-40s %14s %14s %14s\n", "seconds per step", "mpi (today)", "nccl",
+                "nccl+prefetch");
+  out += line;
+  std::vector<std::string> names;
+  for (const StepTime& t : times)
+    for (const TimePart& p : t.parts)
+      if (std::find(names.begin(), names.end(), p.name) == names.end()) names.push_back(p.name);
+  for (const std::string& name : names) {
+    std::snprintf(line, sizeof line, "  %-40s", name.c_str());
+    out += line;
+    for (const StepTime& t : times) {
+      const auto it = std::find_if(t.parts.begin(), t.parts.end(), [&](const TimePart& p) { return p.name == name; });
+      if (it == t.parts.end())
+        std::snprintf(line, sizeof line, " %14s", "-");
+      else
+        std::snprintf(line, sizeof line, " %14.6g", it->seconds);
+      out += line;
+    }
+    out += "\n";
+  }
+  std::snprintf(line, sizeof line, "  %-40s %14.6g %14.6g %14.6g\n", "step", times[0].seconds, times[1].seconds,
+                times[2].seconds);
+  out += line;
+  out += "  dominated by: mpi " + times[0].dominant + "; nccl " + times[1].dominant + "; nccl+prefetch " +
+         times[2].dominant + "\n";
+  return out;
+}
+
+}  // namespace olmoref
