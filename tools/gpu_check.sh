@@ -21,7 +21,8 @@
 #                  names its kernel), the real-step shapes whole (tests/kernels/real_shape_cases.h); the dry run
 #                  takes a sample of those through test_real_shapes;
 #       bench      bench/gemm_bench first (the cheapest figure): the exact GEMM and cublasSgemm on each of the step's
-#                  GEMM shapes, a row each (the dry run prints the shape list: `gemm_bench --dry-run`); then
+#                  GEMM shapes, a row each (the dry run prints the shape list: `gemm_bench --dry-run`); the step-time
+#                  model for the 7B at 8x1 at that measured rate (`olmoref config --time --bench`); then
 #                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one;
@@ -191,6 +192,13 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
     fi
     "$gemm_bench" --out "$out/bench.json" || rc=$?
   fi
+  # The step-time model (docs/memory.md, "Step time") for the 7B at 8x1 at the exact GEMM's rate just measured (the
+  # data sheet's in the dry run, which measures none): CPU only, a fraction of a second.
+  local gpu=h100 measured=()
+  grep -q "H200" "$out/device.txt" 2> /dev/null && gpu=h200
+  [ "$dry" = 1 ] || measured=(--bench "$out/bench.json")
+  "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
+    "${measured[@]}" | sed -n '/^step time/,$p' || rc=$?
   bash bench/gpu_bench.sh "$out" "$bin_root/olmoref" || rc=$?
   return $rc
 }

@@ -7,7 +7,8 @@
 #   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
 #      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run; the kernels step checked the
-#      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list;
+#      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list and
+#      printed the step-time model (config --time);
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
 #      after it still run; a planted failure in the preflight stops the script at once, saying why;
 #   4. the device's command lines: the dry run went through the stand-ins (tools/standins/) for nvidia-smi and
@@ -80,6 +81,9 @@ for case in ("gemm 2048x8192x2048", "lm_head dW [100352, 2048]", "attention T 20
     assert f"real shape {case}" in kernels_log, f"the kernels step did not check the real shape {case}"
 if "gemm_bench: not run" not in log:
     assert "gemm_bench --dry-run: 24 shapes" in log, "the bench step did not build gemm_bench's shape list"
+bench_log = log[log.index("===== bench "):log.index("===== training ")]
+assert "step time at 8x1, 8 ranks per node" in bench_log and "  step  " in bench_log, \
+    "the bench step did not print the step-time model"
 print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
 PY
 
