@@ -17,6 +17,10 @@ struct AttentionShape {
   // bf16: q, k, v, dout are bf16-valued; P and dS are rounded to bf16 as matmul operands, dq/dk/dv are
   // rounded to bf16 (docs/canonical/bf16.md). The caller rounds `out`. fp32: none of this happens.
   Precision precision = Precision::fp32;
+  // Intra-document masking (docs/canonical/documents.md): each position's document's first and last position, [B, T]
+  // in the executor's memory (core/attention_band.h reads them); null: one document per instance.
+  const int32_t* doc_start = nullptr;
+  const int32_t* doc_end = nullptr;
 };
 
 // A mixture-of-experts dispatch plan (core/moe_plan.h Plan) as the MoE ops read it, in executor memory: R token

@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "kernels/block.h"
+#include "core/attention_band.h"
 #include "core/bf16.h"
 #include "core/hd.h"
 #include "core/mathfn_impl.h"
@@ -57,6 +58,7 @@ inline constexpr int64_t kAttentionTileBlocks = 128;
 
 struct AttentionArgs {
   int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0, window = 0;  // window 0: full causal
+  const int32_t *doc_start = nullptr, *doc_end = nullptr;     // [B, T] (core/attention_band.h); null: no documents
   float scale = 1.0f;
   bool bf16 = false;
   const float *q = nullptr, *k = nullptr, *v = nullptr;  // [B·T, H·hd], [B·T, KV·hd] ×2
@@ -81,15 +83,16 @@ OLMOREF_HD inline int64_t attention_forward_blocks(const AttentionArgs& a) {
 // The forward's scratch rows: [attention_scratch_rows, T].
 OLMOREF_HD inline int64_t attention_scratch_rows(const AttentionArgs& a) { return attention_forward_blocks(a) * kAttTile; }
 
-// The first key of query i's band, and the last query whose band holds key j.
-OLMOREF_HD inline int64_t attention_band_lo(const AttentionArgs& a, int64_t i) {
-  return a.window > 0 && i - a.window + 1 > 0 ? i - a.window + 1 : 0;
+// The first key of query i's band in instance b, and the last query whose band holds key j (core/attention_band.h:
+// the window and, under intra-document masking, the document).
+OLMOREF_HD inline int64_t attention_band_lo(const AttentionArgs& a, int64_t b, int64_t i) {
+  return attention_key_lo(a.window, a.doc_start, a.T, b, i);
 }
-OLMOREF_HD inline int64_t attention_band_hi(const AttentionArgs& a, int64_t j) {
-  return a.window > 0 && j + a.window - 1 < a.T - 1 ? j + a.window - 1 : a.T - 1;
+OLMOREF_HD inline int64_t attention_band_hi(const AttentionArgs& a, int64_t b, int64_t j) {
+  return attention_query_hi(a.window, a.doc_end, a.T, b, j);
 }
-OLMOREF_HD inline bool attention_in_band(const AttentionArgs& a, int64_t i, int64_t j) {
-  return j <= i && j >= attention_band_lo(a, i);
+OLMOREF_HD inline bool attention_in_band(const AttentionArgs& a, int64_t b, int64_t i, int64_t j) {
+  return j <= i && j >= attention_band_lo(a, b, i);
 }
 
 // Tile `tile` = (b·H + h)·ceil(T/32) + i0/32: its instance, heads, positions i0 .. i0 + n − 1, and the operands'
@@ -220,7 +223,7 @@ template <class Block>
 OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, const AttentionArgs& a, int64_t tile,
                                        float* s) {
   const AttentionTile at = attention_tile(a, tile);
-  const int64_t lo0 = attention_band_lo(a, at.i0), last = at.i0 + at.n - 1;
+  const int64_t lo0 = attention_band_lo(a, at.b, at.i0), last = at.i0 + at.n - 1;
   const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
   constexpr int32_t kNone = 0x7fffffff;
   const float neg_inf = -hd_float(0x7f800000u);
@@ -246,10 +249,10 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
         for (int u = 0; u < kAttPer; ++u) {
           const int row = w + kAttWarps * u;
           const int64_t i = at.i0 + row;
-          if (row >= at.n || !attention_in_band(a, i, j)) continue;
+          if (row >= at.n || !attention_in_band(a, at.b, i, j)) continue;
           const float score = r.acc[u] * a.scale;
           s[row * a.T + (j - lo0)] = score;
-          if (r.m[u] < score) r.m[u] = score, r.first[u] = static_cast<int32_t>(j - attention_band_lo(a, i));
+          if (r.m[u] < score) r.m[u] = score, r.first[u] = static_cast<int32_t>(j - attention_band_lo(a, at.b, i));
         }
       });
     }
@@ -261,7 +264,7 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
   });
   blk.phase([&](int t, auto&) {
     if (t >= at.n) return;
-    const int64_t i = at.i0 + t, lo = attention_band_lo(a, i), n = i - lo + 1;
+    const int64_t i = at.i0 + t, lo = attention_band_lo(a, at.b, i), n = i - lo + 1;
     float m = neg_inf;
     int64_t first = n;
     for (int c = 0; c < kAttTile; ++c)
@@ -277,7 +280,7 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
         sh.lane[row][l] = 0.0f;
         continue;
       }
-      const int64_t i = at.i0 + row, lo = attention_band_lo(a, i);
+      const int64_t i = at.i0 + row, lo = attention_band_lo(a, at.b, i);
       float acc = 0.0f;
       for (int64_t j = lo0 + l; j <= i; j += kAttTile) {
         if (j < lo) continue;
@@ -308,7 +311,7 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
         for (int e = t; e < kAttTile * kAttTile; e += kAttThreads) {
           const int row = e / kAttTile, c = e % kAttTile;
           float p = 0.0f;
-          if (row < at.n && attention_in_band(a, at.i0 + row, k0 + c)) {
+          if (row < at.n && attention_in_band(a, at.b, at.i0 + row, k0 + c)) {
             p = s[row * a.T + (k0 + c - lo0)] / sh.l[row];
             if (a.bf16) p = round_bf16(p);
           }
@@ -327,7 +330,7 @@ OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, c
           OLMOREF_UNROLL
           for (int u = 0; u < kAttPer; ++u) {
             const int row = w + kAttWarps * u;
-            if (row >= at.n || !attention_in_band(a, at.i0 + row, j)) continue;
+            if (row >= at.n || !attention_in_band(a, at.b, at.i0 + row, j)) continue;
             const float p = sh.p[row][c];
             OLMOREF_UNROLL
             for (int v = 0; v < kAttPerDim; ++v) r.o[u][v] = hd_fma(p, vd[v], r.o[u][v]);
@@ -369,7 +372,7 @@ template <class Block>
 OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
                                               int64_t tile) {
   const AttentionTile at = attention_tile(a, tile);
-  const int64_t lo0 = attention_band_lo(a, at.i0), last = at.i0 + at.n - 1;
+  const int64_t lo0 = attention_band_lo(a, at.b, at.i0), last = at.i0 + at.n - 1;
   const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
   blk.phase([&](int t, auto&) {
     if (t >= at.n) return;
@@ -404,7 +407,7 @@ OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShare
         OLMOREF_UNROLL
         for (int u = 0; u < kAttPer; ++u) {
           const int row = w + kAttWarps * u;
-          if (row < at.n && attention_in_band(a, at.i0 + row, k0 + l))
+          if (row < at.n && attention_in_band(a, at.b, at.i0 + row, k0 + l))
             sh.ds[row][l] = attention_prob_grad(a, r.score[u], r.dp[u], sh.m[row], sh.l[row], sh.D[row]).ds;
         }
       });
@@ -424,7 +427,7 @@ OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShare
           OLMOREF_UNROLL
           for (int u = 0; u < kAttPer; ++u) {
             const int row = w + kAttWarps * u;
-            if (row >= at.n || !attention_in_band(a, at.i0 + row, k0 + c)) continue;
+            if (row >= at.n || !attention_in_band(a, at.b, at.i0 + row, k0 + c)) continue;
             const float ds = sh.ds[row][c];
             OLMOREF_UNROLL
             for (int v = 0; v < kAttPerDim; ++v) r.x[u][v] = hd_fma(ds, kd[v], r.x[u][v]);
@@ -443,7 +446,7 @@ template <class Block>
 OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
                                             int64_t tile) {
   const AttentionTile at = attention_tile(a, tile);
-  const int64_t j0 = at.i0, j_end = at.i0 + at.n, hi = attention_band_hi(a, j_end - 1);
+  const int64_t j0 = at.i0, j_end = at.i0 + at.n, hi = attention_band_hi(a, at.b, j_end - 1);
   const int64_t query_tiles = (hi - j0) / kAttTile + 1, chunks = attention_chunks(a);
   float* dk_base = a.dk_head + at.stats * a.hd;
   float* dv_base = a.dv_head + at.stats * a.hd;
@@ -476,7 +479,7 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
         OLMOREF_UNROLL
         for (int u = 0; u < kAttPer; ++u) {
           const int key = w + kAttWarps * u;
-          if (key >= at.n || i0 + l >= i_end || !attention_in_band(a, i0 + l, j0 + key)) continue;
+          if (key >= at.n || i0 + l >= i_end || !attention_in_band(a, at.b, i0 + l, j0 + key)) continue;
           const ProbGrad pg = attention_prob_grad(a, r.score[u], r.dp[u], sh.m[l], sh.l[l], sh.D[l]);
           sh.p[l][key] = pg.p, sh.ds[l][key] = pg.ds;
         }
@@ -502,7 +505,7 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
           OLMOREF_UNROLL
           for (int u = 0; u < kAttPer; ++u) {
             const int key = w + kAttWarps * u;
-            if (key >= at.n || !attention_in_band(a, i, j0 + key)) continue;
+            if (key >= at.n || !attention_in_band(a, at.b, i, j0 + key)) continue;
             const float ds = sh.ds[c][key], p = sh.p[c][key];
             OLMOREF_UNROLL
             for (int v = 0; v < kAttPerDim; ++v) {

@@ -293,6 +293,7 @@ namespace {
 AttentionArgs attention_args(const AttentionShape& s) {
   AttentionArgs a;
   a.B = s.B, a.T = s.T, a.H = s.H, a.KV = s.KV, a.hd = s.hd, a.window = s.window, a.scale = s.scale;
+  a.doc_start = s.doc_start, a.doc_end = s.doc_end;
   a.bf16 = s.precision == Precision::bf16;
   return a;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/attention_band.h"
 #include "core/elementwise.h"
 #include "ref/gemm.h"
 #include "core/mathfn.h"
@@ -334,15 +335,14 @@ void matmul_backward_input_swiglu(const float* dY, const float* W2, const float*
 // Attention
 // ---------------------------------------------------------------------------------------------
 //
-// Per (instance b, head h, query i), keys j in [lo(i), i], lo(i) = max(0, i - window + 1):
+// Per (instance b, head h, query i), keys j in [lo(i), i], lo(i) = max(0, i - window + 1), raised to the start of
+// i's document under intra-document masking (core/attention_band.h):
 //   s_j = (Σ_d q_d k_jd, one fma chain over d) · scale
 //   m = max_j s_j;   e_j = expf(s_j − m);   l = canonical_sum(e, lane = j − lo);   P_j = e_j / l
 //   out_d = Σ_j P_j v_jd, one fma chain over j ascending.
 // Backward recomputes P_j with exactly the same operations, so it sees the forward's bits.
 
 namespace {
-
-inline int64_t key_lo(int64_t i, int64_t window) { return window > 0 ? std::max<int64_t>(0, i - window + 1) : 0; }
 
 // Scores of query row qi (hd) against keys [lo, hi] of one head; kt is that head's keys transposed,
 // [hd, T], so the chain over d runs in the outer loop while keys are vectorised.
@@ -408,7 +408,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
       const int64_t b = task / s.H, h = task % s.H, g = h / group;
       transpose_head(k, b, T, kw, g, hd, kt.data());
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t lo = key_lo(i, s.window), n = i - lo + 1;
+        const int64_t lo = attention_key_lo(s.window, s.doc_start, T, b, i), n = i - lo + 1;
         const float* qi = q + (b * T + i) * qw + h * hd;
         scores_row(qi, kt.data(), T, hd, lo, i, s.scale, sc.data());
         float m = -std::numeric_limits<float>::infinity();
@@ -459,7 +459,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       transpose_head(k, b, T, kw, g, hd, kt.data());
       transpose_head(v, b, T, kw, g, hd, vt.data());
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t lo = key_lo(i, s.window), n = i - lo + 1;
+        const int64_t lo = attention_key_lo(s.window, s.doc_start, T, b, i), n = i - lo + 1;
         const float* qi = q + (b * T + i) * qw + h * hd;
         const float* doi = dout + (b * T + i) * qw + h * hd;
         const float* oi = out + (b * T + i) * qw + h * hd;
@@ -488,11 +488,12 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
         if (bf16)
           for (int64_t d = 0; d < hd; ++d) dqi[d] = round_bf16(dqi[d]);
       }
-      // Per key j: queries i in [j, hi(j)] see it, hi(j) = j + window - 1 (or T-1 for full attention).
+      // Per key j: queries i in [j, hi(j)] see it, hi(j) = j + window - 1 (or T-1 for full attention), lowered to the
+      // end of j's document under intra-document masking.
       float* dkh = dk_head.data() + (b * s.H + h) * T * hd;
       float* dvh = dv_head.data() + (b * s.H + h) * T * hd;
       for (int64_t j = 0; j < T; ++j) {
-        const int64_t hi = s.window > 0 ? std::min<int64_t>(T - 1, j + s.window - 1) : T - 1;
+        const int64_t hi = attention_query_hi(s.window, s.doc_end, T, b, j);
         float* dkj = dkh + j * hd;
         float* dvj = dvh + j * hd;
         for (int64_t d = 0; d < hd; ++d) {

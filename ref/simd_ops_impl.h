@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/attention_band.h"
 #include "core/elementwise.h"
 #include "core/mathfn_impl.h"
 #include "ref/simd_ops.h"
@@ -28,9 +29,12 @@
 namespace olmoref::simd {
 namespace {
 
-inline int64_t lo_of(int64_t i, int64_t window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
-inline int64_t hi_of(int64_t j, int64_t T, int64_t window) {
-  return window > 0 && j + window - 1 < T - 1 ? j + window - 1 : T - 1;
+// The band of core/attention_band.h for instance b of shape s.
+inline int64_t lo_of(const AttentionShape& s, int64_t b, int64_t i) {
+  return attention_key_lo(s.window, s.doc_start, s.T, b, i);
+}
+inline int64_t hi_of(const AttentionShape& s, int64_t b, int64_t j) {
+  return attention_query_hi(s.window, s.doc_end, s.T, b, j);
 }
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -461,10 +465,10 @@ struct Kernels {
       transpose_head(k, b, T, Tp, kw, g, hd, kt);
       for (int64_t i0 = 0; i0 < T; i0 += kForwardRows) {
         const int64_t nr = min64(kForwardRows, T - i0);
-        const int64_t jlo = lo_of(i0, s.window), jhi = i0 + nr - 1;
+        const int64_t jlo = lo_of(s, b, i0), jhi = i0 + nr - 1;
         score_rows(q + (b * T + i0) * qw + h * hd, qw, static_cast<int>(nr), kt, Tp, hd, jlo, jhi, s.scale, sc, Tp);
         for (int64_t r = 0; r < nr; ++r) {
-          const int64_t i = i0 + r, lo = lo_of(i, s.window), n = i - lo + 1;
+          const int64_t i = i0 + r, lo = lo_of(s, b, i), n = i - lo + 1;
           float* row = sc + r * Tp + lo;
           float m;
           const float l = exp_shift_sum(row, n, &m);
@@ -511,11 +515,11 @@ struct Kernels {
       const float* lh = row_sum + (b * s.H + h) * T;
       for (int64_t i0 = 0; i0 < T; i0 += kBackwardRows) {
         const int64_t nr = min64(kBackwardRows, T - i0), i1 = i0 + nr - 1;
-        const int64_t jlo = lo_of(i0, s.window);
+        const int64_t jlo = lo_of(s, b, i0);
         score_rows(qh + i0 * qw, qw, static_cast<int>(nr), kt, Tp, hd, jlo, i1, s.scale, P, Tp);
         score_rows(doh + i0 * qw, qw, static_cast<int>(nr), vt, Tp, hd, jlo, i1, 1.0f, dS, Tp);
         for (int64_t r = 0; r < nr; ++r) {
-          const int64_t i = i0 + r, lo = lo_of(i, s.window), n = i - lo + 1;
+          const int64_t i = i0 + r, lo = lo_of(s, b, i), n = i - lo + 1;
           float* pr = P + r * Tp + lo;
           float* dr = dS + r * Tp + lo;
           // P = expf(s − m) / l with the forward's m and l; D = chain over d of dO·O.
@@ -553,7 +557,7 @@ struct Kernels {
           for (int64_t t = 0; t < nk; ++t) {
             const int64_t j = j0 + t;
             kb[t] = max64(j, i0);
-            ke[t] = min64(hi_of(j, T, s.window), i1);
+            ke[t] = min64(hi_of(s, b, j), i1);
           }
           chains_dispatch_hv<1>(nk, kb, ke, dS + j0, 1, Tp, i0, qh, qw, dkh + j0 * hd, hd, true, hv);
           chains_dispatch_hv<1>(nk, kb, ke, P + j0, 1, Tp, i0, doh, qw, dvh + j0 * hd, hd, true, hv);

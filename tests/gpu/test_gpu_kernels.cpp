@@ -412,9 +412,11 @@ int check_attention() {
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
     std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
-    attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
+    attention_forward(testing::attention_shape(c, o), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
                       l_ref.data(), nullptr);
     kernels::AttentionArgs a = testing::attention_args(c);
+    int32_t* docs[2] = {o.doc_start.empty() ? nullptr : to_device(o.doc_start), o.doc_end.empty() ? nullptr : to_device(o.doc_end)};
+    a.doc_start = docs[0], a.doc_end = docs[1];
     float *dq = to_device(o.q), *dk = to_device(o.k), *dv = to_device(o.v), *dout = to_device(std::vector<float>(out_n));
     float *dm = to_device(std::vector<float>(stats)), *dl = to_device(std::vector<float>(stats));
     float* ds = attention_scratch(a, tile_blocks);
@@ -424,9 +426,11 @@ int check_attention() {
     const bool same = err == cudaSuccess && bits_equal(from_device(dout, out_n), out_ref) &&
                       bits_equal(from_device(dm, stats), m_ref) && bits_equal(from_device(dl, stats), l_ref);
     for (float* p : {dq, dk, dv, dout, dm, dl, ds}) cudaFree(p);
+    for (int32_t* p : docs) cudaFree(p);
     if (!same) {
-      std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d blocks=%lld\n", (long long)c.T,
-                  (long long)c.H, (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16, (long long)tile_blocks);
+      std::printf("FAILED attention T=%lld H=%lld KV=%lld hd=%lld window=%lld bf16=%d docs=%u blocks=%lld\n",
+                  (long long)c.T, (long long)c.H, (long long)c.KV, (long long)c.hd, (long long)c.window, c.bf16, c.docs,
+                  (long long)tile_blocks);
       ++failed;
     }
   }
@@ -438,12 +442,14 @@ int check_attention() {
     const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
     const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
-    const AttentionShape shape = testing::attention_shape(c);
+    const AttentionShape shape = testing::attention_shape(c, o);
     std::vector<float> out(qn), m(stats), l(stats), dq_ref(qn), dk_ref(kn), dv_ref(kn);
     attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
     attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
                        dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
     kernels::AttentionArgs a = testing::attention_args(c);
+    int32_t* docs[2] = {o.doc_start.empty() ? nullptr : to_device(o.doc_start), o.doc_end.empty() ? nullptr : to_device(o.doc_end)};
+    a.doc_start = docs[0], a.doc_end = docs[1];
     float *dq_in = to_device(o.q), *dk_in = to_device(o.k), *dv_in = to_device(o.v), *dout_in = to_device(out);
     float *dm = to_device(m), *dl = to_device(l), *dgo = to_device(g.q);
     float *ddq = to_device(std::vector<float>(qn)), *ddk = to_device(std::vector<float>(kn)), *ddv = to_device(std::vector<float>(kn));
@@ -456,6 +462,7 @@ int check_attention() {
     const bool same = err == cudaSuccess && bits_equal(from_device(ddq, qn), dq_ref) && bits_equal(from_device(ddk, kn), dk_ref) &&
                       bits_equal(from_device(ddv, kn), dv_ref);
     for (float* p : {dq_in, dk_in, dv_in, dout_in, dm, dl, dgo, ddq, ddk, ddv, row_d, dkh, dvh}) cudaFree(p);
+    for (int32_t* p : docs) cudaFree(p);
     bwd_failed += !same;
   }
   std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);

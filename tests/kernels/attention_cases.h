@@ -1,12 +1,13 @@
 // tests/kernels/attention_cases.h — attention shapes shared by the host-decomposition and GPU tests: GQA,
 // window 1, a window longer than the sequence, full causal, odd head dims, head dims past one staged chunk of 128,
-// one-token sequences, bf16.
+// one-token sequences, bf16, and documents inside the instances (intra-document masking, docs/canonical/documents.md).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "core/documents.h"
 #include "kernels/attention_exact.h"
 #include "core/bf16.h"
 #include "ref/ops.h"
@@ -16,11 +17,15 @@ namespace olmoref::testing {
 struct AttentionCase {
   int64_t B, T, H, KV, hd, window;
   bool bf16;
+  uint32_t docs = 0;  // 0: one document per instance; else the seed of documents of random lengths
 };
 inline std::vector<AttentionCase> attention_cases() {
   return {{1, 1, 1, 1, 4, 0, false},   {2, 37, 4, 2, 8, 1, false},  {1, 37, 4, 2, 8, 50, false},
           {2, 40, 4, 4, 6, 16, false}, {1, 70, 6, 2, 5, 0, false},  {1, 45, 4, 2, 8, 16, true},
-          {1, 33, 2, 1, 40, 7, false},  {1, 40, 2, 1, 136, 9, false}, {1, 35, 2, 2, 160, 0, true}};
+          {1, 33, 2, 1, 40, 7, false},  {1, 40, 2, 1, 136, 9, false}, {1, 35, 2, 2, 160, 0, true},
+          // Documents: with a window, full causal (documents spanning key tiles), bf16, head dims past a chunk.
+          {2, 70, 4, 2, 8, 16, false, 1}, {2, 75, 4, 2, 8, 0, false, 2}, {1, 45, 4, 2, 8, 9, true, 3},
+          {1, 40, 2, 1, 136, 0, false, 4}};
 }
 // Sequences past a thousand keys, more query rows than the kernels' blocks in flight: full causal fp32, GQA with a
 // window and bf16.
@@ -29,7 +34,29 @@ inline std::vector<AttentionCase> long_attention_cases() {
 }
 struct AttentionOperands {
   std::vector<float> q, k, v;
+  std::vector<int32_t> doc_start, doc_end;  // [B, T] when the case has documents
 };
+// Each instance's documents from tokens with EOS (core/documents.h), so the boundaries are the data path's: EOS at
+// random positions (about one in eight), and in the first instance also at the last position and twice in a row.
+inline void attention_documents(const AttentionCase& c, AttentionOperands& o) {
+  if (!c.docs) return;
+  std::mt19937 rng(c.docs);
+  constexpr uint32_t kEos = 1;
+  for (int64_t b = 0; b < c.B; ++b) {
+    std::vector<uint32_t> tokens(static_cast<size_t>(c.T), 2);
+    for (uint32_t& t : tokens)
+      if (rng() % 8 == 0) t = kEos;
+    if (b == 0 && c.T > 8) tokens[3] = tokens[4] = tokens[static_cast<size_t>(c.T - 1)] = kEos;
+    const DocumentPositions p = document_positions(tokens.data(), c.T, kEos);
+    for (int64_t i = 0; i < c.T; ++i) o.doc_start.push_back(p.start[static_cast<size_t>(i)]);
+    // The last position of each position's document: its start plus its length, less one.
+    int32_t at = 0;
+    for (const int32_t len : document_lengths(tokens.data(), c.T, kEos)) {
+      for (int32_t x = 0; x < len; ++x) o.doc_end.push_back(at + len - 1);
+      at += len;
+    }
+  }
+}
 inline AttentionOperands attention_operands(const AttentionCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -40,11 +67,18 @@ inline AttentionOperands attention_operands(const AttentionCase& c, uint32_t see
   fill(o.q, c.B * c.T * c.H * c.hd);
   fill(o.k, c.B * c.T * c.KV * c.hd);
   fill(o.v, c.B * c.T * c.KV * c.hd);
+  attention_documents(c, o);
   return o;
 }
 inline AttentionShape attention_shape(const AttentionCase& c) {
   AttentionShape s{c.B, c.T, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
   s.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
+  return s;
+}
+// With the operands' documents (host memory), when the case has them.
+inline AttentionShape attention_shape(const AttentionCase& c, const AttentionOperands& o) {
+  AttentionShape s = attention_shape(c);
+  if (!o.doc_start.empty()) s.doc_start = o.doc_start.data(), s.doc_end = o.doc_end.data();
   return s;
 }
 
@@ -54,6 +88,11 @@ inline kernels::AttentionArgs attention_args(const AttentionCase& c) {
   a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
   a.bf16 = c.bf16;
+  return a;
+}
+inline kernels::AttentionArgs attention_args(const AttentionCase& c, const AttentionOperands& o) {
+  kernels::AttentionArgs a = attention_args(c);
+  if (!o.doc_start.empty()) a.doc_start = o.doc_start.data(), a.doc_end = o.doc_end.data();
   return a;
 }
 

@@ -22,6 +22,7 @@ void for_each_attention_case(const Fn& fn, const std::vector<AttentionCase>& cas
     CAPTURE(c.hd);
     CAPTURE(c.window);
     CAPTURE(c.bf16);
+    CAPTURE(c.docs);
     fn(c, attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd)));
   }
 }

@@ -196,10 +196,10 @@ void check_attention_forward(const testing::AttentionCase& c, const testing::Att
                              int64_t tile_blocks = kernels::kAttentionTileBlocks) {
   const size_t out_n = static_cast<size_t>(c.B * c.T * c.H * c.hd), stats = static_cast<size_t>(c.B * c.H * c.T);
   std::vector<float> out_ref(out_n), m_ref(stats), l_ref(stats);
-  attention_forward(testing::attention_shape(c), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
+  attention_forward(testing::attention_shape(c, o), o.q.data(), o.k.data(), o.v.data(), out_ref.data(), m_ref.data(),
                     l_ref.data(), nullptr);
   std::vector<float> out(out_n), m(stats), l(stats);
-  kernels::AttentionArgs a = testing::attention_args(c);
+  kernels::AttentionArgs a = testing::attention_args(c, o);
   a.tile_blocks = tile_blocks;
   std::vector<float> scratch(static_cast<size_t>(kernels::attention_scratch_rows(a) * c.T));
   a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data();
@@ -216,13 +216,13 @@ void check_attention_backward(const testing::AttentionCase& c, const testing::At
   const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));  // g.q: dO
   const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
   const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
-  const AttentionShape shape = testing::attention_shape(c);
+  const AttentionShape shape = testing::attention_shape(c, o);
   std::vector<float> out(qn), m(stats), l(stats);
   attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
   std::vector<float> dq_ref(qn), dk_ref(kn), dv_ref(kn);
   attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
                      dq_ref.data(), dk_ref.data(), dv_ref.data(), nullptr);
-  kernels::AttentionArgs a = testing::attention_args(c);
+  kernels::AttentionArgs a = testing::attention_args(c, o);
   a.tile_blocks = tile_blocks;  // the backward has no scratch: one block per tile
   std::vector<float> dq(qn), dk(kn), dv(kn);
   std::vector<float> row_d(stats), dkh(stats * static_cast<size_t>(c.hd)), dvh(dkh.size());

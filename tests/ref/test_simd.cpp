@@ -4,8 +4,8 @@
 // and SiLU over every special value and a dense sample of all 2^32 fp32 patterns; the canonical reductions and the
 // sequential max (signed zeros, NaN, inf, every tail length); attention forward and backward over shapes that hit
 // every edge of the banded chains (window 1, windows longer than T, full causal, GQA, T not a multiple of any
-// block, head dims of 1..8 registers, values outside a window that are NaN or inf); RMSNorm, SwiGLU and the
-// cross-entropy row. Each path the CPU has runs; the test fails if the machine has AVX2 but no path ran.
+// block, head dims of 1..8 registers, values outside a window that are NaN or inf); attention with documents inside
+// the instances against each document run alone; RMSNorm, SwiGLU and the cross-entropy row. Each path the CPU has runs; the test fails if the machine has AVX2 but no path ran.
 #include <doctest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/documents.h"
 #include "ref/gemm.h"
 #include "core/mathfn.h"
 #include "ref/ops.h"
@@ -244,6 +245,111 @@ TEST_CASE("SIMD attention forward and backward are bit-identical to the scalar d
           CHECK(std::isnan(want.out[0]));
         }
       }
+    }
+  }
+}
+
+// Intra-document masking (docs/canonical/documents.md) defined by what it must equal: each document of an instance
+// run alone as its own sequence, with no documents at all. The masked keys are skipped, not weighted by zero, so
+// every output row, row statistic and gradient of a document is that run's, bit for bit, on the scalar definition
+// and on each SIMD path. A mask one token off (a document's first query also seeing the EOS before it) is caught.
+TEST_CASE("attention with documents equals each document run alone, bit for bit (scalar and every SIMD path)") {
+  IsaGuard guard;
+  struct Case {
+    int64_t T, H, KV, hd, window;
+    bool bf16;
+  };
+  const std::vector<Case> cases = {{70, 4, 2, 16, 0, false}, {70, 4, 2, 16, 9, false}, {90, 2, 1, 64, 33, false},
+                                   {60, 2, 2, 8, 0, false},  {64, 4, 2, 16, 16, true}};
+  // Two instances: documents of lengths ending at EOS at 3, 4 (two in a row), 20, 41 and the last position; and a
+  // second with EOS at random positions.
+  auto documents = [](int64_t T) {
+    std::vector<uint32_t> tokens(static_cast<size_t>(2 * T), 2);
+    for (const int64_t i : {int64_t{3}, int64_t{4}, int64_t{20}, int64_t{41}, T - 1}) tokens[static_cast<size_t>(i)] = 1;
+    std::mt19937 rng(7);
+    for (int64_t i = T; i < 2 * T; ++i)
+      if (rng() % 6 == 0) tokens[static_cast<size_t>(i)] = 1;
+    return tokens;
+  };
+  ThreadPool pool(2);
+  std::vector<GemmIsa> isas = simd_isas();
+  isas.insert(isas.begin(), GemmIsa::scalar);
+  for (GemmIsa isa : isas) {
+    set_gemm_isa(isa);
+    for (const Case& c : cases) {
+      CAPTURE(gemm_isa_name(isa));
+      CAPTURE(c.T);
+      CAPTURE(c.hd);
+      CAPTURE(c.window);
+      CAPTURE(c.bf16);
+      const int64_t B = 2, T = c.T, qw = c.H * c.hd, kw = c.KV * c.hd;
+      std::vector<float> q = normals(B * T * qw, 21), k = normals(B * T * kw, 22), v = normals(B * T * kw, 23),
+                         dout = normals(B * T * qw, 24);
+      if (c.bf16)
+        for (auto* x : {&q, &k, &v, &dout})
+          for (float& e : *x) e = round_bf16(e);
+      const std::vector<uint32_t> tokens = documents(T);
+      std::vector<int32_t> start, end;
+      std::vector<std::pair<int64_t, int64_t>> docs;  // each document: its first row b·T + i0, its length
+      for (int64_t b = 0; b < B; ++b) {
+        const DocumentPositions p = document_positions(tokens.data() + b * T, T, 1);
+        int32_t at = 0;
+        for (const int32_t len : document_lengths(tokens.data() + b * T, T, 1)) {
+          docs.push_back({b * T + at, len});
+          for (int32_t x = 0; x < len; ++x) end.push_back(at + len - 1);
+          at += len;
+        }
+        start.insert(start.end(), p.start.begin(), p.start.end());
+      }
+      struct Result {
+        std::vector<float> out, rmax, rsum, dq, dk, dv;
+      };
+      // The attention of rows [first, first + n) of every operand as instances of n positions (B' = rows / n).
+      auto run = [&](int64_t b_count, int64_t n, const float* qs, const float* ks, const float* vs, const float* gs,
+                     const int32_t* doc_start, const int32_t* doc_end) {
+        AttentionShape s{b_count, n, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
+        s.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
+        s.doc_start = doc_start, s.doc_end = doc_end;
+        Result r;
+        r.out.resize(static_cast<size_t>(b_count * n * qw));
+        r.rmax.resize(static_cast<size_t>(b_count * c.H * n));
+        r.rsum.resize(r.rmax.size());
+        r.dq.resize(r.out.size());
+        r.dk.resize(static_cast<size_t>(b_count * n * kw));
+        r.dv.resize(r.dk.size());
+        attention_forward(s, qs, ks, vs, r.out.data(), r.rmax.data(), r.rsum.data(), &pool);
+        attention_backward(s, qs, ks, vs, r.out.data(), r.rmax.data(), r.rsum.data(), gs, r.dq.data(), r.dk.data(),
+                           r.dv.data(), &pool);
+        return r;
+      };
+      auto mismatches = [&](const std::vector<int32_t>& doc_start, const std::vector<int32_t>& doc_end) {
+        const Result all = run(B, T, q.data(), k.data(), v.data(), dout.data(), doc_start.data(), doc_end.data());
+        int bad = 0;
+        for (const auto& [first, n] : docs) {
+          const int64_t b = first / T, i0 = first % T;
+          const Result alone = run(1, n, q.data() + first * qw, k.data() + first * kw, v.data() + first * kw,
+                                   dout.data() + first * qw, nullptr, nullptr);
+          auto rows_equal = [&](const std::vector<float>& x, const std::vector<float>& y, int64_t width) {
+            return std::memcmp(x.data() + first * width, y.data(), static_cast<size_t>(n * width) * sizeof(float)) == 0;
+          };
+          bool same = rows_equal(all.out, alone.out, qw) && rows_equal(all.dq, alone.dq, qw) &&
+                      rows_equal(all.dk, alone.dk, kw) && rows_equal(all.dv, alone.dv, kw);
+          for (int64_t h = 0; h < c.H; ++h)  // the row statistics are [B, H, T]
+            same = same &&
+                   std::memcmp(all.rmax.data() + (b * c.H + h) * T + i0, alone.rmax.data() + h * n,
+                               static_cast<size_t>(n) * sizeof(float)) == 0 &&
+                   std::memcmp(all.rsum.data() + (b * c.H + h) * T + i0, alone.rsum.data() + h * n,
+                               static_cast<size_t>(n) * sizeof(float)) == 0;
+          bad += !same;
+        }
+        return bad;
+      };
+      CHECK(docs.size() > 8);
+      CHECK(mismatches(start, end) == 0);
+      // One token off: the document after position 20 also sees that EOS (its first query's band starts at 20).
+      std::vector<int32_t> off = start;
+      off[21] = 20;
+      CHECK(mismatches(off, end) > 0);
     }
   }
 }
