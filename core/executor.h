@@ -26,6 +26,9 @@ struct RopeView {
   int64_t seq_len = 0, head_dim = 0;
   const float* cos = nullptr;
   const float* sin = nullptr;
+  // Intra-document masking: each row's position in its document, [rows] in executor memory (elem::rope_position);
+  // null: row r at r % seq_len.
+  const int32_t* positions = nullptr;
 };
 
 // The op table, written once: OLMOREF_EXECUTOR_OPS(PRE, POST) declares every op as `PRE <signature> POST;`. The

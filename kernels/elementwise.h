@@ -80,16 +80,19 @@ struct EmbeddingBackwardOp {
   int64_t d;
   OLMOREF_HD void operator()(int64_t i) const { dtable[i] = elem::embedding_grad(start, order, dx, i / d, i % d, d); }
 };
-// One rotate-half pair per element: i = (r·n_heads + h)·(hd/2) + j; row r has position r % T; cos/sin [T, hd/2].
+// One rotate-half pair per element: i = (r·n_heads + h)·(hd/2) + j; row r has position elem::rope_position (r % T,
+// or its position in its document); cos/sin [T, hd/2].
 struct RopeOp {
   float* x;
   int64_t n_heads, hd, T;
   const float *cos, *sin;
   bool backward;
+  const int32_t* positions = nullptr;
   OLMOREF_HD void operator()(int64_t i) const {
     const int64_t half = hd / 2, j = i % half, h = (i / half) % n_heads, r = i / (half * n_heads);
     float* lo = x + r * n_heads * hd + h * hd + j;
-    const float c = cos[(r % T) * half + j], s = sin[(r % T) * half + j];
+    const int64_t pos = elem::rope_position(positions, r, T);
+    const float c = cos[pos * half + j], s = sin[pos * half + j];
     if (backward) elem::rope_pair_backward(lo[0], lo[half], c, s);
     else elem::rope_pair_forward(lo[0], lo[half], c, s);
   }

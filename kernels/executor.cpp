@@ -170,7 +170,7 @@ void KernelExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, fl
                                           int64_t n_heads, const RopeView& r, float eps, bool bf16) {
   RmsNormArgs a;
   a.R = R, a.n = n_heads * r.head_dim, a.x = x_raw, a.w = w, a.y = y, a.inv_rms = inv_rms, a.eps = eps;
-  a.rope_cos = r.cos, a.rope_sin = r.sin, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len, a.bf16 = bf16;
+  a.rope_cos = r.cos, a.rope_sin = r.sin, a.rope_positions = r.positions, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len, a.bf16 = bf16;
   if (on_device_) OLMOREF_DEVICE(rmsnorm_forward_device(a));
   else rmsnorm_forward_host(a);
 }
@@ -189,17 +189,19 @@ void KernelExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, c
   RmsNormArgs a;
   a.R = R, a.n = n_heads * r.head_dim, a.x = x_raw, a.w = w, a.inv_rms = const_cast<float*>(inv_rms);
   a.dy = dy, a.dy_rope = dy, a.dx = dx, a.dw = dw, a.bf16 = bf16;
-  a.rope_cos = r.cos, a.rope_sin = r.sin, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len;
+  a.rope_cos = r.cos, a.rope_sin = r.sin, a.rope_positions = r.positions, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len;
   if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
   else rmsnorm_backward_host(a);
 }
 
 // ---- RoPE, SwiGLU, embedding, elementwise ----
 void KernelExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& r) {
-  elements(RopeOp{x, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, false}, rope_elements(rows, n_heads, r.head_dim));
+  elements(RopeOp{x, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, false, r.positions},
+           rope_elements(rows, n_heads, r.head_dim));
 }
 void KernelExecutor::rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& r) {
-  elements(RopeOp{dx, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, true}, rope_elements(rows, n_heads, r.head_dim));
+  elements(RopeOp{dx, n_heads, r.head_dim, r.seq_len, r.cos, r.sin, true, r.positions},
+           rope_elements(rows, n_heads, r.head_dim));
 }
 void KernelExecutor::swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) {
   elements(SwigluForwardOp{g, u, a, bf16}, n);

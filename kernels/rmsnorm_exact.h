@@ -39,13 +39,15 @@ struct RmsNormArgs {
   float* dx = nullptr;        // backward output [R, n]
   float* dw = nullptr;        // [n], overwritten by the column kernel
   // Forward epilogues (none when res and rope_cos are null): y = res + RMSNorm(x), res [R, n]; or
-  // y = RoPE(RMSNorm(x)) over n = n_heads·hd with row r at position r % T, rope_cos/rope_sin [T, hd/2].
+  // y = RoPE(RMSNorm(x)) over n = n_heads·hd with row r at position elem::rope_position (r % T, or its position in
+  // its document from rope_positions [R]), rope_cos/rope_sin [T, hd/2].
   // Backward prologue (rope_cos and dy_rope set, dy == dy_rope): dy rotated back by RoPE in place first.
   // bf16: round where the unfused sequence rounds (elem::fused_norm_output, elem::as_stored).
   const float* res = nullptr;
   float* dy_rope = nullptr;
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
+  const int32_t* rope_positions = nullptr;
   int64_t n_heads = 0, hd = 0, T = 0;
   bool bf16 = false;
 };
@@ -77,8 +79,8 @@ OLMOREF_HD void rmsnorm_forward_row(Block& blk, RowShared& sh, const RmsNormArgs
     }
     // Pair p = (head p / (hd/2), element j = p % (hd/2)): lo = head·hd + j, hi = lo + hd/2.
     const int64_t half = a.hd / 2;
-    const float* cr = a.rope_cos + (row % a.T) * half;
-    const float* sr = a.rope_sin + (row % a.T) * half;
+    const float* cr = a.rope_cos + elem::rope_position(a.rope_positions, row, a.T) * half;
+    const float* sr = a.rope_sin + elem::rope_position(a.rope_positions, row, a.T) * half;
     for (int64_t p = t; p < a.n_heads * half; p += kRowThreads) {
       const int64_t j = p % half, lo = (p / half) * a.hd + j;
       float vlo = normed(lo), vhi = normed(lo + half);
@@ -101,8 +103,8 @@ OLMOREF_HD void rmsnorm_backward_row(Block& blk, RowShared& sh, const RmsNormArg
     // phase publishes the rotated row to the threads of the reduction.
     blk.phase([&](int t, auto&) {
       const int64_t half = a.hd / 2;
-      const float* cr = a.rope_cos + (row % a.T) * half;
-      const float* sr = a.rope_sin + (row % a.T) * half;
+      const float* cr = a.rope_cos + elem::rope_position(a.rope_positions, row, a.T) * half;
+      const float* sr = a.rope_sin + elem::rope_position(a.rope_positions, row, a.T) * half;
       float* gr = a.dy_rope + row * a.n;
       for (int64_t p = t; p < a.n_heads * half; p += kRowThreads) {
         const int64_t j = p % half, lo = (p / half) * a.hd + j;

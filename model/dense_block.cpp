@@ -14,6 +14,7 @@ AttentionShape Olmo3::attention_shape(int64_t layer, int64_t n_inst) const {
   AttentionShape as{n_inst, T_, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, cfg_.window(layer),
                     1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
   as.precision = precision_;  // bf16: dq, dk, dv come back rounded
+  as.doc_start = doc_start_, as.doc_end = doc_end_;  // null without intra-document masking
   return as;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/documents.h"
 #include "core/loss_tree.h"
 #include "core/reduce.h"
 #include "model/executors.h"
@@ -286,9 +287,41 @@ const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, T
   for (int64_t r = 0; r < R; ++r)
     if (host_tokens[r] >= static_cast<uint64_t>(V))
       throw std::out_of_range("token id " + std::to_string(host_tokens[r]) + " >= vocab_size " + std::to_string(V));
+  documents_of(host_tokens, n_inst);
   if (ex_->host_memory()) return host_tokens;
   tokens_.upload(host_tokens, R);
   return tokens_.data();
+}
+
+void Olmo3::documents_of(const uint32_t* host_tokens, int64_t n_inst) {
+  doc_start_ = doc_end_ = doc_pos_ = nullptr;
+  if (doc_eos_ < 0) return;
+  const int64_t R = n_inst * T_;
+  for (auto& h : doc_host_) h.resize(static_cast<size_t>(R));
+  for (int64_t b = 0; b < n_inst; ++b) {
+    const uint32_t* tok = host_tokens + b * T_;
+    const DocumentPositions p = document_positions(tok, T_, static_cast<uint32_t>(doc_eos_));
+    int32_t at = 0;
+    for (const int32_t len : document_lengths(tok, T_, static_cast<uint32_t>(doc_eos_))) {
+      for (int32_t x = 0; x < len; ++x) {
+        const size_t r = static_cast<size_t>(b * T_ + at + x);
+        doc_host_[0][r] = at;
+        doc_host_[1][r] = at + len - 1;
+        doc_host_[2][r] = p.rope_position[static_cast<size_t>(at + x)];
+      }
+      at += len;
+    }
+  }
+  const int32_t** ptrs[3] = {&doc_start_, &doc_end_, &doc_pos_};
+  for (int k = 0; k < 3; ++k) {
+    if (ex_->host_memory()) {
+      *ptrs[k] = doc_host_[k].data();
+      continue;
+    }
+    if (doc_buf_[k].size() < R) doc_buf_[k].reset(*ex_, B_ * T_, "document boundaries of a micro-batch");
+    doc_buf_[k].upload(doc_host_[k].data(), R);
+    *ptrs[k] = doc_buf_[k].data();
+  }
 }
 
 void Olmo3::block_forward(const float* params, int64_t l, int64_t n_inst) {
@@ -588,8 +621,10 @@ void Olmo3::instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int6
   const int64_t n = n_heads * cfg_.head_dim;
   for (int64_t b = 0; b < n_inst; ++b) {
     float* leaf = grads.leaf(b, offset, n);
+    RopeView instance = rope;  // instance b's rows are rows 0..T-1 of this call
+    if (instance.positions) instance.positions += b * T_;
     ex_->rope_rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_,
-                               n_heads, rope, precision_ == Precision::bf16);
+                               n_heads, instance, precision_ == Precision::bf16);
     round_act(leaf, n);
     grads.commit(b, offset, n);
   }

@@ -212,6 +212,11 @@ class Olmo3 {
   // The z-loss multiplier of the cross-entropy (train.z_loss): loss = Σ CE + z_loss · Σ logsumexp². Model-level
   // callers that have no training config get Olmo 3's 1e-5; every caller that has one must pass its value.
   void set_z_loss(double z_loss);
+  // Intra-document masking (data.document_masking, docs/canonical/documents.md): every call cuts each instance into
+  // documents at `eos` (core/documents.h); attention stays inside a document and RoPE rotates by the position in it.
+  // -1 (the default): one document per instance.
+  void set_document_masking(int64_t eos) { doc_eos_ = eos; }
+  int64_t document_masking_eos() const { return doc_eos_; }
   float z_loss() const { return z_loss_; }
   ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
@@ -275,6 +280,8 @@ class Olmo3 {
  private:
   // Points the model's CPU executor at this call's threads; returns the tokens in executor memory.
   const uint32_t* begin_call(const uint32_t* host_tokens, int64_t n_instances, ThreadPool* pool);
+  // Under intra-document masking, the call's documents into doc_start_, doc_end_, doc_pos_ (else they are null).
+  void documents_of(const uint32_t* host_tokens, int64_t n_instances);
 
   // A pass over the units has one order, the walk's (model/olmo3.cpp). Forward: the embedding, blocks 0..L-1, the
   // head. A training pass goes on with the loss, then backward: the head, blocks L-1..0 (each first recomputed
@@ -420,7 +427,18 @@ class Olmo3 {
   // model.rope_scaling's table [T, hd/2] for the layers it applies to (cfg_.rope_scaled); empty when off.
   Buffer<float> scaled_cos_, scaled_sin_;
   RopeView scaled_rope_;
-  const RopeView& rope_of(int64_t layer) const { return cfg_.rope_scaled(layer) ? scaled_rope_ : rope_; }
+  // The layer's table, at the call's document positions under intra-document masking.
+  RopeView rope_of(int64_t layer) const {
+    RopeView r = cfg_.rope_scaled(layer) ? scaled_rope_ : rope_;
+    r.positions = doc_pos_;
+    return r;
+  }
+  // Under intra-document masking: the call's documents (begin_call), each [R] in executor memory, and their host
+  // copies; null pointers without masking.
+  int64_t doc_eos_ = -1;
+  std::vector<int32_t> doc_host_[3];  // start, end, position in the document
+  Buffer<int32_t> doc_buf_[3];
+  const int32_t *doc_start_ = nullptr, *doc_end_ = nullptr, *doc_pos_ = nullptr;
   Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
   Buffer<float> x_final_, final_rms_, hn_;  // [R, d], [R], [R, d]

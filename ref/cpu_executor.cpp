@@ -85,18 +85,18 @@ void CpuExecutor::rmsnorm_residual_forward(const float* res, const float* x, con
 void CpuExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, float* y, float* inv_rms, int64_t R,
                                        int64_t n_heads, const RopeView& r, float eps, bool bf16) {
   olmoref::rmsnorm_rope_forward(x_raw, w, y, inv_rms, R, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, eps, bf16,
-                                pool_);
+                                pool_, r.positions);
 }
 void CpuExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy, float* dx,
                                         float* dw, int64_t R, int64_t n_heads, const RopeView& r, bool bf16) {
   olmoref::rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, bf16,
-                                 pool_);
+                                 pool_, r.positions);
 }
 void CpuExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& r) {
-  olmoref::rope_forward(x, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_);
+  olmoref::rope_forward(x, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_, r.positions);
 }
 void CpuExecutor::rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& r) {
-  olmoref::rope_backward(dx, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_);
+  olmoref::rope_backward(dx, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_, r.positions);
 }
 void CpuExecutor::swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) {
   if (bf16) olmoref::swiglu_forward_bf16(g, u, a, n, pool_);

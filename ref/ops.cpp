@@ -180,25 +180,28 @@ void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float
 
 template <bool kBackward>
 void rope_apply(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                ThreadPool* pool) {
+                ThreadPool* pool, const int32_t* positions) {
   const int64_t half = hd / 2;
   run(pool, rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r)
-      rope_row<kBackward>(x + r * n_heads * hd, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t pos = elem::rope_position(positions, r, T);
+      rope_row<kBackward>(x + r * n_heads * hd, n_heads, hd, cos + pos * half, sin + pos * half);
+    }
   });
 }
 }  // namespace
 
 void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n_heads,
                           int64_t T, int64_t hd, const float* cos, const float* sin, float eps, bool bf16,
-                          ThreadPool* pool) {
+                          ThreadPool* pool, const int32_t* positions) {
   const int64_t n = n_heads * hd, half = hd / 2;
   // Row by row, so the rotation and its rounding find the normed row still in cache.
   run(pool, R, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       rmsnorm_rows(nullptr, x, w, y, inv_rms, r, r + 1, n, eps, bf16);
       float* yr = y + r * n;
-      rope_row<false>(yr, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
+      const int64_t pos = elem::rope_position(positions, r, T);
+      rope_row<false>(yr, n_heads, hd, cos + pos * half, sin + pos * half);
       for (int64_t c = 0; c < n; ++c) yr[c] = elem::as_stored(yr[c], bf16, elem::RoundBf16{});
     }
   });
@@ -206,13 +209,14 @@ void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_r
 
 void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
                            int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                           bool bf16, ThreadPool* pool) {
+                           bool bf16, ThreadPool* pool, const int32_t* positions) {
   const int64_t n = n_heads * hd, half = hd / 2;
   // A chunk's rows are rotated back and rounded, then normed backward while still in cache.
   run(pool, R, 16, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       float* dyr = dy + r * n;
-      rope_row<true>(dyr, n_heads, hd, cos + (r % T) * half, sin + (r % T) * half);
+      const int64_t pos = elem::rope_position(positions, r, T);
+      rope_row<true>(dyr, n_heads, hd, cos + pos * half, sin + pos * half);
       for (int64_t c = 0; c < n; ++c) dyr[c] = elem::as_stored(dyr[c], bf16, elem::RoundBf16{});
     }
     rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n);
@@ -221,12 +225,12 @@ void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms,
 }
 
 void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                  ThreadPool* pool) {
-  rope_apply<false>(x, rows, n_heads, T, hd, cos, sin, pool);
+                  ThreadPool* pool, const int32_t* positions) {
+  rope_apply<false>(x, rows, n_heads, T, hd, cos, sin, pool, positions);
 }
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos,
-                   const float* sin, ThreadPool* pool) {
-  rope_apply<true>(dx, rows, n_heads, T, hd, cos, sin, pool);
+                   const float* sin, ThreadPool* pool, const int32_t* positions) {
+  rope_apply<true>(dx, rows, n_heads, T, hd, cos, sin, pool, positions);
 }
 void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& t, ThreadPool* pool) {
   rope_forward(x, rows, n_heads, t.seq_len, t.head_dim, t.cos.data(), t.sin.data(), pool);

@@ -45,21 +45,22 @@ RopeTable make_rope_table(int64_t seq_len, int64_t head_dim, double theta, const
 void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
 // dx = Rᵀ dy in place.
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeTable& table, ThreadPool* pool);
-// The same on tables given as cos, sin [T, hd/2].
+// The same on tables given as cos, sin [T, hd/2]; positions [rows] (intra-document masking, elem::rope_position)
+// replaces r % T when given.
 void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                  ThreadPool* pool);
+                  ThreadPool* pool, const int32_t* positions = nullptr);
 void rope_backward(float* dx, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos,
-                   const float* sin, ThreadPool* pool);
+                   const float* sin, ThreadPool* pool, const int32_t* positions = nullptr);
 // QK-norm then RoPE, fused: y [R, n_heads·hd] = RoPE(RMSNorm(x)) with w [n_heads·hd], exactly rmsnorm_forward;
 // round_bf16 (bf16); rope_forward; round_bf16 (bf16). inv_rms [R] saved as rmsnorm_forward saves it.
 void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n_heads,
                           int64_t T, int64_t hd, const float* cos, const float* sin, float eps, bool bf16,
-                          ThreadPool* pool);
+                          ThreadPool* pool, const int32_t* positions = nullptr);
 // Its backward, fused: dy [R, n_heads·hd] (∂q) is rotated back in place, rope_backward; round_bf16 (bf16), then
 // dx [R, n] and dw [n] exactly as rmsnorm_backward(x, w, inv_rms, dy, ...) on the rotated dy.
 void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
                            int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                           bool bf16, ThreadPool* pool);
+                           bool bf16, ThreadPool* pool, const int32_t* positions = nullptr);
 
 // ---- SwiGLU: a = silu(g) ⊙ u ----
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);

@@ -35,6 +35,9 @@ struct DataConfig {
   std::string dtype = "auto";            // u16, u32, or auto (smallest that holds vocab_size - 1)
   uint64_t seed = 34521;                 // OLMo-core's data seed; the shuffle uses seed + epoch
   int64_t eos_id = -1;                   // counts documents in reports; -1: unknown
+  // Intra-document masking (docs/canonical/documents.md): each instance cut into documents at eos_id, attention kept
+  // inside a document and RoPE at the position in it, as OLMo-core's generate_doc_lengths (Olmo 3's stage 3).
+  bool document_masking = false;
   bool audit = false;                    // write OUT/audit.jsonl (one record per instance per step)
   // OLMo-core's max_target_sequence_length (0: none): files cut at multiples of it, its seq_len-instances kept
   // together by the shuffle (data/dataset.h). The official Olmo 3 scripts set it.

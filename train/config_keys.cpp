@@ -518,6 +518,12 @@ const std::vector<Key>& keys() {
                     ? ""
                     : "must be a token id below model.vocab_size (" + std::to_string(c.model.vocab_size) + "), or -1 for none";
        }},
+      {"data", "document_masking", field([](auto& c) -> auto& { return c.data.document_masking; }),
+       Written::unless_default, Resume::enters, nullptr, [](const TrainConfig& c) -> Why {
+         return !c.data.document_masking || c.data.eos_id >= 0
+                    ? ""
+                    : "needs data.eos_id, the token that ends each document (100257 for the dolma2 tokenizer)";
+       }},
       {"data", "max_target_sequence_length", field([](auto& c) -> auto& { return c.data.max_target_sequence_length; }),
        Written::unless_default, Resume::enters, nullptr, [](const TrainConfig& c) -> Why {
          const int64_t n = c.data.max_target_sequence_length, seq = c.train.seq_len;

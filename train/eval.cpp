@@ -142,6 +142,7 @@ Evaluator::Evaluator(const TrainConfig& cfg)
     : cfg_(cfg), model_(cfg.model, 1, cfg.train.seq_len, parse_precision(cfg.train.precision)) {
   if (cfg.eval.interval <= 0) throw std::invalid_argument("Evaluator: eval.interval is 0 (the backstop is off)");
   model_.set_z_loss(cfg.train.z_loss);
+  if (cfg.data.document_masking) model_.set_document_masking(cfg.data.eos_id);
   const data::DatasetOptions opts = dataset_options(cfg);
   data::DatasetOptions o = opts;
   o.allow_short_files = true;  // a small holdout file is still held out

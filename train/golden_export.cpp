@@ -270,6 +270,10 @@ GoldenExportSummary export_golden_bundle(const GoldenExportOptions& opts) {
       parse_config_text(manifest.at("config_toml").get<std::string>(), run + "/manifest.json (config_toml)", opts.overrides);
   // The bundle describes the optimizer's groups as the Olmo 3 default (embeddings without weight decay), which is
   // what every replay builds. AdamW or SkipStepAdamW: OLMo-core's adapter replays both, the others refuse the second.
+  if (cfg.data.document_masking)
+    throw std::runtime_error(run + "/manifest.json: golden export: data.document_masking is on, and a bundle does not "
+                             "carry document boundaries yet: every framework's replay would attend across documents. "
+                             "Export a run without it");
   if (cfg.optim.group_overrides_set)
     throw std::runtime_error(run + "/manifest.json: golden export: optim.group_overrides is set: the replays use the "
                              "Olmo 3 default groups (embeddings.weight without weight decay); remove the key to use them");

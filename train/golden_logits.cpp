@@ -34,6 +34,9 @@ LogitsBundleSummary write_logits_bundle(const LogitsBundleOptions& opts) {
   RunWeights w = !opts.checkpoint.empty() ? load_checkpoint_weights(opts.checkpoint, opts.overrides)
                                           : initial_weights(load_config(opts.config_path, opts.overrides));
   const TrainConfig& cfg = w.config;
+  if (cfg.data.document_masking)
+    throw std::invalid_argument("golden logits: the config sets data.document_masking, which the logits' Hugging Face "
+                                "peer does not do (it attends across documents); use a config without it");
   const std::vector<float>& params = w.params;
   summary.step = w.step;
   const Precision precision = parse_precision(opts.precision.empty() ? cfg.train.precision : opts.precision);

@@ -44,6 +44,10 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   if (steps < 1)
     throw std::invalid_argument("parity-dump --steps " + std::to_string(steps) +
                                 ": the bundle records at least one AdamW step (use --steps 1 or more)");
+  if (cfg.data.document_masking)
+    throw std::invalid_argument(cfg.in_file("config key 'data.document_masking' is on: parity-dump replays training "
+                                            "steps through Hugging Face's Olmo3, which has no document masking; set "
+                                            "data.document_masking=false"));
   if (cfg.train.precision != "fp32")
     throw std::invalid_argument(cfg.in_file("config key 'train.precision' is \"" + cfg.train.precision +
                                             "\": parity-dump replays training steps against Hugging Face in fp32; set "

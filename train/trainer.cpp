@@ -110,6 +110,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
             cfg.train.micro_batch_instances) {
   cfg_.validate();
   model_.set_z_loss(cfg_.train.z_loss);
+  if (cfg_.data.document_masking) model_.set_document_masking(cfg_.data.eos_id);
   model_.set_debug_unordered_combine(par.debug_moe_unordered_combine);
   layout_.dp_shard = par.dp_shard;
   layout_.dp_replicate = par.dp_replicate;

@@ -76,6 +76,8 @@ TEST_CASE("shipped configs parse, validate and report the published sizes") {
   for (int64_t l = 0; l < lc.model.n_layers; ++l) scaled += lc.model.rope_scaled(l);
   CHECK(scaled == 8);
   CHECK(lc.model.rope_scaling.factor == 8.0);
+  CHECK(lc.data.document_masking);  // OLMo-core's generate_doc_lengths, at the dolma2 EOS
+  CHECK(lc.data.eos_id == 100257);
   // The real shapes recompute each block in backward (docs/memory.md).
   CHECK(c7.train.activation_checkpointing == "full");
   CHECK(c32.train.activation_checkpointing == "full");
@@ -191,6 +193,7 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
       "schedule.warmup_min_lr=1e-6", "schedule.decay=100", "schedule.decay_min_lr=1e-7",
       "data.max_target_sequence_length=256", "data.mix_base_dir=/corpus", "data.mix_tokenizer=dolma2",
       "data.pad_id=1", "data.bos_id=2", "data.olmo_core_state=/ckpt/step10", "data.audit=true",
+      "data.eos_id=511", "data.document_masking=true",
       "train.activation_checkpointing=full", "model.rope_scaling=yarn", "model.rope_yarn_factor=4.0",
       "model.rope_yarn_beta_fast=16", "model.rope_yarn_beta_slow=2", "model.rope_yarn_old_context_len=64",
       "model.rope_scaling_full_attention_only=false", "init.hf_dir=/hf", "init.hf_sha256=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"};
@@ -200,7 +203,7 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
   CHECK(b.resume_hash() == a.resume_hash());
   CHECK(b.model_hash() == a.model_hash());
   for (const char* key : {"rope_scaling = 'yarn'", "rope_yarn_old_context_len = 64", "rope_scaling_full_attention_only = false", "moe_lb_granularity = 'local_batch'", "group_overrides", "activation_checkpointing = 'full'", "decay = 100", "pad_id = 1",
-                          "olmo_core_state", "hf_sha256", "step_increment_bugfix = false"})
+                          "olmo_core_state", "hf_sha256", "step_increment_bugfix = false", "document_masking = true"})
     CHECK_MESSAGE(a.to_toml().find(key) != std::string::npos, key);
 
   // The values published before the key table: traces and checkpoints carry them.
@@ -219,6 +222,10 @@ TEST_CASE("every key of the table round-trips; the resume hash sees only what sh
   CHECK(load_config(tiny, {"train.activation_checkpointing=none"}).to_toml() == base.to_toml());
   for (const char* shaping : {"optim.lr=1e-2", "data.seed=7", "schedule.warmup=3", "train.precision=bf16", "model.rope_scaling=yarn"})
     CHECK_MESSAGE(load_config(tiny, {shaping}).resume_hash() != base.resume_hash(), shaping);
+  // Intra-document masking shapes the numbers; off (the default) it is not written.
+  CHECK(base.to_toml().find("document_masking") == std::string::npos);
+  CHECK(load_config(tiny, {"data.eos_id=511", "data.document_masking=true"}).resume_hash() !=
+        load_config(tiny, {"data.eos_id=511"}).resume_hash());
 }
 
 TEST_CASE("[init] checkpoint: the source's checksum and load_optimizer are hashed, its path is not; exclusive with hf_dir") {
