@@ -29,6 +29,16 @@ std::vector<StepBatch> parity_batches(const TrainConfig& cfg, int64_t steps) {
       uniform2(20251129, RngPurpose::test, static_cast<uint32_t>(s), static_cast<uint64_t>(i), 0, &u1, &u2);
       const int64_t start = static_cast<int64_t>(u1 * V), stride = 1 + static_cast<int64_t>(u2 * 5);
       for (int64_t t = 0; t < T; ++t) b.tokens[i * T + t] = static_cast<uint32_t>((start + t * stride) % V);
+      // Under intra-document masking, documents of every kind in turn (docs/canonical/documents.md): one, two, many
+      // (an EOS every 7 tokens), and one ending exactly at the instance's end.
+      if (cfg.data.document_masking) {
+        const auto eos = static_cast<uint32_t>(cfg.data.eos_id);
+        uint32_t* inst = b.tokens.data() + i * T;
+        if (i % 4 == 1) inst[T / 2] = eos;
+        if (i % 4 == 2)
+          for (int64_t t = 6; t < T; t += 7) inst[t] = eos;
+        if (i % 4 == 3) inst[T / 3] = inst[T - 1] = eos;
+      }
       b.instance_ids.push_back(s * G + i);
     }
     out.push_back(std::move(b));
@@ -44,10 +54,11 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   if (steps < 1)
     throw std::invalid_argument("parity-dump --steps " + std::to_string(steps) +
                                 ": the bundle records at least one AdamW step (use --steps 1 or more)");
-  if (cfg.data.document_masking)
-    throw std::invalid_argument(cfg.in_file("config key 'data.document_masking' is on: parity-dump replays training "
-                                            "steps through Hugging Face's Olmo3, which has no document masking; set "
-                                            "data.document_masking=false"));
+  if (cfg.data.document_masking && !cfg.model.moe.enabled())
+    throw std::invalid_argument(cfg.in_file("config key 'data.document_masking' is on: a dense parity bundle replays "
+                                            "through Hugging Face's Olmo3 (and Megatron, MaxText, LitGPT), which attend "
+                                            "across documents; set data.document_masking=false (a MoE bundle's peer, "
+                                            "OLMo-core, takes it)"));
   if (cfg.train.precision != "fp32")
     throw std::invalid_argument(cfg.in_file("config key 'train.precision' is \"" + cfg.train.precision +
                                             "\": parity-dump replays training steps against Hugging Face in fp32; set "
@@ -126,6 +137,8 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   j["instances_per_step"] = G;
   j["steps"] = steps;
   j["z_loss"] = cfg.train.z_loss;
+  // OLMo-core's generate_doc_lengths at this EOS (docs/canonical/documents.md); absent: no document masking.
+  if (cfg.data.document_masking) j["document_masking_eos"] = cfg.data.eos_id;
   j["loss_step0"] = (s0.ce + s0.z + s0.moe_lb + s0.moe_z) / N;
   j["ce_step0"] = s0.ce / N;
   j["z_step0"] = s0.z / N;

@@ -152,3 +152,62 @@ def use_torch_gmm(model):
     for m in model.modules():
         if isinstance(m, DroplessMoEMLP):
             m._gmm = None
+
+
+def install_document_mask_sdpa():
+    """Intra-document masking for OLMo-core's torch SDPA backend, which refuses it (ai2-olmo-core 3.0.0 runs these
+    instances through flash-attn's varlen kernels, each document its own sequence; there is none on the CPU). Given
+    cu_doc_lens, the stand-in masks every key outside the query's document on top of OLMo-core's own causal and
+    sliding-window mask (its _build_sliding_window_mask), then runs the very SDPA call of its forward. Everything
+    else in the model, RoPE's per-document positions (RotaryEmbedding with cu_doc_lens) included, is OLMo-core's."""
+    import torch
+    import torch.nn.functional as F
+    from olmo_core.nn.attention import backend as oc_backend
+
+    cls = oc_backend.TorchAttentionBackend
+    if getattr(cls, "_olmoref_documents", False):
+        return
+    original = cls.forward
+
+    def forward(self, qkv, cu_doc_lens=None, cu_doc_lens_q=None, cu_doc_lens_k=None, max_doc_len=None,
+                max_doc_len_q=None, max_doc_len_k=None, local_k_slice=None, kv_cache_manager=None, sinks=None):
+        if cu_doc_lens is None:
+            return original(self, qkv, local_k_slice=local_k_slice, kv_cache_manager=kv_cache_manager, sinks=sinks)
+        if cu_doc_lens_q is not None or cu_doc_lens_k is not None or sinks is not None or self.cp_enabled:
+            raise RuntimeError("olmoref's document-mask stand-in: cu_doc_lens only (no q/k lengths, sinks or CP)")
+        q, k, v = qkv
+        B, T = q.shape[0], q.shape[1]
+        flat = torch.arange(B * T, device=q.device, dtype=cu_doc_lens.dtype)
+        doc = torch.bucketize(flat, cu_doc_lens[1:], right=True).view(B, T)  # as OLMo-core's RoPE finds documents
+        same_doc = doc[:, :, None] == doc[:, None, :]
+        band = self._build_sliding_window_mask(seq_len_q=T, seq_len_kv=T, device=q.device,
+                                               window_size=self.window_size)
+        mask = (band[None] & same_doc)[:, None]  # [B, 1, T, T]
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = oc_backend._repeat_kv(k, n_rep), oc_backend._repeat_kv(v, n_rep)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p, scale=self.scale)
+        return att.transpose(1, 2).contiguous()
+
+    cls.forward = forward
+    cls._olmoref_documents = True
+
+
+def document_inputs(torch, ids, eos, control=None):
+    """OLMo-core's doc_lens and max_doc_lens for a batch of instances ids [B, T]: get_document_lengths per instance
+    (NumpyFSLDataset's generate_doc_lengths), zero-padded to one width as its collator pads them. TEST ONLY
+    negative controls: control "shifted" moves every document's first boundary one token earlier (the EOS taken as
+    the next document's first token), "off" gives no documents at all."""
+    from olmo_core.data.utils import get_document_lengths
+
+    if control == "off":
+        return {}
+    lens = [get_document_lengths(row, eos) for row in ids]
+    if control == "shifted":
+        for x in lens:
+            if len(x) > 1 and x[0] > 1:
+                x[0] -= 1
+                x[1] += 1
+    width = max(len(x) for x in lens)
+    doc_lens = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in lens])
+    return {"doc_lens": doc_lens, "max_doc_lens": [int(x.max()) for x in lens]}

@@ -96,8 +96,8 @@ from hf_parity import (BundleError, adamw, cached, compare_grads, compare_logits
                        with_steps)
 # OLMo-core's model for the bundle and the CPU stand-ins for its Triton MoE kernels, shared with the OLMo-core replay
 # (make_fake_moe_bundle.py and moe_selftest.py reach them through this module).
-from olmo_core_model import (CPU_KERNELS, install_cpu_kernels, model_windows, olmo_core_config,  # noqa: E402,F401
-                             use_torch_gmm, windows)
+from olmo_core_model import (CPU_KERNELS, document_inputs, install_cpu_kernels,  # noqa: E402,F401
+                             install_document_mask_sdpa, model_windows, olmo_core_config, use_torch_gmm, windows)
 
 
 def check_cpu_kernels(torch):
@@ -310,6 +310,11 @@ class RoutingProbe:
             h.remove()
 
 
+# The bundle's document_masking_eos (olmoref's data.document_masking): None, or the EOS that ends each document, which
+# every micro-batch then hands the model as OLMo-core's doc_lens (olmo_core_model.document_inputs).
+DOC_EOS = None
+
+
 def train_batch(torch, model, ids, M, z_mult, want_logits=False):
     """One step batch the way TransformerTrainModule.train_batch runs it (gradients accumulate in .grad).
     Returns the logged terms (each already divided by the step batch's target count) and optionally logits."""
@@ -321,8 +326,10 @@ def train_batch(torch, model, ids, M, z_mult, want_logits=False):
     ce = z = 0.0
     logits = []
     for mb in split_batch(batch, M):
+        docs = document_inputs(torch, mb["input_ids"], DOC_EOS, os.environ.get("OLMOREF_TEST_PEER_DOCUMENTS")) \
+            if DOC_EOS is not None else {}
         out = model(mb["input_ids"], labels=mb["labels"], ignore_index=IGNORE, loss_reduction="sum",
-                    z_loss_multiplier=z_mult, loss_div_factor=n_for_loss, return_logits=want_logits)
+                    z_loss_multiplier=z_mult, loss_div_factor=n_for_loss, return_logits=want_logits, **docs)
         ce = ce + out.ce_loss.detach()
         if out.z_loss is not None:
             z = z + out.z_loss.detach()
@@ -409,6 +416,12 @@ def run(bundle, threads):
     ours, batches, weights, step0 = load_bundle(bundle)
     S, B, T = batches.shape
     m = ours["model"]
+    global DOC_EOS
+    DOC_EOS = ours.get("document_masking_eos")
+    if DOC_EOS is not None:
+        install_document_mask_sdpa()
+        # Into the cache keys below, with the TEST ONLY control, so a control never reads a correct run's cache.
+        m = dict(m, document_masking_eos=int(DOC_EOS), peer_documents=os.environ.get("OLMOREF_TEST_PEER_DOCUMENTS"))
     mo = m["moe"]
     M = int(ours["micro_batch_instances"])
     L, V, E, k = int(m["n_layers"]), int(m["vocab_size"]), int(mo["n_experts"]), int(mo["top_k"])
@@ -422,7 +435,8 @@ def run(bundle, threads):
               "shape": {"steps": S, "instances_per_step": B, "micro_batch_instances": M, "seq_len": T,
                         "vocab_size": V, "n_layers": L, "n_experts": E, "top_k": k,
                         "shared_hidden": int(mo["shared_hidden"]), "lb_granularity": mo["lb_granularity"],
-                        "scale_loss_by_num_layers": bool(mo["scale_loss_by_num_layers"])}}
+                        "scale_loss_by_num_layers": bool(mo["scale_loss_by_num_layers"]),
+                        "document_masking_eos": DOC_EOS}}
     report["cpu_kernel_check_max_rel"] = cached(("cpu-kernel-check",), lambda: check_cpu_kernels(torch))
 
     model = build_model(torch, m, weights, torch.float32)
