@@ -25,7 +25,7 @@
 #                  model for the 7B at 8x1 at that measured rate (`olmoref config --time --bench`); then
 #                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
-#                  processes on one GPU equal to one;
+#                  processes on one GPU equal to one, intra-document masking equal to the CPU;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
 #       racecheck  compute-sanitizer racecheck on the GEMM and attention kernels (the ones with shared memory);
 #   - the kernels and the sanitizer steps wait after every launch (OLMOREF_CUDA_SYNC_LAUNCHES=1: a fault names its

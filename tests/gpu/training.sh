@@ -6,6 +6,7 @@
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
 #     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
+#   - intra-document masking (data.document_masking) on the device equal to the CPU, every byte of the trace.
 # GPU_EXECUTOR=cuda-host (tools/gpu_check.sh --dry-run) runs it without a device; GPU_TRAINING_QUICK=1 leaves out the
 # first two parts (the suite checks them on cuda-host already: golden-traces, cli-executors).
 set -uo pipefail
@@ -57,5 +58,15 @@ else echo "FAILED: moe at EP 2 differs from the single run"; failed=1; fi
 if cmp "$work/moe1/trace.jsonl" "$work/moe-ddp-ep2/trace.jsonl"; then echo "moe ddp + ep 2: identical to the single run"
 else echo "FAILED: moe at DDP + EP 2 differs from the single run"; failed=1; fi
 cmp "$work/single/trace.jsonl" <(head -n 6 golden/traces/tiny-fp32.jsonl) && echo "single run: the golden trace's 6 steps" || failed=1
+echo "== intra-document masking ($ex against cpu)"
+# Documents of 21-60 tokens ending in EOS 511 (tests/make_tokens.py): the kernels' document band in attention and the
+# RoPE rows at the positions in each document, against the CPU's trace byte for byte.
+python3 tests/make_tokens.py "$work/docs.u16" 12 40000 > /dev/null || exit 2
+docs=(--config configs/tiny.toml --steps 3 --set "data.train_files=[\"$work/docs.u16\"]" --set data.eos_id=511
+      --set data.document_masking=true --set eval.interval=0 --threads 1 --quiet --no-checkpoint)
+"$BIN" train "${docs[@]}" --executor cpu --out "$work/docs-cpu" &&
+  "$BIN" train "${docs[@]}" --executor "$ex" --out "$work/docs-$ex" || failed=1
+if cmp "$work/docs-cpu/trace.jsonl" "$work/docs-$ex/trace.jsonl"; then echo "document masking: $ex equals cpu"
+else echo "FAILED: document masking on $ex differs from cpu"; failed=1; fi
 [ $failed -eq 0 ] && echo "gpu training: ok"
 exit $failed
