@@ -32,21 +32,23 @@ inline std::vector<int32_t> document_lengths(const uint32_t* tokens, int64_t T, 
   return lengths;
 }
 
-// Per position i of one instance: the first position of i's document (attention's lowest key) and i's position in
-// its document (RoPE's), each [T].
+// Per position i of one instance: the first and last position of i's document (attention's lowest key, and the
+// last query that sees i) and i's position in its document (RoPE's), each [T].
 struct DocumentPositions {
-  std::vector<int32_t> start;
+  std::vector<int32_t> start, end;
   std::vector<int32_t> rope_position;
 };
 
 inline DocumentPositions document_positions(const uint32_t* tokens, int64_t T, uint32_t eos) {
   DocumentPositions p;
   p.start.reserve(static_cast<size_t>(T));
+  p.end.reserve(static_cast<size_t>(T));
   p.rope_position.reserve(static_cast<size_t>(T));
   int32_t at = 0;
   for (const int32_t len : document_lengths(tokens, T, eos)) {
     for (int32_t k = 0; k < len; ++k) {
       p.start.push_back(at);
+      p.end.push_back(at + len - 1);
       p.rope_position.push_back(k);
     }
     at += len;

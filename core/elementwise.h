@@ -47,14 +47,15 @@ OLMOREF_HD inline void swiglu_backward_from_product(float g, float u, float da, 
   else swiglu_backward(g, u, da, dg, du);
 }
 
-// RoPE on one rotate-half pair (lo = element j, hi = element j + hd/2) with the table's c = cos, s = sin:
-// forward lo' = lo·c − hi·s, hi' = hi·c + lo·s; backward (Rᵀ) lo' = lo·c + hi·s, hi' = hi·c − lo·s. Each product
-// rounded, then the sum, as PyTorch.
 // The position RoPE rotates row r of an instance of T rows by: under intra-document masking its position in its
 // document (positions [rows], docs/canonical/documents.md), else r % T.
 OLMOREF_HD inline int64_t rope_position(const int32_t* positions, int64_t r, int64_t T) {
   return positions ? positions[r] : r % T;
 }
+
+// RoPE on one rotate-half pair (lo = element j, hi = element j + hd/2) with the table's c = cos, s = sin:
+// forward lo' = lo·c − hi·s, hi' = hi·c + lo·s; backward (Rᵀ) lo' = lo·c + hi·s, hi' = hi·c − lo·s. Each product
+// rounded, then the sum, as PyTorch.
 OLMOREF_HD inline void rope_pair_forward(float& lo, float& hi, float c, float s) {
   const float a = lo, b = hi;
   const float p1 = a * c, p2 = b * s, p3 = b * c, p4 = a * s;

@@ -299,18 +299,11 @@ void Olmo3::documents_of(const uint32_t* host_tokens, int64_t n_inst) {
   const int64_t R = n_inst * T_;
   for (auto& h : doc_host_) h.resize(static_cast<size_t>(R));
   for (int64_t b = 0; b < n_inst; ++b) {
-    const uint32_t* tok = host_tokens + b * T_;
-    const DocumentPositions p = document_positions(tok, T_, static_cast<uint32_t>(doc_eos_));
-    int32_t at = 0;
-    for (const int32_t len : document_lengths(tok, T_, static_cast<uint32_t>(doc_eos_))) {
-      for (int32_t x = 0; x < len; ++x) {
-        const size_t r = static_cast<size_t>(b * T_ + at + x);
-        doc_host_[0][r] = at;
-        doc_host_[1][r] = at + len - 1;
-        doc_host_[2][r] = p.rope_position[static_cast<size_t>(at + x)];
-      }
-      at += len;
-    }
+    const DocumentPositions p = document_positions(host_tokens + b * T_, T_, static_cast<uint32_t>(doc_eos_));
+    const auto at = static_cast<std::ptrdiff_t>(b * T_);
+    std::copy(p.start.begin(), p.start.end(), doc_host_[0].begin() + at);
+    std::copy(p.end.begin(), p.end.end(), doc_host_[1].begin() + at);
+    std::copy(p.rope_position.begin(), p.rope_position.end(), doc_host_[2].begin() + at);
   }
   const int32_t** ptrs[3] = {&doc_start_, &doc_end_, &doc_pos_};
   for (int k = 0; k < 3; ++k) {

@@ -216,7 +216,6 @@ class Olmo3 {
   // documents at `eos` (core/documents.h); attention stays inside a document and RoPE rotates by the position in it.
   // -1 (the default): one document per instance.
   void set_document_masking(int64_t eos) { doc_eos_ = eos; }
-  int64_t document_masking_eos() const { return doc_eos_; }
   float z_loss() const { return z_loss_; }
   ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.

@@ -166,17 +166,18 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
   const TokenMatmuls mm = token_matmuls(m);
   const double attn_fwd = attention_flops_per_instance(m, T, 4.0), attn_bwd = attention_flops_per_instance(m, T, 8.0);
 
-  // Every rank's subtrees in every round (dist::OwnerReduction sends k per unit and owner).
-  std::vector<std::vector<int64_t>> subtrees(static_cast<size_t>(W), std::vector<int64_t>(split.n_rounds(), 0));
+  // Each rank's instances and subtrees over the step's rounds (dist::OwnerReduction sends each micro-batch's maximal
+  // subtrees, per unit and owner).
+  std::vector<int64_t> instances_of(static_cast<size_t>(W), 0), subtrees_of(static_cast<size_t>(W), 0);
   for (int r = 0; r < W; ++r)
     for (int64_t t = 0; t < split.n_rounds(); ++t)
       if (const int64_t mb = split.microbatch_of(r, t); mb >= 0) {
         const auto [a, b] = split.instances_of_microbatch(mb);
-        subtrees[static_cast<size_t>(r)][static_cast<size_t>(t)] = static_cast<int64_t>(maximal_subtrees(N, a, b).size());
+        instances_of[static_cast<size_t>(r)] += b - a;
+        subtrees_of[static_cast<size_t>(r)] += static_cast<int64_t>(maximal_subtrees(N, a, b).size());
       }
   int64_t all_subtrees = 0;
-  for (const auto& per : subtrees)
-    for (const int64_t k : per) all_subtrees += k;
+  for (const int64_t k : subtrees_of) all_subtrees += k;
 
   std::vector<StepWork> out;
   for (int me = 0; me < W; ++me) {
@@ -184,13 +185,9 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
     const Peers peers{ranks_per_node, me};
     StepWork w;
     w.rank = me;
-    int64_t instances = 0, local_merges = 0;
-    for (int64_t t = 0; t < split.n_rounds(); ++t)
-      if (const int64_t mb = split.microbatch_of(me, t); mb >= 0) {
-        const auto [a, b] = split.instances_of_microbatch(mb);
-        instances += b - a;
-        local_merges += (b - a) - subtrees[static_cast<size_t>(me)][static_cast<size_t>(t)];
-      }
+    // A micro-batch's local tree merges its instances into its maximal subtrees.
+    const int64_t instances = instances_of[static_cast<size_t>(me)];
+    const int64_t local_merges = instances - subtrees_of[static_cast<size_t>(me)];
     w.tokens = instances * T;
     const double tokens = static_cast<double>(w.tokens);
     // Forward, then backward's input and weight gradients (two products of the forward's size), then a recompute of
@@ -214,11 +211,11 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       for (int u = 0; u < static_cast<int>(units.size()); ++u) {
         const int64_t acquires = split.n_rounds() * (u == 0 ? 1 : 2);
         const auto [a, b] = units[static_cast<size_t>(u)];
+        const Ranges reads_me = fsdp_unit_reads(m, layout, u, ep, me % ep);
         for (int q = 0; q < S; ++q) {
           if (q == s_me) continue;
           const int peer = L.rank_of(q, g);
           const Ranges reads_q = fsdp_unit_reads(m, layout, u, ep, peer % ep);
-          const Ranges reads_me = fsdp_unit_reads(m, layout, u, ep, me % ep);
           const int64_t to = overlap(reads_q, std::max(a, L.begin(s_me)), std::min(b, L.end(s_me)));
           const int64_t from = overlap(reads_me, std::max(a, L.begin(q)), std::min(b, L.end(q)));
           add_sent(c, peers, peer, 4 * acquires * to);
@@ -229,16 +226,13 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
     }
     if (W > 1) {  // dist::OwnerReduction: every round, each unit's subtrees to the owners of its pieces
       CollectiveWork c{"all-to-all gradient subtrees of a unit"};
+      const int64_t k_mine = subtrees_of[static_cast<size_t>(me)];
       for (const auto& [a, b] : units)
         for (int j = 0; j < W; ++j) {
           if (j == me) continue;
-          int64_t k_mine = 0, k_theirs = 0;
-          for (int64_t t = 0; t < split.n_rounds(); ++t) {
-            k_mine += subtrees[static_cast<size_t>(me)][static_cast<size_t>(t)];
-            k_theirs += subtrees[static_cast<size_t>(j)][static_cast<size_t>(t)];
-          }
           add_sent(c, peers, j, 4 * k_mine * overlap(a, b, L.optimizer_begin(j), L.optimizer_end(j)));
-          add_received(c, peers, j, 4 * k_theirs * overlap(a, b, L.optimizer_lo(), L.optimizer_hi()));
+          add_received(c, peers, j,
+                       4 * subtrees_of[static_cast<size_t>(j)] * overlap(a, b, L.optimizer_lo(), L.optimizer_hi()));
         }
       w.collectives.push_back(c);
     }

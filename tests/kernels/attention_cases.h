@@ -48,13 +48,8 @@ inline void attention_documents(const AttentionCase& c, AttentionOperands& o) {
       if (rng() % 8 == 0) t = kEos;
     if (b == 0 && c.T > 8) tokens[3] = tokens[4] = tokens[static_cast<size_t>(c.T - 1)] = kEos;
     const DocumentPositions p = document_positions(tokens.data(), c.T, kEos);
-    for (int64_t i = 0; i < c.T; ++i) o.doc_start.push_back(p.start[static_cast<size_t>(i)]);
-    // The last position of each position's document: its start plus its length, less one.
-    int32_t at = 0;
-    for (const int32_t len : document_lengths(tokens.data(), c.T, kEos)) {
-      for (int32_t x = 0; x < len; ++x) o.doc_end.push_back(at + len - 1);
-      at += len;
-    }
+    o.doc_start.insert(o.doc_start.end(), p.start.begin(), p.start.end());
+    o.doc_end.insert(o.doc_end.end(), p.end.begin(), p.end.end());
   }
 }
 inline AttentionOperands attention_operands(const AttentionCase& c, uint32_t seed) {

@@ -296,10 +296,10 @@ TEST_CASE("attention with documents equals each document run alone, bit for bit 
         int32_t at = 0;
         for (const int32_t len : document_lengths(tokens.data() + b * T, T, 1)) {
           docs.push_back({b * T + at, len});
-          for (int32_t x = 0; x < len; ++x) end.push_back(at + len - 1);
           at += len;
         }
         start.insert(start.end(), p.start.begin(), p.start.end());
+        end.insert(end.end(), p.end.begin(), p.end.end());
       }
       struct Result {
         std::vector<float> out, rmax, rsum, dq, dk, dv;
