@@ -6,8 +6,8 @@
 # documented first difference), and each of the four controls (optimizer state not restored, data position reset,
 # LR schedule restarted, one RNG stream not restored) must be seen at its step with its first difference. For
 # hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control, a world size
-# the adapter cannot run or that is no rank count, controls across world sizes (exit 2). For olmo-core also the audit
-# across world sizes (stopped over 2 ranks, resumed over 1) and its planted loader bug.
+# that is no rank count, controls across world sizes (exit 2). With RESUME_WS (tests/golden/meson.build) also the audit
+# across world sizes and the framework's planted loader bug.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
@@ -58,24 +58,29 @@ want_rc=0
 [ $rc = $want_rc ] || fail "exit $rc, want $want_rc"
 echo "ok: $FRAMEWORK: the resume audit and its controls"
 
-if [ "$FRAMEWORK" = olmo-core ]; then
-  # Across a change of world size (FSDP over 2 gloo ranks, stopped; resumed over 1): the batches, the lrs and the
-  # loaded state must be kept (the step's own results may change with the reduction order); a loader whose shuffle
-  # depends on the number of ranks must be caught at the first resumed step's batch.
-  audit_ws() {  # audit_ws NAME: the audit across 2:1 into $work/NAME, its exit status in $ws_rc
+if [ -n "${RESUME_WS:-}" ]; then
+  # Across a change of world size (RESUME_WS, e.g. 2:1: the straight run and the stop over 2 ranks, the resume over
+  # 1): the batches, the lrs and the loaded state must be kept (the step's own results may change with the reduction
+  # order); the framework's planted loader bug (RESUME_WS_PLANT, an environment assignment) must be caught with the
+  # first difference RESUME_WS_PLANT_WANT (default: the batch of step 5).
+  audit_ws() {  # audit_ws NAME [VAR=VALUE...]: the audit across $RESUME_WS into $work/NAME, its exit status in $ws_rc
+    local name=$1
+    shift
     ws_rc=0
-    OMP_NUM_THREADS=$threads "$BIN" golden resume-audit "$work/bundle" --framework olmo-core --at 4 --world-size 2:1 \
-      --python "$py" --threads "$threads" --out "$work/$1" > "$work/$1.log" 2>&1 || ws_rc=$?
-    [ -f "$work/$1/audit.txt" ] || { tail -n 40 "$work/$1.log"; fail "the audit across world sizes did not run"; }
-    grep "^across the change of world size" "$work/$1/audit.txt"
+    env "$@" OMP_NUM_THREADS="$threads" "$BIN" golden resume-audit "$work/bundle" --framework "$FRAMEWORK" --at 4 \
+      --world-size "$RESUME_WS" --python "$py" --threads "$threads" --out "$work/$name" > "$work/$name.log" 2>&1 ||
+      ws_rc=$?
+    [ -f "$work/$name/audit.txt" ] || { tail -n 40 "$work/$name.log"; fail "the audit across world sizes did not run"; }
+    grep "^across the change of world size" "$work/$name/audit.txt"
   }
   audit_ws ws
   [ $ws_rc = 0 ] && grep -q "^across the change of world size: kept: every batch, every lr and the loaded state" \
-    "$work/ws/audit.txt" || fail "stopped over 2 ranks and resumed over 1: want the data order, lr and state kept (exit $ws_rc)"
-  OLMOREF_OLMO_CORE_AUDIT_SEED_BY_WORLD_SIZE=1 audit_ws ws-planted
-  [ $ws_rc = 1 ] && grep -q "^across the change of world size: DIFFERENT: the batch of step 5" "$work/ws-planted/audit.txt" ||
-    fail "a shuffle seeded with the number of ranks: want 'DIFFERENT: the batch of step 5' (exit $ws_rc)"
-  echo "ok: olmo-core: a resume over another world size keeps the data order; a rank-dependent shuffle is caught"
+    "$work/ws/audit.txt" || fail "stopped and resumed across $RESUME_WS: want the data order, lr and state kept (exit $ws_rc)"
+  audit_ws ws-planted "${RESUME_WS_PLANT:?RESUME_WS_PLANT: the planted loader bug of the audit across world sizes}"
+  want=${RESUME_WS_PLANT_WANT:-DIFFERENT: the batch of step 5}
+  [ $ws_rc = 1 ] && grep -q "^across the change of world size: $want" "$work/ws-planted/audit.txt" ||
+    fail "$RESUME_WS_PLANT: want '$want' (exit $ws_rc)"
+  echo "ok: $FRAMEWORK: a resume across $RESUME_WS keeps the data order, lr and state; the planted loader bug is caught"
 fi
 
 if [ "$FRAMEWORK" = hf-trainer ]; then
