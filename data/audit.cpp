@@ -57,6 +57,15 @@ std::string audit_record_json(const AuditRecord& r) {
   std::string s = head;
   append_json_string(s, r.file);
   s += tail;
+  if (!r.documents.empty()) {
+    s.pop_back();  // the closing brace: the documents go last, so a line without them reads as before
+    s += ",\"documents\":[";
+    for (size_t i = 0; i < r.documents.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(r.documents[i]);
+    }
+    s += "]}";
+  }
   return s;
 }
 
@@ -74,6 +83,7 @@ AuditRecord parse_audit_record(const std::string& line) {
   r.token_start = j.at("token_start").get<int64_t>();
   r.token_end = j.at("token_end").get<int64_t>();
   r.xxh3 = std::stoull(j.at("xxh3").get<std::string>(), nullptr, 16);
+  if (j.contains("documents")) r.documents = j.at("documents").get<std::vector<int32_t>>();
   return r;
 }
 

@@ -9,6 +9,10 @@
 // instance is the global instance id; [token_start, token_end) are token offsets in `file`; xxh3
 // is XXH3_64bits (seed 0) over the instance's token ids as little-endian uint32, whatever the file
 // dtype, printed as 16 lower-case hex digits. A micro-batch of k instances gives k lines.
+// Under intra-document masking (data.document_masking) each line also ends in "documents":[n1,n2,...]: the lengths of
+// the documents the model cut the instance into (core/documents.h, at data.eos_id), in order, summing to the
+// sequence length, so the boundaries attention was kept inside can be checked against the tokens afterwards; a run
+// without masking writes no such key.
 //
 // The leakage detector and the resume checks read this file; keep it append-only and stable.
 #pragma once
@@ -34,6 +38,7 @@ struct AuditRecord {
   int64_t token_start = 0;
   int64_t token_end = 0;
   uint64_t xxh3 = 0;
+  std::vector<int32_t> documents;  // the document lengths under intra-document masking; empty: masking off
 
   bool operator==(const AuditRecord&) const = default;
 };

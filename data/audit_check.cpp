@@ -1,5 +1,7 @@
 #include "data/audit_check.h"
 
+#include "core/documents.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -156,7 +158,7 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
   CheckResult res("audit_partition");
   const int64_t G = e.global_batch_instances, mb = e.microbatch_instances, M = (G + mb - 1) / mb;
   Reference ref(e);
-  int64_t content_checked = 0;
+  int64_t content_checked = 0, documents_checked = 0, documents_wrong = 0;
   std::vector<uint32_t> buf(e.dataset ? static_cast<size_t>(e.dataset->sequence_length()) : 0);
   for (const auto& [step, recs] : by_step(records)) {
     ++res.checked;
@@ -279,10 +281,39 @@ CheckResult check_partition(const std::vector<AuditRecord>& records, const Strea
         res.fail(position_of(r, idx[i]), "the delivered tokens of instance " + std::to_string(r.instance) +
                                              " (xxh3 " + hex64(r.xxh3) + ") differ from its content (xxh3 " +
                                              hex64(xxh3_tokens(buf)) + ")");
+        continue;
+      }
+      // The boundaries the model masked with must be the ones the instance's own EOS tokens make: a loader or trainer
+      // that cut documents elsewhere (another EOS, an off-by-one, a stale buffer) let attention cross a document.
+      const std::vector<int32_t> want =
+          e.document_eos ? document_lengths(buf.data(), static_cast<int64_t>(buf.size()), *e.document_eos)
+                         : std::vector<int32_t>{};
+      if (r.documents != want) {
+        auto list = [](const std::vector<int32_t>& v) {
+          std::string s = "[";
+          for (size_t k = 0; k < v.size() && k < 8; ++k) s += (k ? "," : "") + std::to_string(v[k]);
+          return s + (v.size() > 8 ? ",...]" : "]");
+        };
+        res.fail(position_of(r, idx[i]),
+                 !e.document_eos ? "instance " + std::to_string(r.instance) + " records documents " + list(r.documents) +
+                                       " but the config has no intra-document masking (data.document_masking)"
+                 : r.documents.empty()
+                     ? "instance " + std::to_string(r.instance) + " records no documents but the config masks within "
+                       "documents at EOS " + std::to_string(*e.document_eos) + " (data.document_masking)"
+                     : "instance " + std::to_string(r.instance) + " was masked as documents " + list(r.documents) + " (" +
+                           std::to_string(r.documents.size()) + ") but its tokens end documents at EOS " +
+                           std::to_string(*e.document_eos) + " as " + list(want) + " (" + std::to_string(want.size()) + ")");
+        ++documents_wrong;
+      } else if (!want.empty()) {
+        ++documents_checked;
       }
     }
   }
   res.details["steps"] = res.checked;
+  if (e.document_eos) {
+    res.details["documents_checked"] = documents_checked;
+    res.details["documents_wrong"] = documents_wrong;
+  }
   res.details["world_size"] = e.world_size;
   res.details["reference"] = ref.active();
   res.details["content_checked"] = content_checked;

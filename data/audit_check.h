@@ -77,6 +77,9 @@ struct StreamExpectation {
   std::shared_ptr<const FslDataset> dataset;
   uint64_t seed = 0;
   bool check_content = true;  // with a reference: re-read every instance and compare XXH3/file/offsets
+  // With check_content: the run masked within documents at this EOS, so every record must carry the document lengths
+  // its tokens give (core/documents.h); unset, a record must carry none.
+  std::optional<uint32_t> document_eos;
   // The steps the stream should hold, inclusive; last_step < 0: whatever the records hold.
   int64_t first_step = 1;
   int64_t last_step = -1;

@@ -21,6 +21,7 @@ StreamExpectation stream_expectation(const LeakRun& run) {
   expect.dataset = run.base.dataset;
   expect.seed = run.base.seed;
   expect.check_content = run.o.content_check;
+  expect.document_eos = run.base.document_eos;
   expect.first_step = 1;
   expect.last_step = run.steps;
   return expect;

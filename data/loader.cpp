@@ -1,5 +1,6 @@
 #include "data/loader.h"
 
+#include "core/documents.h"
 #include "core/instance_tree.h"
 
 #include <nlohmann/json.hpp>
@@ -223,8 +224,10 @@ void Loader::write_audit(const GlobalBatch& batch, AuditLog& log, int rank) cons
       rec.file_index = loc.file;
       rec.token_start = loc.token_start;
       rec.token_end = loc.token_start + L;
-      rec.xxh3 = xxh3_tokens(std::span<const uint32_t>(batch.tokens)
-                                 .subspan(static_cast<size_t>(i * L), static_cast<size_t>(L)));
+      const std::span<const uint32_t> tokens =
+          std::span<const uint32_t>(batch.tokens).subspan(static_cast<size_t>(i * L), static_cast<size_t>(L));
+      rec.xxh3 = xxh3_tokens(tokens);
+      if (config_.document_eos) rec.documents = document_lengths(tokens.data(), L, *config_.document_eos);
       log.write(rec);
     }
   }

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -49,6 +50,8 @@ struct LoaderConfig {
   int world_size = 1;                  // data-parallel ranks: micro-batch m on rank m mod W (M >= W)
   int rank = -1;                       // which rank's micro-batches to audit; -1 = all
   std::shared_ptr<AuditLog> audit;     // optional
+  // Intra-document masking's EOS (data.document_masking): the audit log records each instance's document lengths.
+  std::optional<uint32_t> document_eos;
   HoldoutSpec holdout;                 // reported, and opened by holdout_dataset()
   // After delivering batch b, ask the kernel to start reading batch b+1 (madvise WILLNEED), so
   // its disk reads overlap the training step. About 3x faster from a cold page cache; costs one

@@ -115,6 +115,7 @@ data::LoaderConfig loader_config(const TrainConfig& cfg) {
   lc.global_batch_instances = cfg.train.global_batch_instances;
   lc.microbatch_instances = cfg.train.micro_batch_instances;
   lc.holdout = holdout_spec(cfg.data);
+  if (cfg.data.document_masking) lc.document_eos = static_cast<uint32_t>(cfg.data.eos_id);
   return lc;
 }
 

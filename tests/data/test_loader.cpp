@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/documents.h"
 #include "data/audit.h"
 #include "data/holdout.h"
 #include "data/loader.h"
@@ -301,6 +302,39 @@ TEST_CASE("audit log: one record per instance of each micro-batch, with rank, fi
     c2.audit->flush();
   }
   CHECK(read_audit_log(tmp.file("resumed.jsonl")) == all);
+}
+
+TEST_CASE("audit log under intra-document masking: each record ends in the instance's document lengths") {
+  TempDir tmp;
+  auto ds = make_dataset(tmp, 8, {300, 200});
+  LoaderConfig c = config(ds, 8, 2);
+  c.audit = std::make_shared<AuditLog>(tmp.file("docs.jsonl"));
+  // An EOS the first delivered instance holds at position 3, so that it is cut and others may not be.
+  const int64_t first_id = Loader(config(ds, 8, 2)).next_batch().instance_ids[0];
+  c.document_eos = ds->instance(first_id)[3];
+  Loader loader(c);
+  loader.next_batch();
+  loader.next_batch();
+  c.audit->flush();
+  const std::vector<AuditRecord> recs = read_audit_log(tmp.file("docs.jsonl"));
+  REQUIRE(recs.size() == 16);
+  int cut = 0;
+  for (const AuditRecord& r : recs) {
+    const std::vector<uint32_t> tokens = ds->instance(r.instance);
+    CHECK(r.documents == olmoref::document_lengths(tokens.data(), 8, *c.document_eos));
+    cut += r.documents.size() > 1;
+  }
+  CHECK(cut > 0);
+  // The documents go last, after the fields a log without masking has, and round-trip.
+  AuditRecord r = recs[0];
+  r.documents = {3, 1, 4};
+  const std::string line = audit_record_json(r);
+  CHECK(line.size() > 22);
+  CHECK(line.substr(line.size() - 22) == "\",\"documents\":[3,1,4]}");
+  CHECK(parse_audit_record(line) == r);
+  r.documents.clear();
+  CHECK(audit_record_json(r).find("documents") == std::string::npos);
+  CHECK(parse_audit_record(audit_record_json(r)) == r);
 }
 
 TEST_CASE("the loader reports the holdout kind and opens the holdout data") {
