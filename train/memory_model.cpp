@@ -277,6 +277,8 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
       "RoPE tables, tokens, loss rows" +
           std::string(bf16 ? (L.dp_shard > 1 ? ", the bf16 copy of the unit in use" : ", the bf16 weights") : ""));
   add("kernel scratch", x.mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
+  if (gpu && cfg.data.document_masking)
+    add("document boundaries", 3 * 4 * R, "intra-document masking: start, end, RoPE position [R] int32 each, uploaded");
   if (m.moe.enabled()) {
     const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;
     // LayerActs' host routing of every layer (scores [R, E], lse [R], top and weight [R, k], the plan [S] x 2).
@@ -308,6 +310,13 @@ void add_data_parts(std::vector<MemoryPart>& out, const TrainConfig& cfg, int64_
                    "the epoch's instance order, 4 bytes per instance of the dataset (" +
                        std::to_string(dataset_instances) + "), on every rank"});
   out.push_back({"global batch", 4 * G * T + 8 * G, "the step's tokens [G, seq] and instance ids, on every rank"});
+  // Olmo3::documents_of: each position's document start, end and RoPE position, int32, for the micro-batch in
+  // use (and the evaluation model's one instance), cut on the host.
+  if (cfg.data.document_masking) {
+    const int64_t rows = cfg.train.micro_batch_instances * T + (cfg.eval.interval > 0 ? T : 0);
+    out.push_back({"document boundaries", 3 * 4 * rows,
+                   "intra-document masking: start, end, RoPE position [micro-batch x seq] int32 each"});
+  }
 }
 
 // The frames a checkpoint's writer or reader handles: at most kFrameFloats, no more than the largest tensor.
