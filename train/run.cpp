@@ -181,9 +181,12 @@ void Trainer::resume(const std::string& dir, const ResumeOptions& opts) {
 
 void Trainer::init_from_checkpoint(const std::string& dir, bool load_optimizer) {
   if (step_ != 0) throw std::logic_error("Trainer::init_from_checkpoint after step " + std::to_string(step_));
-  // The model was compared key by key before the run began (resolve_checkpoint_init); the hash is the last guard.
+  // The model was compared key by key before the run began (resolve_checkpoint_init); the hash is the last guard,
+  // over every key but the RoPE ones this run may change (the checkpoint's model_hash has its source's).
   ckpt::CheckpointMeta expect;
-  expect.model_hash = cfg_.model_hash();
+  TrainConfig as_written = cfg_;
+  as_written.model = with_rope_of(cfg_.model, load_checkpoint_config(dir).model);
+  expect.model_hash = as_written.model_hash();
   const ckpt::CheckpointMeta meta = load_checked_state(
       dir, expect, ckpt::LoadOptions{}, !load_optimizer,
       "\n(config key 'init.checkpoint' = " + dir + ": restore that checkpoint, or point init.checkpoint at another; "

@@ -148,6 +148,12 @@ std::vector<std::string> section_differences(const TrainConfig& here, const Trai
 }
 }  // namespace
 
+ModelConfig with_rope_of(ModelConfig model, const ModelConfig& source) {
+  model.rope_theta = source.rope_theta;
+  model.rope_scaling = source.rope_scaling;  // every rope_yarn_* key and rope_scaling_full_attention_only
+  return model;
+}
+
 void resolve_checkpoint_init(TrainConfig& cfg) {
   if (cfg.init.checkpoint.empty()) return;
   namespace fs = std::filesystem;
@@ -164,8 +170,10 @@ void resolve_checkpoint_init(TrainConfig& cfg) {
   }
   const TrainConfig src = load_checkpoint_config(dir);
   // The weights are loaded as they are: every [model] key that shapes or places them must agree. The name and the
-  // init's seed and scale only describe how stage 1 began.
-  const std::vector<std::string> model_diff = section_differences(cfg, src, "model", {"name", "init_seed", "init_std"});
+  // init's seed and scale only describe how stage 1 began, and the RoPE keys hold no weights (kRopeModelKeys).
+  std::vector<std::string> free_keys = {"name", "init_seed", "init_std"};
+  free_keys.insert(free_keys.end(), kRopeModelKeys.begin(), kRopeModelKeys.end());
+  const std::vector<std::string> model_diff = section_differences(cfg, src, "model", free_keys);
   if (!model_diff.empty())
     throw std::runtime_error(cfg.in_file(key + ": " + dir + " holds another model: " + model_diff.front() +
                                          "; set the [model] section to the checkpoint's (olmoref ckpt inspect " + dir +

@@ -19,6 +19,15 @@ struct RunWeights {
   int64_t step = 0;           // optimizer steps completed (0: step-0 weights)
 };
 
+// The rotary embedding's [model] keys: they hold no weights, so a run from another run's checkpoint (init.checkpoint)
+// may change them, as Olmo 3's long-context stage puts YaRN over stage 2's weights. Every other [model] key must agree.
+inline const std::vector<std::string> kRopeModelKeys = {"rope_theta", "rope_scaling", "rope_yarn_factor",
+                                                       "rope_yarn_beta_fast", "rope_yarn_beta_slow",
+                                                       "rope_yarn_old_context_len", "rope_scaling_full_attention_only"};
+// `model` with `source`'s rotary embedding (kRopeModelKeys): the model a checkpoint of `source` names by its
+// model_hash when this run changes only the RoPE.
+ModelConfig with_rope_of(ModelConfig model, const ModelConfig& source);
+
 // The resolved config a checkpoint directory records (its manifest), without reading the weights.
 TrainConfig load_checkpoint_config(const std::string& dir, const std::vector<std::string>& overrides = {});
 
