@@ -6,8 +6,8 @@
 # documented first difference), and each of the four controls (optimizer state not restored, data position reset,
 # LR schedule restarted, one RNG stream not restored) must be seen at its step with its first difference. For
 # hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control, a world size
-# that is no rank count, controls across world sizes (exit 2). With RESUME_WS (tests/golden/meson.build) also the audit
-# across world sizes and the framework's planted loader bug.
+# that is no rank count or does not split the global batch, controls across world sizes (exit 2). With RESUME_WS
+# (tests/golden/meson.build) also the audit across world sizes and the framework's planted loader bug.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
@@ -94,7 +94,7 @@ if [ "$FRAMEWORK" = hf-trainer ]; then
   expect_refused "outside 1..7" --framework hf-trainer --at 8 --out "$work/bad-at"
   expect_refused "no resume audit for it" --framework torch --at 4 --out "$work/bad-fw"
   expect_refused "is not a control" --framework hf-trainer --at 4 --controls memory --out "$work/bad-ctl"
-  expect_refused "runs its trainer on one rank only" --framework hf-trainer --at 4 --world-size 2:1 --out "$work/bad-ws"
+  expect_refused "must split evenly over the ranks" --framework hf-trainer --at 4 --world-size 3:1 --out "$work/bad-ws"
   expect_refused "the controls judge a resume at the world size" --framework hf-trainer --at 4 --world-size 2:1 \
     --controls all --out "$work/bad-ws-ctl"
   expect_refused "each 1..64" --framework hf-trainer --at 4 --world-size 2:0 --out "$work/bad-ws-0"
