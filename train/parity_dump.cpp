@@ -54,11 +54,6 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   if (steps < 1)
     throw std::invalid_argument("parity-dump --steps " + std::to_string(steps) +
                                 ": the bundle records at least one AdamW step (use --steps 1 or more)");
-  if (cfg.data.document_masking && !cfg.model.moe.enabled())
-    throw std::invalid_argument(cfg.in_file("config key 'data.document_masking' is on: a dense parity bundle replays "
-                                            "through Hugging Face's Olmo3 (and Megatron, MaxText, LitGPT), which attend "
-                                            "across documents; set data.document_masking=false (a MoE bundle's peer, "
-                                            "OLMo-core, takes it)"));
   if (cfg.train.precision != "fp32")
     throw std::invalid_argument(cfg.in_file("config key 'train.precision' is \"" + cfg.train.precision +
                                             "\": parity-dump replays training steps against Hugging Face in fp32; set "
@@ -66,18 +61,20 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                                             "logits: golden/parity/run_parity_bf16.sh)"));
   if (const std::string why = cfg.pytorch_replay_unsupported(); !why.empty())
     throw std::invalid_argument(cfg.in_file("parity-dump: " + why));
-  if (!cfg.model.moe.enabled()) require_hf_form(cfg, "Hugging Face export");
-  // Dense: Hugging Face Olmo3ForCausalLM is the peer (hf/, grad.<HF name>, hf_parity.py). MoE: OLMo-core's own
-  // MoETransformer (olmo_core/model.safetensors under its state_dict names, grad.<OLMo-core name>, the step-1
-  // routing; olmo_core_moe_parity.py). golden/parity/README.md has both formats.
+  // Dense: Hugging Face Olmo3ForCausalLM is the peer (hf/, grad.<HF name>, hf_parity.py). MoE, and any model under
+  // intra-document masking (Hugging Face's Olmo3, Megatron, MaxText and LitGPT attend across documents; OLMo-core
+  // takes doc_lens): OLMo-core's own Transformer or MoETransformer (olmo_core/model.safetensors under its state_dict
+  // names, grad.<OLMo-core name>, MoE's step-1 routing; olmo_core_moe_parity.py). golden/parity/README.md has both.
   const bool moe = cfg.model.moe.enabled();
+  const bool olmo_core_peer = moe || cfg.data.document_masking;
+  if (!olmo_core_peer) require_hf_form(cfg, "Hugging Face export");
   const std::vector<StepBatch> batches = parity_batches(cfg, steps);
   Trainer trainer(cfg, threads, std::make_unique<FixedBatchSource>(batches, "parity"));
   const ParamLayout& L = trainer.model().layout();
   const int64_t G = cfg.train.global_batch_instances, T = cfg.train.seq_len, V = cfg.model.vocab_size;
-  auto peer_name = [&](const ParamInfo& p) { return moe ? p.name : p.hf_name; };
+  auto peer_name = [&](const ParamInfo& p) { return olmo_core_peer ? p.name : p.hf_name; };
 
-  if (moe) {
+  if (olmo_core_peer) {
     fs::create_directories(out_dir + "/olmo_core");
     const float* w = trainer.host_params();
     std::vector<SafeTensorView> views;
@@ -132,7 +129,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
                 {"swa_pattern", cfg.model.swa_pattern}};
   add_rope_scaling_json(cfg.model, j["model"]);
   add_moe_json(cfg.model, j["model"]);
-  if (moe) j["micro_batch_instances"] = cfg.train.micro_batch_instances;
+  if (olmo_core_peer) j["micro_batch_instances"] = cfg.train.micro_batch_instances;
   j["seq_len"] = T;
   j["instances_per_step"] = G;
   j["steps"] = steps;
@@ -142,7 +139,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
   j["loss_step0"] = (s0.ce + s0.z + s0.moe_lb + s0.moe_z) / N;
   j["ce_step0"] = s0.ce / N;
   j["z_step0"] = s0.z / N;
-  if (moe) j["lb_step0"] = s0.moe_lb / N, j["rz_step0"] = s0.moe_z / N;
+  if (olmo_core_peer) j["lb_step0"] = s0.moe_lb / N, j["rz_step0"] = s0.moe_z / N;
   nlohmann::json lrs = nlohmann::json::array(), trace = nlohmann::json::array();
   // Every step's pre-clip gradient and the parameters after it: the peer re-runs each step from our weights of the
   // step before and feeds our gradient to its optimizer (the comparison's per-step gates), so no step is judged
@@ -159,7 +156,7 @@ void write_parity_bundle(const TrainConfig& cfg, const std::string& out_dir, int
     const TraceRecord r = trainer.train_step().record;
     lrs.push_back(r.lr);
     trace.push_back({{"step", r.step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr}});
-    if (moe) trace.back()["ce"] = r.ce, trace.back()["lb"] = r.moe_lb, trace.back()["rz"] = r.moe_z;
+    if (olmo_core_peer) trace.back()["ce"] = r.ce, trace.back()["lb"] = r.moe_lb, trace.back()["rz"] = r.moe_z;
     const float* w = trainer.host_params();
     after[static_cast<size_t>(s)].assign(w, w + L.total);
   }

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Compare an olmoref mixture-of-experts parity bundle against ai2-olmo-core's own MoE model, fp32 on the CPU.
+(Also a dense bundle under intra-document masking, against OLMo-core's dense Transformer: below.)
 
 Usage: olmo_core_moe_parity.py --bundle DIR [--report FILE.json] [--threads N]
        olmo_core_moe_parity.py --check-kernels      (only the CPU-kernel self-check below; exit 0/1)
@@ -37,6 +38,10 @@ torch fallback grouped GEMM, shared MLP, attention, blocks, LM head and loss):
     norms, RoPE inputs and the CE input with Tensor.float() and builds its RoPE table in fp32; inside
     exact_fp64() Tensor.float() is the identity on float64 tensors and the RoPE table is computed in float64,
     so that replay is float64 throughout. The fp32 runs are untouched.
+
+A dense bundle (no model.moe: what `olmoref parity-dump` writes for a dense config under data.document_masking,
+whose other peers attend across documents) runs the same way through OLMo-core's dense Transformer of
+ReorderedNormTransformerBlock: no routing, no auxiliary losses, no MoE kernels; every other gate as above.
 
 Exit status: 0 every gate passed; 1 a gate failed (each failure is printed and listed in the report);
 2 the bundle is malformed or inconsistent, or OLMo-core cannot be imported (nothing was compared).
@@ -82,7 +87,7 @@ IGNORE = -100
 REQUIRED_TOP = ("model", "seq_len", "instances_per_step", "micro_batch_instances", "steps", "z_loss", "optim",
                 "loss_step0", "ce_step0", "z_step0", "lb_step0", "rz_step0", "trace")
 REQUIRED_MODEL = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "rope_theta",
-                  "norm_eps", "swa_pattern", "moe")
+                  "norm_eps", "swa_pattern")  # and "moe" for a MoE model
 REQUIRED_MOE = ("n_experts", "top_k", "hidden", "shared_hidden", "lb_loss_weight", "z_loss_weight",
                 "scale_loss_by_num_layers", "lb_granularity")
 
@@ -97,7 +102,8 @@ from hf_parity import (BundleError, adamw, cached, compare_grads, compare_logits
 # OLMo-core's model for the bundle and the CPU stand-ins for its Triton MoE kernels, shared with the OLMo-core replay
 # (make_fake_moe_bundle.py and moe_selftest.py reach them through this module).
 from olmo_core_model import (CPU_KERNELS, document_inputs, install_cpu_kernels,  # noqa: E402,F401
-                             install_document_mask_sdpa, model_windows, olmo_core_config, use_torch_gmm, windows)
+                             install_document_mask_sdpa, is_moe, model_windows, olmo_core_config, use_torch_gmm,
+                             windows)
 
 
 def check_cpu_kernels(torch):
@@ -193,24 +199,28 @@ def load_bundle(d):
     import numpy as np
     from safetensors.numpy import load_file
 
-    ours, batches, need = load_bundle_core(d, REQUIRED_TOP, "a MoE parity bundle")
+    ours, batches, need = load_bundle_core(d, REQUIRED_TOP, "an OLMo-core parity bundle")
     m = ours["model"]
     for key in REQUIRED_MODEL:
         if key not in m:
             raise BundleError(f"{d}/ours.json: missing model.{key}")
-    if not isinstance(m["moe"], dict):
-        raise BundleError(f"{d}/ours.json: model.moe must be an object (is this a dense bundle? use hf_parity.py)")
-    for key in REQUIRED_MOE:
-        if key not in m["moe"]:
-            raise BundleError(f"{d}/ours.json: missing model.moe.{key}")
-    if m["moe"]["lb_granularity"] not in ("instance", "local_batch"):
-        raise BundleError(f"{d}/ours.json: model.moe.lb_granularity {m['moe']['lb_granularity']!r}, "
-                          "expected 'instance' or 'local_batch'")
+    if is_moe(m):
+        if not isinstance(m["moe"], dict):
+            raise BundleError(f"{d}/ours.json: model.moe must be an object")
+        for key in REQUIRED_MOE:
+            if key not in m["moe"]:
+                raise BundleError(f"{d}/ours.json: missing model.moe.{key}")
+        if m["moe"]["lb_granularity"] not in ("instance", "local_batch"):
+            raise BundleError(f"{d}/ours.json: model.moe.lb_granularity {m['moe']['lb_granularity']!r}, "
+                              "expected 'instance' or 'local_batch'")
+        E, k = int(m["moe"]["n_experts"]), int(m["moe"]["top_k"])
+        if not 1 <= k <= E:
+            raise BundleError(f"{d}/ours.json: model.moe.top_k {k} must be in 1..n_experts ({E})")
+    elif ours.get("document_masking_eos") is None:
+        raise BundleError(f"{d}/ours.json: a dense bundle without document masking: its peer is Hugging Face's "
+                          "Olmo3 (hf_parity.py)")
     if int(ours["micro_batch_instances"]) < 1:
         raise BundleError(f"{d}/ours.json: micro_batch_instances must be >= 1 (got {ours['micro_batch_instances']})")
-    E, k = int(m["moe"]["n_experts"]), int(m["moe"]["top_k"])
-    if not 1 <= k <= E:
-        raise BundleError(f"{d}/ours.json: model.moe.top_k {k} must be in 1..n_experts ({E})")
     for r in ours["trace"]:
         for key in ("loss", "grad_norm", "lr"):
             if key not in r:
@@ -270,13 +280,16 @@ def check_weights(model, weights):
 def build_model(torch, m, weights, dtype):
     from olmo_core.nn.transformer.model import MoETransformer
 
-    install_cpu_kernels()
+    moe = is_moe(m)
+    if moe:
+        install_cpu_kernels()
     model = olmo_core_config(m).build(init_device="cpu")
-    if not isinstance(model, MoETransformer):
-        raise RuntimeError(f"OLMo-core built {type(model).__name__}, expected MoETransformer")
+    if isinstance(model, MoETransformer) != moe:
+        raise RuntimeError(f"OLMo-core built {type(model).__name__} for a {'MoE' if moe else 'dense'} model")
     check_weights(model, weights)
     model.load_state_dict({n: torch.from_numpy(a.copy()) for n, a in weights.items()}, strict=True)
-    use_torch_gmm(model)
+    if moe:
+        use_torch_gmm(model)
     model = model.to(dtype)
     model.train()
     return model
@@ -422,7 +435,9 @@ def run(bundle, threads):
         install_document_mask_sdpa()
         # Into the cache keys below, with the TEST ONLY control, so a control never reads a correct run's cache.
         m = dict(m, document_masking_eos=int(DOC_EOS), peer_documents=os.environ.get("OLMOREF_TEST_PEER_DOCUMENTS"))
-    mo = m["moe"]
+    moe = is_moe(m)
+    mo = m["moe"] if moe else {"n_experts": 0, "top_k": 0, "shared_hidden": 0, "lb_granularity": None,
+                                "scale_loss_by_num_layers": False}
     M = int(ours["micro_batch_instances"])
     L, V, E, k = int(m["n_layers"]), int(m["vocab_size"]), int(mo["n_experts"]), int(mo["top_k"])
     z_loss = float(ours["z_loss"])
@@ -436,8 +451,9 @@ def run(bundle, threads):
                         "vocab_size": V, "n_layers": L, "n_experts": E, "top_k": k,
                         "shared_hidden": int(mo["shared_hidden"]), "lb_granularity": mo["lb_granularity"],
                         "scale_loss_by_num_layers": bool(mo["scale_loss_by_num_layers"]),
-                        "document_masking_eos": DOC_EOS}}
-    report["cpu_kernel_check_max_rel"] = cached(("cpu-kernel-check",), lambda: check_cpu_kernels(torch))
+                        "document_masking_eos": DOC_EOS, "moe": moe}}
+    if moe:
+        report["cpu_kernel_check_max_rel"] = cached(("cpu-kernel-check",), lambda: check_cpu_kernels(torch))
 
     model = build_model(torch, m, weights, torch.float32)
     names = [n for n, _ in model.named_parameters()]
@@ -448,7 +464,7 @@ def run(bundle, threads):
     report["windows"] = got_w
     if tuple(step0["logits"].shape) != (B, T, V):
         raise BundleError(f"ours_step0.safetensors: logits shape {step0['logits'].shape}, expected {(B, T, V)}")
-    routing_keys = [f"routing.blocks.{i}" for i in range(L)]
+    routing_keys = [f"routing.blocks.{i}" for i in range(L)] if moe else []
     missing = [n for n in names if f"grad.{n}" not in step0] + [r for r in routing_keys if r not in step0]
     extra = sorted(x for x in step0 if x != "logits" and x not in routing_keys
                    and not (x.startswith("grad.") and x[len("grad."):] in names))
@@ -474,11 +490,12 @@ def run(bundle, threads):
         """OLMo-core fp32 trained freely over the S steps; step 1's terms, logits, gradients and routing are
         captured inside its first step (after the backward, before clipping)."""
         cap = {}
-        probe = RoutingProbe(model)
+        probe = RoutingProbe(model) if moe else None
 
         def step1_hook(mdl, terms):
-            cap["routing"] = probe.result()
-            probe.remove()
+            if probe:
+                cap["routing"] = probe.result()
+                probe.remove()
             cap["terms"] = dict(terms)
             cap["grads"] = {n: p.grad.detach().double().clone() for n, p in mdl.named_parameters()}
 
@@ -504,8 +521,9 @@ def run(bundle, threads):
     l0["trace1_vs_loss_step0_rel"] = rel(float(ours["trace"][0]["loss"]), float(ours["loss_step0"]))
     report["loss_step0"] = l0
     report["grads"] = compare_grads(torch, names, step0, oc["grads"], "oc")
-    ours_routing = {i: torch.from_numpy(step0[f"routing.blocks.{i}"].astype("int64")) for i in range(L)}
-    report["routing"] = compare_routing(torch, ours_routing, oc["routing"], E, k)
+    if moe:
+        ours_routing = {i: torch.from_numpy(step0[f"routing.blocks.{i}"].astype("int64")) for i in range(L)}
+        report["routing"] = compare_routing(torch, ours_routing, oc["routing"], E, k)
 
     # ---- every step from our weights against OLMo-core fp64 (gated); OLMo-core fp32's free run (reported) ----
     steps = []
@@ -530,15 +548,17 @@ def gate(report):
     """Returns [(gate, value, limit, text)] for each failed gate."""
     th = THRESHOLDS
     fails = []
-    lg, g, l0, steps, ro = report["logits"], report["grads"], report["loss_step0"], report["steps"], report["routing"]
+    lg, g, l0, steps = report["logits"], report["grads"], report["loss_step0"], report["steps"]
+    moe = report["shape"]["moe"]
 
     def over(name, value, limit, text):
         if not (value <= limit):  # also catches NaN
             fails.append((name, value, limit, text))
 
-    over("cpu_kernel_check_max_rel", report["cpu_kernel_check_max_rel"], th["cpu_kernel_check_max_rel"],
-         f"OLMo-core's DroplessMoE with the CPU kernel stand-ins differs from the dense fp64 evaluation by "
-         f"{report['cpu_kernel_check_max_rel']:.3e} (the comparison itself is broken)")
+    if moe:
+        over("cpu_kernel_check_max_rel", report["cpu_kernel_check_max_rel"], th["cpu_kernel_check_max_rel"],
+             f"OLMo-core's DroplessMoE with the CPU kernel stand-ins differs from the dense fp64 evaluation by "
+             f"{report['cpu_kernel_check_max_rel']:.3e} (the comparison itself is broken)")
     if not lg["top1_agreement_pct"] >= th["top1_agreement_pct"]:
         fails.append(("top1_agreement_pct", lg["top1_agreement_pct"], th["top1_agreement_pct"],
                       f"top-1 agreement {lg['top1_agreement_pct']:.4f}% < 100%"))
@@ -550,6 +570,7 @@ def gate(report):
     for t in ("loss", "ce", "z", "lb", "rz"):
         over(f"{t}_step0_rel", l0[f"{t}_rel"], th[f"{t}_step0_rel"],
              f"step-1 {t} ours {l0['ours'][t]!r} vs OLMo-core {l0['oc'][t]!r} (rel {l0[f'{t}_rel']:.3e})")
+    ro = report.get("routing", {"mismatches": 0})
     if ro["mismatches"] > th["routing_mismatches"]:
         f = ro["first_mismatch"]
         fails.append(("routing_mismatches", ro["mismatches"], th["routing_mismatches"],
@@ -562,22 +583,26 @@ def gate(report):
 
 
 def print_summary(report, fails):
-    lg, g, l0, ro, sh = report["logits"], report["grads"], report["loss_step0"], report["routing"], report["shape"]
-    print(f"olmoref vs OLMo-core MoE (ai2-olmo-core {report['versions']['ai2-olmo-core']}, torch "
-          f"{report['versions']['torch']}): {sh['steps']} steps x {sh['instances_per_step']} instances "
-          f"(micro-batches of {sh['micro_batch_instances']}) x {sh['seq_len']} tokens, vocab {sh['vocab_size']}, "
-          f"{sh['n_layers']} layers, {sh['n_experts']} experts top-{sh['top_k']}, shared hidden {sh['shared_hidden']}, "
-          f"lb {sh['lb_granularity']}{' /n_layers' if sh['scale_loss_by_num_layers'] else ''}, windows "
-          f"{report['windows']}")
-    print(f"\n  CPU kernel stand-ins vs dense fp64 MoE: {report['cpu_kernel_check_max_rel']:.2e}")
+    lg, g, l0, sh = report["logits"], report["grads"], report["loss_step0"], report["shape"]
+    ro = report.get("routing")
+    body = (f"{sh['n_experts']} experts top-{sh['top_k']}, shared hidden {sh['shared_hidden']}, lb "
+            f"{sh['lb_granularity']}{' /n_layers' if sh['scale_loss_by_num_layers'] else ''}" if sh["moe"] else "dense")
+    docs = f", documents ending at EOS {sh['document_masking_eos']}" if sh["document_masking_eos"] is not None else ""
+    print(f"olmoref vs OLMo-core {'MoE' if sh['moe'] else 'Transformer'} (ai2-olmo-core "
+          f"{report['versions']['ai2-olmo-core']}, torch {report['versions']['torch']}): {sh['steps']} steps x "
+          f"{sh['instances_per_step']} instances (micro-batches of {sh['micro_batch_instances']}) x {sh['seq_len']} "
+          f"tokens, vocab {sh['vocab_size']}, {sh['n_layers']} layers, {body}, windows {report['windows']}{docs}")
+    if sh["moe"]:
+        print(f"\n  CPU kernel stand-ins vs dense fp64 MoE: {report['cpu_kernel_check_max_rel']:.2e}")
     print("\nstep-1 batch at step-0 weights")
     rows = logit_rows(lg, "oc")
     for t in ("loss", "ce", "z", "lb", "rz"):
         rows.append((f"{t} ours / oc", f"{l0['ours'][t]:.9g}", f"{l0['oc'][t]:.9g}  rel {l0[f'{t}_rel']:.3e}"))
     rows.append(("grad rel diff max", f"{g['max_rel']:.3e}", g["worst_tensor"]))
-    rows.append(("routing mismatches", f"{ro['mismatches']}",
-                 f"({ro['near_ties']} near-ties excused; per block "
-                 + ", ".join(f"{b}: {v['mismatches']}/{v['tokens']}" for b, v in ro["per_block"].items()) + ")"))
+    if ro:
+        rows.append(("routing mismatches", f"{ro['mismatches']}",
+                     f"({ro['near_ties']} near-ties excused; per block "
+                     + ", ".join(f"{b}: {v['mismatches']}/{v['tokens']}" for b, v in ro["per_block"].items()) + ")"))
     print_training_rows(report, rows, "oc", "OLMo-core fp32", "OLMo-core")
     print_verdict(fails, THRESHOLDS)
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# golden/parity/run_moe_parity.sh CONFIG [KEY=VALUE ...] — the one command for mixture-of-experts parity against OLMo-core.
+# golden/parity/run_moe_parity.sh CONFIG [KEY=VALUE ...] — the one command for mixture-of-experts parity against OLMo-core
+# (and for a dense config under intra-document masking, data.document_masking=true, against OLMo-core's Transformer).
 #
 # Dumps a MoE parity bundle with `olmoref parity-dump` (step-0 weights under OLMo-core's names, batches, our
 # step-1 logits, gradients and routing, our loss trace) and checks it against ai2-olmo-core's own MoE model with
 # olmo_core_moe_parity.py, in OLMo-core's environment (${OLMOREF_OLMO_CORE_VENV:-$HOME/.cache/olmoref/venv-olmo-core},
-# created on first use: ai2-olmo-core 3.0.0 pins torch < 2.14, so it is not the parity venv). CONFIG must be a MoE
-# model config in fp32 precision; each KEY=VALUE is passed to parity-dump as --set KEY=VALUE (e.g.
+# created on first use: ai2-olmo-core 3.0.0 pins torch < 2.14, so it is not the parity venv). CONFIG must be a MoE (or, with
+# data.document_masking=true, a dense) model config in fp32 precision; each KEY=VALUE is passed to parity-dump as --set KEY=VALUE (e.g.
 # model.moe_lb_granularity=\"local_batch\" for OLMo-core's default granularity).
 #
 # Environment: OLMOREF_BIN (default build/olmoref), OLMOREF_OLMO_CORE_VENV, OLMOREF_PARITY_STEPS (default 10),
