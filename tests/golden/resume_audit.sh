@@ -6,13 +6,16 @@
 # documented first difference), and each of the four controls (optimizer state not restored, data position reset,
 # LR schedule restarted, one RNG stream not restored) must be seen at its step with its first difference. For
 # hf-trainer also the refusals: --at outside the run, a framework without an audit, an unknown control, a world size
-# that is no rank count or does not split the global batch, controls across world sizes (exit 2). With RESUME_WS
-# (tests/golden/meson.build) also the audit across world sizes and the framework's planted loader bug.
+# that is no rank count or does not split the global batch, controls across world sizes (exit 2).
+# tests/golden/resume_audit.sh FRAMEWORK world-size — meson tests golden-resume-audit-FRAMEWORK-world-size: the audit
+# across RESUME_WS (tests/golden/meson.build) and the framework's planted loader bug, a test of its own so that
+# neither half outgrows the per-test budget.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
 source golden/parity/venv.sh
 FRAMEWORK=$1
+PART=${2:-resume}  # resume: the audit, its controls (and hf-trainer's refusals); world-size: across RESUME_WS
 skip() { echo "SKIPPED: golden-resume-audit-$FRAMEWORK: $1"; exit 77; }
 case $FRAMEWORK in
   olmo-core) olmoref_ensure_olmo_core_venv resume_audit; py=$OLMOREF_OLMO_CORE_VENV/bin/python ;;
@@ -25,40 +28,43 @@ python3 tests/make_tokens.py "$work/tokens.u16" 5 60000 || exit 2
   --threads 2 --out "$work/run" --quiet || exit 2
 "$BIN" golden export --run "$work/run" --out "$work/bundle" --states none > /dev/null || exit 2
 threads=${OLMOREF_PEER_THREADS:-1}
-OMP_NUM_THREADS=$threads "$BIN" golden resume-audit "$work/bundle" --framework "$FRAMEWORK" --at 4 --controls all \
-  --python "$py" --threads "$threads" --out "$work/audit" > "$work/audit.log" 2>&1
-rc=$?
-report=$work/audit/audit.txt
-[ -f "$report" ] || { tail -n 40 "$work/audit.log"; fail "the audit did not run (exit $rc)"; }
-sed -n '/^== resumed/,$p' "$report"
-# What the real resume must show: identical, unless docs/golden.md documents a difference (then exit 1 naming it).
-expected=${RESUME_EXPECT:-IDENTICAL}
-if [ "$expected" = IDENTICAL ]; then
-  grep -q "^IDENTICAL: resuming changed nothing" "$report" || fail "$FRAMEWORK's resume is no longer identical"
-else
-  grep -q "^DIFFERENT: first at step $expected" "$report" || fail "$FRAMEWORK's resume: want 'first at step $expected'"
+if [ "$PART" = resume ]; then
+  OMP_NUM_THREADS=$threads "$BIN" golden resume-audit "$work/bundle" --framework "$FRAMEWORK" --at 4 --controls all \
+    --python "$py" --threads "$threads" --out "$work/audit" > "$work/audit.log" 2>&1
+  rc=$?
+  report=$work/audit/audit.txt
+  [ -f "$report" ] || { tail -n 40 "$work/audit.log"; fail "the audit did not run (exit $rc)"; }
+  sed -n '/^== resumed/,$p' "$report"
+  # What the real resume must show: identical, unless docs/golden.md documents a difference (then exit 1 naming it).
+  expected=${RESUME_EXPECT:-IDENTICAL}
+  if [ "$expected" = IDENTICAL ]; then
+    grep -q "^IDENTICAL: resuming changed nothing" "$report" || fail "$FRAMEWORK's resume is no longer identical"
+  else
+    grep -q "^DIFFERENT: first at step $expected" "$report" || fail "$FRAMEWORK's resume: want 'first at step $expected'"
+  fi
+  for c in "optimizer|first at step 4: optimizer state as loaded" "data|first at step 5: batch" \
+           "schedule|first at step 5: lr" "rng|first at step 5: "; do
+    name=${c%%|*} want=${c#*|}
+    if [ "$name" = "${RESUME_NO_CONTROL:-}" ]; then  # no such restore in the framework: its adapter says why
+      grep -q "^control $name: not planted: " "$report" || fail "control $name: want 'not planted' with the reason"
+      continue
+    fi
+    grep -q "^control $name: seen: $want" "$report" || fail "control $name: want 'seen: $want'"
+    # Where the real resume already differs first at the control's step in the same way, the control is judged against
+    # the real resume as well, so the framework's own difference cannot pass for the control's.
+    if [ "$expected" != IDENTICAL ] && grep -q "^control $name: seen: first at step $expected " "$report"; then
+      grep -q "^control $name: seen: .*the control against it: first at step ${want#first at step }" "$report" ||
+        fail "control $name: at the real resume's own first difference, want it judged against the real resume"
+    fi
+  done
+  want_rc=0
+  [ "$expected" = IDENTICAL ] || want_rc=1
+  [ $rc = $want_rc ] || fail "exit $rc, want $want_rc"
+  echo "ok: $FRAMEWORK: the resume audit and its controls"
 fi
-for c in "optimizer|first at step 4: optimizer state as loaded" "data|first at step 5: batch" \
-         "schedule|first at step 5: lr" "rng|first at step 5: "; do
-  name=${c%%|*} want=${c#*|}
-  if [ "$name" = "${RESUME_NO_CONTROL:-}" ]; then  # no such restore in the framework: its adapter says why
-    grep -q "^control $name: not planted: " "$report" || fail "control $name: want 'not planted' with the reason"
-    continue
-  fi
-  grep -q "^control $name: seen: $want" "$report" || fail "control $name: want 'seen: $want'"
-  # Where the real resume already differs first at the control's step in the same way, the control is judged against
-  # the real resume as well, so the framework's own difference cannot pass for the control's.
-  if [ "$expected" != IDENTICAL ] && grep -q "^control $name: seen: first at step $expected " "$report"; then
-    grep -q "^control $name: seen: .*the control against it: first at step ${want#first at step }" "$report" ||
-      fail "control $name: at the real resume's own first difference, want it judged against the real resume"
-  fi
-done
-want_rc=0
-[ "$expected" = IDENTICAL ] || want_rc=1
-[ $rc = $want_rc ] || fail "exit $rc, want $want_rc"
-echo "ok: $FRAMEWORK: the resume audit and its controls"
 
-if [ -n "${RESUME_WS:-}" ]; then
+if [ "$PART" = world-size ]; then
+  [ -n "${RESUME_WS:-}" ] || fail "the world-size part needs RESUME_WS (tests/golden/meson.build)"
   # Across a change of world size (RESUME_WS, e.g. 2:1: the straight run and the stop over 2 ranks, the resume over
   # 1): the batches, the lrs and the loaded state must be kept (the step's own results may change with the reduction
   # order); the framework's planted loader bug (RESUME_WS_PLANT, an environment assignment) must be caught with the
@@ -83,7 +89,7 @@ if [ -n "${RESUME_WS:-}" ]; then
   echo "ok: $FRAMEWORK: a resume across $RESUME_WS keeps the data order, lr and state; the planted loader bug is caught"
 fi
 
-if [ "$FRAMEWORK" = hf-trainer ]; then
+if [ "$PART" = resume ] && [ "$FRAMEWORK" = hf-trainer ]; then
   expect_refused() {  # expect_refused TEXT ARGS...: exit 2 and TEXT said
     local text=$1 rc=0
     shift
