@@ -4,12 +4,28 @@
 Usage: audit_maxtext.py --bundle DIR --plan PLAN.json [--threads N]   (the plan: bundle.audit_main)
 Environment: OLMOREF_MAXTEXT_AUDIT_DROPOUT=P sets MaxText's dropout_rate (default 0.1; 0 makes the step draw no
 random numbers, to tell an RNG finding from any other); OLMOREF_MAXTEXT_AUDIT_DATA=grain (the default) or olmo_grain
-picks MaxText's input pipeline (below); OLMOREF_MAXTEXT_MICROBATCH as for the replay.
+picks MaxText's input pipeline (below); OLMOREF_MAXTEXT_MICROBATCH as for the replay;
+OLMOREF_MAXTEXT_AUDIT_SEED_BY_WORLD_SIZE=1 a planted loader bug: data_shuffle_seed plus the number of devices (the
+negative control of the audit across world sizes: grain's order then depends on the world size).
+
+Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): a world size is the number of JAX CPU
+devices of the one process (XLA's --xla_force_host_platform_device_count, set by import_framework from
+OLMOREF_AUDIT_DEVICES before jax is imported), so every run of such a plan runs in a fresh process of its own
+(bundle.audit_main's world_sizes="devices"). MaxText's own mesh shards it: ici_fsdp_parallelism=n, base.yml's
+logical axis rules putting each kernel's embed dimension (and Adam's moments with it) on the fsdp axis, the norms
+replicated, each micro-batch split over data x fsdp; per_device_batch_size = G / (gradient_accumulation_steps x n)
+(what does not divide is refused). The grain pipeline is one process's either way (one data-loading host: the same
+global batches, the same iterator state), and the record's batch is the global array gathered from the devices, its
+instances sorted. The parameters and optimizer states are digested whole (np.asarray gathers them). The stop's Orbax
+checkpoint, written over n devices, is restored by load_state_if_possible into the resume's mesh, each array
+resharded to the fresh state's sharding. Dropout stays on: JAX's threefry is partitionable (jax_threefry_partitionable,
+on by default), so a mask is a function of the key and the global shape, not of how the array is split over devices.
 
 What runs is MaxText's pre-training entry point, maxtext.trainers.pre_train.train.main, configured as
 maxtext_replay.py configures it (model_name=olmo3-7b at the bundle's sizes, the bundle's step-0 weights by
 load_parameters_path from maxtext_export's Orbax checkpoint, its adamw with the bundle's betas, eps, decay and
-embedding mask, z-loss, gradient accumulation over the bundle's micro-batches, clipping; one CPU device, fp32), with
+embedding mask, z-loss, gradient accumulation over the bundle's micro-batches, clipping; one CPU device, fp32,
+unless the audit is across world sizes, above), with
 its own training loop (train_loop, training_loop_iteration), its own Orbax checkpointing (an orbax.checkpoint v1
 training Checkpointer in base_output_directory/run_name/checkpoints, checkpointing.maybe_save_checkpoint and
 load_state_if_possible) and its own input pipeline:
@@ -70,13 +86,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry  # noqa: E402
+from bundle import AUDIT_CONTROLS, AUDIT_DEVICES_ENV, BundleError, audit_main, plan_entry  # noqa: E402
 from maxtext_export import base_yml, export, import_maxtext, maxtext_overrides  # noqa: E402
 from maxtext_replay import check_recipe, microbatches, precision_args  # noqa: E402
 
 SCHEDULE_INDEX = None
 DROPOUT = float(os.environ.get("OLMOREF_MAXTEXT_AUDIT_DROPOUT", "0.1"))
 DATA = os.environ.get("OLMOREF_MAXTEXT_AUDIT_DATA") or "grain"
+# The negative control of the audit across world sizes: a loader bug that seeds the shuffle with the number of
+# devices, so that the data order depends on the world size.
+SEED_BY_WORLD_SIZE = os.environ.get("OLMOREF_MAXTEXT_AUDIT_SEED_BY_WORLD_SIZE") == "1"
 
 CONTROLS = {
     "optimizer": "the restored items/opt_state is dropped before MaxText overlays the checkpoint on the fresh train "
@@ -170,6 +189,17 @@ def part(k):
 
 
 def audit_run(bundle, threads, work, run, rec):
+    entry = plan_entry(bundle, run)
+    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
+    native, added = [], []
+    ga = microbatches(bundle, added)
+    n = entry.world_size
+    multi = max(int(w) for w in run.get("world_sizes", [n])) > 1
+    if bundle.G % (ga * n):
+        raise BundleError(f"world size {n}: MaxText's global batch is per_device_batch_size x {n} devices x "
+                          f"gradient_accumulation_steps {ga}, and the bundle's {bundle.G} instances in {ga} "
+                          f"micro-batches do not split over {n} devices (per_device_batch_size "
+                          f"{bundle.G / (ga * n):g})")
     items, data, index = prepare(bundle, threads, os.path.dirname(os.path.abspath(run["out"])))
     import jax
     import numpy as np
@@ -181,10 +211,9 @@ def audit_run(bundle, threads, work, run, rec):
 
     global SCHEDULE_INDEX
     SCHEDULE_INDEX = schedule_index()
-    entry = plan_entry(bundle, run)
-    kind, control, S, K, state_at = entry.kind, entry.control, entry.steps, entry.at, entry.state_at
-    native, added = [], []
-    ga = microbatches(bundle, added)
+    if multi and jax.device_count() != n:
+        raise BundleError(f"the {kind} run over {n} devices found {jax.device_count()} JAX devices (its process must "
+                          f"be started with {AUDIT_DEVICES_ENV}={n} before jax is imported)")
     o, sched = bundle.optim, bundle.meta.get("schedule") or {}
     peak = float(sched.get("peak_lr", max(o["lr_per_step"])))
     warm = float(sched.get("warmup", 0)) / float(sched.get("t_max", bundle.S))
@@ -215,13 +244,14 @@ def audit_run(bundle, threads, work, run, rec):
         data_args = ["dataset_type=olmo_grain", f"olmo_index_path={index}"]
     args = ["audit_maxtext", base_yml(), *maxtext_overrides(bundle.meta["model"], bundle.T),
             "run_name=olmoref_audit", *ckpt,
-            f"per_device_batch_size={bundle.G // ga}", f"gradient_accumulation_steps={ga}", f"steps={S}",
+            f"per_device_batch_size={bundle.G // (ga * n)}", f"gradient_accumulation_steps={ga}", f"steps={S}",
             *precision_args(bundle, native, added), "attention=dot_product",
             f"load_parameters_path={items}", f"metrics_file={os.path.join(work, 'metrics.jsonl')}",
             f"dropout_rate={DROPOUT}", "enable_dropout=True",
-            *data_args, "grain_worker_count=0", "data_shuffle_seed=0", "eval_interval=-1",
+            *data_args, "grain_worker_count=0", f"data_shuffle_seed={n if SEED_BY_WORLD_SIZE else 0}",
+            "eval_interval=-1",
             "enable_goodput_recording=False", "monitor_goodput=False", "enable_tensorboard=False", "log_period=1",
-            "ici_fsdp_parallelism=1",
+            f"ici_fsdp_parallelism={n}",
             "opt_type=adamw", f"adam_b1={o['betas'][0]}", f"adam_b2={o['betas'][1]}", f"adam_eps={o['eps']}",
             "adam_eps_root=0.0", f"adam_weight_decay={o['weight_decay']}",
             "adamw_mask=['token_embedder/embedding']" if o["no_decay"] else "adamw_mask=[]",
@@ -289,7 +319,9 @@ def audit_run(bundle, threads, work, run, rec):
 
             def load_and_keep(*a, **kw):
                 batch = load(*a, **kw)
-                seen["tokens"] = np.array(batch["inputs"])
+                tokens = np.array(batch["inputs"])  # the global array gathered from every device
+                # Across world sizes the step's instances, not how the devices split them, are what must be kept.
+                seen["tokens"] = tokens[np.lexsort(tokens.T[::-1])] if multi else tokens
                 return batch
 
             loader.load_next_batch = load_and_keep
@@ -371,6 +403,14 @@ def audit_run(bundle, threads, work, run, rec):
 
 
 def import_framework():
+    devices = os.environ.get(AUDIT_DEVICES_ENV)
+    if devices:
+        # A run of the audit across world sizes: XLA makes its CPU devices once, from XLA_FLAGS, when JAX starts.
+        if not devices.isdigit() or int(devices) < 1:
+            raise ImportError(f"{AUDIT_DEVICES_ENV}={devices!r}: a device count")
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count=")]
+        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={int(devices)}"])
     v = import_maxtext()
     # MaxText's to_maxtext sets absl's verbosity to INFO on import (every config key, each compile and save).
     logging.getLogger("absl").setLevel(logging.WARNING)
@@ -379,7 +419,8 @@ def import_framework():
 
 def main(argv=None):
     return audit_main(__doc__, argv, name="audit_maxtext", framework="maxtext", check_recipe=check_recipe,
-                      import_framework=import_framework, audit_run=audit_run, controls=CONTROLS)
+                      import_framework=import_framework, audit_run=audit_run, controls=CONTROLS,
+                      world_sizes="devices")
 
 
 if __name__ == "__main__":

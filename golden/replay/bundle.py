@@ -633,6 +633,59 @@ def _run_ranks(audit_run, import_framework, bundle_path, threads, work, run):
     return next(m for m in said if isinstance(m, int))
 
 
+# The environment variable a world-size run of a "devices" adapter (JAX) is started with: the number of devices its one
+# process must have. JAX fixes a process's device count when it creates its backend, so the adapter's
+# import_framework reads it and sets up the devices before anything imports jax.
+AUDIT_DEVICES_ENV = "OLMOREF_AUDIT_DEVICES"
+
+
+def _audit_devices(audit_run, import_framework, bundle_path, threads, work, run, result):
+    """One run of a world-size plan of a "devices" adapter, in a fresh (spawned) process of run["world_size"]
+    devices: its exit status 0 done (its step count and the framework's version in `result`), 2 cannot audit (the
+    reason in `result`), 1 failed."""
+    try:
+        os.environ[AUDIT_DEVICES_ENV] = str(int(run["world_size"]))
+        version = import_framework()
+        bundle = Bundle(bundle_path)
+        rec = AuditRecorder(run["out"], run["state_out"])
+        audit_run(bundle, threads, work, run, rec)
+        rec.write()
+        result.put((len(rec.records), version))
+    except (BundleError, ImportError) as e:
+        result.put(f"cannot audit: {e}")
+        sys.exit(2)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def _run_devices(audit_run, import_framework, bundle_path, threads, work, run):
+    """A run of a world-size plan in one fresh spawned process of run["world_size"] devices (every run needs its own:
+    the device count of a process is fixed once JAX starts). Returns (steps recorded, the framework's version); raises
+    BundleError (the run could not audit) or RuntimeError (it failed)."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    p = ctx.Process(target=_audit_devices, args=(audit_run, import_framework, bundle_path, threads, work, run, result))
+    p.start()
+    said = []
+    while p.is_alive() or not result.empty():  # drained while it runs: a child blocks on a full queue at exit
+        try:
+            said.append(result.get(timeout=0.2))
+        except queue.Empty:
+            pass
+    p.join()
+    reasons = [m for m in said if isinstance(m, str)]
+    if reasons:
+        raise BundleError(reasons[0][len("cannot audit: "):])
+    if p.exitcode != 0 or not said:
+        raise RuntimeError(f"the {run['kind']} run over {run['world_size']} devices failed (exit status {p.exitcode}; "
+                           f"its traceback above)")
+    return said[0]
+
+
 def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, audit_run, controls, unplantable=None,
                world_sizes=False):
     """The frame of a resume audit adapter: --bundle B --plan PLAN.json [--threads N]. The plan (written by `olmoref
@@ -644,7 +697,10 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
     Each run may name "world_size" (default 1) and every run of a plan "world_sizes" (the audit's, e.g. [2, 1]: the
     straight run and the stop at 2 ranks, the resume at 1); a run over several ranks runs as that many spawned
     processes over gloo (run["rank"] tells audit_run which; rank 0 records). Only an adapter with world_sizes=True
-    takes them; the others refuse.
+    takes them; the others refuse. With world_sizes="devices" (JAX: one process holds every device) a world size is
+    a process's device count instead: each run of a plan whose world sizes are not all 1 runs in one fresh spawned
+    process started with OLMOREF_AUDIT_DEVICES=n (AUDIT_DEVICES_ENV), which the adapter's import_framework turns into
+    n devices, and this process imports no framework.
     audit_run(bundle, threads, work, run, recorder) does one run (plan_entry(bundle, run) gives its checked fields)
     through the framework's own trainer and checkpointing (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
     can plant to what each skips in the framework's own restore, `unplantable` the others to why the framework has no
@@ -669,7 +725,11 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
                 raise BundleError(f"{framework}'s audit runs its trainer on one rank only (--world-size 1); a resume "
                                   f"at another world size is audited for olmo-core")
             plan_entry(bundle, run)
-        version = import_framework()
+        # A devices adapter's world-size plan runs every run in a fresh process of its own device count; this one
+        # would only spend the import (each child imports the framework and says its version).
+        by_devices = world_sizes == "devices" and any(int(w) != 1 for run in plan
+                                                       for w in run.get("world_sizes", [run.get("world_size", 1)]))
+        version = None if by_devices else import_framework()
     except (BundleError, ImportError, OSError, ValueError) as e:
         print(f"{name}: cannot audit: {e}", file=sys.stderr)
         return 2
@@ -683,7 +743,9 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
         t0 = time.time()
         try:
             with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-audit.") as work:
-                if n == 1:
+                if by_devices:
+                    steps, version = _run_devices(audit_run, import_framework, args.bundle, args.threads, work, run)
+                elif n == 1:
                     rec = AuditRecorder(run["out"], run["state_out"])
                     audit_run(bundle, args.threads, work, run, rec)
                     rec.write()
@@ -694,7 +756,7 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
             print(f"{name}: cannot audit: {e}", file=sys.stderr)
             return 2
         what = run["kind"] + (f" (control: {run['control']})" if run.get("control") else "")
-        ranks = f" on {n} ranks" if n > 1 else ""
+        ranks = f" on {n} device{'s' if n > 1 else ''}" if by_devices else f" on {n} ranks" if n > 1 else ""
         print(f"{name}: {what}: {steps} steps through {framework} {version}{ranks} in {time.time() - t0:.1f} s",
               file=sys.stderr)
     return 0
