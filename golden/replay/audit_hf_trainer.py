@@ -46,8 +46,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (AUDIT_CONTROLS, BundleError, audit_main, digest_tensors, plan_entry, pinned_version,  # noqa: E402
-                    recipe_loss_sums, setup_torch)
+from bundle import (AUDIT_CONTROLS, BundleError, audit_main, digest_tensors, global_batch, plan_entry,  # noqa: E402
+                    pinned_version, recipe_loss_sums, setup_torch)
 from hf_trainer_replay import ACCELERATE_VERSION, TRANSFORMERS_VERSION  # noqa: E402
 
 DROPOUT = 0.1  # attention dropout: the step's own draw from torch's RNG
@@ -86,20 +86,6 @@ def optimizer_tensors(opt, named):
         st = opt.state.get(p, {})
         out[name] = [st[k] for k in ("exp_avg", "exp_avg_sq", "step") if k in st]
     return out
-
-
-def global_batch(tokens, world_size):
-    """The step's whole batch from every rank's share ([rank instances, T] each), its instances sorted: a run over
-    several ranks compares the instances of each step, not the order the ranks split them in (a collective)."""
-    import numpy as np
-    import torch.distributed as dist
-
-    shares = [tokens]
-    if world_size > 1:
-        shares = [None] * world_size
-        dist.all_gather_object(shares, tokens)
-    rows = np.concatenate(shares, axis=0)
-    return rows[np.lexsort(rows.T[::-1])]
 
 
 def rendezvous_port(work, rank, timeout=120.0):

@@ -91,7 +91,8 @@ import sys
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 import olmo_core_replay as ocr  # noqa: E402
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry, digest_tensors, setup_torch  # noqa: E402
+from bundle import (AUDIT_CONTROLS, BundleError, audit_main, digest_tensors, full, global_batch, plan_entry,  # noqa: E402
+                    setup_torch)
 from olmo_core_replay import (bundle_data_loader, build_model, check_recipe, metrics_capture_class,  # noqa: E402
                               train_module)
 
@@ -162,26 +163,6 @@ def numpy_data_loader(bundle, work, dp_world_size=1, dp_rank=0):
         raise BundleError(f"the token files hold {len(ds)} instances of {bundle.T} tokens: {loader.total_batches} "
                           f"batches of {bundle.G}, fewer than the {bundle.S} steps")
     return loader
-
-
-def full(t):
-    """A tensor whole: an FSDP parameter or optimizer state (a DTensor) gathered from every rank (a collective: every
-    rank calls it in the same order)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def global_batch(tokens, world_size):
-    """The step's whole batch from every rank's share ([rank batch, T] each), its instances sorted: a run over several
-    ranks compares the instances of each step, not the order the ranks split them in (a collective)."""
-    import numpy as np
-    import torch.distributed as dist
-
-    shares = [tokens]
-    if world_size > 1:
-        shares = [None] * world_size
-        dist.all_gather_object(shares, tokens)
-    rows = np.concatenate(shares, axis=0)
-    return rows[np.lexsort(rows.T[::-1])]
 
 
 def audit_callback_class(rec, state_at, world_size, multi):

@@ -72,7 +72,7 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import AUDIT_CONTROLS, BundleError, audit_main, plan_entry, setup_torch  # noqa: E402
+from bundle import AUDIT_CONTROLS, BundleError, audit_main, full, global_batch, plan_entry, setup_torch  # noqa: E402
 from torchtitan_replay import (bundle_batches_config, check_recipe, import_torchtitan, loss_config,  # noqa: E402
                                lr_config, model_spec, optimizer_config, precision_route, pretokenized_config,
                                run_on_cpu, trace_logger_class)
@@ -202,26 +202,6 @@ def gloo_sum_reduction(parallelize):
         return model
 
     return parallelize_with_sum
-
-
-def full(t):
-    """A tensor whole: an FSDP parameter or optimizer state (a DTensor) gathered from every rank (a collective: every
-    rank calls it in the same order)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def global_batch(tokens, world_size):
-    """The step's whole batch from every rank's share ([rank batch, T] each), its instances sorted: a run over several
-    ranks compares the instances of each step, not the order the ranks split them in (a collective)."""
-    import numpy as np
-    import torch.distributed as dist
-
-    shares = [tokens]
-    if world_size > 1:
-        shares = [None] * world_size
-        dist.all_gather_object(shares, tokens)
-    rows = np.concatenate(shares, axis=0)
-    return rows[np.lexsort(rows.T[::-1])]
 
 
 def audit_run(bundle, threads, work, run, rec):

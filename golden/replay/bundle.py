@@ -208,6 +208,26 @@ def local_tensor(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def full(t):
+    """A tensor whole: an FSDP parameter or optimizer state (a DTensor) gathered from every rank (a collective: every
+    rank calls it in the same order)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def global_batch(tokens, world_size):
+    """The step's whole batch from every rank's share ([rank instances, T] each), its instances sorted: a run over several
+    ranks compares the instances of each step, not the order the ranks split them in (a collective)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    shares = [tokens]
+    if world_size > 1:
+        shares = [None] * world_size
+        dist.all_gather_object(shares, tokens)
+    rows = np.concatenate(shares, axis=0)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
 def hand_state(torch, state, params, optimizer, step, rename=lambda n: n):
     """Sets a torch trainer to olmoref's state after step `step`: params {framework name: parameter} get
     state["param"][rename(name)], and `optimizer` (a torch optimizer with AdamW's per-parameter state: exp_avg,
