@@ -39,7 +39,7 @@ skip() {
 
 olmoref_ensure_olmo_core_venv run_moe_parity
 py="$OLMOREF_OLMO_CORE_VENV/bin/python"
-"$py" -c "$OLMOREF_OLMO_CORE_MOE_REQUIRED" > /dev/null 2>&1 ||
+olmoref_py_runs "$py" "$OLMOREF_OLMO_CORE_MOE_REQUIRED" ||
   skip "ai2-olmo-core is installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_MOE_REQUIRED' fails"
 
 olmoref_need_bin_and_config run_moe_parity "pass a MoE config file"

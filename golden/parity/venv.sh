@@ -13,10 +13,32 @@ olmoref_pin() {
 OLMOREF_HF_PINS="('$(olmoref_pin hf_trainer_replay.py TRANSFORMERS_VERSION)', '$(olmoref_pin hf_trainer_replay.py ACCELERATE_VERSION)')"
 OLMOREF_PY_REQUIRED="import numpy, safetensors, torch, transformers, pydantic, accelerate; from importlib.metadata import version; assert (version('transformers'), version('accelerate')) == $OLMOREF_HF_PINS; from transformers import Olmo3ForCausalLM; import megatron.core.datasets.gpt_dataset; import torchtitan.components.metrics; import torchtitan.trainer; import litgpt.model; from litgpt.scripts.convert_hf_checkpoint import copy_weights_olmo2"
 
+# olmoref_py_runs PY STATEMENTS: whether the venv's python PY runs the Python STATEMENTS (the imports a check needs).
+# Importing a framework whole costs 5 to 7 s of CPU and some forty tests ask before they start, so a success is
+# remembered in the venv (.olmoref-checks/) under a key of the statements, the interpreter and the site-packages
+# listing with its times, which every pip install, upgrade or removal changes; a failure is never remembered.
+olmoref_py_runs() {
+  local py=$1 code=$2 venv key
+  [ -x "$py" ] || return 1
+  venv="$(cd "$(dirname "$py")/.." && pwd)"
+  key="$(olmoref_py_key "$py" "$code" "$venv")"
+  [ -f "$venv/.olmoref-checks/$key" ] && return 0
+  "$py" -c "$code" > /dev/null 2>&1 || return 1
+  # The key after the import: its first run may write bytecode caches (left out of the listing all the same).
+  key="$(olmoref_py_key "$py" "$code" "$venv")"
+  mkdir -p "$venv/.olmoref-checks" && : > "$venv/.olmoref-checks/$key.$$" &&
+    mv -f "$venv/.olmoref-checks/$key.$$" "$venv/.olmoref-checks/$key" || true
+  return 0
+}
+olmoref_py_key() {  # olmoref_py_key PY STATEMENTS VENV
+  { printf '%s\n' "$2"; readlink -f "$1"
+    ls -la --time-style=+%s.%N "$3"/lib/python*/site-packages | grep -v __pycache__; } | sha256sum | cut -c1-64
+}
+
 # Prints the venv's python when it has everything the checks import; prints nothing otherwise.
 olmoref_venv_python() {
   local py="$OLMOREF_VENV/bin/python"
-  if [ -x "$py" ] && "$py" -c "$OLMOREF_PY_REQUIRED" >/dev/null 2>&1; then
+  if olmoref_py_runs "$py" "$OLMOREF_PY_REQUIRED"; then
     echo "$py"
   fi
 }
@@ -88,7 +110,7 @@ OLMOREF_OLMO_CORE_REQUIRED="from olmo_core.data.data_loader import NumpyFSLDataL
 # Creates or completes it; on failure calls the caller's `skip REASON`.
 olmoref_ensure_olmo_core_venv() {
   local ocpy="$OLMOREF_OLMO_CORE_VENV/bin/python"
-  if [ -x "$ocpy" ] && "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1; then return 0; fi
+  if olmoref_py_runs "$ocpy" "$OLMOREF_OLMO_CORE_REQUIRED"; then return 0; fi
   echo "$1: setting up OLMo-core's environment at $OLMOREF_OLMO_CORE_VENV (ai2-olmo-core 3.0.0 and the torch it pins)"
   if [ ! -x "$ocpy" ]; then
     python3 -m venv "$OLMOREF_OLMO_CORE_VENV" || skip "could not create a venv at $OLMOREF_OLMO_CORE_VENV"
@@ -98,7 +120,7 @@ olmoref_ensure_olmo_core_venv() {
   oc="$(olmoref_pin olmo_core_replay.py OLMO_CORE_VERSION)"
   [ -n "$oc" ] || skip "no OLMO_CORE_VERSION found in golden/replay/olmo_core_replay.py"
   "$ocpy" -m pip install "ai2-olmo-core[transformers]==$oc" || skip "pip could not install ai2-olmo-core into $OLMOREF_OLMO_CORE_VENV (no network?)"
-  "$ocpy" -c "$OLMOREF_OLMO_CORE_REQUIRED" >/dev/null 2>&1 ||
+  olmoref_py_runs "$ocpy" "$OLMOREF_OLMO_CORE_REQUIRED" ||
     skip "ai2-olmo-core installed in $OLMOREF_OLMO_CORE_VENV but '$OLMOREF_OLMO_CORE_REQUIRED' still fails"
 }
 
@@ -125,7 +147,7 @@ olmoref_python312() {
 # Creates or completes it; on failure calls the caller's `skip REASON`.
 olmoref_ensure_maxtext_venv() {
   local mpy="$OLMOREF_MAXTEXT_VENV/bin/python" base
-  if [ -x "$mpy" ] && "$mpy" -c "$OLMOREF_MAXTEXT_REQUIRED" >/dev/null 2>&1; then return 0; fi
+  if olmoref_py_runs "$mpy" "$OLMOREF_MAXTEXT_REQUIRED"; then return 0; fi
   echo "$1: setting up MaxText's environment at $OLMOREF_MAXTEXT_VENV (maxtext $OLMOREF_MAXTEXT_PIN, JAX 0.12 on the CPU)"
   if [ ! -x "$mpy" ]; then
     base="$(olmoref_python312)" || skip "maxtext $OLMOREF_MAXTEXT_PIN needs Python >= 3.12 and none was found (python3.12 on PATH or \
@@ -143,7 +165,7 @@ pyenv's: pyenv install 3.12)"
       "safetensors==0.8.0" "jinja2==3.1.6" "pillow==13.0.0" "tiktoken==0.14.0" "sentencepiece==0.2.3" \
       "sympy==1.14.0" "ml-collections==1.1.0" ||
     skip "pip could not install maxtext $OLMOREF_MAXTEXT_PIN and its CPU stack into $OLMOREF_MAXTEXT_VENV (no network?)"
-  "$mpy" -c "$OLMOREF_MAXTEXT_REQUIRED" >/dev/null 2>&1 ||
+  olmoref_py_runs "$mpy" "$OLMOREF_MAXTEXT_REQUIRED" ||
     skip "maxtext installed in $OLMOREF_MAXTEXT_VENV but '$OLMOREF_MAXTEXT_REQUIRED' still fails"
 }
 
@@ -154,7 +176,7 @@ OLMOREF_OLMO_CORE_MOE_REQUIRED="import torch, safetensors, numpy; import olmo_co
 # statements REQUIRED; otherwise prints "SKIPPED: TEST: ..." and exits 77.
 olmoref_olmo_core_python_or_skip() {
   py="$OLMOREF_OLMO_CORE_VENV/bin/python"
-  if [ ! -x "$py" ] || ! "$py" -c "$2" > /dev/null 2>&1; then
+  if ! olmoref_py_runs "$py" "$2"; then
     echo "SKIPPED: $1: ai2-olmo-core is not installed in $OLMOREF_OLMO_CORE_VENV (bash tools/setup_python.sh)"
     exit 77
   fi

@@ -19,7 +19,7 @@ case "$framework" in
   *) echo "run_check.sh: unknown framework '$framework' (megatron, megatron-golden, torchtitan, olmo-core, olmo-core-counts)" >&2; exit 2 ;;
 esac
 py="$venv/bin/python"
-if [ ! -x "$py" ] || ! "$py" -c "$required" > /dev/null 2>&1; then
+if ! olmoref_py_runs "$py" "$required"; then
   echo "SKIPPED: interop-$framework: $framework is not installed in $venv (bash tools/setup_python.sh)"
   exit 77
 fi
