@@ -21,7 +21,7 @@ Controls, each what a real resume bug looks like in the Trainer:
   rng        checkpoint without rng_state.pth: the Trainer warns and goes on with the generators as seeded
              (transformers #17032: RNG state not loaded)
 
-Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): a run over n > 1 ranks is n spawned
+Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): a run over n > 1 ranks is n fresh
 processes (bundle.audit_main) on the Trainer's own distributed CPU path: RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment, TrainingArguments(use_cpu=True, ddp_backend="gloo"),
 so that accelerate's PartialState starts gloo and the Trainer wraps the model in DistributedDataParallel. Every rank
@@ -69,6 +69,9 @@ def import_framework():
     pinned_version("transformers", TRANSFORMERS_VERSION, "bash tools/setup_python.sh installs it")
     pinned_version("accelerate", ACCELERATE_VERSION, "bash tools/setup_python.sh installs it")
     import transformers
+    # What audit_run takes from transformers (it brings torch and accelerate), imported once here: the ranks of a run
+    # over several are forked from this process (bundle.audit_main).
+    from transformers import Olmo3ForCausalLM, Trainer, TrainingArguments  # noqa: F401
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

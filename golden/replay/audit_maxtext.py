@@ -10,10 +10,11 @@ negative control of the audit across world sizes: grain's order then depends on 
 
 Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): a world size is the number of JAX CPU
 devices of the one process (XLA's --xla_force_host_platform_device_count, set by import_framework from
-OLMOREF_AUDIT_DEVICES before jax is imported), so every run of such a plan runs in a fresh process of its own
-(bundle.audit_main's world_sizes="devices"). MaxText's own mesh shards it: ici_fsdp_parallelism=n, base.yml's
-logical axis rules putting each kernel's embed dimension (and Adam's moments with it) on the fsdp axis, the norms
-replicated, each micro-batch split over data x fsdp; per_device_batch_size = G / (gradient_accumulation_steps x n)
+OLMOREF_AUDIT_DEVICES before jax is imported), so a process runs the runs of one device count: the straight run
+and the stop over A devices in one, the resume over B in another (bundle.audit_main's world_sizes="devices"), each
+with a fresh train.main. MaxText's own mesh shards it: ici_fsdp_parallelism=n, base.yml's logical axis rules putting
+each kernel's embed dimension (and Adam's moments with it) on the fsdp axis, the norms replicated, each micro-batch
+split over data x fsdp; per_device_batch_size = G / (gradient_accumulation_steps x n)
 (what does not divide is refused). The grain pipeline is one process's either way (one data-loading host: the same
 global batches, the same iterator state), and the record's batch is the global array gathered from the devices, its
 instances sorted. The parameters and optimizer states are digested whole (np.asarray gathers them). The stop's Orbax

@@ -12,7 +12,7 @@ Environment (to tell one finding from another; the audit's default is the first 
       load_state_dict takes the checkpoint's seed back, so without the second half its order is kept)
 
 Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): every run of the audit shards the
-model with FSDP (TransformerDataParallelConfig(name=fsdp, reduce_dtype=float32)) over gloo ranks, one spawned process
+model with FSDP (TransformerDataParallelConfig(name=fsdp, reduce_dtype=float32)) over gloo ranks, one fresh process
 each (bundle.audit_main), with no dropout (an instance's masks follow the rank and micro-batch it lands in); each rank's
 NumpyFSLDataLoader reads its share of the global batch (dp_world_size, dp_rank), and the record's batch is the whole
 global batch gathered from the ranks, its instances sorted (the step's instances, not how the ranks split them). The

@@ -11,7 +11,7 @@ fewer ranks starts where the ranks' share, not the global batch, had got to.
 Across world sizes (`--world-size A:B`, the plan's world_size and world_sizes): every run shards the model with
 TorchTitan's own FSDP2 (ParallelismConfig(data_parallel_shard_degree=n): the backend's parallelize_hf_transformers
 applies fully_shard over a device mesh of n gloo ranks on the CPU, its gradients reduced by a plain sum:
-gloo_sum_reduction says why), one spawned process a rank (bundle.audit_main), with no dropout (an instance's masks
+gloo_sum_reduction says why), one fresh process a rank (bundle.audit_main), with no dropout (an instance's masks
 follow the rank and micro-batch it lands in). Each rank reads its share of every global batch (the Trainer hands the
 loader dp_rank and dp_world_size, and accumulates G / (n * mb) micro-batches); the loader's position is the global
 instances consumed, which means the same at any number of ranks. The record's batch is the whole global batch

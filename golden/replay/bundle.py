@@ -599,10 +599,10 @@ def plan_entry(bundle, run):
 
 
 def _audit_rank(audit_run, import_framework, bundle_path, threads, work, run, rank, result):
-    """One rank of a multi-rank run, in a fresh (spawned) process: its exit status 0 done, 2 cannot audit (the reason
-    in `result`), 1 failed."""
+    """One rank of a multi-rank run, in a fresh process (forked or spawned: _run_ranks): its exit status 0 done, 2
+    cannot audit (the reason in `result`), 1 failed."""
     try:
-        import_framework()
+        import_framework()  # forked: the parent's modules, already imported
         bundle = Bundle(bundle_path)
         rec = AuditRecorder(run["out"], run["state_out"]) if rank == 0 else _NoRecorder()
         audit_run(bundle, threads, work, dict(run, rank=rank), rec)
@@ -617,13 +617,14 @@ def _audit_rank(audit_run, import_framework, bundle_path, threads, work, run, ra
         sys.exit(1)
 
 
-def _run_ranks(audit_run, import_framework, bundle_path, threads, work, run):
-    """A run over run["world_size"] gloo ranks on this machine, one spawned process each (rank 0 records). Returns the
-    number of steps recorded; raises BundleError (a rank could not audit) or RuntimeError (a rank failed: the others
-    are stopped rather than left waiting in a collective)."""
+def _run_ranks(audit_run, import_framework, bundle_path, threads, work, run, fork):
+    """A run over run["world_size"] gloo ranks on this machine, one fresh process each (rank 0 records): forked from
+    this one when `fork` (it has imported the framework and run nothing: audit_main), else spawned (each imports the
+    framework itself). Returns the number of steps recorded; raises BundleError (a rank could not audit) or
+    RuntimeError (a rank failed: the others are stopped rather than left waiting in a collective)."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork" if fork else "spawn")
     result = ctx.Queue()
     n = int(run["world_size"])
     procs = [ctx.Process(target=_audit_rank, args=(audit_run, import_framework, bundle_path, threads, work, run, r,
@@ -715,12 +716,16 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
       {"kind": "resume", "checkpoint": DIR, "steps": S, "control": null or a control name, "out", "state_out"}
                                                                                     (states "loaded", "final")
     Each run may name "world_size" (default 1) and every run of a plan "world_sizes" (the audit's, e.g. [2, 1]: the
-    straight run and the stop at 2 ranks, the resume at 1); a run over several ranks runs as that many spawned
-    processes over gloo (run["rank"] tells audit_run which; rank 0 records). Only an adapter with world_sizes=True
+    straight run and the stop at 2 ranks, the resume at 1); a run over several ranks runs as that many fresh
+    processes over gloo (run["rank"] tells audit_run which; rank 0 records), forked from this process while it has
+    run nothing itself (it has imported the framework, read the bundle and the plan: each rank starts as a spawned
+    one would after its own import, without paying for it), else spawned. Only an adapter with world_sizes=True
     takes them; the others refuse. With world_sizes="devices" (JAX: one process holds every device) a world size is
-    a process's device count instead: each run of a plan whose world sizes are not all 1 runs in one fresh spawned
-    process started with OLMOREF_AUDIT_DEVICES=n (AUDIT_DEVICES_ENV), which the adapter's import_framework turns into
-    n devices, and this process imports no framework.
+    a process's device count instead, set by OLMOREF_AUDIT_DEVICES=n (AUDIT_DEVICES_ENV), which the adapter's
+    import_framework turns into n devices before JAX starts: a plan whose world sizes are not all 1 runs in this
+    process when all its runs have one device count (the CLI's plans: the straight run and the stops, or the
+    resumes), each run in one fresh spawned process of its own device count otherwise (this process then imports no
+    framework).
     audit_run(bundle, threads, work, run, recorder) does one run (plan_entry(bundle, run) gives its checked fields)
     through the framework's own trainer and checkpointing (raising BundleError when the bundle or the run cannot be expressed); `controls` maps the control names the adapter
     can plant to what each skips in the framework's own restore, `unplantable` the others to why the framework has no
@@ -745,14 +750,22 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
                 raise BundleError(f"{framework}'s audit runs its trainer on one rank only (--world-size 1); a resume "
                                   f"at another world size is audited for olmo-core")
             plan_entry(bundle, run)
-        # A devices adapter's world-size plan runs every run in a fresh process of its own device count; this one
-        # would only spend the import (each child imports the framework and says its version).
-        by_devices = world_sizes == "devices" and any(int(w) != 1 for run in plan
-                                                       for w in run.get("world_sizes", [run.get("world_size", 1)]))
+        # A devices adapter's world-size plan: a process's device count is fixed when JAX starts, so the plan runs
+        # here only if one count serves every run (set before the import); otherwise every run in a fresh process of
+        # its own, and this one would only spend the import (each child imports the framework and says its version).
+        devices = world_sizes == "devices" and any(int(w) != 1 for run in plan
+                                                    for w in run.get("world_sizes", [run.get("world_size", 1)]))
+        counts = {int(run.get("world_size", 1)) for run in plan}
+        by_devices = devices and len(counts) > 1
+        if devices and not by_devices:
+            os.environ[AUDIT_DEVICES_ENV] = str(counts.pop())
         version = None if by_devices else import_framework()
     except (BundleError, ImportError, OSError, ValueError) as e:
         print(f"{name}: cannot audit: {e}", file=sys.stderr)
         return 2
+    # Once a run has trained here, a later run's ranks are spawned: forked, they would start from what that run left
+    # in this process (its module state, RNG, process group), which a fresh trainer must not see.
+    ran_here = False
     for run in plan:
         if run.get("control") in unplantable:
             with open(run["state_out"], "w") as f:
@@ -765,18 +778,20 @@ def audit_main(doc, argv, *, name, framework, check_recipe, import_framework, au
             with tempfile.TemporaryDirectory(prefix=f"olmoref-{framework}-audit.") as work:
                 if by_devices:
                     steps, version = _run_devices(audit_run, import_framework, args.bundle, args.threads, work, run)
-                elif n == 1:
+                elif n == 1 or devices:
+                    ran_here = True
                     rec = AuditRecorder(run["out"], run["state_out"])
                     audit_run(bundle, args.threads, work, run, rec)
                     rec.write()
                     steps = len(rec.records)
                 else:
-                    steps = _run_ranks(audit_run, import_framework, args.bundle, args.threads, work, run)
+                    steps = _run_ranks(audit_run, import_framework, args.bundle, args.threads, work, run,
+                                       fork=not ran_here)
         except BundleError as e:
             print(f"{name}: cannot audit: {e}", file=sys.stderr)
             return 2
         what = run["kind"] + (f" (control: {run['control']})" if run.get("control") else "")
-        ranks = f" on {n} device{'s' if n > 1 else ''}" if by_devices else f" on {n} ranks" if n > 1 else ""
+        ranks = f" on {n} device{'s' if n > 1 else ''}" if devices else f" on {n} ranks" if n > 1 else ""
         print(f"{name}: {what}: {steps} steps through {framework} {version}{ranks} in {time.time() - t0:.1f} s",
               file=sys.stderr)
     return 0
