@@ -65,16 +65,13 @@ struct Framework {
   // The environment variable that sets the adapter's micro-batch size, a second valid route whose trajectory is the
   // envelope of `--mode both` (nullptr: the adapter has one route).
   const char* route_env;
-  // The adapter takes --bundle/--out/--report once per bundle and replays them all in one process (bundle.py's
-  // adapter_args); false: one process per bundle.
-  bool many = true;
 };
 
 // The frameworks whose adapters exist. Each venv is the one the suite's checks of that framework already use.
 constexpr Framework kFrameworks[] = {
     {"torch", "replay.py", "rules-fp32.toml", nullptr, "OLMOREF_VENV", "venv",
      "a plain PyTorch loop over transformers' Olmo3ForCausalLM with torch AdamW (olmoref's reference replay)", nullptr,
-     "OLMOREF_TORCH_MICROBATCH", false},
+     "OLMOREF_TORCH_MICROBATCH"},
     {"hf-trainer", "hf_trainer_replay.py", "rules-hf-trainer.toml", "rules-hf-trainer-bf16.toml", "OLMOREF_VENV",
      "venv",
      "Hugging Face transformers' Trainer (with accelerate): its loop, accumulation, clipping and logged grad norm", "audit_hf_trainer.py",
@@ -334,18 +331,14 @@ int golden_replay(const ReplayOptions& o) {
       if (fixed_state) argv.push_back("--fixed-state");
       return argv;
     };
-    int rc = 0;
-    if (f.many) {  // one process for every bundle: the framework is imported and set up once
-      std::vector<std::string> argv = common;
-      for (const ReplayJob& job : jobs) argv = with_job(std::move(argv), job);
-      rc = run_program(finish(std::move(argv)), env);
-    } else {
-      for (const ReplayJob& job : jobs) rc = std::max(rc, run_program(finish(with_job(common, job)), env));
-    }
-    return rc;
+    // One process for every bundle (each adapter takes --bundle/--out/--report once per bundle: bundle.py's
+    // adapter_args): the framework is imported and set up once.
+    std::vector<std::string> argv = common;
+    for (const ReplayJob& job : jobs) argv = with_job(std::move(argv), job);
+    return run_program(finish(std::move(argv)), env);
   };
   std::printf("olmoref golden replay: %s (%s)%s; %s\n", f.name, f.what,
-              many ? (", " + std::to_string(jobs.size()) + " bundles" + (f.many ? " in one process" : "")).c_str() : "",
+              many ? (", " + std::to_string(jobs.size()) + " bundles in one process").c_str() : "",
               fixed ? "judged one step at a time from olmoref's state after the step before (--mode fixed)"
                     : "the free trajectory from the step-0 weights (--mode free)");
   int adapter_rc = run_adapter("", fixed, {});

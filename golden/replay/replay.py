@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Replay an olmoref golden bundle in PyTorch + transformers and write the per-step losses.
 
-Usage: replay.py --bundle DIR --out REPLAY.jsonl [--steploss REPLAY.txt] [--steps N] [--threads N]
+Usage: replay.py --bundle DIR --out REPLAY.jsonl [--report REPORT.json] [--steploss REPLAY.txt] [--steps N] [--threads N]
+       replay.py (--bundle DIR --out REPLAY.jsonl --report REPORT.json)... [--steps N] [--threads N]: several bundles
+       one after another in one process (bundle.adapter_args' contract)
 
 The bundle (written by `olmoref golden export`, docs/formats/golden-bundle.md) holds the step-0 weights as a Hugging
 Face Olmo3ForCausalLM checkpoint, the per-step batches as instance ranges in the token files, the hyperparameters
@@ -19,7 +21,8 @@ It writes one JSON line per step ({"step", "loss", "grad_norm", "lr"}) and optio
 lines. With --fixed-state it judges each step from olmoref's state after the step before (the bundle's states/):
 before step k the model and AdamW get olmoref's parameters, moments and step count, and the line of each judged step
 adds grad_err and update_err (bundle.gradient_error, bundle.update_error); `olmoref trace compare BUNDLE/trace.jsonl REPLAY.jsonl --rules golden/replay/rules-fp32.toml` then judges.
-Exit status: 0 replayed; 2 the bundle is malformed or its data does not match its checksums.
+Exit status: 0 replayed; 2 a bundle is malformed or its data does not match its checksums (the other bundles are still
+replayed).
 """
 import argparse
 import json
@@ -29,35 +32,51 @@ import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (Bundle, BundleError, gradient_error, hand_state, load_state, recipe_loss_sums,  # noqa: E402
-                    setup_torch, update_error)
+from bundle import (Bundle, BundleError, adapter_jobs, gradient_error, hand_state, load_state,  # noqa: E402
+                    recipe_loss_sums, setup_torch, update_error)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, help="directory written by `olmoref golden export`")
-    ap.add_argument("--out", required=True, help="replayed trace, JSON Lines {step, loss, grad_norm, lr}")
-    ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here")
-    ap.add_argument("--report", help="also write what this replay is (olmoref golden replay's adapter contract) here")
+    ap.add_argument("--bundle", required=True, action="append",
+                    help="directory written by `olmoref golden export` (repeatable, one --out and --report each)")
+    ap.add_argument("--out", required=True, action="append",
+                    help="replayed trace, JSON Lines {step, loss, grad_norm, lr}, one per --bundle")
+    ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here (one bundle only)")
+    ap.add_argument("--report", action="append",
+                    help="also write what this replay is (olmoref golden replay's adapter contract) here, one per "
+                         "--bundle")
     ap.add_argument("--steps", type=int, help="replay only the first N steps")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
                     help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
     ap.add_argument("--fixed-state", action="store_true",
                     help="judge each step from olmoref's state after the step before (the bundle's states/)")
     args = ap.parse_args(argv)
+    reports = args.report or []
+    if len(args.out) != len(args.bundle) or reports and len(reports) != len(args.bundle):
+        ap.error(f"--bundle, --out and --report go together, one of each per bundle: got {len(args.bundle)}, "
+                 f"{len(args.out)} and {len(reports)}")
+    if args.steploss and len(args.bundle) > 1:
+        ap.error("--steploss writes one bundle's losses: give one --bundle")
+    # Several bundles replay one after another in this process: torch and transformers are imported once (the start
+    # is most of a small replay's time).
+    args.jobs = list(zip(args.bundle, args.out, reports or [None] * len(args.bundle)))
+    return adapter_jobs(args, "replay", lambda path, out, report, tag: replay_one(args, path, out, report, tag))
 
+
+def replay_one(args, path, out_path, report_path, tag):
     try:
-        bundle = Bundle(args.bundle, args.steps)
+        bundle = Bundle(path, args.steps)
         bundle.require_hf_adamw("the PyTorch replay")
         if args.fixed_state and not bundle.judged:
             raise BundleError("--fixed-state needs olmoref's states and bundle.json lists none (export with "
                               "`olmoref golden export --states all`)")
     except BundleError as e:
-        print(f"replay: bad bundle: {e}", file=sys.stderr)
+        print(f"{tag}: bad bundle: {e}", file=sys.stderr)
         return 2
     meta = bundle.meta
     if meta["precision"] != "fp32":
-        print(f"replay: note: the run used precision {meta['precision']}; this replay computes in fp32, so expect "
+        print(f"{tag}: note: the run used precision {meta['precision']}; this replay computes in fp32, so expect "
               f"bf16-sized differences", file=sys.stderr)
 
     torch = setup_torch(args.threads)
@@ -68,7 +87,7 @@ def main(argv=None):
     # Another valid summation order over the same batches (the envelope of `golden replay --mode both`).
     mb_text = os.environ.get("OLMOREF_TORCH_MICROBATCH") or str(mb)
     if not mb_text.isdigit() or int(mb_text) < 1 or G % int(mb_text):
-        print(f"replay: OLMOREF_TORCH_MICROBATCH={mb_text!r}: a divisor of the global batch {G}", file=sys.stderr)
+        print(f"{tag}: OLMOREF_TORCH_MICROBATCH={mb_text!r}: a divisor of the global batch {G}", file=sys.stderr)
         return 2
     mb = int(mb_text)
     model = bundle.hf_model(torch)
@@ -77,9 +96,9 @@ def main(argv=None):
     opt = torch.optim.AdamW(bundle.adamw_groups(model), lr=optim["lr_per_step"][0],
                             betas=tuple(optim["betas"]), eps=optim["eps"], foreach=False, fused=False)
 
-    print(f"replay: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), torch {torch.__version__}, "
+    print(f"{tag}: {S} steps x {G} instances x {T} tokens (micro-batches of {mb}), torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {args.threads} threads", file=sys.stderr)
-    out = open(args.out + ".tmp", "w")
+    out = open(out_path + ".tmp", "w")
     lines = []
     t0 = time.time()
     judged = set(bundle.judged) if args.fixed_state else set()
@@ -92,7 +111,7 @@ def main(argv=None):
                 if s > 1:
                     hand_state(torch, before, named, opt, s - 1)
         except BundleError as e:
-            print(f"replay: bad bundle: {e}", file=sys.stderr)
+            print(f"{tag}: bad bundle: {e}", file=sys.stderr)
             return 2
         opt.zero_grad(set_to_none=True)
         ce_total = z_total = 0.0
@@ -120,20 +139,20 @@ def main(argv=None):
         out.flush()
         lines.append(f"{s} {loss!r}\n")
         if s % 10 == 0 or s == S:
-            print(f"replay: step {s}/{S} loss {loss:.6f} grad_norm {gn:.4f} ({time.time() - t0:.1f} s)", file=sys.stderr)
+            print(f"{tag}: step {s}/{S} loss {loss:.6f} grad_norm {gn:.4f} ({time.time() - t0:.1f} s)", file=sys.stderr)
     out.close()
-    os.replace(args.out + ".tmp", args.out)
+    os.replace(out_path + ".tmp", out_path)
     if args.steploss:
         with open(args.steploss, "w") as f:
             f.writelines(lines)
-    if args.report:
+    if report_path:
         report = {"framework": "torch", "version": torch.__version__, "steps": S,
                   "mode": "fixed-state" if args.fixed_state else "free",
                   "native": ["transformers Olmo3ForCausalLM (eager attention, fp32)", "torch.optim.AdamW",
                              "torch.nn.utils.clip_grad_norm_"],
                   "added": ["the loss: cross-entropy + z_loss * logsumexp^2 over the global target count (a plain "
                             "loop, no trainer)", "lr set per step from the bundle's lr_per_step"]}
-        with open(args.report, "w") as f:
+        with open(report_path, "w") as f:
             json.dump(report, f, indent=1)
     return 0
 

@@ -2,13 +2,13 @@
 # meson test golden-replay-fixed: a correct framework's verdict no longer depends on the config's learning rate. A
 # replay is judged one step at a time from olmoref's own state (`golden export` writes the states, `golden replay`
 # hands them to the framework's trainer before each step), here through the PyTorch reference replay (replay.py):
-#   1. configs/tiny.toml, 30 steps (lr 3e-3): the free trajectory breaks rules-fp32.toml (loss, from about step 13:
-#      fp32 noise amplified about 3x a step), while --mode both judges every step at fixed state and holds, and reports
-#      the free trajectory beside the framework's own spread between two micro-batch sizes;
+#   1. configs/tiny.toml, 30 steps (lr 3e-3): --mode both judges every step at fixed state and holds, and reports the
+#      free trajectory beside the framework's own spread between two micro-batch sizes; that free trajectory breaks
+#      rules-fp32.toml (loss, from about step 13: fp32 noise amplified about 3x a step);
 #   2. configs/parity.toml, 10 and 30 steps at its own lr: holds at fixed state;
 #   3. sampled states (--states 5,20): only steps 5 and 20 are judged, and they hold;
 #   4. controls at fixed state: weight decay on the embeddings too fails update_err at step 2; steps 4 and 7 swapped
-#      fail the loss at step 4;
+#      fail the loss at step 4 (2-4 in one `golden replay` of their five bundles);
 #   5. bad input: --mode fixed on a bundle without states, --states outside the run or not a step, a judged state
 #      without its gradients, a nonzero states.adam_step_offset: exit 2 naming the fix.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -37,49 +37,52 @@ replay() {  # replay OUT BUNDLE ARGS...: exit status of golden replay through th
     --out "$work/$out" "$@" > "$work/$out.log" 2>&1
 }
 
-# 1. tiny, 30 steps: free fails, fixed holds.
+# 1. tiny, 30 steps: fixed holds; the free trajectory, which --mode both replays and judges beside it under
+# rules-fp32.toml (the same replay and the same rules as --mode free), breaks them.
 train tiny configs/tiny.toml 30
-replay tiny-free "$work/tiny-bundle" --mode free
-rc=$?
-[ $rc = 1 ] && grep -q "FAIL: loss" "$work/tiny-free/compare.txt" ||
-  { tail -n 20 "$work/tiny-free.log"; fail "tiny's free trajectory was expected to break rules-fp32.toml (exit $rc)"; }
-echo "ok: the free trajectory of a correct replay breaks the fixed-rtol rules: $(grep '^FAIL' "$work/tiny-free/compare.txt")"
 replay tiny-both "$work/tiny-bundle" --mode both ||
   { tail -n 40 "$work/tiny-both.log"; fail "tiny: the fixed-state replay must hold"; }
 cmp=$work/tiny-both/compare.txt
 grep -E "^(loss|grad_norm|grad_err|update_err)" "$cmp"
 grep -q "rules-fixed.toml" "$cmp" && grep -q "^PASS: every rule holds" "$cmp" || fail "tiny: not judged at fixed state"
 [ "$(grep -c '"update_err"' "$work/tiny-both/replay.jsonl")" = 30 ] || fail "tiny: not every step judged"
+[ "$(grep -c '"loss"' "$work/tiny-both/free/replay.jsonl")" = 30 ] || fail "tiny: the free trajectory is not 30 steps"
+grep -q "under rules-fp32.toml the free trajectory breaks loss (first at step" "$cmp" ||
+  { sed -n '/free trajectory/,$p' "$cmp"; fail "tiny's free trajectory was expected to break rules-fp32.toml (loss)"; }
+echo "ok: the free trajectory of a correct replay breaks the fixed-rtol rules: $(grep -o 'breaks loss (first at step [0-9]*)' "$cmp")"
 grep -q "free trajectory (reported, not gated)" "$cmp" && grep -q "OLMOREF_TORCH_MICROBATCH=1" "$cmp" ||
   fail "tiny: --mode both must report the free trajectory with the framework's own spread"
 sed -n '/free trajectory/,$p' "$cmp"
 echo "ok: tiny, 30 steps: every step holds at fixed state"
 
+# 2.-4. Every fixed-state bundle below in one `golden replay` (an adapter that takes several bundles replays them in
+# one process; each is judged on its own, in $work/fixed/BUNDLE/compare.txt).
 # 2. the parity config at its own lr, 10 and 30 steps.
-for steps in 10 30; do
-  train parity$steps configs/parity.toml $steps tokens256.u16
-  replay parity$steps "$work/parity$steps-bundle" || { tail -n 30 "$work/parity$steps.log"; fail "parity, $steps steps"; }
-  echo "ok: parity, $steps steps: $(grep -E '^update_err ' "$work/parity$steps/compare.txt" | tr -s ' ' | cut -c1-80)"
-done
-
+for steps in 10 30; do train parity$steps configs/parity.toml $steps tokens256.u16; done
 # 3. sampled states: steps 5 and 20 only (the states after 4, 5, 19 and 20).
 "$BIN" golden export --run "$work/tiny" --out "$work/sampled" --states 5,20 > /dev/null || exit 2
 [ "$(ls "$work/sampled/states" | wc -l)" = 4 ] || fail "--states 5,20 must write 4 states: $(ls "$work/sampled/states")"
-replay sampled "$work/sampled" || { tail -n 30 "$work/sampled.log"; fail "sampled states"; }
-[ "$(cut -d, -f1 "$work/sampled/replay.jsonl" | tr -d '{"step: ' | tr '\n' ' ')" = "5 20 " ] ||
-  fail "sampled: judged $(cut -d, -f1 "$work/sampled/replay.jsonl" | tr '\n' ' ')"
-echo "ok: sampled states: steps 5 and 20 judged and hold"
-
 # 4. controls at fixed state.
 python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/decay" --steps 2 --decay-everything || exit 2
 python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/swapped" --steps 4 --swap-batches 4 7 || exit 2
+replay fixed "$work/parity10-bundle" "$work/parity30-bundle" "$work/sampled" "$work/decay" "$work/swapped"
+rc=$?
+# 1: some bundle's replay differs (the controls'); 0 or 2 (a bundle not replayed) is wrong either way.
+[ $rc = 1 ] || { tail -n 40 "$work/fixed.log"; fail "the fixed-state replays: want exit 1 (the controls differ), got $rc"; }
+holds() { grep -q "^PASS: every rule holds" "$work/fixed/$1/compare.txt" 2> /dev/null; }
+for steps in 10 30; do
+  holds parity$steps-bundle || { tail -n 30 "$work/fixed/parity$steps-bundle/compare.txt"; fail "parity, $steps steps"; }
+  echo "ok: parity, $steps steps: $(grep -E '^update_err ' "$work/fixed/parity$steps-bundle/compare.txt" | tr -s ' ' | cut -c1-80)"
+done
+holds sampled || { tail -n 30 "$work/fixed/sampled/compare.txt"; fail "sampled states"; }
+[ "$(cut -d, -f1 "$work/fixed/sampled/replay.jsonl" | tr -d '{"step: ' | tr '\n' ' ')" = "5 20 " ] ||
+  fail "sampled: judged $(cut -d, -f1 "$work/fixed/sampled/replay.jsonl" | tr '\n' ' ')"
+echo "ok: sampled states: steps 5 and 20 judged and hold"
 for c in "decay|FAIL: update_err .* first at step 2" "swapped|FAIL: loss .* first at step 4"; do
   name=${c%%|*} want=${c#*|}
-  replay "ctl-$name" "$work/$name"
-  rc=$?
-  [ $rc = 1 ] && grep -q -- "$want" "$work/ctl-$name/compare.txt" ||
-    { tail -n 20 "$work/ctl-$name.log"; fail "control $name: want exit 1 and '$want' (exit $rc)"; }
-  echo "ok: control $name: $(grep -m1 -- "$want" "$work/ctl-$name/compare.txt")"
+  grep -q -- "$want" "$work/fixed/$name/compare.txt" 2> /dev/null ||
+    { tail -n 20 "$work/fixed/$name/compare.txt"; fail "control $name: want its replay to differ with '$want'"; }
+  echo "ok: control $name: $(grep -m1 -- "$want" "$work/fixed/$name/compare.txt")"
 done
 
 # 5. bad input.

@@ -25,7 +25,9 @@ replay_make_bundle() {
   "$BIN" train --config configs/small.toml --steps 10 --set "data.train_mix=\"$work/demo/train.mix\"" \
     --set "data.holdout_mix=\"$work/demo/holdout.mix\"" --set "train.precision=\"${REPLAY_PRECISION:-fp32}\"" --set eval.interval=0 \
     ${REPLAY_SET[@]+"${REPLAY_SET[@]}"} --threads "${1:-2}" --out "$work/run" --quiet || exit 2
-  "$BIN" golden export --run "$work/run" --out "$work/bundle" > /dev/null || exit 2
+  # The states are retrained on as many threads as the run (golden export's default, every core, only adds the
+  # threads' overhead where the suite already runs two tests at once).
+  "$BIN" golden export --run "$work/run" --out "$work/bundle" --threads "${1:-2}" > /dev/null || exit 2
 }
 
 # replay OUT BUNDLE...: one framework start for every BUNDLE; output in $work/OUT.log, results in $work/OUT/NAME/ (NAME
