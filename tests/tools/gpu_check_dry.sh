@@ -10,7 +10,8 @@
 #      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list and
 #      printed the step-time model (config --time);
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
-#      after it still run; a planted failure in the preflight stops the script at once, saying why;
+#      after it still run (a planted run's kernels step is the decomposition alone: part 2 ran the kernels); a
+#      planted failure in the preflight stops the script at once, saying why;
 #   4. the device's command lines: the dry run went through the stand-ins (tools/standins/) for nvidia-smi and
 #      compute-sanitizer, which accept only the lines the device run gives the real tools (the line that once wrapped
 #      test_gpu_kernels as a --tool is refused); the step limits add up to at most the 360 s budget (a start, a run

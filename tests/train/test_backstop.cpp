@@ -58,16 +58,22 @@ TrainConfig config(const TempDir& d, const std::vector<uint32_t>& repeat, int64_
 }
 
 constexpr int64_t kSliceTokens = 20 * 64;  // the first 20 of the holdout's 40 instances
+// The slice is seen 16 times an epoch (of about 80 steps): by step 150 the leaked run's gap is about -1.5 (3 times
+// the bound checked) and the clean run's intervals hold zero with room on both sides.
+constexpr int kRepeats = 16;
+constexpr int64_t kSteps = 150, kInterval = 50;
 
 struct Run {
   std::vector<nlohmann::json> evals;
   std::vector<TraceRecord> trace;
 };
 
-Run train(const TrainConfig& cfg, const std::string& out, int64_t stop_after = -1, bool resume = false) {
+// Two threads where evaluation runs between the steps of a pool with workers; one for the long runs, whose bits no
+// thread count changes (test_training T2), the pool's waits being most of their time at two.
+Run train(const TrainConfig& cfg, const std::string& out, int64_t stop_after = -1, bool resume = false, int threads = 2) {
   RunOptions o;
   o.out_dir = out;
-  o.threads = 2;
+  o.threads = threads;
   o.quiet = true;
   o.stop_after = stop_after;
   o.resume = resume;
@@ -88,8 +94,8 @@ TEST_CASE("backstop: a leaked holdout slice is flagged, a clean run is not") {
   write_u16(d.file("holdout.u16"), holdout);
   write_u16(d.file("fresh.u16"), fresh);
 
-  const TrainConfig leaked = config(d, repeated(holdout, 0, kSliceTokens, 8), 300, 100);
-  const Run bad = train(leaked, d.file("leaked"));
+  const TrainConfig leaked = config(d, repeated(holdout, 0, kSliceTokens, kRepeats), kSteps, kInterval);
+  const Run bad = train(leaked, d.file("leaked"), -1, false, 1);
   REQUIRE(bad.evals.size() == 3);
   for (const auto& e : bad.evals)
     MESSAGE("leaked run, step " << e["step"] << ": holdout " << e["holdout"]["loss"] << " fresh " << e["fresh"]["loss"]
@@ -105,8 +111,8 @@ TEST_CASE("backstop: a leaked holdout slice is flagged, a clean run is not") {
   CHECK(docs[0]["loss"].get<double>() < last["fresh"]["loss"].get<double>() - 1.0);
 
   // The control: the same run with a slice of other documents repeated instead.
-  const TrainConfig clean = config(d, repeated(other, 0, kSliceTokens, 8), 300, 100);
-  const Run good = train(clean, d.file("clean"));
+  const TrainConfig clean = config(d, repeated(other, 0, kSliceTokens, kRepeats), kSteps, kInterval);
+  const Run good = train(clean, d.file("clean"), -1, false, 1);
   REQUIRE(good.evals.size() == 3);
   for (const auto& e : good.evals) {
     MESSAGE("clean run, step " << e["step"] << ": holdout " << e["holdout"]["loss"] << " fresh " << e["fresh"]["loss"]
@@ -123,16 +129,16 @@ TEST_CASE("backstop: evaluation leaves the trace bit-identical, and a resumed ru
   write_u16(d.file("holdout.u16"), holdout);
   write_u16(d.file("fresh.u16"), random_docs(40 * 64, 22));
   const std::vector<uint32_t> slice = repeated(holdout, 0, kSliceTokens, 2);
-  TrainConfig with = config(d, slice, 24, 6), without = config(d, slice, 24, 0);
-  with.checkpoint.interval = 12;
+  TrainConfig with = config(d, slice, 12, 3), without = config(d, slice, 12, 0);
+  with.checkpoint.interval = 6;
   const Run a = train(with, d.file("with")), b = train(without, d.file("without"));
   REQUIRE(a.trace.size() == b.trace.size());
   for (size_t i = 0; i < a.trace.size(); ++i) CHECK(a.trace[i].to_json() == b.trace[i].to_json());
   CHECK(a.evals.size() == 4);
   CHECK(b.evals.empty());
   CHECK(with.resume_hash() == without.resume_hash());  // [eval] is not part of what a resume must match
-  // Stopped at step 12 and resumed: the same eval records (all but the wall time).
-  train(with, d.file("resumed"), 12);
+  // Stopped at step 6 (evaluated at 3 and 6) and resumed: the same eval records (all but the wall time).
+  train(with, d.file("resumed"), 6);
   const Run r = train(with, d.file("resumed"), -1, true);
   REQUIRE(r.evals.size() == a.evals.size());
   for (size_t i = 0; i < a.evals.size(); ++i) {
