@@ -2,15 +2,16 @@
 # golden/traces/check.sh — meson test `golden-traces`: reruns every golden run (runs.sh) and requires its trace
 # to equal the committed golden/traces/NAME.jsonl bit for bit (`olmoref trace compare` with the default exact
 # rules: loss, grad_norm, lr, data_digest and param_digest bits; then every byte of every record). The CPU
-# reference does not depend on the instruction set or thread count (T2, T4), so this holds on any machine; the tiny
-# runs use 1 thread here and 2 in regenerate.sh.
+# reference does not depend on the instruction set or thread count (T2, T4), so this holds on any machine; the reruns
+# use 1 thread here and regenerate.sh 2.
 #
 # Exit 0: every trace identical. 1: a trace differs (the report names the first differing step). 77 ("SKIPPED"):
 # the demo corpus cannot be built here, or its text differs from the one the traces were made from (other
 # Debian package versions) — the small traces are then not checked; the tiny ones still are, and a difference
 # there still fails.
 # GOLDEN_RUNS_ONLY="NAME ..." checks only those runs (a caller that reruns the traces under a variation, such as
-# tests/dist/recompute.sh, picks the runs that exercise it).
+# tests/dist/recompute.sh, picks the runs that exercise it). GOLDEN_FIRST_STEPS="NAME=K ..." trains those runs only to
+# step K and compares the golden trace's first K records (such a caller's costly runs).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -54,14 +55,22 @@ for run in "${GOLDEN_RUNS[@]}"; do
     failed=$((failed + 1))
     continue
   fi
-  threads=2
-  [ "$data" = tiny ] && threads=1  # regenerate.sh used 2: the tiny reruns also prove thread independence (T2)
-  if ! golden_train "$name" "$config" "$steps" "$precision" "$data" "$work" "$work/$name" "$bin" "$threads"; then
+  # regenerate.sh used 2 threads: the reruns at 1 also prove thread independence (T2), and in the suite, where another
+  # test holds the other core, a second thread would spend its time waiting for it.
+  threads=1
+  first=""
+  for f in ${GOLDEN_FIRST_STEPS:-}; do [ "${f%%=*}" = "$name" ] && first=${f#*=}; done
+  if ! GOLDEN_STOP_AFTER=$first golden_train "$name" "$config" "$steps" "$precision" "$data" "$work" "$work/$name" \
+       "$bin" "$threads"; then
     echo "FAILED: $name: olmoref train failed"
     failed=$((failed + 1))
     continue
   fi
-  echo "== $name: $bin trace compare $golden <rerun>"
+  if [ -n "$first" ]; then
+    head -n "$first" "$golden" > "$work/$name.first.jsonl"
+    golden=$work/$name.first.jsonl
+  fi
+  echo "== $name${first:+ (its first $first steps)}: $bin trace compare $golden <rerun>"
   if "$bin" trace compare "$golden" "$work/$name/trace.jsonl" && cmp -s "$golden" "$work/$name/trace.jsonl"; then
     passed=$((passed + 1))
   else

@@ -28,7 +28,8 @@ golden_prepare_data() {
 
 # golden_train NAME CONFIG STEPS PRECISION DATA WORK OUT BIN [THREADS]: one golden run into OUT (trace.jsonl,
 # manifest.json). The bits do not depend on THREADS (default: OLMOREF_THREADS, else 2), nor on the executor
-# (GOLDEN_EXECUTOR: cpu, the default, cuda or cuda-host; tier T5).
+# (GOLDEN_EXECUTOR: cpu, the default, cuda or cuda-host; tier T5). GOLDEN_STOP_AFTER=K stops the run after step K
+# (--stop-after: the schedule keeps its length, so the trace is the golden trace's first K records).
 golden_train() {
   local name=$1 config=$2 steps=$3 precision=$4 data=$5 work=$6 out=$7 bin=$8 threads=${9:-${OLMOREF_THREADS:-2}}
   local -a set=(--set "train.precision=\"$precision\"" --executor "${GOLDEN_EXECUTOR:-cpu}")
@@ -41,5 +42,5 @@ golden_train() {
   # sealed fresh split and stay fast.
   if grep -q '^\[eval\]' "$config"; then set+=(--set eval.interval=0); fi
   "$bin" train --config "$config" --steps "$steps" "${set[@]}" --set checkpoint.keep_last=1 \
-    --threads "$threads" --out "$out" --quiet
+    ${GOLDEN_STOP_AFTER:+--stop-after "$GOLDEN_STOP_AFTER"} --threads "$threads" --out "$out" --quiet
 }

@@ -19,7 +19,9 @@ same() {
   cmp "$work/$1/trace.jsonl" "$work/$2/trace.jsonl" || { echo "FAIL: $2 differs from $1"; exit 1; }
   echo "$2: identical"
 }
-run ref --threads 2
+# One thread for every single-process run but the thread-count check (t2): a pool of 2 threads spins waiting for
+# its other half while another test holds the second core, at 8x the CPU of 1 thread here.
+run ref --threads 1
 python3 - "$work/ref/trace.jsonl" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
@@ -35,12 +37,12 @@ for r in recs:
 assert len({r["routing_digest"] for r in recs}) == len(recs), "routing digests must change as the weights train"
 print("trace fields: ok")
 PY
-run again --threads 2; same ref again
-run t1 --threads 1; same ref t1
-run scalar --threads 2 --cpu-isa scalar; same ref scalar
-run mb1 --threads 2 --set train.micro_batch_instances=1; same ref mb1
-run mb8 --threads 2 --set train.micro_batch_instances=8; same ref mb8
-run host --threads 2 --set train.executor=cuda-host; same ref host
+run again --threads 1; same ref again
+run t2 --threads 2; same ref t2
+run scalar --threads 1 --cpu-isa scalar; same ref scalar
+run mb1 --threads 1 --set train.micro_batch_instances=1; same ref mb1
+run mb8 --threads 1 --set train.micro_batch_instances=8; same ref mb8
+run host --threads 1 --set train.executor=cuda-host; same ref host
 for layout in 2x1 1x2 3x1 2x2; do
   s=${layout%x*} r=${layout#*x}
   mpirun --oversubscribe --bind-to none -np $((s * r)) "$BIN" train "${cfg[@]}" --threads 1 --dp-shard "$s" \
@@ -93,7 +95,7 @@ python3 "$SRC/tests/make_tokens.py" "$work/holdout.u16" 5 6000
 python3 "$SRC/tests/make_tokens.py" "$work/fresh.u16" 7 6000
 ev=(--set "data.holdout_files=[\"$work/holdout.u16\"]" --set "eval.fresh_files=[\"$work/fresh.u16\"]"
     --set eval.interval=3 --set eval.instances=8 --set eval.bootstrap=200)
-run eval1 --threads 2 "${ev[@]}"
+run eval1 --threads 1 "${ev[@]}"
 mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1 --dp-replicate 2 --ep 2 "${ev[@]}" \
   --out "$work/eval2" 2> "$work/eval2.log" || { cat "$work/eval2.log"; exit 1; }
 same ref eval2
@@ -160,7 +162,7 @@ mpirun --oversubscribe --bind-to none -np 2 "$BIN" train "${cfg[@]}" --threads 1
   --debug-moe-unordered-combine --out "$work/EPctl" 2> "$work/EPctl.log" || { cat "$work/EPctl.log"; exit 1; }
 if cmp -s "$work/ref/trace.jsonl" "$work/EPctl/trace.jsonl"; then echo "FAIL: EP + unordered combine matched"; exit 1; fi
 echo "expert parallelism: every EP layout identical; the unordered combine under EP differs"
-"$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 2 > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
+"$BIN" resume-check "${base[@]}" --steps 6 --at 3 --threads 1 > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
 grep -q IDENTICAL "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: resume-check"; exit 1; }
 # Resumed at another micro-batch size, and at another data-parallel layout.
 "$BIN" resume-check "${base[@]}" --steps 6 --at 2 --threads 1 --resume-set train.micro_batch_instances=4 \
@@ -181,7 +183,7 @@ grep -q "first differing step: 1" "$work/cmp-ctl.log" || { cat "$work/cmp-ctl.lo
 grep -q "routing: identical at every compared step" "$work/cmp-same.log" || { cat "$work/cmp-same.log"; exit 1; }
 echo "negative control: the unordered combine changes the trace from step 1; trace compare reports it"
 # OLMo-core's local_batch granularity takes its statistics per micro-batch: the loss depends on the layout.
-lb=("$BIN" train "${base[@]}" --steps 2 --quiet --threads 2 --set model.moe_lb_granularity=local_batch)
+lb=("$BIN" train "${base[@]}" --steps 2 --quiet --threads 1 --set model.moe_lb_granularity=local_batch)
 "${lb[@]}" --out "$work/lbA"
 "${lb[@]}" --set train.micro_batch_instances=4 --out "$work/lbB"
 if cmp -s "$work/lbA/trace.jsonl" "$work/lbB/trace.jsonl"; then echo "FAIL: local_batch ignored the micro-batch"; exit 1; fi

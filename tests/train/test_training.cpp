@@ -50,12 +50,14 @@ TEST_CASE("T0: two runs of the same config give identical traces") {
   for (size_t i = 1; i < a.size(); ++i) CHECK(a[i] != a[i - 1]);
 }
 
-TEST_CASE("T2: 1, 2 and 4 threads give identical traces") {
+TEST_CASE("T2: 1, 2, 3 and 4 threads give identical traces") {
+  // 4 steps of 4 micro-batches each, every update from the moments of the steps before. 3 and 4 threads outnumber
+  // the suite's 2 cores, where the pool's waits spin: each step costs.
   const TrainConfig cfg = testing::tiny_config_with_data(corpus().file);
-  const auto one = trace_lines(train_in_process(cfg, 1, 6));
-  CHECK(trace_lines(train_in_process(cfg, 2, 6)) == one);
-  CHECK(trace_lines(train_in_process(cfg, 4, 6)) == one);
-  CHECK(trace_lines(train_in_process(cfg, 3, 6)) == one);
+  const auto one = trace_lines(train_in_process(cfg, 1, 4));
+  CHECK(trace_lines(train_in_process(cfg, 2, 4)) == one);
+  CHECK(trace_lines(train_in_process(cfg, 4, 4)) == one);
+  CHECK(trace_lines(train_in_process(cfg, 3, 4)) == one);
 }
 
 TEST_CASE("T0 negative control: a different init seed or data changes the fingerprints") {
@@ -69,8 +71,9 @@ TEST_CASE("T0 negative control: a different init seed or data changes the finger
 
 TEST_CASE("learning: the progression task's loss falls below 3.5 nats in 150 steps") {
   // ln(512) = 6.24 at initialisation; a unigram model cannot go below ~6.2 on this data.
+  // One thread: the bits do not depend on it (T2), and a pool of 2 spins while another test holds the other core.
   const TrainConfig cfg = testing::tiny_config_with_data(corpus().file, {"train.steps=150"});
-  const auto trace = train_in_process(cfg, 2, 150);
+  const auto trace = train_in_process(cfg, 1, 150);
   CHECK(trace.front().loss > 6.0f);
   double tail = 0;
   for (size_t i = trace.size() - 10; i < trace.size(); ++i) tail += trace[i].loss;
