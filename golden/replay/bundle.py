@@ -364,27 +364,31 @@ def recipe_loss_sums(torch, logits, ids, z_loss):
     return ce, z
 
 
-def adapter_args(doc, argv, report_help):
+def adapter_args(doc, argv, report_help, *, report_required=True, threads_default=1, more_args=None):
     """The command line every adapter takes from `olmoref golden replay` (cli/golden_replay.cpp). --bundle, --out and
     --report may be repeated, one of each per bundle: the adapter then replays them one after another in this one
-    process, the framework imported once (args.jobs: (bundle, out, report) in order)."""
+    process, the framework imported once (args.jobs: (bundle, out, report) in order). An adapter also run by hand
+    (replay.py) may leave --report out (report None) and add options of its own (more_args(parser))."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--bundle", required=True, action="append",
                     help="directory written by `olmoref golden export` (repeatable, with --out and --report)")
     ap.add_argument("--out", required=True, action="append",
                     help="replayed trace, JSON Lines {step, loss, ce, z, grad_norm, lr}, one per --bundle")
-    ap.add_argument("--report", required=True, action="append", help=report_help + ", one per --bundle")
+    ap.add_argument("--report", required=report_required, action="append", help=report_help + ", one per --bundle")
     ap.add_argument("--steps", type=int, help="replay only the first N steps (of every bundle)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=threads_default, help="torch CPU threads")
     ap.add_argument("--fixed-state", action="store_true",
                     help="judge each step from olmoref's state after the step before (the bundle's states/): before "
                          "every judged step the trainer is handed olmoref's parameters and Adam moments, and the trace "
                          "records the judged steps with grad_err and update_err beside the loss")
+    if more_args:
+        more_args(ap)
     args = ap.parse_args(argv)
-    if not len(args.bundle) == len(args.out) == len(args.report):
+    reports = args.report or [None] * len(args.bundle)
+    if not len(args.bundle) == len(args.out) == len(reports):
         ap.error(f"--bundle, --out and --report go together, one of each per bundle: got {len(args.bundle)}, "
-                 f"{len(args.out)} and {len(args.report)}")
-    args.jobs = list(zip(args.bundle, args.out, args.report))
+                 f"{len(args.out)} and {len(args.report or [])}")
+    args.jobs = list(zip(args.bundle, args.out, reports))
     return args
 
 

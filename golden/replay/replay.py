@@ -24,7 +24,6 @@ adds grad_err and update_err (bundle.gradient_error, bundle.update_error); `olmo
 Exit status: 0 replayed; 2 a bundle is malformed or its data does not match its checksums (the other bundles are still
 replayed).
 """
-import argparse
 import json
 import os
 import sys
@@ -32,35 +31,21 @@ import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (Bundle, BundleError, adapter_jobs, gradient_error, hand_state, load_state,  # noqa: E402
+from bundle import (Bundle, BundleError, adapter_args, adapter_jobs, gradient_error, hand_state, load_state,  # noqa: E402
                     recipe_loss_sums, setup_torch, update_error)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, action="append",
-                    help="directory written by `olmoref golden export` (repeatable, one --out and --report each)")
-    ap.add_argument("--out", required=True, action="append",
-                    help="replayed trace, JSON Lines {step, loss, grad_norm, lr}, one per --bundle")
-    ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here (one bundle only)")
-    ap.add_argument("--report", action="append",
-                    help="also write what this replay is (olmoref golden replay's adapter contract) here, one per "
-                         "--bundle")
-    ap.add_argument("--steps", type=int, help="replay only the first N steps")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
-                    help="torch CPU threads (default: $OLMOREF_PEER_THREADS, else 2)")
-    ap.add_argument("--fixed-state", action="store_true",
-                    help="judge each step from olmoref's state after the step before (the bundle's states/)")
-    args = ap.parse_args(argv)
-    reports = args.report or []
-    if len(args.out) != len(args.bundle) or reports and len(reports) != len(args.bundle):
-        ap.error(f"--bundle, --out and --report go together, one of each per bundle: got {len(args.bundle)}, "
-                 f"{len(args.out)} and {len(reports)}")
-    if args.steploss and len(args.bundle) > 1:
-        ap.error("--steploss writes one bundle's losses: give one --bundle")
+    args = adapter_args(
+        __doc__, argv, "also write what this replay is (olmoref golden replay's adapter contract) here",
+        report_required=False, threads_default=int(os.environ.get("OLMOREF_PEER_THREADS", "2")),
+        more_args=lambda ap: ap.add_argument("--steploss", help="also write TorchTitan-style 'step loss' lines here "
+                                                                "(one bundle only)"))
+    if args.steploss and len(args.jobs) > 1:
+        print("replay: --steploss writes one bundle's losses: give one --bundle", file=sys.stderr)
+        return 2
     # Several bundles replay one after another in this process: torch and transformers are imported once (the start
     # is most of a small replay's time).
-    args.jobs = list(zip(args.bundle, args.out, reports or [None] * len(args.bundle)))
     return adapter_jobs(args, "replay", lambda path, out, report, tag: replay_one(args, path, out, report, tag))
 
 
