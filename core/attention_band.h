@@ -27,4 +27,24 @@ OLMOREF_HD inline int64_t attention_query_hi(int64_t window, const int32_t* doc_
   return hi;
 }
 
+// The queries whose P and dS an attention backward over a part of the instance computes (AttentionShape's q_begin ..
+// k_end, ends resolved): [begin, end), the hull of the queries whose dq it writes, [q_begin, q_end), and of those
+// that see its keys, [k_begin, attention_query_hi(k_end − 1)] (the bound is non-decreasing in j). Empty parts add
+// nothing; both empty: begin >= end.
+struct AttentionQueries {
+  int64_t begin, end;
+};
+OLMOREF_HD inline AttentionQueries attention_backward_queries(int64_t window, const int32_t* doc_end, int64_t T,
+                                                              int64_t b, int64_t q_begin, int64_t q_end,
+                                                              int64_t k_begin, int64_t k_end) {
+  AttentionQueries r{T, 0};
+  if (q_begin < q_end) r.begin = q_begin, r.end = q_end;
+  if (k_begin < k_end) {
+    const int64_t hi = attention_query_hi(window, doc_end, T, b, k_end - 1) + 1;
+    if (k_begin < r.begin) r.begin = k_begin;
+    if (hi > r.end) r.end = hi;
+  }
+  return r;
+}
+
 }  // namespace olmoref

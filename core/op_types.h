@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "core/bf16.h"
 
@@ -21,7 +23,28 @@ struct AttentionShape {
   // in the executor's memory (core/attention_band.h reads them); null: one document per instance.
   const int32_t* doc_start = nullptr;
   const int32_t* doc_end = nullptr;
+  // Context parallelism: the part of each instance this call computes, in absolute positions (every tensor stays
+  // [B, T, ...]; nothing outside the part is written). Forward: out and the row statistics of queries [q_begin,
+  // q_end), reading those queries and the keys and values of their bands. Backward: dq of those queries and dk, dv of
+  // keys [k_begin, k_end), reading q, out, dout and the statistics of the queries attention_backward_queries names
+  // (core/attention_band.h) and the keys and values of their bands. Other rows may be loaded, never used. An end of
+  // -1 is T: the defaults are the whole instance. Every value written has the bits the whole-instance call gives it:
+  // no chain of docs/canonical/attention.md runs from one query (or key) to another.
+  int64_t q_begin = 0, q_end = -1;
+  int64_t k_begin = 0, k_end = -1;
+  int64_t query_end() const { return q_end < 0 ? T : q_end; }
+  int64_t key_end() const { return k_end < 0 ? T : k_end; }
 };
+
+// Throws std::invalid_argument when the shape's queries or keys (q_begin .. k_end) leave the instance's positions.
+inline void check_attention_parts(const AttentionShape& s) {
+  const auto inside = [&](int64_t begin, int64_t end) { return 0 <= begin && begin <= end && end <= s.T; };
+  if (!inside(s.q_begin, s.query_end()) || !inside(s.k_begin, s.key_end()))
+    throw std::invalid_argument("attention: the queries [" + std::to_string(s.q_begin) + ", " +
+                                std::to_string(s.query_end()) + ") and keys [" + std::to_string(s.k_begin) + ", " +
+                                std::to_string(s.key_end()) + ") computed must lie in the instance's " +
+                                std::to_string(s.T) + " positions");
+}
 
 // A mixture-of-experts dispatch plan (core/moe_plan.h Plan) as the MoE ops read it, in executor memory: R token
 // rows, k choices each, S = R·k slots in (expert, row) order (docs/canonical/moe.md).

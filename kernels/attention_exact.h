@@ -72,7 +72,13 @@ struct AttentionArgs {
   float *dk = nullptr, *dv = nullptr;            // [B·T, KV·hd]
   float* row_d = nullptr;                        // [B, H, T]: D_i = chain over d of dO_id·o_id
   float *dk_head = nullptr, *dv_head = nullptr;  // [B, H, T, hd]
+  // Context parallelism (core/op_types.h AttentionShape): the queries whose out, row statistics and dq, and the keys
+  // whose dk and dv are written, in absolute positions; an end of -1 is T. A tile is cut to its part of them, which
+  // changes no bit: every chain below is one query's or one key's, and the lanes go by position, not by tile.
+  int64_t q_begin = 0, q_end = -1, k_begin = 0, k_end = -1;
 };
+OLMOREF_HD inline int64_t attention_query_end(const AttentionArgs& a) { return a.q_end < 0 ? a.T : a.q_end; }
+OLMOREF_HD inline int64_t attention_key_end(const AttentionArgs& a) { return a.k_end < 0 ? a.T : a.k_end; }
 
 // Tiles of 32 positions over every (instance, head): B·H·ceil(T/32).
 OLMOREF_HD inline int64_t attention_tiles(const AttentionArgs& a) { return a.B * a.H * ((a.T + kAttTile - 1) / kAttTile); }
@@ -118,6 +124,14 @@ OLMOREF_HD inline AttentionTile attention_tile(const AttentionArgs& a, int64_t t
   at.dout = a.dout ? a.dout + qoff : nullptr;
   at.out = a.out ? a.out + qoff : nullptr;
   at.dq = a.dq ? a.dq + qoff : nullptr;
+  return at;
+}
+// The tile cut to positions [begin, end): n <= 0 when it holds none of them (the block then has nothing to do).
+OLMOREF_HD inline AttentionTile attention_tile_part(const AttentionArgs& a, int64_t tile, int64_t begin, int64_t end) {
+  AttentionTile at = attention_tile(a, tile);
+  const int64_t first = at.i0 > begin ? at.i0 : begin, stop = at.i0 + at.n < end ? at.i0 + at.n : end;
+  at.i0 = first;
+  at.n = stop - first;
   return at;
 }
 
@@ -174,10 +188,13 @@ struct AttentionChunkOut {
   float* base;
   int64_t stride, r0, n, col0;
   int dn;
-  // Output (u, v) of thread t, or nullptr past the rows or the chunk's dims.
+  // The rows written, [keep_begin, keep_end) (a backward query tile computes dS for more queries than it writes dq of).
+  int64_t keep_begin = 0, keep_end = 0x7fffffffffffffff;
+  // Output (u, v) of thread t, or nullptr past the rows, outside the rows kept or past the chunk's dims.
   OLMOREF_HD float* at(int t, int u, int v) const {
     const int row = t / 32 + kAttWarps * u, d = t % 32 + 32 * v;
-    return row < n && d < dn ? base + (r0 + row) * stride + col0 + d : nullptr;
+    const bool kept = r0 + row >= keep_begin && r0 + row < keep_end;
+    return row < n && kept && d < dn ? base + (r0 + row) * stride + col0 + d : nullptr;
   }
 };
 using AttentionChains = float[kAttPer][kAttPerDim];
@@ -222,7 +239,8 @@ OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_forward_tile(Block& blk, AttentionForwardShared& sh, const AttentionArgs& a, int64_t tile,
                                        float* s) {
-  const AttentionTile at = attention_tile(a, tile);
+  const AttentionTile at = attention_tile_part(a, tile, a.q_begin, attention_query_end(a));
+  if (at.n <= 0) return;
   const int64_t lo0 = attention_band_lo(a, at.b, at.i0), last = at.i0 + at.n - 1;
   const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
   constexpr int32_t kNone = 0x7fffffff;
@@ -371,7 +389,12 @@ OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
                                               int64_t tile) {
-  const AttentionTile at = attention_tile(a, tile);
+  // The queries whose P and dS the keys [k_begin, k_end) need besides those whose dq is written: D_i for all of them.
+  const int64_t q_end = attention_query_end(a);
+  const AttentionQueries rows = attention_backward_queries(a.window, a.doc_end, a.T, attention_tile(a, tile).b,
+                                                           a.q_begin, q_end, a.k_begin, attention_key_end(a));
+  const AttentionTile at = attention_tile_part(a, tile, rows.begin, rows.end);
+  if (at.n <= 0) return;
   const int64_t lo0 = attention_band_lo(a, at.b, at.i0), last = at.i0 + at.n - 1;
   const int64_t key_tiles = (last - lo0) / kAttTile + 1, chunks = attention_chunks(a);
   blk.phase([&](int t, auto&) {
@@ -418,7 +441,7 @@ OLMOREF_HD void attention_backward_query_tile(Block& blk, AttentionBackwardShare
       blk.phase([&](int t, AttentionBackwardRegs& r) {
         const int w = t / 32, l = t % 32;
         const bool resident = chunks == 1 && kt > 0, end = kt + 1 == key_tiles;
-        const AttentionChunkOut dq{at.dq, at.qw, at.i0, at.n, ch * kAttChunk, dn};
+        const AttentionChunkOut dq{at.dq, at.qw, at.i0, at.n, ch * kAttChunk, dn, a.q_begin, q_end};
         if (!resident) attention_chains_start(dq, t, kt == 0, r.x);
         for (int c = 0; c < kAttTile; ++c) {
           float kd[kAttPerDim];
@@ -445,7 +468,8 @@ OLMOREF_BLOCK_BODY
 template <class Block>
 OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared& sh, const AttentionArgs& a,
                                             int64_t tile) {
-  const AttentionTile at = attention_tile(a, tile);
+  const AttentionTile at = attention_tile_part(a, tile, a.k_begin, attention_key_end(a));
+  if (at.n <= 0) return;
   const int64_t j0 = at.i0, j_end = at.i0 + at.n, hi = attention_band_hi(a, at.b, j_end - 1);
   const int64_t query_tiles = (hi - j0) / kAttTile + 1, chunks = attention_chunks(a);
   float* dk_base = a.dk_head + at.stats * a.hd;
@@ -523,9 +547,11 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
   }
 }
 
-// Backward (3): element e of dk/dv [B·T, KV·hd]: the group's query heads in ascending order.
+// Backward (3): element e of dk/dv [B·T, KV·hd] (of a key in [k_begin, k_end)): the group's query heads in ascending
+// order.
 OLMOREF_HD inline void attention_group_sum(const AttentionArgs& a, int64_t e) {
   const int64_t kw = a.KV * a.hd, r = e / kw, g = (e % kw) / a.hd, d = e % a.hd, b = r / a.T, t = r % a.T;
+  if (t < a.k_begin || t >= attention_key_end(a)) return;
   const int64_t group = a.H / a.KV;
   float sk = 0.0f, sv = 0.0f;
   for (int64_t hh = 0; hh < group; ++hh) {

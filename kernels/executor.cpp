@@ -293,10 +293,12 @@ void KernelExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float
 // ---- attention ----
 namespace {
 AttentionArgs attention_args(const AttentionShape& s) {
+  check_attention_parts(s);
   AttentionArgs a;
   a.B = s.B, a.T = s.T, a.H = s.H, a.KV = s.KV, a.hd = s.hd, a.window = s.window, a.scale = s.scale;
   a.doc_start = s.doc_start, a.doc_end = s.doc_end;
   a.bf16 = s.precision == Precision::bf16;
+  a.q_begin = s.q_begin, a.q_end = s.query_end(), a.k_begin = s.k_begin, a.k_end = s.key_end();
   return a;
 }
 }  // namespace

@@ -398,6 +398,7 @@ const simd::SimdOps* attention_simd_path(const AttentionShape& s) {
 
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
                        float* row_max, float* row_sum, ThreadPool* pool) {
+  check_attention_parts(s);
   if (const simd::SimdOps* fast = attention_simd_path(s)) {
     run(pool, s.B * s.H, 1, [&](int64_t tb, int64_t te) {
       std::vector<float> scratch(fast->attention_forward_scratch(s));
@@ -411,7 +412,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
     for (int64_t task = tb; task < te; ++task) {
       const int64_t b = task / s.H, h = task % s.H, g = h / group;
       transpose_head(k, b, T, kw, g, hd, kt.data());
-      for (int64_t i = 0; i < T; ++i) {
+      for (int64_t i = s.q_begin; i < s.query_end(); ++i) {
         const int64_t lo = attention_key_lo(s.window, s.doc_start, T, b, i), n = i - lo + 1;
         const float* qi = q + (b * T + i) * qw + h * hd;
         scores_row(qi, kt.data(), T, hd, lo, i, s.scale, sc.data());
@@ -442,7 +443,9 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
                         const float* row_max, const float* row_sum, const float* dout, float* dq, float* dk,
                         float* dv, ThreadPool* pool) {
+  check_attention_parts(s);
   const int64_t T = s.T, hd = s.hd, qw = s.H * hd, kw = s.KV * hd, group = s.H / s.KV;
+  const int64_t q_end = s.query_end(), k_end = s.key_end();
   const bool bf16 = s.precision == Precision::bf16;
   // Per-query-head dk/dv before the group sum: [B, H, T, hd].
   std::vector<float> dk_head(static_cast<size_t>(s.B * s.H * T * hd));
@@ -462,7 +465,9 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       const int64_t b = task / s.H, h = task % s.H, g = h / group;
       transpose_head(k, b, T, kw, g, hd, kt.data());
       transpose_head(v, b, T, kw, g, hd, vt.data());
-      for (int64_t i = 0; i < T; ++i) {
+      const AttentionQueries rows =
+          attention_backward_queries(s.window, s.doc_end, T, b, s.q_begin, q_end, s.k_begin, k_end);
+      for (int64_t i = rows.begin; i < rows.end; ++i) {
         const int64_t lo = attention_key_lo(s.window, s.doc_start, T, b, i), n = i - lo + 1;
         const float* qi = q + (b * T + i) * qw + h * hd;
         const float* doi = dout + (b * T + i) * qw + h * hd;
@@ -486,6 +491,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
             Pi[j] = round_bf16(Pi[j]);
           }
         }
+        if (i < s.q_begin || i >= q_end) continue;  // P and dS only, for the keys below
         // dq_i = Σ_j dsc_ij k_j
         float* dqi = dq + (b * T + i) * qw + h * hd;
         weighted_rows(dSi, n, k + (b * T + lo) * kw + g * hd, kw, hd, acc.data(), dqi);
@@ -496,7 +502,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       // end of j's document under intra-document masking.
       float* dkh = dk_head.data() + (b * s.H + h) * T * hd;
       float* dvh = dv_head.data() + (b * s.H + h) * T * hd;
-      for (int64_t j = 0; j < T; ++j) {
+      for (int64_t j = s.k_begin; j < k_end; ++j) {
         const int64_t hi = attention_query_hi(s.window, s.doc_end, T, b, j);
         float* dkj = dkh + j * hd;
         float* dvj = dvh + j * hd;
@@ -527,6 +533,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
   run(pool, s.B * T, 16, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const int64_t b = r / T, t = r % T;
+      if (t < s.k_begin || t >= k_end) continue;
       for (int64_t g = 0; g < s.KV; ++g) {
         float* dkr = dk + r * kw + g * hd;
         float* dvr = dv + r * kw + g * hd;

@@ -86,7 +86,7 @@ void matmul_backward_input_swiglu(const float* dY, const float* W2, const float*
 // ---- Causal (sliding-window) attention with GQA (the shape: core/op_types.h AttentionShape) ----
 void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v, float* out,
                        float* row_max, float* row_sum, ThreadPool* pool);
-// dq [B*T, H*hd], dk, dv [B*T, KV*hd] overwritten.
+// dq [B*T, H*hd], dk, dv [B*T, KV*hd] overwritten (the rows of the shape's queries and keys only).
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* out,
                         const float* row_max, const float* row_sum, const float* dout, float* dq, float* dk,
                         float* dv, ThreadPool* pool);

@@ -463,8 +463,9 @@ struct Kernels {
     for (int64_t task = tb; task < te; ++task) {
       const int64_t b = task / s.H, h = task % s.H, g = h / group;
       transpose_head(k, b, T, Tp, kw, g, hd, kt);
-      for (int64_t i0 = 0; i0 < T; i0 += kForwardRows) {
-        const int64_t nr = min64(kForwardRows, T - i0);
+      const int64_t q_end = s.query_end();
+      for (int64_t i0 = s.q_begin; i0 < q_end; i0 += kForwardRows) {
+        const int64_t nr = min64(kForwardRows, q_end - i0);
         const int64_t jlo = lo_of(s, b, i0), jhi = i0 + nr - 1;
         score_rows(q + (b * T + i0) * qw + h * hd, qw, static_cast<int>(nr), kt, Tp, hd, jlo, jhi, s.scale, sc, Tp);
         for (int64_t r = 0; r < nr; ++r) {
@@ -513,8 +514,11 @@ struct Kernels {
       float* dvh = dv_head + (b * s.H + h) * T * hd;
       const float* mh = row_max + (b * s.H + h) * T;
       const float* lh = row_sum + (b * s.H + h) * T;
-      for (int64_t i0 = 0; i0 < T; i0 += kBackwardRows) {
-        const int64_t nr = min64(kBackwardRows, T - i0), i1 = i0 + nr - 1;
+      const int64_t q_end = s.query_end(), k_end = s.key_end();
+      const AttentionQueries rows =
+          attention_backward_queries(s.window, s.doc_end, T, b, s.q_begin, q_end, s.k_begin, k_end);
+      for (int64_t i0 = rows.begin; i0 < rows.end; i0 += kBackwardRows) {
+        const int64_t nr = min64(kBackwardRows, rows.end - i0), i1 = i0 + nr - 1;
         const int64_t jlo = lo_of(s, b, i0);
         score_rows(qh + i0 * qw, qw, static_cast<int>(nr), kt, Tp, hd, jlo, i1, s.scale, P, Tp);
         score_rows(doh + i0 * qw, qw, static_cast<int>(nr), vt, Tp, hd, jlo, i1, 1.0f, dS, Tp);
@@ -545,15 +549,19 @@ struct Kernels {
           qb[r] = lo;
           qe[r] = i;
         }
-        // dq_i = chain over j = lo..i of dsc_ij · k_j
-        chains_dispatch_hv<1>(nr, qb, qe, dS, Tp, 1, 0, k + b * T * kw + g * hd, kw, dq + (b * T + i0) * qw + h * hd,
-                              qw, false, hv);
-        if (bf16)
-          for (int64_t r = 0; r < nr; ++r) round_bf16_row(dq + (b * T + i0 + r) * qw + h * hd, hd);
+        // dq_i = chain over j = lo..i of dsc_ij · k_j, for the block's rows among the queries [q_begin, q_end).
+        const int64_t r0 = max64(i0, s.q_begin) - i0, r1 = min64(i1 + 1, q_end) - i0;
+        if (r0 < r1) {
+          chains_dispatch_hv<1>(r1 - r0, qb + r0, qe + r0, dS + r0 * Tp, Tp, 1, 0, k + b * T * kw + g * hd, kw,
+                                dq + (b * T + i0 + r0) * qw + h * hd, qw, false, hv);
+          if (bf16)
+            for (int64_t r = r0; r < r1; ++r) round_bf16_row(dq + (b * T + i0 + r) * qw + h * hd, hd);
+        }
         // dk_j, dv_j continue their chains over this block's queries i in [max(j, i0), min(hi(j), i1)], for the
-        // keys j in [jlo, i1] this block sees, kKeyChunk keys at a time.
-        for (int64_t j0 = jlo; j0 <= i1; j0 += kKeyChunk) {
-          const int64_t nk = min64(kKeyChunk, i1 - j0 + 1);
+        // keys j in [jlo, i1] among [k_begin, k_end) this block sees, kKeyChunk keys at a time.
+        const int64_t j_last = min64(i1, k_end - 1);
+        for (int64_t j0 = max64(jlo, s.k_begin); j0 <= j_last; j0 += kKeyChunk) {
+          const int64_t nk = min64(kKeyChunk, j_last - j0 + 1);
           for (int64_t t = 0; t < nk; ++t) {
             const int64_t j = j0 + t;
             kb[t] = max64(j, i0);
@@ -563,9 +571,9 @@ struct Kernels {
           chains_dispatch_hv<1>(nk, kb, ke, P + j0, 1, Tp, i0, doh, qw, dvh + j0 * hd, hd, true, hv);
         }
       }
-      if (bf16) {  // per query head, as flash-attn's bf16 dk/dv_expanded before the GQA sum
-        round_bf16_row(dkh, T * hd);
-        round_bf16_row(dvh, T * hd);
+      if (bf16 && s.k_begin < k_end) {  // per query head, as flash-attn's bf16 dk/dv_expanded before the GQA sum
+        round_bf16_row(dkh + s.k_begin * hd, (k_end - s.k_begin) * hd);
+        round_bf16_row(dvh + s.k_begin * hd, (k_end - s.k_begin) * hd);
       }
     }
   }

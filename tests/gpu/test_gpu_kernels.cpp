@@ -29,6 +29,7 @@
 #include "core/skip_step.h"
 #include "model/gradient_tree.h"
 #include "core/params.h"
+#include "tests/common/attention_parts.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
@@ -405,6 +406,66 @@ float* attention_scratch(kernels::AttentionArgs& a, int64_t tile_blocks) {
   return to_device(std::vector<float>(static_cast<size_t>(kernels::attention_scratch_rows(a) * a.T)));
 }
 
+// Context parallelism: the kernels over a part of an instance (tests/common/attention_parts.h) write exactly the
+// part's rows with ref/'s whole-instance bits, as tests/kernels/test_decomposition.cpp checks on the host.
+int check_attention_parts() {
+  const std::vector<testing::AttentionCase> cases = {{2, 37, 4, 2, 8, 1, false}, {1, 45, 4, 2, 8, 16, true},
+                                                      {1, 40, 2, 1, 136, 9, false}, {2, 70, 4, 2, 8, 16, false, 1},
+                                                      {1, 1100, 4, 2, 8, 0, false}};
+  int failed = 0, runs = 0;
+  for (const testing::AttentionCase& c : cases) {
+    const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
+    const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
+    const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
+    const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
+    const int64_t qw = c.H * c.hd, kw = c.KV * c.hd;
+    const AttentionShape shape = testing::attention_shape(c, o);
+    std::vector<float> out(qn), m(stats), l(stats), dq(qn), dk(kn), dv(kn);
+    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
+    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(), dq.data(),
+                       dk.data(), dv.data(), nullptr);
+    int32_t* docs[2] = {o.doc_start.empty() ? nullptr : to_device(o.doc_start), o.doc_end.empty() ? nullptr : to_device(o.doc_end)};
+    float *d_q = to_device(o.q), *d_k = to_device(o.k), *d_v = to_device(o.v), *d_out = to_device(out);
+    float *d_m = to_device(m), *d_l = to_device(l), *d_go = to_device(g.q);
+    float* row_d = to_device(std::vector<float>(stats));
+    float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
+    for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
+      ++runs;
+      kernels::AttentionArgs a = testing::attention_args(c);
+      a.doc_start = docs[0], a.doc_end = docs[1];
+      a.q_begin = part.q_begin, a.q_end = part.q_end, a.k_begin = part.k_begin, a.k_end = part.k_end;
+      float *p_out = to_device(testing::unwritten(qn)), *p_m = to_device(testing::unwritten(stats)), *p_l = to_device(testing::unwritten(stats));
+      float* scratch = attention_scratch(a, kernels::kAttentionTileBlocks);
+      a.q = d_q, a.k = d_k, a.v = d_v, a.out = p_out, a.row_max = p_m, a.row_sum = p_l, a.scratch = scratch;
+      kernels::attention_forward_device(a);
+      float *p_dq = to_device(testing::unwritten(qn)), *p_dk = to_device(testing::unwritten(kn)), *p_dv = to_device(testing::unwritten(kn));
+      a.out = d_out, a.row_max = d_m, a.row_sum = d_l, a.dout = d_go, a.dq = p_dq, a.dk = p_dk, a.dv = p_dv;
+      a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
+      kernels::attention_backward_device(a);
+      const cudaError_t err = cudaDeviceSynchronize();
+      const bool same =
+          err == cudaSuccess &&
+          testing::first_wrong_part(from_device(p_out, qn), out, c.T, qw, part.q_begin, part.q_end) == -1 &&
+          testing::first_wrong_part(from_device(p_m, stats), m, c.T, 1, part.q_begin, part.q_end) == -1 &&
+          testing::first_wrong_part(from_device(p_l, stats), l, c.T, 1, part.q_begin, part.q_end) == -1 &&
+          testing::first_wrong_part(from_device(p_dq, qn), dq, c.T, qw, part.q_begin, part.q_end) == -1 &&
+          testing::first_wrong_part(from_device(p_dk, kn), dk, c.T, kw, part.k_begin, part.k_end) == -1 &&
+          testing::first_wrong_part(from_device(p_dv, kn), dv, c.T, kw, part.k_begin, part.k_end) == -1;
+      for (float* p : {p_out, p_m, p_l, scratch, p_dq, p_dk, p_dv}) cudaFree(p);
+      if (!same) {
+        std::printf("FAILED attention part T=%lld hd=%lld window=%lld bf16=%d docs=%u queries [%lld, %lld) keys [%lld, %lld)\n",
+                    (long long)c.T, (long long)c.hd, (long long)c.window, c.bf16, c.docs, (long long)part.q_begin,
+                    (long long)part.q_end, (long long)part.k_begin, (long long)part.k_end);
+        ++failed;
+      }
+    }
+    for (float* p : {d_q, d_k, d_v, d_out, d_m, d_l, d_go, row_d, dkh, dvh}) cudaFree(p);
+    for (int32_t* p : docs) cudaFree(p);
+  }
+  std::printf("attention over parts of an instance: %d of %d parts bitwise equal, nothing else written\n", runs - failed, runs);
+  return failed;
+}
+
 int check_attention() {
   int failed = 0, n_cases = 0;
   for (const auto& [c, tile_blocks] : attention_runs()) {
@@ -466,7 +527,7 @@ int check_attention() {
     bwd_failed += !same;
   }
   std::printf("attention backward exact: %d of %d cases bitwise equal\n", n_cases - bwd_failed, n_cases);
-  return failed + bwd_failed;
+  return failed + bwd_failed + check_attention_parts();
 }
 
 int check_math() {

@@ -5,7 +5,8 @@
 // sequential max (signed zeros, NaN, inf, every tail length); attention forward and backward over shapes that hit
 // every edge of the banded chains (window 1, windows longer than T, full causal, GQA, T not a multiple of any
 // block, head dims of 1..8 registers, values outside a window that are NaN or inf); attention with documents inside
-// the instances against each document run alone; RMSNorm, SwiGLU and the cross-entropy row. Each path the CPU has runs; the test fails if the machine has AVX2 but no path ran.
+// the instances against each document run alone; attention over a part of an instance (context parallelism)
+// against the whole instance; RMSNorm, SwiGLU and the cross-entropy row. Each path the CPU has runs; the test fails if the machine has AVX2 but no path ran.
 #include <doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "core/parallel.h"
 #include "core/reduce.h"
 #include "ref/simd_ops.h"
+#include "tests/common/attention_parts.h"
 
 using namespace olmoref;
 
@@ -350,6 +353,92 @@ TEST_CASE("attention with documents equals each document run alone, bit for bit 
       std::vector<int32_t> off = start;
       off[21] = 20;
       CHECK(mismatches(off, end) > 0);
+    }
+  }
+}
+
+// Context parallelism (core/op_types.h AttentionShape q_begin .. k_end): a call over a part of the instance writes
+// the rows of its queries (out, row statistics, dq) and keys (dk, dv) with the bits the whole-instance call gives
+// them and leaves every other row as it was, for the parts of OLMo-core's llama3 sharding at 2, 3 and 4 ranks and
+// parts no sharding makes (tests/common/attention_parts.h); windows, full causal, GQA, documents and bf16, on the
+// scalar definition and each SIMD path. The backward reads the whole instance's out and statistics, as the ranks
+// gather them. A part leaving the instance is refused.
+TEST_CASE("attention over a part of an instance writes exactly its rows, with the whole instance's bits") {
+  IsaGuard guard;
+  struct Case {
+    int64_t B, T, H, KV, hd, window;
+    bool bf16 = false, docs = false;
+  };
+  const std::vector<Case> cases = {{2, 37, 4, 2, 16, 1},  {1, 130, 6, 2, 64, 0},         {2, 70, 4, 4, 32, 16},
+                                   {1, 45, 4, 2, 8, 9},   {1, 100, 4, 2, 16, 32, true},  {1, 300, 2, 1, 16, 0},
+                                   {2, 90, 4, 2, 16, 0, false, true}, {1, 64, 4, 2, 16, 16, true, true}};
+  ThreadPool pool(2);
+  std::vector<GemmIsa> isas = simd_isas();
+  isas.insert(isas.begin(), GemmIsa::scalar);
+  for (GemmIsa isa : isas) {
+    set_gemm_isa(isa);
+    for (const Case& c : cases) {
+      CAPTURE(gemm_isa_name(isa));
+      CAPTURE(c.T);
+      CAPTURE(c.hd);
+      CAPTURE(c.window);
+      CAPTURE(c.bf16);
+      CAPTURE(c.docs);
+      AttentionShape s{c.B, c.T, c.H, c.KV, c.hd, c.window, 1.0f / std::sqrt(static_cast<float>(c.hd))};
+      s.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
+      const int64_t qw = c.H * c.hd, kw = c.KV * c.hd, nq = c.B * c.T * qw, nk = c.B * c.T * kw;
+      const int64_t stats = c.B * c.H * c.T;
+      std::vector<float> q = normals(nq, 31), k = normals(nk, 32), v = normals(nk, 33), dout = normals(nq, 34);
+      if (c.bf16)
+        for (auto* x : {&q, &k, &v, &dout})
+          for (float& e : *x) e = round_bf16(e);
+      std::vector<int32_t> start, end;
+      if (c.docs) {  // EOS about one in seven, and at positions 3 and 4
+        std::mt19937 rng(5);
+        for (int64_t b = 0; b < c.B; ++b) {
+          std::vector<uint32_t> tokens(static_cast<size_t>(c.T), 2);
+          for (uint32_t& t : tokens)
+            if (rng() % 7 == 0) t = 1;
+          tokens[3] = tokens[4] = 1;
+          const DocumentPositions p = document_positions(tokens.data(), c.T, 1);
+          start.insert(start.end(), p.start.begin(), p.start.end());
+          end.insert(end.end(), p.end.begin(), p.end.end());
+        }
+        s.doc_start = start.data(), s.doc_end = end.data();
+      }
+      std::vector<float> out(nq), rmax(stats), rsum(stats), dq(nq), dk(nk), dv(nk);
+      attention_forward(s, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), &pool);
+      attention_backward(s, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), dout.data(), dq.data(),
+                         dk.data(), dv.data(), &pool);
+      for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
+        CAPTURE(part.q_begin);
+        CAPTURE(part.q_end);
+        CAPTURE(part.k_begin);
+        CAPTURE(part.k_end);
+        AttentionShape ps = s;
+        ps.q_begin = part.q_begin, ps.q_end = part.q_end, ps.k_begin = part.k_begin, ps.k_end = part.k_end;
+        std::vector<float> pout = testing::unwritten(nq), pmax = testing::unwritten(stats),
+                           psum = testing::unwritten(stats);
+        attention_forward(ps, q.data(), k.data(), v.data(), pout.data(), pmax.data(), psum.data(), &pool);
+        CHECK(testing::first_wrong_part(pout, out, c.T, qw, part.q_begin, part.q_end) == -1);
+        CHECK(testing::first_wrong_part(pmax, rmax, c.T, 1, part.q_begin, part.q_end) == -1);
+        CHECK(testing::first_wrong_part(psum, rsum, c.T, 1, part.q_begin, part.q_end) == -1);
+        std::vector<float> pdq = testing::unwritten(nq), pdk = testing::unwritten(nk), pdv = testing::unwritten(nk);
+        attention_backward(ps, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), dout.data(),
+                           pdq.data(), pdk.data(), pdv.data(), &pool);
+        CHECK(testing::first_wrong_part(pdq, dq, c.T, qw, part.q_begin, part.q_end) == -1);
+        CHECK(testing::first_wrong_part(pdk, dk, c.T, kw, part.k_begin, part.k_end) == -1);
+        CHECK(testing::first_wrong_part(pdv, dv, c.T, kw, part.k_begin, part.k_end) == -1);
+      }
+      AttentionShape bad = s;
+      bad.q_begin = 2, bad.q_end = c.T + 1;
+      CHECK_THROWS_AS(attention_forward(bad, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), &pool),
+                      std::invalid_argument);
+      bad = s;
+      bad.k_begin = 5, bad.k_end = 4;
+      CHECK_THROWS_AS(attention_backward(bad, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(),
+                                         dout.data(), dq.data(), dk.data(), dv.data(), &pool),
+                      std::invalid_argument);
     }
   }
 }
