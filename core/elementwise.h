@@ -85,10 +85,11 @@ struct RoundBf16 {
 };
 
 // Embedding gradient dtable[v, c]: token v's positions order[start[v] .. start[v+1]) summed in order with
-// plain adds from +0 (core/embedding_order.h).
+// plain adds from +0 (core/embedding_order.h), or from `from`: a sum over an instance's positions split in runs
+// continues run by run.
 OLMOREF_HD inline float embedding_grad(const int64_t* start, const int64_t* order, const float* dx, int64_t v, int64_t c,
-                                       int64_t d) {
-  float row = 0.0f;
+                                       int64_t d, float from = 0.0f) {
+  float row = from;
   for (int64_t k = start[v]; k < start[v + 1]; ++k) row = row + dx[order[k] * d + c];
   return row;
 }

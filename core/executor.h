@@ -58,8 +58,10 @@ struct RopeView {
   /* ---- RMSNorm / QK-norm, RoPE, SwiGLU, attention, embedding (ref/ops.h) ---- */                                  \
   PRE void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t R, int64_t n,           \
                            float eps) POST;                                                                          \
+  /* accumulate: dw's chains (over rows, in order) continue from its values instead of starting at +0, so a */    \
+  /* reduction over an instance's rows split in runs (context parallelism's ranks) gives the whole's bits. */       \
   PRE void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,        \
-                            float* dw, int64_t R, int64_t n) POST;                                                   \
+                            float* dw, int64_t R, int64_t n, bool accumulate) POST;                                  \
   /* Fused forms: bit for bit the unfused sequences they replace, each round a round_bf16 in bf16 only */            \
   /* (docs/canonical/norm-rope-swiglu.md). out [R, n] = res [R, n] + RMSNorm(x [R, n]): */                           \
   /* rmsnorm_forward; round; add(res, ·); round. out may be res. */                                                  \
@@ -72,7 +74,8 @@ struct RopeView {
   /* Its backward: dy [R, n_heads·hd] rotated back in place (rope_backward; round), then dx [R, n] and dw [n] */     \
   /* as rmsnorm_backward on that dy (which the weight gradient reads too, so it stays in dy). */                     \
   PRE void rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy, float* dx,     \
-                                 float* dw, int64_t R, int64_t n_heads, const RopeView& rope, bool bf16) POST;       \
+                                 float* dw, int64_t R, int64_t n_heads, const RopeView& rope, bool bf16,             \
+                                 bool accumulate) POST;                                                              \
   PRE void rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                         \
   PRE void rope_backward(float* dx, int64_t rows, int64_t n_heads, const RopeView& rope) POST;                       \
   PRE void swiglu_forward(const float* g, const float* u, float* a, int64_t n, bool bf16) POST;                      \
@@ -85,8 +88,9 @@ struct RopeView {
                               float* dq, float* dk, float* dv) POST;                                                 \
   PRE void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) POST;       \
   /* host_tokens: the same R tokens in host memory (the fixed position order is made from them on the host). */      \
+  /* accumulate: each row's adds continue from dtable's values instead of +0 (as rmsnorm_backward's dw). */          \
   PRE void embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R, int64_t V,     \
-                              int64_t d) POST;                                                                       \
+                              int64_t d, bool accumulate) POST;                                                      \
   /* ---- mixture of experts (docs/canonical/moe.md; ref/moe.h) ---- */                                             \
   /* scores [R, E] = softmax(logits [R, E]), lse [R] its log-sum-exp, top [R, k] the k best experts in rank */     \
   /* order (ties to the lower index), weight [R, k] their scores, normalised by L1 / L2 with normalize_p 1 / 2. */    \

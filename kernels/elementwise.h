@@ -71,14 +71,17 @@ struct EmbeddingForwardOp {
   int64_t d;
   OLMOREF_HD void operator()(int64_t i) const { x[i] = table[static_cast<int64_t>(tokens[i / d]) * d + i % d]; }
 };
-// dtable[v, c] over token v's positions in position order (start/order: core/embedding_order.h);
-// element i = v·d + c; rows of absent tokens +0.
+// dtable[v, c] over token v's positions in position order (start/order: core/embedding_order.h), from +0 or
+// (accumulate) from dtable's value; element i = v·d + c; rows of absent tokens +0 (or kept).
 struct EmbeddingBackwardOp {
   const int64_t *start, *order;
   const float* dx;
   float* dtable;
   int64_t d;
-  OLMOREF_HD void operator()(int64_t i) const { dtable[i] = elem::embedding_grad(start, order, dx, i / d, i % d, d); }
+  bool accumulate;
+  OLMOREF_HD void operator()(int64_t i) const {
+    dtable[i] = elem::embedding_grad(start, order, dx, i / d, i % d, d, accumulate ? dtable[i] : 0.0f);
+  }
 };
 // One rotate-half pair per element: i = (r·n_heads + h)·(hd/2) + j; row r has position elem::rope_position (r % T,
 // or its position in its document); cos/sin [T, hd/2].

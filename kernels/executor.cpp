@@ -175,20 +175,21 @@ void KernelExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, fl
   else rmsnorm_forward_host(a);
 }
 void KernelExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
-                                      float* dw, int64_t R, int64_t n) {
+                                      float* dw, int64_t R, int64_t n, bool accumulate) {
   RmsNormArgs a;
   // One argument struct serves forward and backward; backward only reads inv_rms.
   a.R = R, a.n = n, a.x = x, a.w = w, a.inv_rms = const_cast<float*>(inv_rms), a.dy = dy, a.dx = dx, a.dw = dw;
+  a.accumulate_dw = accumulate;
   if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
   else rmsnorm_backward_host(a);
 }
 
 void KernelExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy,
                                            float* dx, float* dw, int64_t R, int64_t n_heads, const RopeView& r,
-                                           bool bf16) {
+                                           bool bf16, bool accumulate) {
   RmsNormArgs a;
   a.R = R, a.n = n_heads * r.head_dim, a.x = x_raw, a.w = w, a.inv_rms = const_cast<float*>(inv_rms);
-  a.dy = dy, a.dy_rope = dy, a.dx = dx, a.dw = dw, a.bf16 = bf16;
+  a.dy = dy, a.dy_rope = dy, a.dx = dx, a.dw = dw, a.bf16 = bf16, a.accumulate_dw = accumulate;
   a.rope_cos = r.cos, a.rope_sin = r.sin, a.rope_positions = r.positions, a.n_heads = n_heads, a.hd = r.head_dim, a.T = r.seq_len;
   if (on_device_) OLMOREF_DEVICE(rmsnorm_backward_device(a));
   else rmsnorm_backward_host(a);
@@ -214,7 +215,7 @@ void KernelExecutor::embedding_forward(const float* table, const uint32_t* token
   elements(EmbeddingForwardOp{table, tokens, x, d}, R * d);
 }
 void KernelExecutor::embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R,
-                                        int64_t V, int64_t d) {
+                                        int64_t V, int64_t d, bool accumulate) {
   // The fixed position order (a stable counting sort) is data preparation: made on the host from the host tokens.
   std::vector<int64_t> start, order;
   embedding_position_order(host_tokens, R, V, start, order);
@@ -222,7 +223,7 @@ void KernelExecutor::embedding_backward(const uint32_t* host_tokens, const float
   int64_t* o = workspace(emb_order_, R, "embedding position order");
   to_device(s, start.data(), start.size() * sizeof(int64_t));
   to_device(o, order.data(), order.size() * sizeof(int64_t));
-  elements(EmbeddingBackwardOp{s, o, dx, dtable, d}, V * d);
+  elements(EmbeddingBackwardOp{s, o, dx, dtable, d, accumulate}, V * d);
 }
 void KernelExecutor::add(const float* a, const float* b, float* out, int64_t n) { elements(AddOp{a, b, out}, n); }
 void KernelExecutor::round_bf16(float* x, int64_t n) { elements(RoundBf16Op{x, x}, n); }

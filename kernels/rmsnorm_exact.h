@@ -37,7 +37,8 @@ struct RmsNormArgs {
   float eps = 0.0f;
   const float* dy = nullptr;  // backward input [R, n]
   float* dx = nullptr;        // backward output [R, n]
-  float* dw = nullptr;        // [n], overwritten by the column kernel
+  float* dw = nullptr;        // [n], overwritten by the column kernel (accumulate_dw: its chains continued)
+  bool accumulate_dw = false;
   // Forward epilogues (none when res and rope_cos are null): y = res + RMSNorm(x), res [R, n]; or
   // y = RoPE(RMSNorm(x)) over n = n_heads·hd with row r at position elem::rope_position (r % T, or its position in
   // its document from rope_positions [R]), rope_cos/rope_sin [T, hd/2].
@@ -130,7 +131,7 @@ OLMOREF_HD void rmsnorm_backward_row(Block& blk, RowShared& sh, const RmsNormArg
   });
 }
 
-// dw[c] = chain over rows 0..R-1 of fma(dy[r, c], x[r, c] · r_r, ·), from 0; block `b` holds columns
+// dw[c] = chain over rows 0..R-1 of fma(dy[r, c], x[r, c] · r_r, ·), from 0 (accumulate_dw: from dw[c]); block `b` holds columns
 // [b·256, (b+1)·256).
 OLMOREF_BLOCK_BODY
 template <class Block>
@@ -138,7 +139,7 @@ OLMOREF_HD void rmsnorm_weight_grad_block(Block& blk, const RmsNormArgs& a, int6
   blk.phase([&](int t, auto&) {
     const int64_t c = b * kColumnThreads + t;
     if (c >= a.n) return;
-    float acc = 0.0f;
+    float acc = a.accumulate_dw ? a.dw[c] : 0.0f;
     for (int64_t r = 0; r < a.R; ++r) acc = hd_fma(a.dy[r * a.n + c], a.x[r * a.n + c] * a.inv_rms[r], acc);
     a.dw[c] = acc;
   });

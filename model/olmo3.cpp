@@ -498,7 +498,7 @@ void Olmo3::embedding_backward(const PassInputs& in) {
   // ∂embeddings_b [V, d]: instance b's T rows of dx added at their tokens, in position order
   for (int64_t b = 0; b < in.n_instances; ++b) {
     float* leaf = in.grads->leaf(b, layout_.embeddings, V * d);
-    ex_->embedding_backward(in.host_tokens + b * T_, bw_.dx.data() + b * T_ * d, leaf, T_, V, d);
+    ex_->embedding_backward(in.host_tokens + b * T_, bw_.dx.data() + b * T_ * d, leaf, T_, V, d, false);
     round_act(leaf, V * d);
     in.grads->commit(b, layout_.embeddings, V * d);
   }
@@ -602,7 +602,7 @@ void Olmo3::instance_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t o
                                 const float* inv_rms, const float* dy, float* dx, int64_t n) {
   for (int64_t b = 0; b < n_inst; ++b) {
     float* leaf = grads.leaf(b, offset, n);
-    ex_->rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_, n);
+    ex_->rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_, n, false);
     round_act(leaf, n);
     grads.commit(b, offset, n);
   }
@@ -617,7 +617,7 @@ void Olmo3::instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int6
     RopeView instance = rope;  // instance b's rows are rows 0..T-1 of this call
     if (instance.positions) instance.positions += b * T_;
     ex_->rope_rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_,
-                               n_heads, instance, precision_ == Precision::bf16);
+                               n_heads, instance, precision_ == Precision::bf16, false);
     round_act(leaf, n);
     grads.commit(b, offset, n);
   }

@@ -91,8 +91,8 @@ void ProfiledExecutor::rmsnorm_forward(const float* x, const float* w, float* y,
   timed("rmsnorm_forward", 0, [&](Executor& e) { e.rmsnorm_forward(x, w, y, inv_rms, R, n, eps); });
 }
 void ProfiledExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy,
-                                        float* dx, float* dw, int64_t R, int64_t n) {
-  timed("rmsnorm_backward", 0, [&](Executor& e) { e.rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n); });
+                                        float* dx, float* dw, int64_t R, int64_t n, bool accumulate) {
+  timed("rmsnorm_backward", 0, [&](Executor& e) { e.rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n, accumulate); });
 }
 void ProfiledExecutor::rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out,
                                                 float* inv_rms, int64_t R, int64_t n, float eps, bool bf16) {
@@ -106,9 +106,10 @@ void ProfiledExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, 
 }
 void ProfiledExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy,
                                              float* dx, float* dw, int64_t R, int64_t n_heads, const RopeView& rope,
-                                             bool bf16) {
-  timed("rope_rmsnorm_backward", 0,
-        [&](Executor& e) { e.rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, rope, bf16); });
+                                             bool bf16, bool accumulate) {
+  timed("rope_rmsnorm_backward", 0, [&](Executor& e) {
+    e.rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, rope, bf16, accumulate);
+  });
 }
 void ProfiledExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& rope) {
   timed("rope_forward", 0, [&](Executor& e) { e.rope_forward(x, rows, n_heads, rope); });
@@ -138,8 +139,9 @@ void ProfiledExecutor::embedding_forward(const float* table, const uint32_t* tok
   timed("embedding_forward", 0, [&](Executor& e) { e.embedding_forward(table, tokens, x, R, d); });
 }
 void ProfiledExecutor::embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R,
-                                          int64_t V, int64_t d) {
-  timed("embedding_backward", 0, [&](Executor& e) { e.embedding_backward(host_tokens, dx, dtable, R, V, d); });
+                                          int64_t V, int64_t d, bool accumulate) {
+  timed("embedding_backward", 0,
+        [&](Executor& e) { e.embedding_backward(host_tokens, dx, dtable, R, V, d, accumulate); });
 }
 void ProfiledExecutor::cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T,
                                           int64_t V, float z_coef, int64_t global_n_targets, double* ce_terms,

@@ -75,8 +75,8 @@ void CpuExecutor::rmsnorm_forward(const float* x, const float* w, float* y, floa
   olmoref::rmsnorm_forward(x, w, y, inv_rms, R, n, eps, pool_);
 }
 void CpuExecutor::rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
-                                   float* dw, int64_t R, int64_t n) {
-  olmoref::rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n, pool_);
+                                   float* dw, int64_t R, int64_t n, bool accumulate) {
+  olmoref::rmsnorm_backward(x, w, inv_rms, dy, dx, dw, R, n, pool_, accumulate);
 }
 void CpuExecutor::rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms,
                                            int64_t R, int64_t n, float eps, bool bf16) {
@@ -88,9 +88,10 @@ void CpuExecutor::rmsnorm_rope_forward(const float* x_raw, const float* w, float
                                 pool_, r.positions);
 }
 void CpuExecutor::rope_rmsnorm_backward(const float* x_raw, const float* w, const float* inv_rms, float* dy, float* dx,
-                                        float* dw, int64_t R, int64_t n_heads, const RopeView& r, bool bf16) {
+                                        float* dw, int64_t R, int64_t n_heads, const RopeView& r, bool bf16,
+                                        bool accumulate) {
   olmoref::rope_rmsnorm_backward(x_raw, w, inv_rms, dy, dx, dw, R, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, bf16,
-                                 pool_, r.positions);
+                                 pool_, r.positions, accumulate);
 }
 void CpuExecutor::rope_forward(float* x, int64_t rows, int64_t n_heads, const RopeView& r) {
   olmoref::rope_forward(x, rows, n_heads, r.seq_len, r.head_dim, r.cos, r.sin, pool_, r.positions);
@@ -120,8 +121,8 @@ void CpuExecutor::embedding_forward(const float* table, const uint32_t* tokens, 
   olmoref::embedding_forward(table, tokens, x, R, d, pool_);
 }
 void CpuExecutor::embedding_backward(const uint32_t* host_tokens, const float* dx, float* dtable, int64_t R,
-                                     int64_t V, int64_t d) {
-  olmoref::embedding_backward(host_tokens, dx, dtable, R, V, d, pool_);
+                                     int64_t V, int64_t d, bool accumulate) {
+  olmoref::embedding_backward(host_tokens, dx, dtable, R, V, d, pool_, accumulate);
 }
 void CpuExecutor::cross_entropy_rows(float* logits, const uint32_t* tokens, int64_t t0, int64_t rows, int64_t T,
                                      int64_t V, float z_coef, int64_t global_n_targets, double* ce_terms,

@@ -89,15 +89,17 @@ void rmsnorm_backward_rows(const float* x, const float* w, const float* inv_rms,
 }
 
 // dw: a column reduction over rows, so threads split the columns and each column is one fma chain
-// over rows 0..R-1 in order.
+// over rows 0..R-1 in order, from +0 or (accumulate) from dw's value.
 void rmsnorm_weight_grad(const float* x, const float* inv_rms, const float* dy, float* dw, int64_t R, int64_t n,
-                         ThreadPool* pool) {
+                         ThreadPool* pool, bool accumulate) {
   if (const simd::SimdOps* fast = simd_path()) {
-    run(pool, n, 64, [&](int64_t cb, int64_t ce) { fast->rmsnorm_dw_cols(x, inv_rms, dy, dw, R, n, cb, ce); });
+    run(pool, n, 64,
+        [&](int64_t cb, int64_t ce) { fast->rmsnorm_dw_cols(x, inv_rms, dy, dw, R, n, cb, ce, accumulate); });
     return;
   }
   run(pool, n, 64, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) dw[c] = 0.0f;
+    if (!accumulate)
+      for (int64_t c = cb; c < ce; ++c) dw[c] = 0.0f;
     for (int64_t r = 0; r < R; ++r) {
       const float* xr = x + r * n;
       const float* dyr = dy + r * n;
@@ -109,9 +111,9 @@ void rmsnorm_weight_grad(const float* x, const float* inv_rms, const float* dy, 
 }  // namespace
 
 void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
-                      int64_t R, int64_t n, ThreadPool* pool) {
+                      int64_t R, int64_t n, ThreadPool* pool, bool accumulate) {
   run(pool, R, 16, [&](int64_t b, int64_t e) { rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n); });
-  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool);
+  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool, accumulate);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,7 +211,7 @@ void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_r
 
 void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
                            int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                           bool bf16, ThreadPool* pool, const int32_t* positions) {
+                           bool bf16, ThreadPool* pool, const int32_t* positions, bool accumulate) {
   const int64_t n = n_heads * hd, half = hd / 2;
   // A chunk's rows are rotated back and rounded, then normed backward while still in cache.
   run(pool, R, 16, [&](int64_t b, int64_t e) {
@@ -221,7 +223,7 @@ void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms,
     }
     rmsnorm_backward_rows(x, w, inv_rms, dy, dx, b, e, n);
   });
-  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool);
+  rmsnorm_weight_grad(x, inv_rms, dy, dw, R, n, pool, accumulate);
 }
 
 void rope_forward(float* x, int64_t rows, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
@@ -568,12 +570,15 @@ void embedding_forward(const float* table, const uint32_t* tokens, float* x, int
 }
 
 void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
-                        ThreadPool* pool) {
+                        ThreadPool* pool, bool accumulate) {
   std::vector<int64_t> start, order;
   embedding_position_order(tokens, R, V, start, order);
   run(pool, V, 64, [&](int64_t vb, int64_t ve) {
     for (int64_t v = vb; v < ve; ++v) {
-      for (int64_t c = 0; c < d; ++c) dtable[v * d + c] = elem::embedding_grad(start.data(), order.data(), dx, v, c, d);
+      for (int64_t c = 0; c < d; ++c) {
+        float& row = dtable[v * d + c];
+        row = elem::embedding_grad(start.data(), order.data(), dx, v, c, d, accumulate ? row : 0.0f);
+      }
     }
   });
 }

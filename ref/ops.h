@@ -25,9 +25,10 @@ void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, i
 // rmsnorm_forward; round_bf16 (bf16); add(res, ·); round_bf16 (bf16). out may be res.
 void rmsnorm_residual_forward(const float* res, const float* x, const float* w, float* out, float* inv_rms, int64_t R,
                               int64_t n, float eps, bool bf16, ThreadPool* pool);
-// dx [R, n] = ∂/∂x (overwritten); dw [n] = Σ_rows dy ⊙ x̂ (one fma chain over rows in order, overwritten).
+// dx [R, n] = ∂/∂x (overwritten); dw [n] = Σ_rows dy ⊙ x̂ (one fma chain over rows in order, overwritten; with
+// accumulate continued from dw's values, so rows split in runs give the whole's bits).
 void rmsnorm_backward(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx, float* dw,
-                      int64_t R, int64_t n, ThreadPool* pool);
+                      int64_t R, int64_t n, ThreadPool* pool, bool accumulate = false);
 
 // ---- Rotary embedding, rotate-half pairing (d with d + hd/2) ----
 struct RopeTable {
@@ -60,7 +61,7 @@ void rmsnorm_rope_forward(const float* x, const float* w, float* y, float* inv_r
 // dx [R, n] and dw [n] exactly as rmsnorm_backward(x, w, inv_rms, dy, ...) on the rotated dy.
 void rope_rmsnorm_backward(const float* x, const float* w, const float* inv_rms, float* dy, float* dx, float* dw,
                            int64_t R, int64_t n_heads, int64_t T, int64_t hd, const float* cos, const float* sin,
-                           bool bf16, ThreadPool* pool, const int32_t* positions = nullptr);
+                           bool bf16, ThreadPool* pool, const int32_t* positions = nullptr, bool accumulate = false);
 
 // ---- SwiGLU: a = silu(g) ⊙ u ----
 void swiglu_forward(const float* g, const float* u, float* a, int64_t n, ThreadPool* pool);
@@ -93,9 +94,10 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
 
 // ---- Embedding ----
 void embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d, ThreadPool* pool);
-// dtable [V, d] overwritten: row v = Σ over positions with token v, in position order (plain adds).
+// dtable [V, d] overwritten: row v = Σ over positions with token v, in position order (plain adds from +0; with
+// accumulate from dtable's values).
 void embedding_backward(const uint32_t* tokens, const float* dx, float* dtable, int64_t R, int64_t V, int64_t d,
-                        ThreadPool* pool);
+                        ThreadPool* pool, bool accumulate = false);
 
 // ---- Cross-entropy + z-loss over shifted labels ----
 // logits [B*T, V] are replaced by ∂loss/∂logits, where loss = Σ_valid (ce + z_coef·lse²) / n_targets.

@@ -62,8 +62,9 @@ struct SimdOps {
                                int64_t r1, int64_t n, float eps, bool bf16);
   void (*rmsnorm_backward_rows)(const float* x, const float* w, const float* inv_rms, const float* dy, float* dx,
                                 int64_t r0, int64_t r1, int64_t n);
+  // accumulate: the chains continue from dw's values (else from +0).
   void (*rmsnorm_dw_cols)(const float* x, const float* inv_rms, const float* dy, float* dw, int64_t R, int64_t n,
-                          int64_t c0, int64_t c1);
+                          int64_t c0, int64_t c1, bool accumulate);
 };
 
 // The path for `isa` (nullptr for scalar, or where the CPU/build lacks it).

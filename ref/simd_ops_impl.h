@@ -244,12 +244,12 @@ struct Kernels {
   // dw[c] = chain over rows r in order of dy[r,c]·(x[r,c]·r_r), for columns [c0, c1); 4 registers of columns at
   // a time so each row's cache lines are read once per pass.
   static void rmsnorm_dw_cols(const float* x, const float* inv_rms, const float* dy, float* dw, int64_t R, int64_t n,
-                              int64_t c0, int64_t c1) {
+                              int64_t c0, int64_t c1, bool accumulate) {
     constexpr int kCols = 4;
     int64_t c = c0;
     for (; c + kCols * W <= c1; c += kCols * W) {
       V acc[kCols];
-      for (int q = 0; q < kCols; ++q) acc[q] = S::zero();
+      for (int q = 0; q < kCols; ++q) acc[q] = accumulate ? S::load(dw + c + q * W) : S::zero();
       for (int64_t r = 0; r < R; ++r) {
         const V irv = S::set1(inv_rms[r]);
         for (int q = 0; q < kCols; ++q) {
@@ -261,7 +261,7 @@ struct Kernels {
     }
     for (; c < c1; c += W) {
       const int64_t cnt = min64(W, c1 - c);
-      V acc = S::zero();
+      V acc = accumulate ? S::load_first(dw + c, cnt) : S::zero();
       for (int64_t r = 0; r < R; ++r) {
         const V irv = S::set1(inv_rms[r]);
         acc = lanes_fma(S::load_first(dy + r * n + c, cnt), S::load_first(x + r * n + c, cnt) * irv, acc);

@@ -30,6 +30,7 @@
 #include "model/gradient_tree.h"
 #include "core/params.h"
 #include "tests/common/attention_parts.h"
+#include "tests/common/split_reductions.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/gemm_cases.h"
 #include "tests/kernels/loss_cases.h"
@@ -127,6 +128,16 @@ int check_rmsnorm() {
 
 // The fused forms (residual; QK-norm + RoPE, forward and backward) on the device against the CPU's unfused
 // sequences, fp32 and bf16: the cases tests/kernels/test_decomposition.cpp runs through the host execution in CI.
+// Reductions over an instance's rows split in runs, each continuing the chain (accumulate), on the device: one
+// call's bits (tests/common/split_reductions.h).
+int check_split_reductions() {
+  kernels::KernelExecutor gpu(true);
+  const std::vector<std::string> bad = testing::split_reduction_mismatches(gpu);
+  for (const std::string& what : bad) std::printf("FAILED %s over rows split in runs\n", what.c_str());
+  std::printf("reductions over rows split in runs: %s\n", bad.empty() ? "bitwise equal to one call" : "DIFFERENT");
+  return static_cast<int>(bad.size());
+}
+
 int check_fused_norm() {
   int failed = 0, n_cases = 0;
   CpuExecutor cpu;
@@ -755,7 +766,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
   const std::pair<const char*, int (*)()> families[] = {
       {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
-      {"fused_norm", check_fused_norm}, {"elementwise", check_elementwise}, {"loss", check_loss},
+      {"fused_norm", check_fused_norm}, {"split_reductions", check_split_reductions}, {"elementwise", check_elementwise}, {"loss", check_loss},
       {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe}, {"moe_executor", check_moe_executor},
       {"model", check_model},     {"real_shapes", check_real_shapes}, {"math", check_math}};
   int failed = 0, ran = 0;

@@ -134,11 +134,12 @@ inline FusedRun run_rope_norm_backward(Executor& e, bool fused, bool bf16, const
   const RopeView rope{c.T, c.hd, cos.data(), sin.data()};
   e.rmsnorm_forward(x.data(), w.data(), y.data(), ir.data(), R, n, 1e-6f);
   if (fused) {
-    e.rope_rmsnorm_backward(x.data(), w.data(), ir.data(), dy.data(), dx.data(), dw.data(), R, c.n_heads, rope, bf16);
+    e.rope_rmsnorm_backward(x.data(), w.data(), ir.data(), dy.data(), dx.data(), dw.data(), R, c.n_heads, rope, bf16,
+                            false);
   } else {
     e.rope_backward(dy.data(), R, c.n_heads, rope);
     if (bf16) e.round_bf16(dy.data(), R * n);
-    e.rmsnorm_backward(x.data(), w.data(), ir.data(), dy.data(), dx.data(), dw.data(), R, n);
+    e.rmsnorm_backward(x.data(), w.data(), ir.data(), dy.data(), dx.data(), dw.data(), R, n, false);
   }
   FusedRun r{std::vector<float>(static_cast<size_t>(2 * R * n + n)), std::vector<float>(static_cast<size_t>(R))};
   e.synchronize();

@@ -17,6 +17,7 @@
 #include "model/init.h"
 #include "ref/cpu_executor.h"
 #include "ref/moe.h"
+#include "tests/common/split_reductions.h"
 #include "tests/kernels/attention_cases.h"
 #include "tests/kernels/model_cases.h"
 #include "tests/kernels/moe_cases.h"
@@ -184,6 +185,13 @@ TEST_CASE("executor cuda-host: moe_route and moe_router_backward equal the CPU e
 
 // At 65536 query rows of 256 keys a [B·H·T, T] buffer would be 64 MiB (and P and dS 128 MiB); the executor's whole
 // scratch after a forward and a backward must be the linear bound, rows of T only for the blocks in flight.
+// Context parallelism continues each reduction over an instance's rows from rank to rank (the ops' accumulate).
+TEST_CASE("executor cuda-host: reductions over rows split in runs (accumulate) equal one call over all rows") {
+  kernels::KernelExecutor ex(false);
+  const std::vector<std::string> bad = testing::split_reduction_mismatches(ex);
+  CHECK_MESSAGE(bad.empty(), (bad.empty() ? std::string() : bad.front()));
+}
+
 TEST_CASE("executor cuda-host: attention's workspace is linear in T, never [B·H·T, T], with the CPU executor's bits") {
   const testing::AttentionCase c{4, 256, 64, 16, 2, 0, false};
   const int64_t rows = c.B * c.H * c.T;

@@ -2,7 +2,9 @@
 // rope_rmsnorm_backward) against the op sequences they replace, bit for bit: on every CPU path this machine has
 // (scalar, AVX2, AVX-512: the SIMD row kernel carries the fused tail), fp32 and bf16, with and without threads, on
 // widths that are no multiple of the register or warp widths and on single rows. Negative controls: the bf16
-// rounding points moved or dropped give other bits, so the comparison sees them.
+// rounding points moved or dropped give other bits, so the comparison sees them. And every reduction over an
+// instance's rows split in runs, each continuing the chain (accumulate), gives one call's bits on every path
+// (tests/common/split_reductions.h: context parallelism's ranks continue them in position order).
 #include <doctest.h>
 
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "ref/gemm.h"
 #include "core/parallel.h"
 #include "tests/kernels/case_loops.h"
+#include "tests/common/split_reductions.h"
 #include "tests/kernels/norm_cases.h"
 
 using namespace olmoref;
@@ -139,7 +142,22 @@ TEST_CASE("fused forms negative controls: bf16 rounding points moved or dropped 
     std::vector<float> dx(static_cast<size_t>(rn)), dw(static_cast<size_t>(c.n()));
     ex.rmsnorm_forward(o.x.data(), o.w.data(), y.data(), ir.data(), c.R, c.n(), 1e-6f);
     ex.rope_backward(dy.data(), c.R, c.n_heads, RopeView{c.T, c.hd, t.cos.data(), t.sin.data()});
-    ex.rmsnorm_backward(o.x.data(), o.w.data(), ir.data(), dy.data(), dx.data(), dw.data(), c.R, c.n());
+    ex.rmsnorm_backward(o.x.data(), o.w.data(), ir.data(), dy.data(), dx.data(), dw.data(), c.R, c.n(), false);
     CHECK(std::memcmp(dx.data(), fused.y.data() + rn, dx.size() * sizeof(float)) != 0);
+  }
+}
+
+TEST_CASE("reductions over rows split in runs (accumulate) equal one call over all rows on every CPU path") {
+  IsaGuard guard;
+  for (const int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    CpuExecutor ex(&pool);
+    for (GemmIsa path : cpu_paths()) {
+      CAPTURE(gemm_isa_name(path));
+      CAPTURE(threads);
+      set_gemm_isa(path);
+      const std::vector<std::string> bad = testing::split_reduction_mismatches(ex);
+      CHECK_MESSAGE(bad.empty(), (bad.empty() ? std::string() : bad.front()));
+    }
   }
 }
