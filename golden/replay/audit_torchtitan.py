@@ -68,7 +68,6 @@ from the lr AdamW actually steps with (read in a step pre-hook on the Optimizers
 import os
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,20 +100,6 @@ def import_framework():
 
     v = import_torchtitan()
     logging.getLogger("torchtitan").setLevel(logging.WARNING)
-    import torchtitan.trainer
-
-    class OneRankTime:
-        """Trainer.train ends with time.sleep(2) on rank 0 "for other ranks to complete": one rank has none to wait
-        for, and over several the audit's own collectives after train() (the final full tensors) wait for them."""
-
-        def __getattr__(self, name):
-            return getattr(time, name)
-
-        @staticmethod
-        def sleep(seconds):
-            pass
-
-    torchtitan.trainer.time = OneRankTime()
     return v
 
 
