@@ -2,11 +2,13 @@
 # tests/golden/olmo_core_replay.sh pass|moe|bf16 [controls] — meson tests golden-replay-olmo-core(-moe, -bf16, -bf16-controls): OLMo-core's own
 # Trainer replays a golden bundle (`olmoref golden replay --framework olmo-core`, golden/replay/olmo_core_replay.py).
 #
-#   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
-#             golden/replay/rules-olmo-core.toml; prints the rules' rows (worst per-step relative differences).
+#   pass      configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold at fixed state
+#             (golden/replay/rules-fixed.toml); prints the rules' rows (worst per-step relative differences).
 #             Then copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace
 #             must fail, naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 %
-#             high (lr at step 6), the z-loss dropped (loss from step 1; z too).
+#             high (lr at step 6), the z-loss dropped (loss from step 1; z too), weight decay on the embeddings too
+#             (update_err at step 2). In the same start, configs/tiny.toml and configs/parity.toml at 10
+#             and 30 (replay_lib.sh's fixed_configs) must each hold at fixed state with every step judged.
 #   moe       configs/tiny-moe.toml (8 experts, top-2, a shared expert, load-balancing and router z-losses) with
 #             SkipStepAdamW over a 6-step window and sigma 0 (a step is skipped when its loss or grad norm is above
 #             the window's mean: steps 4, 6 and 7 of 10 fp32 steps): OLMo-core's MoETransformer and SkipStepAdamW must
@@ -17,7 +19,7 @@
 #   bf16      configs/small.toml, 10 bf16 steps on the demo corpus, replayed in OLMo-core's own bf16 mixed precision
 #             (FSDP2, param_dtype bfloat16, reduce_dtype float32) within golden/replay/rules-olmo-core-bf16.toml, then
 #             the three controls of `pass`, which must fail in bf16 too (the dropped z-loss by z, since 7.6e-5 of
-#             the loss is inside the bf16 loss limit).
+#             the loss is inside the bf16 loss limit; the lr 1 % high at step 2, where each bf16 step costs seconds).
 # Each control is cut after the step it must fail at, and the golden bundle and its controls replay in one Python
 # process (replay_lib.sh); one thread each side.
 # Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED: golden-replay-olmo-core: ..." when OLMo-core's packages
@@ -64,7 +66,9 @@ if [ "${1:-pass}" = bf16 ]; then
 fi
 replay_make_bundle 1
 replay_controls
+replay_fixed_plan tiny10 tiny30 parity10 parity30
 replay_run
 replay_same
 replay_verdicts
+replay_fixed_verdicts
 exit $replay_failed

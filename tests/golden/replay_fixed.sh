@@ -9,27 +9,25 @@
 #   3. sampled states (--states 5,20): only steps 5 and 20 are judged, and they hold;
 #   4. controls at fixed state: weight decay on the embeddings too fails update_err at step 2; steps 4 and 7 swapped
 #      fail the loss at step 4 (2-4 in one `golden replay` of their five bundles);
+# The runs and bundles of 1 and 2 are the suite's shared ones (replay_lib.sh's fixed_configs, made by
+# make_shared_runs.sh), which every framework's fp32 replay test replays too, or trained here when there are none.
 #   5. bad input: --mode fixed on a bundle without states, --states outside the run or not a step, a judged state
 #      without its gradients, a nonzero states.adam_step_offset: exit 2 naming the fix.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 set +e
 cd "$SRC" || exit 2
 source golden/parity/venv.sh
+source tests/golden/replay_lib.sh
 skip() { echo "SKIPPED: golden-replay-fixed: $1"; exit 77; }
 olmoref_ensure_venv replay_fixed
 threads=${OLMOREF_PEER_THREADS:-1}
 fail() { echo "FAIL: $*"; exit 1; }
 
-python3 tests/make_tokens.py "$work/tokens.u16" 3 60000 || exit 2
-# The parity config's vocabulary is 256: the same documents folded below it.
-python3 -c 'import sys, array; t = array.array("H", open(sys.argv[1], "rb").read()); open(sys.argv[2], "wb").write(array.array("H", (x % 256 for x in t)).tobytes())' \
-  "$work/tokens.u16" "$work/tokens256.u16" || exit 2
-train() {  # train NAME CONFIG STEPS [TOKENS]: a run and its bundle (states: every step)
-  "$BIN" train --config "$2" --steps "$3" --set "data.train_files=[\"$work/${4:-tokens.u16}\"]" --set eval.interval=0 \
-    --threads 2 --out "$work/$1" --quiet || exit 2
-  "$BIN" golden export --run "$work/$1" --out "$work/$1-bundle" > "$work/$1-export.log" || { cat "$work/$1-export.log"; exit 2; }
-  grep -q "every record equal to the trace's" "$work/$1-export.log" || fail "$1: the export wrote no states"
-}
+# The runs and bundles (states: every step) of tiny at 30 steps and parity at 10 and 30 (replay_lib.sh's
+# fixed_configs): the suite's shared ones, which the frameworks' fp32 replay tests replay too, else trained here.
+# Read only: every export and copy below writes into $work.
+fixed_bundles_find
+tiny=$fixed_dir/tiny30
 replay() {  # replay OUT BUNDLE ARGS...: exit status of golden replay through the PyTorch replay
   local out=$1 bundle=$2
   shift 2
@@ -39,8 +37,7 @@ replay() {  # replay OUT BUNDLE ARGS...: exit status of golden replay through th
 
 # 1. tiny, 30 steps: fixed holds; the free trajectory, which --mode both replays and judges beside it under
 # rules-fp32.toml (the same replay and the same rules as --mode free), breaks them.
-train tiny configs/tiny.toml 30
-replay tiny-both "$work/tiny-bundle" --mode both ||
+replay tiny-both "$fixed_dir/bundle-tiny30" --mode both ||
   { tail -n 40 "$work/tiny-both.log"; fail "tiny: the fixed-state replay must hold"; }
 cmp=$work/tiny-both/compare.txt
 grep -E "^(loss|grad_norm|grad_err|update_err)" "$cmp"
@@ -58,21 +55,20 @@ echo "ok: tiny, 30 steps: every step holds at fixed state"
 # 2.-4. Every fixed-state bundle below in one `golden replay` (an adapter that takes several bundles replays them in
 # one process; each is judged on its own, in $work/fixed/BUNDLE/compare.txt).
 # 2. the parity config at its own lr, 10 and 30 steps.
-for steps in 10 30; do train parity$steps configs/parity.toml $steps tokens256.u16; done
 # 3. sampled states: steps 5 and 20 only (the states after 4, 5, 19 and 20).
-"$BIN" golden export --run "$work/tiny" --out "$work/sampled" --states 5,20 > /dev/null || exit 2
+"$BIN" golden export --run "$tiny" --out "$work/sampled" --states 5,20 > /dev/null || exit 2
 [ "$(ls "$work/sampled/states" | wc -l)" = 4 ] || fail "--states 5,20 must write 4 states: $(ls "$work/sampled/states")"
 # 4. controls at fixed state.
-python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/decay" --steps 2 --decay-everything || exit 2
-python3 tests/golden/mutate_bundle.py "$work/tiny-bundle" "$work/swapped" --steps 4 --swap-batches 4 7 || exit 2
-replay fixed "$work/parity10-bundle" "$work/parity30-bundle" "$work/sampled" "$work/decay" "$work/swapped"
+python3 tests/golden/mutate_bundle.py "$fixed_dir/bundle-tiny30" "$work/decay" --steps 2 --decay-everything || exit 2
+python3 tests/golden/mutate_bundle.py "$fixed_dir/bundle-tiny30" "$work/swapped" --steps 4 --swap-batches 4 7 || exit 2
+replay fixed "$fixed_dir/bundle-parity10" "$fixed_dir/bundle-parity30" "$work/sampled" "$work/decay" "$work/swapped"
 rc=$?
 # 1: some bundle's replay differs (the controls'); 0 or 2 (a bundle not replayed) is wrong either way.
 [ $rc = 1 ] || { tail -n 40 "$work/fixed.log"; fail "the fixed-state replays: want exit 1 (the controls differ), got $rc"; }
 holds() { grep -q "^PASS: every rule holds" "$work/fixed/$1/compare.txt" 2> /dev/null; }
 for steps in 10 30; do
-  holds parity$steps-bundle || { tail -n 30 "$work/fixed/parity$steps-bundle/compare.txt"; fail "parity, $steps steps"; }
-  echo "ok: parity, $steps steps: $(grep -E '^update_err ' "$work/fixed/parity$steps-bundle/compare.txt" | tr -s ' ' | cut -c1-80)"
+  holds bundle-parity$steps || { tail -n 30 "$work/fixed/bundle-parity$steps/compare.txt"; fail "parity, $steps steps"; }
+  echo "ok: parity, $steps steps: $(grep -E '^update_err ' "$work/fixed/bundle-parity$steps/compare.txt" | tr -s ' ' | cut -c1-80)"
 done
 holds sampled || { tail -n 30 "$work/fixed/sampled/compare.txt"; fail "sampled states"; }
 [ "$(cut -d, -f1 "$work/fixed/sampled/replay.jsonl" | tr -d '{"step: ' | tr '\n' ' ')" = "5 20 " ] ||
@@ -86,7 +82,7 @@ for c in "decay|FAIL: update_err .* first at step 2" "swapped|FAIL: loss .* firs
 done
 
 # 5. bad input.
-"$BIN" golden export --run "$work/tiny" --out "$work/nostates" --states none > /dev/null || exit 2
+"$BIN" golden export --run "$tiny" --out "$work/nostates" --states none > /dev/null || exit 2
 expect_fail() {  # expect_fail TEXT COMMAND...: exit 2 and TEXT said
   local text=$1 rc=0
   shift
@@ -96,8 +92,8 @@ expect_fail() {  # expect_fail TEXT COMMAND...: exit 2 and TEXT said
 }
 expect_fail "golden export --states all" "$BIN" golden replay "$work/nostates" --framework torch --python "$py" \
   --mode fixed --out "$work/bad"
-expect_fail "outside the bundle's steps 1..30" "$BIN" golden export --run "$work/tiny" --out "$work/b1" --states 31
-expect_fail "is not a step" "$BIN" golden export --run "$work/tiny" --out "$work/b2" --states 3,x
+expect_fail "outside the bundle's steps 1..30" "$BIN" golden export --run "$tiny" --out "$work/b1" --states 31
+expect_fail "is not a step" "$BIN" golden export --run "$tiny" --out "$work/b2" --states 3,x
 [ ! -e "$work/b1/bundle.json" ] && [ ! -e "$work/b2/bundle.json" ] || fail "a refused export left a bundle"
 # A bundle whose judged state lost its gradients, and one that says its AdamW step counts run ahead of the steps.
 cp -r "$work/sampled" "$work/nograd"

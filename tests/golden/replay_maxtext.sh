@@ -4,15 +4,19 @@
 # weights converted into an Orbax checkpoint by MaxText's own converter (golden/replay/maxtext_export.py).
 #
 # bf16: configs/small.toml, 10 bf16 steps, replayed in MaxText's own bf16 mixed precision within
-# golden/replay/rules-maxtext-bf16.toml, then the three controls (the dropped z-loss by the z rule). fp32:
+# golden/replay/rules-maxtext-bf16.toml, then the three controls (the dropped z-loss by the z rule, the lr 1 % high at
+# step 2). fp32:
 #
-#   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold within
-#      golden/replay/rules-maxtext.toml; prints the rules' rows (worst per-step relative differences).
+#   1. configs/small.toml, 10 fp32 steps on the demo corpus: the replay must hold at fixed state
+#      (golden/replay/rules-fixed.toml); prints the rules' rows (worst per-step relative differences).
 #   2. copies of that bundle (tests/golden/mutate_bundle.py) replayed against the unchanged golden trace must fail,
 #      naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high (lr at step 6),
-#      the z-loss dropped (loss from step 1). Each control is cut after its step; the golden bundle and the three
-#      controls replay in one Python process (replay_lib.sh).
-#   3. a bundle MaxText's Olmo 3 block cannot express (a 2:1 window pattern) is refused with exit 2, naming the key.
+#      the z-loss dropped (loss from step 1), weight decay on the embeddings too (update_err at step 2). Each control
+#      is cut after its step.
+#   3. configs/tiny.toml at 10 and 30 steps (replay_lib.sh's fixed_configs) must hold at fixed state with every step judged;
+#      the golden bundle, the controls and it replay in one Python process (replay_lib.sh).
+#   4. bundles MaxText's Olmo 3 block cannot express are refused with exit 2, naming the key: a 2:1 window pattern,
+#      and configs/parity.toml's three layers [16, 16, -1] at 10 and 30 steps.
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-maxtext: ..." when MaxText's environment or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -35,12 +39,15 @@ if [ "${1:-fp32}" = bf16 ]; then
 fi
 replay_make_bundle 1
 replay_controls
+replay_fixed_plan tiny10 tiny30
 replay_run
 replay_same
 replay_verdicts
+replay_fixed_verdicts
 
 # MaxText's Olmo 3 layer cycle is fixed at three sliding-window layers and a global one: another pattern must be
-# refused before anything runs, not replayed on the wrong attention.
+# refused before anything runs, not replayed on the wrong attention; configs/parity.toml's three layers [16, 16, -1]
+# too (its bundles of fixed_configs).
 python3 - "$work/bundle" "$work/pattern-bundle" <<'PY' || exit 2
 import json, shutil, sys
 src, dst = sys.argv[1:]
@@ -49,11 +56,14 @@ meta = json.load(open(f"{dst}/bundle.json"))
 meta["model"]["swa_pattern"] = [128, 128, -1, -1]
 json.dump(meta, open(f"{dst}/bundle.json", "w"))
 PY
-replay pattern "$work/pattern-bundle"
+replay pattern "$work/pattern-bundle" "$fixed_dir/bundle-parity10" "$fixed_dir/bundle-parity30"
 rc=$?
-if [ $rc -eq 2 ] && grep -q "model.swa_pattern \[128, 128, -1, -1\]" "$work/pattern.log"; then
-  echo "ok: pattern: refused: $(grep -m1 'swa_pattern' "$work/pattern.log")"
-else
-  tail -n 20 "$work/pattern.log"; echo "FAIL: pattern: want exit 2 naming model.swa_pattern, got exit $rc"; replay_failed=1
-fi
+for c in "pattern-bundle|128, 128, -1, -1" "bundle-parity10|16, 16, -1" "bundle-parity30|16, 16, -1"; do
+  name=${c%%|*} want="$name/bundle.json: model.swa_pattern [${c#*|}]; MaxText's Olmo 3 block runs"
+  if [ $rc -eq 2 ] && grep -qF "$want" "$work/pattern.log" && [ ! -e "$work/pattern/$name/replay.jsonl" ]; then
+    echo "ok: $name: refused: $(grep -m1 -F "$want" "$work/pattern.log" | sed 's/.*bad bundle: //')"
+  else
+    tail -n 20 "$work/pattern.log"; echo "FAIL: $name: want exit 2 naming model.swa_pattern, got exit $rc"; replay_failed=1
+  fi
+done
 exit $replay_failed
