@@ -8,6 +8,9 @@
   hf_check.py generate EXPORT_DIR
       AutoTokenizer + AutoModelForCausalLM.from_pretrained + generate run with no Python warning and no transformers
       log record at warning level or above; config.json / generation_config.json / the tokenizer agree on ids.
+  hf_check.py generate+tokenizer EXPORT_DIR OLMOREF_IDS_DIR TEXT... [--separator %] [--mutated OUT.json]
+      both in one process, which imports torch and transformers once: generate first, so its warning check sees a
+      process in which nothing has run yet (a warning transformers logs once would otherwise be spent already).
 
 Exit 0 = pass, 1 = a failure (printed).
 """
@@ -246,6 +249,9 @@ def main():
     if len(sys.argv) < 3:
         fail(__doc__)
     mode, export_dir = sys.argv[1], sys.argv[2]
+    if mode == "generate+tokenizer":
+        check_generate(export_dir)
+        mode = "tokenizer"
     if mode == "tokenizer":
         args = sys.argv[3:]
         separator, mutated = "%", None

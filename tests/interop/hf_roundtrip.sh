@@ -27,6 +27,9 @@ if [ ! -d /usr/share/games/fortunes ] || ! command -v bible >/dev/null 2>&1; the
   exit 77
 fi
 export OMP_NUM_THREADS="${OLMOREF_PEER_THREADS:-2}"
+# tokenizers' encode_batch threads spin waiting for a core that another test holds in the suite (10.5 s of CPU for
+# the tokenizer check beside a busy core, 9.0 s without them); the ids do not depend on them.
+export TOKENIZERS_PARALLELISM=false
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/olmoref-hf.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
@@ -37,7 +40,9 @@ bash "$root/data/demo/make_demo_corpus.sh" demo "$bin" > /dev/null
 texts=(demo/text/fortunes.txt demo/text/kjv.txt)
 data=(--set "data.train_mix=\"$tmp/demo/train.mix\"" --set "data.holdout_mix=\"$tmp/demo/holdout.mix\""
       --set eval.interval=0 --set data.audit=false --set checkpoint.interval=0)
-"$bin" train --config "$root/configs/small.toml" --out runA --steps 2 --threads 2 --quiet "${data[@]}"
+# olmoref's bits do not depend on its thread count (T2), and in the suite a second thread would wait for the core
+# another test holds: one thread.
+"$bin" train --config "$root/configs/small.toml" --out runA --steps 2 --threads 1 --quiet "${data[@]}"
 ckpt=runA/checkpoints/step00000002
 
 echo "== export-hf --checkpoint --tokenizer"
@@ -65,10 +70,8 @@ tokenize() {  # TOKENIZER OUTDIR: every document into one train file, in order
     --tokens-per-file 1000000000 > /dev/null
 }
 tokenize demo/tokenizer.json ids-olmoref
-"$py" "$here/hf_check.py" tokenizer hf ids-olmoref "${texts[@]}" --mutated mutated-tokenizer.json
-
-echo "== AutoTokenizer + AutoModelForCausalLM + generate, no warnings"
-"$py" "$here/hf_check.py" generate hf
+echo "== AutoTokenizer + AutoModelForCausalLM + generate, no warnings (then the tokenizers, in the same process)"
+"$py" "$here/hf_check.py" generate+tokenizer hf ids-olmoref "${texts[@]}" --mutated mutated-tokenizer.json
 
 echo "== olmoref tokenize reads the exported tokenizer.json"
 tokenize hf/tokenizer.json ids-hfjson
@@ -98,18 +101,18 @@ grep -q "pre_tokenizer Split regex .* is not supported" regex.out || fail "refus
 echo "refused: $(grep -o "pre_tokenizer type 'Metaspace' is not supported" metaspace.out)"
 
 echo "== HF logits on the exported directory vs olmoref's (fp32 gate of golden/parity/hf_parity.py)"
-"$bin" golden logits --checkpoint "$ckpt" --precision fp32 --seq-len 256 --instances 2 --threads 2 --out bundleA > /dev/null
+"$bin" golden logits --checkpoint "$ckpt" --precision fp32 --seq-len 256 --instances 2 --threads 1 --out bundleA > /dev/null
 rm -rf bundleA/hf
 cp -r hf bundleA/hf  # the model hf_parity.py loads is export-hf's output
-"$py" "$root/golden/parity/hf_parity.py" --bundle bundleA --precision fp32 --threads 2 | tail -n 6
+"$py" "$root/golden/parity/hf_parity.py" --bundle bundleA --precision fp32 | tail -n 6  # torch at $OLMOREF_PEER_THREADS
 
 echo "== import: olmoref logits from the imported weights are bit-identical"
 "$bin" golden logits --config "$root/configs/small.toml" "${data[@]}" --set "init.hf_dir=\"$tmp/hf\"" \
-  --precision fp32 --seq-len 256 --instances 2 --threads 2 --out bundleB > /dev/null
+  --precision fp32 --seq-len 256 --instances 2 --threads 1 --out bundleB > /dev/null
 cmp bundleA/ours_logits.safetensors bundleB/ours_logits.safetensors || fail "logits after export -> import differ"
 cmp bundleA/tokens.u32 bundleB/tokens.u32 || fail "the two bundles read different tokens"
 "$bin" golden logits --config "$root/configs/small.toml" "${data[@]}" \
-  --precision fp32 --seq-len 256 --instances 2 --threads 2 --out bundle0 > /dev/null
+  --precision fp32 --seq-len 256 --instances 2 --threads 1 --out bundle0 > /dev/null
 if cmp -s bundleA/ours_logits.safetensors bundle0/ours_logits.safetensors; then
   fail "negative control: step-0 logits equal the trained checkpoint's; the comparison cannot tell weights apart"
 fi
@@ -118,7 +121,7 @@ echo "logits identical ($(stat -c %s bundleB/ours_logits.safetensors) bytes); st
 echo "== train --init-from-hf"
 sha="$(sha256sum hf/model.safetensors | cut -d' ' -f1)"
 lr0=(--set optim.lr=0.0)
-"$bin" train --config "$root/configs/small.toml" --out runB --steps 2 --stop-after 1 --threads 2 --quiet \
+"$bin" train --config "$root/configs/small.toml" --out runB --steps 2 --stop-after 1 --threads 1 --quiet \
   "${data[@]}" "${lr0[@]}" --init-from-hf hf
 wantd="$("$py" -c "import json; print([json.loads(l) for l in open('runA/trace.jsonl')][-1]['param_digest'])")"
 gotd="$("$py" -c "import json; print([json.loads(l) for l in open('runB/trace.jsonl')][0]['param_digest'])")"
@@ -127,7 +130,7 @@ grep -q "hf_sha256 = \\\\\"$sha\\\\\"\|hf_sha256 = '$sha'" runB/manifest.json ||
   fail "runB/manifest.json does not record the weights' SHA-256 $sha"
 "$py" -c "import json,sys; m=json.load(open('runB/checkpoints/step00000001/manifest.json')); sys.exit(0 if '$sha' in m['config_toml'] else 'FAIL: checkpoint config lacks the SHA-256')"
 # A resume that does not name the weights again continues (they come from the checkpoint) and keeps the record.
-"$bin" train --config "$root/configs/small.toml" --out runB --steps 2 --resume --threads 2 --quiet "${data[@]}" "${lr0[@]}"
+"$bin" train --config "$root/configs/small.toml" --out runB --steps 2 --resume --threads 1 --quiet "${data[@]}" "${lr0[@]}"
 "$py" -c "import json,sys; m=json.load(open('runB/checkpoints/step00000002/manifest.json')); sys.exit(0 if '$sha' in m['config_toml'] else 'FAIL: resumed checkpoint lost the SHA-256')"
 # A pinned SHA-256 that the weights do not have is refused, naming both.
 bad="$(printf '%064d' 0)"
