@@ -506,6 +506,8 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   Parallelism par = opts.parallel;
   par.comm = &comm;
   par.no_steps = opts.stop_after == 0;
+  // start_state loads the resumed checkpoint, or init.checkpoint's, over every parameter.
+  par.weights_from_checkpoint = !resume_dir.empty() || !cfg.init.checkpoint.empty();
   Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
   start_state(trainer, cfg, opts, resume_dir, quiet);

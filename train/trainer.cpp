@@ -164,9 +164,9 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   v_.reset(*ex_, n_opt, "AdamW second moments");
   // The replicas of my shard, ordered by replicate index: they all-gather the parameters each one updated.
   if (layout_.dp_replicate > 1) replica_comm_ = comm_->split(layout_.shard_index(), layout_.replicate_index());
-  {
+  if (!par.weights_from_checkpoint) {
     // The init in blocks of kInitBlock floats, so its host transient is 4 MiB whatever the shard (a whole 7B shard at
-    // 8x1 would be 3.6 GiB on every rank, before a resume overwrites it anyway).
+    // 8x1 would be 3.6 GiB on every rank).
     constexpr int64_t kInitBlock = int64_t{1} << 20;
     std::vector<float> block(static_cast<size_t>(std::min(n, kInitBlock)));
     const dist::Ranges held = placement_.held_parameters(layout_.rank);
