@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace olmoref::testing {
@@ -50,6 +51,36 @@ inline int64_t first_wrong_part(const std::vector<float>& x, const std::vector<f
     if (got != expect) return static_cast<int64_t>(e);
   }
   return -1;
+}
+
+// An attention forward's and backward's outputs (host copies): out, dq [B·T, H·hd]; the row statistics [B, H, T];
+// dk, dv [B·T, KV·hd].
+struct AttentionOutputs {
+  std::vector<float> out, row_max, row_sum, dq, dk, dv;
+};
+// kUnwritten outputs for a part call to write into.
+inline AttentionOutputs unwritten_outputs(size_t qn, size_t stats, size_t kn) {
+  return {unwritten(qn), unwritten(stats), unwritten(stats), unwritten(qn), unwritten(kn), unwritten(kn)};
+}
+
+// The first output of a call over `part` that is wrong against the whole instance's (first_wrong_part: the part's
+// queries for out, the statistics and dq, its keys for dk and dv), or "" when every one is right.
+inline std::string wrong_part_output(const AttentionOutputs& got, const AttentionOutputs& whole, int64_t T, int64_t qw,
+                                     int64_t kw, const AttentionPart& part) {
+  struct Output {
+    const char* name;
+    const std::vector<float> AttentionOutputs::*tensor;
+    int64_t inner;
+    bool keys;
+  };
+  const Output outputs[] = {{"out", &AttentionOutputs::out, qw, false},       {"row_max", &AttentionOutputs::row_max, 1, false},
+                            {"row_sum", &AttentionOutputs::row_sum, 1, false}, {"dq", &AttentionOutputs::dq, qw, false},
+                            {"dk", &AttentionOutputs::dk, kw, true},           {"dv", &AttentionOutputs::dv, kw, true}};
+  for (const Output& o : outputs) {
+    const int64_t begin = o.keys ? part.k_begin : part.q_begin, end = o.keys ? part.k_end : part.q_end;
+    if (first_wrong_part(got.*o.tensor, whole.*o.tensor, T, o.inner, begin, end) != -1) return o.name;
+  }
+  return "";
 }
 
 }  // namespace olmoref::testing

@@ -20,6 +20,17 @@ namespace olmoref::testing {
 // Runs of rows [cuts[i], cuts[i+1]): an empty run, a run of one row, a long one and the rest.
 inline std::vector<int64_t> split_cuts(int64_t R) { return {0, 0, 1, R / 2, R / 2, R - 3, R}; }
 
+// run(a, b, accumulate) reduces rows [a, b) into its output (continuing it when accumulate) and returns the output
+// (host copy): true when the runs of split_cuts, each continuing the last, give one call's bits.
+template <class Run>
+bool split_matches_whole(int64_t R, const Run& run) {
+  const std::vector<float> whole = run(0, R, false);
+  std::vector<float> split;
+  const std::vector<int64_t> cuts = split_cuts(R);
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) split = run(cuts[i], cuts[i + 1], i > 0);
+  return split.size() == whole.size() && std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)) == 0;
+}
+
 // What differs (empty when every reduction split in runs has the whole call's bits).
 inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
   std::vector<std::string> bad;
@@ -29,9 +40,6 @@ inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
     std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = nd(rng);
     return v;
-  };
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   const int64_t R = 77, n = 48, N = 20, K = 36, V = 13, n_heads = 3, hd = 16;
   // RMSNorm (and QK-norm after RoPE's backward: n_heads·hd columns).
@@ -69,11 +77,7 @@ inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
       bdw.download(out.data() + R * w_n, w_n);
       return out;
     };
-    const std::vector<float> whole = backward(0, R, false);
-    std::vector<float> split;
-    const std::vector<int64_t> cuts = split_cuts(R);
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) split = backward(cuts[i], cuts[i + 1], i > 0);
-    if (!same(split, whole)) bad.push_back(rope ? "rope_rmsnorm_backward" : "rmsnorm_backward");
+    if (!split_matches_whole(R, backward)) bad.push_back(rope ? "rope_rmsnorm_backward" : "rmsnorm_backward");
   }
   // The weight gradient dW [N, K] = dYᵀ·X over R rows.
   {
@@ -88,11 +92,7 @@ inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
       bdW.download(out.data(), N * K);
       return out;
     };
-    const std::vector<float> whole = run(0, R, false);
-    std::vector<float> split;
-    const std::vector<int64_t> cuts = split_cuts(R);
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) split = run(cuts[i], cuts[i + 1], i > 0);
-    if (!same(split, whole)) bad.push_back("matmul_backward_weight");
+    if (!split_matches_whole(R, run)) bad.push_back("matmul_backward_weight");
   }
   // The embedding: tokens repeated across runs, absent from some, and rows holding -0 (+0 + -0 is +0: a run that
   // starts a token's sum must start it from +0, as the whole does).
@@ -110,11 +110,7 @@ inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
       btable.download(out.data(), V * n);
       return out;
     };
-    const std::vector<float> whole = run(0, R, false);
-    std::vector<float> split;
-    const std::vector<int64_t> cuts = split_cuts(R);
-    for (size_t i = 0; i + 1 < cuts.size(); ++i) split = run(cuts[i], cuts[i + 1], i > 0);
-    if (!same(split, whole)) bad.push_back("embedding_backward");
+    if (!split_matches_whole(R, run)) bad.push_back("embedding_backward");
   }
   return bad;
 }

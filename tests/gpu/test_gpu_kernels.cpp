@@ -376,7 +376,7 @@ int check_embed_rope() {
   uint32_t* dtok = to_device(tokens);
   int64_t *dstart = to_device(start), *dorder = to_device(order);
   kernels::run_device(kernels::EmbeddingForwardOp{dtab, dtok, dx_out, d}, R * d);
-  kernels::run_device(kernels::EmbeddingBackwardOp{dstart, dorder, ddx, ddt, d}, V * d);
+  kernels::run_device(kernels::EmbeddingBackwardOp{dstart, dorder, ddx, ddt, d, false}, V * d);
   check_cuda(cudaDeviceSynchronize(), __LINE__);
   const bool emb = bits_equal(from_device(dx_out, R * d), x_ref) && bits_equal(from_device(ddt, V * d), dt_ref);
   std::printf("embedding forward/backward: %s\n", emb ? "bitwise equal" : "DIFFERENT");
@@ -420,24 +420,23 @@ float* attention_scratch(kernels::AttentionArgs& a, int64_t tile_blocks) {
 // Context parallelism: the kernels over a part of an instance (tests/common/attention_parts.h) write exactly the
 // part's rows with ref/'s whole-instance bits, as tests/kernels/test_decomposition.cpp checks on the host.
 int check_attention_parts() {
-  const std::vector<testing::AttentionCase> cases = {{2, 37, 4, 2, 8, 1, false}, {1, 45, 4, 2, 8, 16, true},
-                                                      {1, 40, 2, 1, 136, 9, false}, {2, 70, 4, 2, 8, 16, false, 1},
-                                                      {1, 1100, 4, 2, 8, 0, false}};
   int failed = 0, runs = 0;
-  for (const testing::AttentionCase& c : cases) {
+  for (const testing::AttentionCase& c : testing::part_attention_cases()) {
     const testing::AttentionOperands o = testing::attention_operands(c, static_cast<uint32_t>(c.T * 7 + c.hd));
     const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
     const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
     const int64_t qw = c.H * c.hd, kw = c.KV * c.hd;
     const AttentionShape shape = testing::attention_shape(c, o);
-    std::vector<float> out(qn), m(stats), l(stats), dq(qn), dk(kn), dv(kn);
-    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
-    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(), dq.data(),
-                       dk.data(), dv.data(), nullptr);
+    testing::AttentionOutputs whole{std::vector<float>(qn), std::vector<float>(stats), std::vector<float>(stats),
+                                    std::vector<float>(qn), std::vector<float>(kn),    std::vector<float>(kn)};
+    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                      whole.row_sum.data(), nullptr);
+    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                       whole.row_sum.data(), g.q.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), nullptr);
     int32_t* docs[2] = {o.doc_start.empty() ? nullptr : to_device(o.doc_start), o.doc_end.empty() ? nullptr : to_device(o.doc_end)};
-    float *d_q = to_device(o.q), *d_k = to_device(o.k), *d_v = to_device(o.v), *d_out = to_device(out);
-    float *d_m = to_device(m), *d_l = to_device(l), *d_go = to_device(g.q);
+    float *d_q = to_device(o.q), *d_k = to_device(o.k), *d_v = to_device(o.v), *d_out = to_device(whole.out);
+    float *d_m = to_device(whole.row_max), *d_l = to_device(whole.row_sum), *d_go = to_device(g.q);
     float* row_d = to_device(std::vector<float>(stats));
     float *dkh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd))), *dvh = to_device(std::vector<float>(stats * static_cast<size_t>(c.hd)));
     for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
@@ -445,23 +444,19 @@ int check_attention_parts() {
       kernels::AttentionArgs a = testing::attention_args(c);
       a.doc_start = docs[0], a.doc_end = docs[1];
       a.q_begin = part.q_begin, a.q_end = part.q_end, a.k_begin = part.k_begin, a.k_end = part.k_end;
-      float *p_out = to_device(testing::unwritten(qn)), *p_m = to_device(testing::unwritten(stats)), *p_l = to_device(testing::unwritten(stats));
+      const testing::AttentionOutputs unwritten = testing::unwritten_outputs(qn, stats, kn);
+      float *p_out = to_device(unwritten.out), *p_m = to_device(unwritten.row_max), *p_l = to_device(unwritten.row_sum);
       float* scratch = attention_scratch(a, kernels::kAttentionTileBlocks);
       a.q = d_q, a.k = d_k, a.v = d_v, a.out = p_out, a.row_max = p_m, a.row_sum = p_l, a.scratch = scratch;
       kernels::attention_forward_device(a);
-      float *p_dq = to_device(testing::unwritten(qn)), *p_dk = to_device(testing::unwritten(kn)), *p_dv = to_device(testing::unwritten(kn));
+      float *p_dq = to_device(unwritten.dq), *p_dk = to_device(unwritten.dk), *p_dv = to_device(unwritten.dv);
       a.out = d_out, a.row_max = d_m, a.row_sum = d_l, a.dout = d_go, a.dq = p_dq, a.dk = p_dk, a.dv = p_dv;
       a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
       kernels::attention_backward_device(a);
       const cudaError_t err = cudaDeviceSynchronize();
-      const bool same =
-          err == cudaSuccess &&
-          testing::first_wrong_part(from_device(p_out, qn), out, c.T, qw, part.q_begin, part.q_end) == -1 &&
-          testing::first_wrong_part(from_device(p_m, stats), m, c.T, 1, part.q_begin, part.q_end) == -1 &&
-          testing::first_wrong_part(from_device(p_l, stats), l, c.T, 1, part.q_begin, part.q_end) == -1 &&
-          testing::first_wrong_part(from_device(p_dq, qn), dq, c.T, qw, part.q_begin, part.q_end) == -1 &&
-          testing::first_wrong_part(from_device(p_dk, kn), dk, c.T, kw, part.k_begin, part.k_end) == -1 &&
-          testing::first_wrong_part(from_device(p_dv, kn), dv, c.T, kw, part.k_begin, part.k_end) == -1;
+      const testing::AttentionOutputs got{from_device(p_out, qn), from_device(p_m, stats), from_device(p_l, stats),
+                                          from_device(p_dq, qn),  from_device(p_dk, kn),   from_device(p_dv, kn)};
+      const bool same = err == cudaSuccess && testing::wrong_part_output(got, whole, c.T, qw, kw, part).empty();
       for (float* p : {p_out, p_m, p_l, scratch, p_dq, p_dk, p_dv}) cudaFree(p);
       if (!same) {
         std::printf("FAILED attention part T=%lld hd=%lld window=%lld bf16=%d docs=%u queries [%lld, %lld) keys [%lld, %lld)\n",

@@ -32,6 +32,12 @@ inline std::vector<AttentionCase> attention_cases() {
 inline std::vector<AttentionCase> long_attention_cases() {
   return {{1, 1100, 4, 2, 8, 0, false}, {1, 1100, 4, 1, 16, 300, true}};
 }
+// The cases the context-parallel parts run on (tests/common/attention_parts.h; host and device): GQA with window 1,
+// bf16 with a window, head dims past a chunk, documents with a window and full causal.
+inline std::vector<AttentionCase> part_attention_cases() {
+  return {{2, 37, 4, 2, 8, 1, false}, {1, 45, 4, 2, 8, 16, true}, {1, 40, 2, 1, 136, 9, false},
+          {2, 70, 4, 2, 8, 16, false, 1}, {2, 75, 4, 2, 8, 0, false, 2}};
+}
 struct AttentionOperands {
   std::vector<float> q, k, v;
   std::vector<int32_t> doc_start, doc_end;  // [B, T] when the case has documents

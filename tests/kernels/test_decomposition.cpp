@@ -274,19 +274,18 @@ TEST_CASE("attention exact: blocks taking many rows each and T = 1100 equal ref/
 // bf16, head dims past a chunk, and documents with and without a window. The backward reads the whole instance's
 // out and statistics, as the ranks gather them.
 TEST_CASE("attention exact over a part of an instance writes exactly its rows, with ref/'s whole-instance bits") {
-  const std::vector<testing::AttentionCase> cases = {{2, 37, 4, 2, 8, 1, false},  {1, 45, 4, 2, 8, 16, true},
-                                                      {1, 40, 2, 1, 136, 9, false}, {2, 70, 4, 2, 8, 16, false, 1},
-                                                      {2, 75, 4, 2, 8, 0, false, 2}};
   testing::for_each_attention_case(
       [](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
         const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
         const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
         const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
         const AttentionShape shape = testing::attention_shape(c, o);
-        std::vector<float> out(qn), m(stats), l(stats), dq(qn), dk(kn), dv(kn);
-        attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), nullptr);
-        attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), out.data(), m.data(), l.data(), g.q.data(),
-                           dq.data(), dk.data(), dv.data(), nullptr);
+        testing::AttentionOutputs whole{std::vector<float>(qn), std::vector<float>(stats), std::vector<float>(stats),
+                                        std::vector<float>(qn), std::vector<float>(kn),    std::vector<float>(kn)};
+        attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                          whole.row_sum.data(), nullptr);
+        attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                           whole.row_sum.data(), g.q.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), nullptr);
         for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
           CAPTURE(part.q_begin);
           CAPTURE(part.q_end);
@@ -294,25 +293,19 @@ TEST_CASE("attention exact over a part of an instance writes exactly its rows, w
           CAPTURE(part.k_end);
           kernels::AttentionArgs a = testing::attention_args(c, o);
           a.q_begin = part.q_begin, a.q_end = part.q_end, a.k_begin = part.k_begin, a.k_end = part.k_end;
-          std::vector<float> pout = testing::unwritten(qn), pm = testing::unwritten(stats), pl = testing::unwritten(stats);
+          testing::AttentionOutputs got = testing::unwritten_outputs(qn, stats, kn);
           std::vector<float> scratch(static_cast<size_t>(kernels::attention_scratch_rows(a) * c.T));
-          a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = pout.data(), a.row_max = pm.data();
-          a.row_sum = pl.data(), a.scratch = scratch.data();
+          a.q = o.q.data(), a.k = o.k.data(), a.v = o.v.data(), a.out = got.out.data(), a.row_max = got.row_max.data();
+          a.row_sum = got.row_sum.data(), a.scratch = scratch.data();
           kernels::attention_forward_host(a);
-          const int64_t qw = c.H * c.hd, kw = c.KV * c.hd;
-          CHECK(testing::first_wrong_part(pout, out, c.T, qw, part.q_begin, part.q_end) == -1);
-          CHECK(testing::first_wrong_part(pm, m, c.T, 1, part.q_begin, part.q_end) == -1);
-          CHECK(testing::first_wrong_part(pl, l, c.T, 1, part.q_begin, part.q_end) == -1);
-          std::vector<float> pdq = testing::unwritten(qn), pdk = testing::unwritten(kn), pdv = testing::unwritten(kn);
+          // The backward reads the whole instance's out and statistics, as the ranks gather them.
           std::vector<float> row_d(stats), dkh(stats * static_cast<size_t>(c.hd)), dvh(dkh.size());
-          a.out = out.data(), a.row_max = m.data(), a.row_sum = l.data(), a.dout = g.q.data();
-          a.dq = pdq.data(), a.dk = pdk.data(), a.dv = pdv.data(), a.row_d = row_d.data();
+          a.out = whole.out.data(), a.row_max = whole.row_max.data(), a.row_sum = whole.row_sum.data();
+          a.dout = g.q.data(), a.dq = got.dq.data(), a.dk = got.dk.data(), a.dv = got.dv.data(), a.row_d = row_d.data();
           a.dk_head = dkh.data(), a.dv_head = dvh.data();
           kernels::attention_backward_host(a);
-          CHECK(testing::first_wrong_part(pdq, dq, c.T, qw, part.q_begin, part.q_end) == -1);
-          CHECK(testing::first_wrong_part(pdk, dk, c.T, kw, part.k_begin, part.k_end) == -1);
-          CHECK(testing::first_wrong_part(pdv, dv, c.T, kw, part.k_begin, part.k_end) == -1);
+          CHECK(testing::wrong_part_output(got, whole, c.T, c.H * c.hd, c.KV * c.hd, part) == "");
         }
       },
-      cases);
+      testing::part_attention_cases());
 }

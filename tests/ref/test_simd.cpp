@@ -38,6 +38,13 @@ std::vector<GemmIsa> simd_isas() {
   return v;
 }
 
+// The scalar definition first, then every SIMD path this CPU has.
+std::vector<GemmIsa> every_path() {
+  std::vector<GemmIsa> v = simd_isas();
+  v.insert(v.begin(), GemmIsa::scalar);
+  return v;
+}
+
 struct IsaGuard {
   ~IsaGuard() { set_gemm_isa(GemmIsa::best); }
 };
@@ -275,9 +282,7 @@ TEST_CASE("attention with documents equals each document run alone, bit for bit 
     return tokens;
   };
   ThreadPool pool(2);
-  std::vector<GemmIsa> isas = simd_isas();
-  isas.insert(isas.begin(), GemmIsa::scalar);
-  for (GemmIsa isa : isas) {
+  for (GemmIsa isa : every_path()) {
     set_gemm_isa(isa);
     for (const Case& c : cases) {
       CAPTURE(gemm_isa_name(isa));
@@ -373,9 +378,7 @@ TEST_CASE("attention over a part of an instance writes exactly its rows, with th
                                    {1, 45, 4, 2, 8, 9},   {1, 100, 4, 2, 16, 32, true},  {1, 300, 2, 1, 16, 0},
                                    {2, 90, 4, 2, 16, 0, false, true}, {1, 64, 4, 2, 16, 16, true, true}};
   ThreadPool pool(2);
-  std::vector<GemmIsa> isas = simd_isas();
-  isas.insert(isas.begin(), GemmIsa::scalar);
-  for (GemmIsa isa : isas) {
+  for (GemmIsa isa : every_path()) {
     set_gemm_isa(isa);
     for (const Case& c : cases) {
       CAPTURE(gemm_isa_name(isa));
@@ -406,10 +409,12 @@ TEST_CASE("attention over a part of an instance writes exactly its rows, with th
         }
         s.doc_start = start.data(), s.doc_end = end.data();
       }
-      std::vector<float> out(nq), rmax(stats), rsum(stats), dq(nq), dk(nk), dv(nk);
-      attention_forward(s, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), &pool);
-      attention_backward(s, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), dout.data(), dq.data(),
-                         dk.data(), dv.data(), &pool);
+      testing::AttentionOutputs whole{std::vector<float>(nq),    std::vector<float>(stats), std::vector<float>(stats),
+                                      std::vector<float>(nq),    std::vector<float>(nk),    std::vector<float>(nk)};
+      attention_forward(s, q.data(), k.data(), v.data(), whole.out.data(), whole.row_max.data(), whole.row_sum.data(),
+                        &pool);
+      attention_backward(s, q.data(), k.data(), v.data(), whole.out.data(), whole.row_max.data(), whole.row_sum.data(),
+                         dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), &pool);
       for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
         CAPTURE(part.q_begin);
         CAPTURE(part.q_end);
@@ -417,27 +422,23 @@ TEST_CASE("attention over a part of an instance writes exactly its rows, with th
         CAPTURE(part.k_end);
         AttentionShape ps = s;
         ps.q_begin = part.q_begin, ps.q_end = part.q_end, ps.k_begin = part.k_begin, ps.k_end = part.k_end;
-        std::vector<float> pout = testing::unwritten(nq), pmax = testing::unwritten(stats),
-                           psum = testing::unwritten(stats);
-        attention_forward(ps, q.data(), k.data(), v.data(), pout.data(), pmax.data(), psum.data(), &pool);
-        CHECK(testing::first_wrong_part(pout, out, c.T, qw, part.q_begin, part.q_end) == -1);
-        CHECK(testing::first_wrong_part(pmax, rmax, c.T, 1, part.q_begin, part.q_end) == -1);
-        CHECK(testing::first_wrong_part(psum, rsum, c.T, 1, part.q_begin, part.q_end) == -1);
-        std::vector<float> pdq = testing::unwritten(nq), pdk = testing::unwritten(nk), pdv = testing::unwritten(nk);
-        attention_backward(ps, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), dout.data(),
-                           pdq.data(), pdk.data(), pdv.data(), &pool);
-        CHECK(testing::first_wrong_part(pdq, dq, c.T, qw, part.q_begin, part.q_end) == -1);
-        CHECK(testing::first_wrong_part(pdk, dk, c.T, kw, part.k_begin, part.k_end) == -1);
-        CHECK(testing::first_wrong_part(pdv, dv, c.T, kw, part.k_begin, part.k_end) == -1);
+        testing::AttentionOutputs got = testing::unwritten_outputs(nq, stats, nk);
+        attention_forward(ps, q.data(), k.data(), v.data(), got.out.data(), got.row_max.data(), got.row_sum.data(),
+                          &pool);
+        attention_backward(ps, q.data(), k.data(), v.data(), whole.out.data(), whole.row_max.data(),
+                           whole.row_sum.data(), dout.data(), got.dq.data(), got.dk.data(), got.dv.data(), &pool);
+        CHECK(testing::wrong_part_output(got, whole, c.T, qw, kw, part) == "");
       }
       AttentionShape bad = s;
       bad.q_begin = 2, bad.q_end = c.T + 1;
-      CHECK_THROWS_AS(attention_forward(bad, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(), &pool),
+      CHECK_THROWS_AS(attention_forward(bad, q.data(), k.data(), v.data(), whole.out.data(), whole.row_max.data(),
+                                        whole.row_sum.data(), &pool),
                       std::invalid_argument);
       bad = s;
       bad.k_begin = 5, bad.k_end = 4;
-      CHECK_THROWS_AS(attention_backward(bad, q.data(), k.data(), v.data(), out.data(), rmax.data(), rsum.data(),
-                                         dout.data(), dq.data(), dk.data(), dv.data(), &pool),
+      CHECK_THROWS_AS(attention_backward(bad, q.data(), k.data(), v.data(), whole.out.data(), whole.row_max.data(),
+                                         whole.row_sum.data(), dout.data(), whole.dq.data(), whole.dk.data(),
+                                         whole.dv.data(), &pool),
                       std::invalid_argument);
     }
   }
