@@ -195,6 +195,12 @@ void register_commands(CLI::App& app) {
                     "Expert parallelism (MoE): groups of N consecutive ranks exchange tokens so each rank runs only its "
                     "share of the experts; N divides the world size; the trace is the same for every N")
         ->check(CLI::Range(1, 65536));
+    auto cp = std::make_shared<int>(0);
+    cmd->add_option("--cp", *cp,
+                    "Context parallelism (sets train.cp_degree): groups of N consecutive ranks each compute 1/N of "
+                    "every instance's positions; N divides the world size and train.seq_len; the trace is the same "
+                    "for every N")
+        ->check(CLI::Range(1, 65536));
     cmd->add_option("--comm-timeout", o->comm_timeout_s,
                     "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
@@ -216,6 +222,9 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--debug-moe-unordered-combine", o->parallel.debug_moe_unordered_combine,
                   "TEST ONLY: add each token's experts in arrival order, as an atomic scatter does, not in rank order "
                   "(mixture-of-experts models); must change the trace");
+    cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
+                  "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
+                  "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");
     auto tree_shape = std::make_shared<std::string>("balanced");
     cmd->add_option("--debug-tree-shape", *tree_shape,
                     "TEST ONLY: 'microbatch-chain' sums each micro-batch as a chain and the micro-batches by the tree "
@@ -226,6 +235,7 @@ void register_commands(CLI::App& app) {
       std::vector<std::string> ov = cfg->overrides;
       if (*steps >= 0) ov.push_back("train.steps=" + std::to_string(*steps));
       if (!executor->empty()) ov.push_back("train.executor=\"" + *executor + "\"");
+      if (*cp > 0) ov.push_back("train.cp_degree=" + std::to_string(*cp));
       if (!init_hf->empty()) ov.push_back("init.hf_dir=" + toml_string(*init_hf));
       TrainConfig c = load_config(cfg->path, ov);
       check_evaluation_data_separate(c);  // before the run directory is touched
@@ -474,6 +484,9 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--layout", *layout,
                     "Print the per-rank peak memory by part at dp_shard x dp_replicate SxR (docs/memory.md)");
     cmd->add_option("--ep", where->ep, "With --layout: expert parallelism (train --ep)")->check(CLI::Range(1, 65536));
+    auto cp = std::make_shared<int>(0);
+    cmd->add_option("--cp", *cp, "With --layout: context parallelism (train --cp, train.cp_degree)")
+        ->check(CLI::Range(1, 65536));
     cmd->add_option("--executor", where->executor, "With --layout: the executor (default: train.executor)")
         ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
     auto ranks_per_node = std::make_shared<int>(0);
@@ -501,7 +514,9 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--rank", *rank, "With --time: this rank's work instead of the slowest rank's")
         ->check(CLI::NonNegativeNumber);
     cmd->callback([=] {
-      const TrainConfig c = cfg->load();
+      std::vector<std::string> ov = cfg->overrides;
+      if (*cp > 0) ov.push_back("train.cp_degree=" + std::to_string(*cp));
+      const TrainConfig c = load_config(cfg->path, ov);
       const bool time_options = *gpu != "h100" || !rates->empty() || !bench->empty() || *rank >= 0;
       if (time_options && !*time)
         throw std::invalid_argument("--gpu, --rate, --bench and --rank describe a step time: add --time");
@@ -517,14 +532,15 @@ void register_commands(CLI::App& app) {
       if (!layout->empty()) {
         MemoryPlacement w = *where;
         parse_layout(*layout, "--layout", w.dp_shard, w.dp_replicate);
-        BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate}.validate();
+        BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate,
+                   static_cast<int>(c.train.cp_degree)}.validate();
         if (*dataset_tokens >= 0) w.dataset_instances = *dataset_tokens / c.train.seq_len;
         std::printf("%s", memory_table(c, w, predict_rank_memory(c, w)).c_str());
         const int per_node = *ranks_per_node > 0 ? *ranks_per_node : std::min(8, w.dp_shard * w.dp_replicate);
         std::printf("%s", host_memory_table(c, w, predict_host_memory(c, w), per_node).c_str());
         if (*time) std::printf("%s", time_table(c, w, per_node, device, *rank).c_str());
-      } else if (where->ep > 1 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0) {
-        throw std::invalid_argument("--ep, --executor, --ranks-per-node and --dataset-tokens describe a --layout: add "
+      } else if (where->ep > 1 || *cp > 0 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0) {
+        throw std::invalid_argument("--ep, --cp, --executor, --ranks-per-node and --dataset-tokens describe a --layout: add "
                                     "--layout SxR (e.g. --layout 8x1)");
       }
       if (*resolved) std::printf("\n%s\n", c.to_toml().c_str());

@@ -184,24 +184,38 @@ inline std::vector<int64_t> microbatches_of_rank(int r, int64_t M, int W) {
 // [m·mb, min((m+1)·mb, G)) (the last one may be shorter); rank r holds micro-batches r, r + W, ... (round t is
 // micro-batches [t·W, (t+1)·W)), so any G, mb and W with M >= W are allowed and only change who computes which
 // nodes of the tree.
+//
+// Context parallelism (cp > 1): the W ranks form W / cp groups of cp consecutive ranks, and micro-batch m runs on
+// group m mod (W / cp), each rank of it computing a part of every instance's positions. The group's last rank ends
+// every chain over positions (model/olmo3.h ContextExchange), so it alone holds the micro-batch's leaves and loss
+// totals: to the instance tree it is the rank of the micro-batch, and the group's other ranks have none.
 struct BatchSplit {
   int64_t global_instances = 0, microbatch_instances = 0;
   int world = 1;
+  int cp = 1;
 
+  int groups() const { return world / cp; }
   int64_t n_microbatches() const { return (global_instances + microbatch_instances - 1) / microbatch_instances; }
   // Every rank makes this many forward/backward passes; in the last round ranks past the last micro-batch join
   // without instances (Olmo3::idle_pass).
-  int64_t n_rounds() const { return (n_microbatches() + world - 1) / world; }
+  int64_t n_rounds() const { return (n_microbatches() + groups() - 1) / groups(); }
   std::pair<int64_t, int64_t> instances_of_microbatch(int64_t m) const {
     return {m * microbatch_instances, std::min(global_instances, (m + 1) * microbatch_instances)};
   }
-  // Rank r's micro-batch in round t, or -1 when it has none there.
-  int64_t microbatch_of(int r, int64_t round) const {
-    const int64_t m = round * world + r;
+  // The micro-batch rank r computes (a part of, under context parallelism) in round t, or -1 when it has none there.
+  int64_t group_microbatch_of(int r, int64_t round) const {
+    const int64_t m = round * groups() + r / cp;
     return m < n_microbatches() ? m : -1;
   }
+  // True when rank r holds its group's micro-batches (always without context parallelism).
+  bool holds_microbatches(int r) const { return r % cp == cp - 1; }
+  // Rank r's micro-batch in round t, or -1 when it holds none there.
+  int64_t microbatch_of(int r, int64_t round) const {
+    return holds_microbatches(r) ? group_microbatch_of(r, round) : -1;
+  }
   std::vector<int64_t> microbatches_of_rank(int r) const {
-    return olmoref::microbatches_of_rank(r, n_microbatches(), world);
+    if (!holds_microbatches(r)) return {};
+    return olmoref::microbatches_of_rank(r / cp, n_microbatches(), groups());
   }
   // Rank r's instances in the order it computes them (its micro-batches' instances, micro-batch by micro-batch).
   std::vector<int64_t> instances_of_rank(int r) const {
@@ -210,18 +224,25 @@ struct BatchSplit {
       for (auto [a, b] = instances_of_microbatch(m); a < b; ++a) out.push_back(a);
     return out;
   }
-  int rank_of_microbatch(int64_t m) const { return olmoref::rank_of_microbatch(m, n_microbatches(), world); }
+  int rank_of_microbatch(int64_t m) const {
+    return olmoref::rank_of_microbatch(m, n_microbatches(), groups()) * cp + cp - 1;
+  }
   // Throws, saying what to change, when some rank would get no micro-batch.
   void validate() const {
     if (global_instances < 1 || microbatch_instances < 1)
       throw std::invalid_argument("train.global_batch_instances and train.micro_batch_instances must be >= 1");
-    if (n_microbatches() < world)
+    if (cp < 1 || world % cp != 0)
+      throw std::invalid_argument("train.cp_degree = " + std::to_string(cp) + " does not divide the " +
+                                  std::to_string(world) + " ranks: context-parallel groups are cp_degree consecutive "
+                                  "ranks, so choose a cp_degree that divides the world size (dp_shard x dp_replicate)");
+    if (n_microbatches() < groups())
       throw std::invalid_argument(
           "the step's " + std::to_string(global_instances) + " instances make " + std::to_string(n_microbatches()) +
           " micro-batch(es) of train.micro_batch_instances = " + std::to_string(microbatch_instances) + ", fewer than the " +
-          std::to_string(world) + " ranks (every rank needs at least one): set train.micro_batch_instances <= " +
-          std::to_string(std::max<int64_t>(1, global_instances / world)) + " or start at most " +
-          std::to_string(n_microbatches()) + " ranks");
+          std::to_string(groups()) + (cp > 1 ? " context-parallel groups" : " ranks") +
+          " (every one needs at least one): set train.micro_batch_instances <= " +
+          std::to_string(std::max<int64_t>(1, global_instances / groups())) + " or start at most " +
+          std::to_string(n_microbatches() * cp) + " ranks");
   }
 };
 

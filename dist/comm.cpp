@@ -3,6 +3,7 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,12 +33,19 @@ class LocalComm : public Comm {
     if (send_at) send += send_at->at(0);
     if (send != recv) std::memmove(recv, send, static_cast<size_t>(send_counts.at(0)) * sizeof(float));
   }
+  [[noreturn]] void send(const void*, size_t, int dest, const char* what) override { no_peer(dest, what); }
+  [[noreturn]] void recv(void*, size_t, int src, const char* what) override { no_peer(src, what); }
   std::unique_ptr<Comm> split(int, int) override { return std::make_unique<LocalComm>(); }
   std::unique_ptr<Comm> split_node() override { return std::make_unique<LocalComm>(); }
   void float_allreduce_sum_unordered(float*, size_t, const char*) override {}
   [[noreturn]] void abort(const std::string& message) override {
     std::fprintf(stderr, "olmoref: fatal: %s\n", message.c_str());
     std::exit(3);
+  }
+
+ private:
+  [[noreturn]] static void no_peer(int peer, const char* what) {
+    throw std::logic_error(std::string(what) + ": rank " + std::to_string(peer) + " of a one-process world");
   }
 };
 
@@ -104,6 +112,26 @@ class MpiComm : public Comm {
     MPI_Request req;
     MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_, &req);
     wait(req, what);
+  }
+  // In pieces of at most 1 GiB (MPI counts are int); the pieces of one message keep their order.
+  void send(const void* data, size_t bytes, int dest, const char* what) override {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t at = 0; at < bytes || at == 0; at += kPiece) {
+      MPI_Request req;
+      MPI_Isend(p + at, count(std::min(kPiece, bytes - at)), MPI_BYTE, dest, kPointTag, comm_, &req);
+      wait(req, what);
+      if (bytes == 0) break;
+    }
+    count_sent(what, bytes);
+  }
+  void recv(void* data, size_t bytes, int src, const char* what) override {
+    auto* p = static_cast<unsigned char*>(data);
+    for (size_t at = 0; at < bytes || at == 0; at += kPiece) {
+      MPI_Request req;
+      MPI_Irecv(p + at, count(std::min(kPiece, bytes - at)), MPI_BYTE, src, kPointTag, comm_, &req);
+      wait(req, what);
+      if (bytes == 0) break;
+    }
   }
   std::unique_ptr<Comm> split(int color, int key) override {
     MPI_Comm sub;
@@ -190,6 +218,8 @@ class MpiComm : public Comm {
     abort(buf);
   }
 
+  static constexpr size_t kPiece = size_t{1} << 30;
+  static constexpr int kPointTag = 21;  // the arrival probe uses 77 on its own communicator
   MPI_Comm comm_;
   MPI_Comm arrivals_ = MPI_COMM_NULL;
   double timeout_s_;

@@ -39,6 +39,11 @@ class Comm {
   virtual void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                          const std::vector<int64_t>& recv_counts, const char* what,
                          const std::vector<int64_t>* send_at = nullptr) = 0;
+  // Point to point, for chains that run from rank to rank (context parallelism, model/olmo3.h ContextExchange):
+  // `bytes` to rank `dest`; from rank `src` into `data`, the messages of one pair arriving in the order sent. Data
+  // movement only; a send returns once the receiver has the data or the library holds a copy.
+  virtual void send(const void* data, size_t bytes, int dest, const char* what) = 0;
+  virtual void recv(void* data, size_t bytes, int src, const char* what) = 0;
   // A sub-communicator of the ranks with the same color, ordered by key.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
   // The ranks of this communicator that share this node's memory (MPI_COMM_TYPE_SHARED), in rank order: its rank()

@@ -83,4 +83,18 @@ void CommExpertExchange::alltoallv(const float* send, const std::vector<int64_t>
   group_.alltoallv(send, send_counts, recv, recv_counts, "all-to-all of expert rows");
 }
 
+void CommContextExchange::allgather(const void* mine, size_t bytes, void* all) {
+  group_.allgather(mine, bytes, all, "context parallelism: all-gather positions");
+}
+
+void CommContextExchange::send_next(const float* partial, int64_t n) {
+  group_.send(partial, static_cast<size_t>(n) * sizeof(float), group_.rank() + 1,
+              "context parallelism: a gradient chain to the next rank");
+}
+
+void CommContextExchange::recv_prev(float* partial, int64_t n) {
+  group_.recv(partial, static_cast<size_t>(n) * sizeof(float), group_.rank() - 1,
+              "context parallelism: a gradient chain from the previous rank");
+}
+
 }  // namespace olmoref::dist

@@ -55,4 +55,18 @@ class CommExpertExchange : public ExpertExchange {
   Comm& group_;
 };
 
+// The model's context exchange (model/olmo3.h) over the communicator of one context-parallel group.
+class CommContextExchange : public ContextExchange {
+ public:
+  explicit CommContextExchange(Comm& group) : group_(group) {}
+  int size() const override { return group_.size(); }
+  int index() const override { return group_.rank(); }
+  void allgather(const void* mine, size_t bytes, void* all) override;
+  void send_next(const float* partial, int64_t n) override;
+  void recv_prev(float* partial, int64_t n) override;
+
+ private:
+  Comm& group_;
+};
+
 }  // namespace olmoref::dist

@@ -15,12 +15,14 @@ AttentionShape Olmo3::attention_shape(int64_t layer, int64_t n_inst) const {
                     1.0f / std::sqrt(static_cast<float>(cfg_.head_dim))};
   as.precision = precision_;  // bf16: dq, dk, dv come back rounded
   as.doc_start = doc_start_, as.doc_end = doc_end_;  // null without intra-document masking
+  // Context parallelism: this rank's queries and keys (the whole instance without it).
+  if (cp_ > 1) as.q_begin = as.k_begin = first_position(), as.q_end = as.k_end = first_position() + L_;
   return as;
 }
 
 void Olmo3::attention_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_inst) {
   Executor& e = *ex_;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim();
+  const int64_t R = n_inst * L_, d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim();
   const float eps = cfg_.norm_eps;
   const bool bf16 = precision_ == Precision::bf16;
   // q_raw [R, qd] = x [R, d] · Wqᵀ [d, qd]
@@ -39,8 +41,7 @@ void Olmo3::attention_forward(const float* params, LayerActs& A, const BlockOffs
   e.rmsnorm_rope_forward(A.k_raw.data(), params + o.k_norm, A.k.data(), A.k_rms.data(), R, cfg_.n_kv_heads, rope_of(layer), eps,
                          bf16);
   // att [R, qd] = softmax(q·kᵀ·scale + causal window) · v, per head; statistics [B, H, T]
-  e.attention_forward(attention_shape(layer, n_inst), A.q.data(), A.k.data(), A.v.data(), A.att.data(),
-                      A.att_max.data(), A.att_sum.data());
+  attention_op_forward(A, layer, n_inst);
   round_act(A.att.data(), R * qd);
   // ao [R, d] = att [R, qd] · Woᵀ [qd, d]
   e.matmul_forward(A.att.data(), params + o.w_out, A.ao.data(), R, d, qd);
@@ -52,7 +53,7 @@ void Olmo3::attention_forward(const float* params, LayerActs& A, const BlockOffs
 
 void Olmo3::dense_ffn_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst) {
   Executor& e = *ex_;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, F = cfg_.ffn_hidden;
+  const int64_t R = n_inst * L_, d = cfg_.d_model, F = cfg_.ffn_hidden;
   // g [R, F] = h [R, d] · W1ᵀ [d, F]
   e.matmul_forward(A.h.data(), params + o.w1, A.g.data(), R, F, d);
   round_act(A.g.data(), R * F);
@@ -67,7 +68,7 @@ void Olmo3::dense_ffn_forward(const float* params, LayerActs& A, const BlockOffs
 void Olmo3::dense_ffn_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst,
                                GradientLeaves& grads) {
   Executor& e = *ex_;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, F = cfg_.ffn_hidden;
+  const int64_t R = n_inst * L_, d = cfg_.d_model, F = cfg_.ffn_hidden;
   float *df = bw_.df.data(), *dx = bw_.dx.data(), *dg = bw_.dg.data(), *du = bw_.du.data();
   // ∂W2_b [d, F] = ∂f_bᵀ · a_b
   instance_weight_grads(grads, n_inst, o.w2, df, A.a.data(), d, F);
@@ -86,7 +87,7 @@ void Olmo3::dense_ffn_backward(const float* params, LayerActs& A, const BlockOff
 void Olmo3::attention_backward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t layer, int64_t n_inst,
                                GradientLeaves& grads) {
   Executor& e = *ex_;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim();
+  const int64_t R = n_inst * L_, d = cfg_.d_model, qd = cfg_.q_dim(), kd = cfg_.kv_dim();
   BackwardBuffers& G = bw_;
   // h = x + RMSNorm(ao): ∂x starts as ∂h (kept in dx), ∂ao [R, d] via the norm.
   instance_norm_grads(grads, n_inst, o.attn_norm, A.ao.data(), params + o.attn_norm, A.ao_rms.data(), G.dx.data(),
@@ -98,8 +99,7 @@ void Olmo3::attention_backward(const float* params, LayerActs& A, const BlockOff
   e.matmul_backward_input(G.dao.data(), params + o.w_out, G.datt.data(), R, d, qd, false);
   round_act(G.datt.data(), R * qd);
   // ∂q [R, qd], ∂k, ∂v [R, kd] from ∂att and the saved statistics
-  e.attention_backward(attention_shape(layer, n_inst), A.q.data(), A.k.data(), A.v.data(), A.att.data(),
-                       A.att_max.data(), A.att_sum.data(), G.datt.data(), G.dq.data(), G.dk.data(), G.dv.data());
+  attention_op_backward(A, layer, n_inst);
   // RoPE backward (∂q, ∂k rotated back in place, rounded) and the QK-norm backward, fused: ∂q_raw [R, qd],
   // ∂k_raw [R, kd] and the norm weights' leaves.
   instance_rope_norm_grads(grads, n_inst, o.q_norm, rope_of(layer), A.q_raw.data(), params + o.q_norm, A.q_rms.data(), G.dq.data(),

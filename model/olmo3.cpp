@@ -117,9 +117,11 @@ constexpr Buffer<float> LayerActs::*kBlockWork[] = {
 constexpr Buffer<int64_t> LayerActs::*kBlockWorkIndices[] = {&LayerActs::plan_row_of, &LayerActs::plan_position};
 constexpr Buffer<int32_t> LayerActs::*kBlockWorkChoices[] = {&LayerActs::route_top};
 
-// The block buffers (all of LayerActs' executor memory but x) for R rows; `at` names the block in allocation errors.
-void allocate_block_work(Executor& e, const ModelConfig& cfg, LayerActs& a, int64_t B, int64_t T, const std::string& at) {
-  const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
+// The block buffers (all of LayerActs' executor memory but x) for R = B·L rows (L of each instance's T positions; the
+// softmax statistics are the whole instance's); `at` names the block in allocation errors.
+void allocate_block_work(Executor& e, const ModelConfig& cfg, LayerActs& a, int64_t B, int64_t T, int64_t L,
+                         const std::string& at) {
+  const int64_t R = B * L, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
   const int64_t stats = B * cfg.n_heads * T;
   a.q_raw.reset(e, R * qd, "activation q_raw" + at);
   a.k_raw.reset(e, R * kd, "activation k_raw" + at);
@@ -166,7 +168,7 @@ void allocate_block_work(Executor& e, const ModelConfig& cfg, LayerActs& a, int6
 }  // namespace
 
 Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision, Executor* ex,
-             ActivationCheckpointing checkpointing)
+             ActivationCheckpointing checkpointing, int64_t context_parallel)
     : cfg_(cfg),
       precision_(precision),
       checkpointing_(checkpointing),
@@ -175,12 +177,22 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
       layout_(cfg),
       B_(micro_batch),
       T_(seq_len),
-      R_(micro_batch * seq_len) {
+      cp_(context_parallel),
+      L_(context_parallel >= 1 ? seq_len / context_parallel : seq_len),
+      R_(micro_batch * L_) {
   cfg_.validate();
   if (cfg_.moe.enabled() && precision_ != Precision::fp32)
     throw std::invalid_argument("config key 'train.precision': mixture-of-experts models train in fp32 only so far "
                                 "(bf16 MoE is not implemented yet); set train.precision=\"fp32\"");
   if (B_ <= 0 || T_ < 2) throw std::invalid_argument("micro-batch must hold >= 1 instance of >= 2 tokens");
+  if (cp_ < 1 || T_ % cp_ != 0)
+    throw std::invalid_argument("config key 'train.cp_degree' is " + std::to_string(cp_) + ": it must be >= 1 and "
+                                "divide train.seq_len = " + std::to_string(T_) + " (each rank computes seq_len / "
+                                "cp_degree consecutive positions of every instance)");
+  if (cp_ > 1 && cfg_.moe.enabled())
+    throw std::invalid_argument("config key 'train.cp_degree' is " + std::to_string(cp_) + ": context parallelism "
+                                "of mixture-of-experts models is not implemented yet (their per-instance auxiliary "
+                                "losses and routing digests are not gathered); set train.cp_degree = 1");
   Executor& e = *ex_;
   const RopeTable table = make_rope_table(T_, cfg_.head_dim, cfg_.rope_theta);
   rope_cos_.reset(e, static_cast<int64_t>(table.cos.size()), "RoPE cos table");
@@ -197,24 +209,35 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
     scaled_rope_ = {T_, cfg_.head_dim, scaled_cos_.data(), scaled_sin_.data()};
   }
   const int64_t R = R_, d = cfg_.d_model;
-  if (!e.host_memory()) tokens_.reset(e, R, "tokens of a micro-batch");
+  if (!e.host_memory()) tokens_.reset(e, B_ * T_, "tokens of a micro-batch");  // whole instances: the labels
   acts_.resize(static_cast<size_t>(cfg_.n_layers));
   for (size_t l = 0; l < acts_.size(); ++l) {
     const std::string at = " of block " + std::to_string(l);
     acts_[l].x.reset(e, R * d, "activation x" + at);
     if (checkpointing_ == ActivationCheckpointing::none || l == 0)
-      allocate_block_work(e, cfg_, acts_[l], B_, T_,
+      allocate_block_work(e, cfg_, acts_[l], B_, T_, L_,
                           checkpointing_ == ActivationCheckpointing::none ? at : " (every block's, recomputed)");
   }
   x_final_.reset(e, R * d, "final block output");
   final_rms_.reset(e, R, "final norm statistics");
   hn_.reset(e, R * d, "final norm output");
+  if (cp_ > 1) {
+    const int64_t full = B_ * T_, qd = cfg_.q_dim(), kd = cfg_.kv_dim();
+    for (Buffer<float>* b : {&cpb_.q, &cpb_.out, &cpb_.dout, &cpb_.dq})
+      b->reset(e, full * qd, "context parallelism: one layer's whole-instance queries, outputs and their gradients");
+    for (Buffer<float>* b : {&cpb_.k, &cpb_.v, &cpb_.dk, &cpb_.dv})
+      b->reset(e, full * kd, "context parallelism: one layer's whole-instance keys, values and their gradients");
+    if (!e.host_memory()) {
+      cpb_.tokens.reset(e, R, "context parallelism: the tokens of this rank's rows");
+      cpb_.positions.reset(e, R, "context parallelism: the RoPE positions of this rank's rows");
+    }
+  }
   set_head_chunk_rows_for_test(head_chunk_rows(cfg_.vocab_size, T_));
 }
 
 void Olmo3::set_head_chunk_rows_for_test(int64_t rows) {
   if (rows < 1) throw std::invalid_argument("head chunk rows must be >= 1");
-  head_rows_ = std::min(rows, T_);
+  head_rows_ = std::min(rows, L_);
   logits_.reset(*ex_, head_rows_ * cfg_.vocab_size, "logits [a run of an instance's rows, vocabulary]");
   ce_terms_.assign(static_cast<size_t>(T_), 0.0);
   z_terms_.assign(static_cast<size_t>(T_), 0.0);
@@ -238,8 +261,10 @@ void Olmo3::bind_block_work(int64_t layer) {
 }
 
 ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch,
-                         ActivationCheckpointing checkpointing) {
-  const int64_t R = B * T, d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim(), F = cfg.ffn_hidden;
+                         ActivationCheckpointing checkpointing, int64_t cp) {
+  // R: the rows a rank holds, each instance's T / cp positions
+  const int64_t R = B * (T / std::max<int64_t>(cp, 1)), d = cfg.d_model, qd = cfg.q_dim(), kd = cfg.kv_dim();
+  const int64_t F = cfg.ffn_hidden;
   const int64_t V = cfg.vocab_size, stats = B * cfg.n_heads * T, f32 = sizeof(float);
   // Per block: ao, h, f [R, d]; q_raw, q, att [R, qd]; k_raw, k, v [R, kd]; g, u, a [R, F]; five row statistics.
   int64_t ffn = 3 * R * F, ffn_bw = 2 * R * F;
@@ -261,17 +286,22 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
   // dx, dhn, df, dao [R, d]; datt, dq, dq_raw [R, qd]; dk, dk_raw, dv [R, kd]; the feed-forward's
   m.backward = f32 * (R * (4 * d + 3 * qd + 3 * kd) + ffn_bw);
   // x_final, hn [R, d], final_rms [R], one run's logits [rows, V]
-  m.logits = f32 * (R * (2 * d + 1) + head_chunk_rows(V, T) * V);
+  m.logits = f32 * (R * (2 * d + 1) + std::min(head_chunk_rows(V, T), R / B) * V);
   m.working = f32 * T * cfg.head_dim + R * 24;  // RoPE tables [T, hd/2] x 2; tokens and the loss's fp64 row terms
   if (cfg.rope_scaling.on()) m.working += f32 * T * cfg.head_dim;  // the scaled layers' own pair of tables
   if (precision == Precision::bf16) m.working += f32 * ParamLayout(cfg).total;
   if (kernel_scratch) m.kernel_scratch = cuda_attention_workspace_bytes(B, cfg.n_heads, T, cfg.head_dim);
+  if (cp > 1) {
+    // One layer's whole-instance attention tensors (q, out, ∂out, dq [B·T, qd]; k, v, dk, dv [B·T, kd]), the partial
+    // of a chain on its way (the largest leaf: the embedding's or the head's [V, d]), the rows' tokens and positions.
+    m.context_parallel = f32 * (4 * B * T * (qd + kd) + V * d) + 8 * R;
+  }
   return m;
 }
 
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t B, int64_t T, Precision precision, bool kernel_scratch,
-                           ActivationCheckpointing checkpointing) {
-  return olmo3_memory(cfg, B, T, precision, kernel_scratch, checkpointing).total();
+                           ActivationCheckpointing checkpointing, int64_t cp) {
+  return olmo3_memory(cfg, B, T, precision, kernel_scratch, checkpointing, cp).total();
 }
 
 void Olmo3::set_z_loss(double z_loss) {
@@ -288,6 +318,7 @@ const uint32_t* Olmo3::begin_call(const uint32_t* host_tokens, int64_t n_inst, T
     if (host_tokens[r] >= static_cast<uint64_t>(V))
       throw std::out_of_range("token id " + std::to_string(host_tokens[r]) + " >= vocab_size " + std::to_string(V));
   documents_of(host_tokens, n_inst);
+  rows_of_call(host_tokens, n_inst);
   if (ex_->host_memory()) return host_tokens;
   tokens_.upload(host_tokens, R);
   return tokens_.data();
@@ -321,7 +352,7 @@ void Olmo3::block_forward(const float* params, int64_t l, int64_t n_inst) {
   bind_block_work(l);
   LayerActs& A = acts_[static_cast<size_t>(l)];
   const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
-  const int64_t R = n_inst * T_;
+  const int64_t R = n_inst * L_;
   attention_forward(params, A, o, l, n_inst);  // h [R, d] = x + RMSNorm(Attn(x))
   if (cfg_.moe.enabled())
     moe_forward(params, A, o, n_inst);  // f [R, d] = MoE(h)
@@ -338,7 +369,7 @@ void Olmo3::block_backward(const float* params, int64_t l, int64_t n_inst, int64
                            GradientLeaves& grads) {
   LayerActs& A = acts_[static_cast<size_t>(l)];
   const BlockOffsets& o = layout_.blocks[static_cast<size_t>(l)];
-  const int64_t R = n_inst * T_, d = cfg_.d_model;
+  const int64_t R = n_inst * L_, d = cfg_.d_model;
   // out = h + RMSNorm(f): ∂h = dx (kept in dx, accumulated into below), ∂f [R, d] via the norm.
   instance_norm_grads(grads, n_inst, o.ffn_norm, A.f.data(), params + o.ffn_norm, A.f_rms.data(), bw_.dx.data(),
                       bw_.df.data(), d);
@@ -424,13 +455,13 @@ class Olmo3::ComputeSteps final : public Olmo3::PassSteps {
 };
 
 void Olmo3::embedding_forward(const PassInputs& in) {
-  // x [R, d] = embeddings [V, d] at tokens [R]
-  ex_->embedding_forward(in.params + layout_.embeddings, in.tokens, acts_[0].x.data(), in.n_instances * T_,
+  // x [R, d] = embeddings [V, d] at the rows' tokens [R]
+  ex_->embedding_forward(in.params + layout_.embeddings, in.row_tokens, acts_[0].x.data(), in.n_instances * L_,
                          cfg_.d_model);
 }
 
 void Olmo3::head_forward(const PassInputs& in) {
-  const int64_t R = in.n_instances * T_, d = cfg_.d_model;
+  const int64_t R = in.n_instances * L_, d = cfg_.d_model;
   // hn [R, d] = RMSNorm(x_final [R, d])
   ex_->rmsnorm_forward(x_final_.data(), in.params + layout_.final_norm, hn_.data(), final_rms_.data(), R, d,
                        cfg_.norm_eps);
@@ -447,31 +478,41 @@ void Olmo3::head_forward(const PassInputs& in) {
 //   ∂hn rows [n, d] = ∂logits [n, V] · lm_head [V, d].
 // The logits and ∂hn are row-local, each ∂lm_head output is one chain continued in row order and the instance's
 // loss totals sum its T row terms as one vector, so every split into runs gives the whole instance's bits
-// (docs/canonical/loss.md).
+// (docs/canonical/loss.md). Under context parallelism the runs are this rank's positions, each ∂lm_head chain goes on
+// from the previous rank's (leaf_begin) and the row terms of every rank are gathered before they are summed.
 void Olmo3::head_rows(const PassInputs& in, bool backward) {
   Executor& e = *ex_;
-  const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t d = cfg_.d_model, V = cfg_.vocab_size, p0 = first_position();
   const float* lm_head = in.params + layout_.lm_head;
   for (int64_t b = 0; b < in.n_instances; ++b) {
-    float* leaf = backward ? in.grads->leaf(b, layout_.lm_head, V * d) : nullptr;
-    for (int64_t t0 = 0; t0 < T_; t0 += head_rows_) {
-      const int64_t n = std::min(head_rows_, T_ - t0), row = b * T_ + t0;
+    float* leaf = backward ? leaf_begin(*in.grads, b, layout_.lm_head, V * d) : nullptr;
+    for (int64_t t0 = 0; t0 < L_; t0 += head_rows_) {
+      // n rows from this rank's row t0 of instance b, at position p = p0 + t0 of the instance
+      const int64_t n = std::min(head_rows_, L_ - t0), row = b * L_ + t0, p = p0 + t0;
       const float* hn = hn_.data() + row * d;
       e.matmul_forward(hn, lm_head, logits_.data(), n, V, d);
       round_act(logits_.data(), n * V);  // bf16 logits; the loss upcasts them (`.float()`)
-      if (in.logits_out) logits_.download(in.logits_out + row * V, n * V);
-      e.cross_entropy_rows(logits_.data(), in.tokens + b * T_, t0, n, T_, V, z_loss_, in.global_n_targets,
-                           ce_terms_.data() + t0, z_terms_.data() + t0);
+      if (in.logits_out) logits_.download(in.logits_out + (b * T_ + p) * V, n * V);
+      e.cross_entropy_rows(logits_.data(), in.tokens + b * T_, p, n, T_, V, z_loss_, in.global_n_targets,
+                           ce_terms_.data() + p, z_terms_.data() + p);
       if (!backward) continue;
       // bf16: ∂logits rounded (the gradient of the bf16 logits tensor); every activation gradient is rounded once
       // it is complete and every parameter gradient leaf once it is written (round_act, a no-op in fp32).
       round_act(logits_.data(), n * V);
-      e.matmul_backward_weight(logits_.data(), hn, leaf, n, V, d, t0 > 0);
+      e.matmul_backward_weight(logits_.data(), hn, leaf, n, V, d, t0 > 0 || leaf_continues());
       e.matmul_backward_input(logits_.data(), lm_head, bw_.dhn.data() + row * d, n, V, d, false);
     }
-    if (backward) {
-      round_act(leaf, V * d);
-      in.grads->commit(b, layout_.lm_head, V * d);
+    if (backward) leaf_end(*in.grads, b, layout_.lm_head, V * d, leaf);
+    if (cp_ > 1) {  // every rank's row terms [T] (fp64: exact copies), so that the sum below is the whole instance's
+      cpb_.terms.assign(ce_terms_.begin() + p0, ce_terms_.begin() + p0 + L_);
+      cpb_.terms.insert(cpb_.terms.end(), z_terms_.begin() + p0, z_terms_.begin() + p0 + L_);
+      cpb_.all_terms.resize(cpb_.terms.size() * static_cast<size_t>(cp_));
+      cp_ex_->allgather(cpb_.terms.data(), cpb_.terms.size() * sizeof(double), cpb_.all_terms.data());
+      for (int64_t r = 0; r < cp_; ++r) {
+        const double* got = cpb_.all_terms.data() + r * 2 * L_;
+        std::copy(got, got + L_, ce_terms_.begin() + r * L_);
+        std::copy(got + L_, got + 2 * L_, z_terms_.begin() + r * L_);
+      }
     }
     // The instance's fp64 totals are the leaves of the loss tree.
     in.per_instance[b] = {canonical_sum_f64(ce_terms_.data(), T_), canonical_sum_f64(z_terms_.data(), T_), T_ - 1};
@@ -482,7 +523,7 @@ void Olmo3::head_rows(const PassInputs& in, bool backward) {
 }
 
 void Olmo3::head_backward(const PassInputs& in) {
-  const int64_t n_inst = in.n_instances, R = n_inst * T_, d = cfg_.d_model;
+  const int64_t n_inst = in.n_instances, R = n_inst * L_, d = cfg_.d_model;
   allocate_backward_buffers();
   head_rows(in, true);
   round_act(bw_.dhn.data(), R * d);
@@ -495,12 +536,11 @@ void Olmo3::head_backward(const PassInputs& in) {
 
 void Olmo3::embedding_backward(const PassInputs& in) {
   const int64_t d = cfg_.d_model, V = cfg_.vocab_size;
-  // ∂embeddings_b [V, d]: instance b's T rows of dx added at their tokens, in position order
+  // ∂embeddings_b [V, d]: instance b's rows of dx added at their tokens, in position order
   for (int64_t b = 0; b < in.n_instances; ++b) {
-    float* leaf = in.grads->leaf(b, layout_.embeddings, V * d);
-    ex_->embedding_backward(in.host_tokens + b * T_, bw_.dx.data() + b * T_ * d, leaf, T_, V, d, false);
-    round_act(leaf, V * d);
-    in.grads->commit(b, layout_.embeddings, V * d);
+    float* leaf = leaf_begin(*in.grads, b, layout_.embeddings, V * d);
+    ex_->embedding_backward(in.row_host_tokens + b * L_, bw_.dx.data() + b * L_ * d, leaf, L_, V, d, leaf_continues());
+    leaf_end(*in.grads, b, layout_.embeddings, V * d, leaf);
   }
 }
 
@@ -509,6 +549,7 @@ LossSums Olmo3::forward_loss(const float* params, const uint32_t* host_tokens, T
   in.tokens = begin_call(host_tokens, B_, pool);
   in.params = working_params(params);
   in.host_tokens = host_tokens;
+  set_row_tokens(in);
   in.n_instances = B_;
   in.global_n_targets = B_ * (T_ - 1);
   per_scratch_.assign(static_cast<size_t>(B_), LossSums{});
@@ -540,6 +581,7 @@ void Olmo3::forward_backward(const float* params, const uint32_t* host_tokens, i
   in.tokens = begin_call(host_tokens, n_inst, pool);
   in.params = working_params(params);  // bf16: the bf16 copy, for forward and backward alike
   in.host_tokens = host_tokens;
+  set_row_tokens(in);
   in.n_instances = n_inst;
   in.global_n_targets = global_n_targets;
   in.grads = &grads;
@@ -590,10 +632,9 @@ void Olmo3::allocate_backward_buffers() {
 void Olmo3::instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* dY, const float* X,
                                   int64_t N, int64_t K) {
   for (int64_t b = 0; b < n_inst; ++b) {
-    float* leaf = grads.leaf(b, offset, N * K);
-    ex_->matmul_backward_weight(dY + b * T_ * N, X + b * T_ * K, leaf, T_, N, K, false);
-    round_act(leaf, N * K);
-    grads.commit(b, offset, N * K);
+    float* leaf = leaf_begin(grads, b, offset, N * K);
+    ex_->matmul_backward_weight(dY + b * L_ * N, X + b * L_ * K, leaf, L_, N, K, leaf_continues());
+    leaf_end(grads, b, offset, N * K, leaf);
   }
 }
 
@@ -601,10 +642,10 @@ void Olmo3::instance_weight_grads(GradientLeaves& grads, int64_t n_inst, int64_t
 void Olmo3::instance_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const float* x, const float* w,
                                 const float* inv_rms, const float* dy, float* dx, int64_t n) {
   for (int64_t b = 0; b < n_inst; ++b) {
-    float* leaf = grads.leaf(b, offset, n);
-    ex_->rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_, n, false);
-    round_act(leaf, n);
-    grads.commit(b, offset, n);
+    float* leaf = leaf_begin(grads, b, offset, n);
+    ex_->rmsnorm_backward(x + b * L_ * n, w, inv_rms + b * L_, dy + b * L_ * n, dx + b * L_ * n, leaf, L_, n,
+                          leaf_continues());
+    leaf_end(grads, b, offset, n, leaf);
   }
 }
 
@@ -613,13 +654,12 @@ void Olmo3::instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int6
                                      const float* w, const float* inv_rms, float* dy, float* dx, int64_t n_heads) {
   const int64_t n = n_heads * cfg_.head_dim;
   for (int64_t b = 0; b < n_inst; ++b) {
-    float* leaf = grads.leaf(b, offset, n);
-    RopeView instance = rope;  // instance b's rows are rows 0..T-1 of this call
-    if (instance.positions) instance.positions += b * T_;
-    ex_->rope_rmsnorm_backward(x + b * T_ * n, w, inv_rms + b * T_, dy + b * T_ * n, dx + b * T_ * n, leaf, T_,
-                               n_heads, instance, precision_ == Precision::bf16, false);
-    round_act(leaf, n);
-    grads.commit(b, offset, n);
+    float* leaf = leaf_begin(grads, b, offset, n);
+    RopeView instance = rope;  // instance b's rows are rows b·L .. b·L + L - 1 of this call
+    if (instance.positions) instance.positions += b * L_;
+    ex_->rope_rmsnorm_backward(x + b * L_ * n, w, inv_rms + b * L_, dy + b * L_ * n, dx + b * L_ * n, leaf, L_,
+                               n_heads, instance, precision_ == Precision::bf16, leaf_continues());
+    leaf_end(grads, b, offset, n, leaf);
   }
 }
 

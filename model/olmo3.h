@@ -157,6 +157,26 @@ class ExpertExchange {
                          const std::vector<int64_t>& recv_counts) = 0;
 };
 
+// Context parallelism (train.cp_degree, docs/canonical/context_parallel.md): the n ranks of a group each compute
+// L = T / n consecutive positions of every instance of one micro-batch, rank i the positions [i·L, (i+1)·L)
+// (OLMo-core's llama3 sharding). Data movement only, so every value has the bits of one rank's whole instance:
+// attention gathers every rank's keys and values (in backward also the queries, outputs, their gradients) and computes
+// its own queries and keys (AttentionShape's parts); every chain over an instance's positions (a weight's gradient,
+// a norm weight's, the embedding's, the LM head's) starts on rank 0, goes on on rank 1 from rank 0's partial, and so
+// on, and ends on the last rank, which alone writes the instance's gradient leaves; the loss's row terms are gathered
+// and summed whole.
+class ContextExchange {
+ public:
+  virtual ~ContextExchange() = default;
+  virtual int size() const = 0;   // ranks in the group
+  virtual int index() const = 0;  // this rank's place in it: its positions are [index·L, (index+1)·L)
+  // all [size() · bytes]: block i is rank i's `mine` (host memory).
+  virtual void allgather(const void* mine, size_t bytes, void* all) = 0;
+  // A chain's partial [n] (host memory) to the next rank, and from the previous one.
+  virtual void send_next(const float* partial, int64_t n) = 0;
+  virtual void recv_prev(float* partial, int64_t n) = 0;
+};
+
 // OLMo-core's activation_checkpointing mode (train.activation_checkpointing). none: backward reads every block's
 // activations as forward left them. full: forward keeps each block's input x [R, d] only, and each block's backward
 // first runs the block's forward again with the same ops on the same x, so every bit of every gradient is the same;
@@ -173,17 +193,24 @@ struct ModelMemory {
   int64_t logits = 0;       // the head: final norm input and output [R, d] and one run of rows' logits [rows, V]
   int64_t working = 0;      // RoPE tables, tokens, the loss's row terms and (bf16) the working copy of the weights
   int64_t kernel_scratch = 0;  // the CUDA kernels' largest scratch: attention's rows of T per block, D, dk/dv
-  int64_t total() const { return activations + backward + logits + working + kernel_scratch; }
+  // Context parallelism: one layer's whole-instance attention tensors, a chain's partial, the rows' tokens and
+  // positions (Olmo3::ContextBuffers)
+  int64_t context_parallel = 0;
+  int64_t total() const { return activations + backward + logits + working + kernel_scratch + context_parallel; }
 };
 // The rows of one instance whose logits the head holds at once. Whole micro-batches would hold [R, V] (6.6 GiB at
 // 7B, micro-batch 2, V 100352), so the head and the loss run over runs of at most this many rows of one instance:
 // the largest power of two whose [rows, V] fp32 logits fit 256 MiB (at least 1), or the whole instance if smaller.
 int64_t head_chunk_rows(int64_t vocab_size, int64_t seq_len);
 
+// context_parallel: the ranks one instance's positions are split over (each holds seq_len / context_parallel rows
+// of activations, and one layer's whole-instance attention tensors).
 ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
-                         bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
+                         bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+                         int64_t context_parallel = 1);
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
-                           bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
+                           bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+                           int64_t context_parallel = 1);
 
 // FSDP's units of the flat vector, for the model (Olmo3::unit_range, unit_reads) and for the models of memory and
 // step time that need no model: unit 0 the embedding, 1..n_layers the blocks, n_layers + 1 the final norm and the LM
@@ -203,8 +230,10 @@ class Olmo3 {
   // ex: the executor every op runs on; nullptr: a CPU executor of the model's own, using the ThreadPool each
   // call passes (`pool` is ignored with any other executor).
   // checkpointing: what forward keeps for backward (ActivationCheckpointing); never changes a bit.
+  // context_parallel: the group size of set_context_exchange (1: none); it must divide seq_len.
   Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32,
-        Executor* ex = nullptr, ActivationCheckpointing checkpointing = ActivationCheckpointing::none);
+        Executor* ex = nullptr, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+        int64_t context_parallel = 1);
   Executor& executor() { return *ex_; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -254,6 +283,16 @@ class Olmo3 {
   // With expert parallelism the pass also serves as an expert owner: every MoE layer's exchanges of forward and
   // backward run with no rows of its own, computing the owned experts on what the other ranks send.
   void idle_pass(const float* params);
+
+  // Context parallelism: the group this model computes a part of every instance with, of the constructor's size; it
+  // must outlive the model's use of it. Every call then runs on all of the group's ranks together, with the same
+  // tokens; on every rank but the last, forward_backward writes no gradient leaf (the chains go on to the next rank).
+  void set_context_exchange(ContextExchange* cp);
+  int64_t context_parallel() const { return cp_; }
+  // TEST ONLY negative control (host-memory executors): each rank's chains start from zero over its own positions and
+  // the partials are added rank after rank, as a context-parallel all-reduce of the weight gradients would; must break
+  // the bits.
+  void set_debug_cp_partial_sums(bool on) { debug_cp_partial_sums_ = on; }
 
   // Expert parallelism for forward_backward (forward_loss stays local: it needs every expert's weights, which a
   // rank holds); nullptr: every expert runs here. The exchange must outlive the model's use of it.
@@ -310,7 +349,11 @@ class Olmo3 {
   struct PassInputs {
     const float* params = nullptr;          // the working parameters (bf16: the copy)
     const uint32_t* tokens = nullptr;       // [R] in executor memory
-    const uint32_t* host_tokens = nullptr;  // [R] on the host (the embedding backward reads them there)
+    const uint32_t* host_tokens = nullptr;  // [n, T] on the host
+    // This rank's rows' tokens [R] (the embedding's), in executor memory and on the host (the embedding backward
+    // reads them there): tokens and host_tokens themselves without context parallelism.
+    const uint32_t* row_tokens = nullptr;
+    const uint32_t* row_host_tokens = nullptr;
     int64_t n_instances = 0;
     // forward_backward only: the loss's divisor, where the gradient leaves and the loss totals go, the logits copy.
     int64_t global_n_targets = 0;
@@ -386,6 +429,29 @@ class Olmo3 {
   void experts_backward(const float* params, const BlockOffsets& o, const ExpertRows& rows, const float* dy,
                         const float* g, const float* u, float* da, float* dg, float* du, float* dX);
 
+  // Context parallelism (model/context_parallel.cpp). The attention op over this rank's part of each instance:
+  // forward from q, k, v [R, ·] to att [R, qd] and the whole instance's statistics [n, H, T]; backward from them and
+  // ∂att to dq [R, qd], dk, dv [R, kd]. Without context parallelism these are the executor's ops on the rows as they are.
+  void attention_op_forward(LayerActs& A, int64_t layer, int64_t n_inst);
+  void attention_op_backward(LayerActs& A, int64_t layer, int64_t n_inst);
+  // Every rank's rows [n, L, w] of `mine` (executor memory) at their positions of full [n, T, w] (executor memory).
+  void gather_positions(const float* mine, int64_t n_inst, int64_t w, float* full);
+  // The statistics [n, H, T] this rank wrote (its positions) completed with every other rank's.
+  void gather_statistics(float* stats, int64_t n_inst);
+  // Under context parallelism, this call's row tokens and RoPE positions (begin_call).
+  void rows_of_call(const uint32_t* host_tokens, int64_t n_inst);
+  // The pass's row_tokens and row_host_tokens: this call's (rows_of_call), or the instances' own without it.
+  void set_row_tokens(PassInputs& in) const;
+  // One instance's leaf of the parameters [offset, offset + n), as a chain over the instance's positions: leaf_begin
+  // says where the chain's op writes (the leaf itself, or on a rank before the last one the partial to pass on), with
+  // the previous rank's partial there when one came (leaf_continues: the op continues it, accumulate); leaf_end
+  // rounds (bf16) and commits the finished leaf, or passes the partial on.
+  float* leaf_begin(GradientLeaves& grads, int64_t b, int64_t offset, int64_t n);
+  bool leaf_continues() const { return cp_index() > 0 && !debug_cp_partial_sums_; }
+  void leaf_end(GradientLeaves& grads, int64_t b, int64_t offset, int64_t n, float* at);
+  int cp_index() const { return cp_ex_ ? cp_ex_->index() : 0; }
+  int64_t first_position() const { return cp_index() * L_; }  // of this rank's rows, in each instance
+
   // Per-instance gradient leaves (forward_backward and the blocks): of one linear layer, dW_b [N, K] from dY [R, N],
   // X [R, K]; of an RMSNorm, dx [R, n] and the weight's leaf; of QK-norm + RoPE over n_heads heads, likewise after
   // rotating dy [R, n_heads·hd] back in place.
@@ -420,25 +486,42 @@ class Olmo3 {
   const float* unit_read_ = nullptr;  // with a gate: the unit in use, read at flat offsets (reading())
   Buffer<float> unit_bf16_;           // with a gate in bf16: the unit in use's working copy
   ParamLayout layout_;
-  int64_t B_, T_, R_;
+  // T_ positions an instance, L_ of them this rank's rows (T_ / cp_), R_ = B_·L_ rows a micro-batch.
+  int64_t B_, T_, cp_, L_, R_;
+  ContextExchange* cp_ex_ = nullptr;  // set_context_exchange
+  bool debug_cp_partial_sums_ = false;
+  // Context parallelism's buffers: one layer's whole-instance attention tensors [B, T, qd] (q, out, ∂out, dq) and
+  // [B, T, kd] (k, v, dk, dv), shared by every layer; the partial of a chain on its way (on the largest leaf, V·d);
+  // the call's row tokens and RoPE positions [R] (executor memory, and on the host); host staging of the exchanges.
+  struct ContextBuffers {
+    Buffer<float> q, k, v, out, dout, dq, dk, dv, partial;
+    Buffer<uint32_t> tokens;
+    Buffer<int32_t> positions;
+    std::vector<uint32_t> host_tokens;
+    std::vector<int32_t> host_positions;
+    std::vector<float> mine, all, full, partial_host;
+    std::vector<double> terms, all_terms;
+  } cpb_;
   Buffer<float> rope_cos_, rope_sin_;  // [T, hd/2] (ref/ops.h make_rope_table)
   RopeView rope_;
   // model.rope_scaling's table [T, hd/2] for the layers it applies to (cfg_.rope_scaled); empty when off.
   Buffer<float> scaled_cos_, scaled_sin_;
   RopeView scaled_rope_;
   // The layer's table, at the call's document positions under intra-document masking.
+  // Under context parallelism every row has its position there (its place in the instance, or in its document).
   RopeView rope_of(int64_t layer) const {
     RopeView r = cfg_.rope_scaled(layer) ? scaled_rope_ : rope_;
-    r.positions = doc_pos_;
+    r.positions = cp_ > 1 ? row_pos_ : doc_pos_;
     return r;
   }
+  const int32_t* row_pos_ = nullptr;  // context parallelism: the call's RoPE positions of this rank's rows [R]
   // Under intra-document masking: the call's documents (begin_call), each [R] in executor memory, and their host
   // copies; null pointers without masking.
   int64_t doc_eos_ = -1;
   std::vector<int32_t> doc_host_[3];  // start, end, position in the document
   Buffer<int32_t> doc_buf_[3];
   const int32_t *doc_start_ = nullptr, *doc_end_ = nullptr, *doc_pos_ = nullptr;
-  Buffer<uint32_t> tokens_;            // [R]: the host tokens, copied when executor memory is not host memory
+  Buffer<uint32_t> tokens_;            // [B, T]: the host tokens, copied when executor memory is not host memory
   std::vector<LayerActs> acts_;
   Buffer<float> x_final_, final_rms_, hn_;  // [R, d], [R], [R, d]
   int64_t head_rows_;                        // head_chunk_rows, or set_head_chunk_rows_for_test

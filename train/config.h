@@ -24,6 +24,10 @@ struct TrainLoopConfig {
   // OLMo-core's name: "none", or "full" (each block's forward again in its backward; model/olmo3.h
   // ActivationCheckpointing). Same bits either way, so a resume may change it.
   std::string activation_checkpointing = "none";
+  // Context parallelism (OLMo-core's TransformerContextParallelConfig.llama3 degree): groups of cp_degree consecutive
+  // ranks each compute seq_len / cp_degree positions of every instance of a micro-batch. Same bits at every degree, so
+  // a resume may change it.
+  int64_t cp_degree = 1;
   int64_t log_every = 1;
 };
 

@@ -432,6 +432,25 @@ const std::vector<Key>& keys() {
                     : "is \"" + m + "\"; it must be \"none\" (keep every block's activations) or \"full\" (keep each "
                       "block's input and recompute the block in backward: same bits, less memory)";
        }},
+      // Never changes a bit (docs/canonical/context_parallel.md): hashed at its default and written only when set, so
+      // a checkpoint resumes at any degree.
+      {"train", "cp_degree", field([](auto& c) -> auto& { return c.train.cp_degree; }), Written::unless_default,
+       Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
+         const int64_t n = c.train.cp_degree;
+         if (n < 1) return "must be >= 1 (1: no context parallelism)";
+         if (n == 1) return "";
+         if (c.train.seq_len % n != 0)
+           return "is " + std::to_string(n) + ", which does not divide train.seq_len = " +
+                  std::to_string(c.train.seq_len) + ": each rank computes seq_len / cp_degree consecutive positions "
+                  "of every instance; choose a divisor of seq_len";
+         if (c.model.moe.enabled())
+           return "context parallelism of mixture-of-experts models is not implemented yet (their per-instance "
+                  "auxiliary losses and routing digests are not gathered across the group); set train.cp_degree = 1";
+         if (c.data.audit)
+           return "context parallelism with data.audit is not implemented yet (the audit names the rank of each "
+                  "micro-batch, and a group of ranks computes it); set data.audit = false or train.cp_degree = 1";
+         return "";
+       }},
       {"train", "log_every", field([](auto& c) -> auto& { return c.train.log_every; }), Written::always,
        Resume::neutral, nullptr, [](const TrainConfig& c) -> Why { return c.train.log_every > 0 ? "" : "must be > 0"; }},
 

@@ -89,7 +89,9 @@ struct RankParts {
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
                      const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int64_t exchange_chunks) {
   RankParts p;
-  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world()};
+  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world(),
+                         static_cast<int>(cfg.train.cp_degree)};
+  split.validate();  // what the trainer refuses, refused here first (check_run_fits runs before it)
   const int64_t N = split.global_instances, stride = L.optimizer_stride();
   const int W = L.world(), S = L.dp_shard;
   p.shard_floats = L.hi() - L.lo();
@@ -221,7 +223,7 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
   x.L.rank = x.rank;
   x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
   x.mm = olmo3_memory(m, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
-                      x.device_paths, x.ac);
+                      x.device_paths, x.ac, cfg.train.cp_degree);
   for (const ParamInfo& info : x.layout.params) x.largest_tensor = std::max(x.largest_tensor, info.numel);
   return x;
 }
@@ -279,6 +281,14 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
   add("kernel scratch", x.mm.kernel_scratch, "attention rows [blocks in flight, seq], D, per-head dk/dv: linear in seq");
   if (gpu && cfg.data.document_masking)
     add("document boundaries", 3 * 4 * R, "intra-document masking: start, end, RoPE position [R] int32 each, uploaded");
+  if (cfg.train.cp_degree > 1) {
+    add("context parallelism", x.mm.context_parallel,
+        "one layer's whole-instance q, out, dout, dq [micro-batch x seq, qd] and k, v, dk, dv [.., kd], a gradient "
+        "chain's partial [V, d]");
+    // On the host too, the all-gather's receive [micro-batch x seq, qd] (host memory is the executor's here).
+    if (!gpu) add("context parallelism gathers", kF32 * cfg.train.micro_batch_instances * T * m.q_dim(),
+                  "every rank's rows of one attention tensor [micro-batch x seq, qd]");
+  }
   if (m.moe.enabled()) {
     const int64_t E = m.moe.n_experts, k = m.moe.top_k, S = R * k;
     // LayerActs' host routing of every layer (scores [R, E], lse [R], top and weight [R, k], the plan [S] x 2).
@@ -385,6 +395,15 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     }
     const MemoryPart transient = largest_transient(p, false);
     add(transient.name, transient.bytes, transient.why + " (host staging)");
+    // Olmo3::ContextBuffers' host side: attention's gathers staged through the host (this rank's rows, every rank's,
+    // the whole tensor to upload) and a chain's partial on its way.
+    if (cfg.train.cp_degree > 1) {
+      const int64_t B = cfg.train.micro_batch_instances, T = cfg.train.seq_len, qd = cfg.model.q_dim();
+      add("context parallelism staging",
+          kF32 * (B * (T / cfg.train.cp_degree) * qd + 2 * B * T * qd + cfg.model.vocab_size * cfg.model.d_model),
+          "attention's gathers through the host: my rows, every rank's, the whole tensor [micro-batch x seq, qd]; a "
+          "gradient chain's partial [V, d]");
+    }
     add("digest staging", kF32 * std::min(p.optimizer_floats, 2 * StateDigest::kStreamChunks * kDigestChunk),
         "two blocks of the range being hashed (64 MiB each at most)");
   }
@@ -420,10 +439,10 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     resume.parts = without(step.parts, {"gradient shard", "gradient stack", "owner tree slots", "unit send blocks",
                                         "unit receive blocks", "FSDP unit buffer",
                                         "FSDP gather buffers", "parameter all-gather", "digest staging",
-                                        "evaluation model"});
+                                        "evaluation model", "context parallelism gathers"});
   } else {
     resume.parts = without(step.parts, {"unit send blocks", "unit receive blocks", "FSDP gather buffers",
-                                        "parameter all-gather"});
+                                        "parameter all-gather", "context parallelism staging"});
   }
   resume.parts.push_back({"checkpoint frames", read_threads * 2 * frame,
                           std::to_string(read_threads) + " reading thread(s) x one frame and its compressed bytes"});
@@ -513,7 +532,8 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
   std::vector<std::string> fits;
   auto peak_of = [&](const TrainConfig& c, const MemoryPlacement& w) -> int64_t {
     try {
-      BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate}.validate();
+      BatchSplit{c.train.global_batch_instances, c.train.micro_batch_instances, w.dp_shard * w.dp_replicate,
+                 static_cast<int>(c.train.cp_degree)}.validate();
       return predict_rank_memory(c, w).peak();
     } catch (const std::invalid_argument&) {
       return -1;  // a layout the trainer would refuse
@@ -533,6 +553,17 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
   if (cfg.train.activation_checkpointing != "full")
     if (const int64_t peak = peak_of(full, where); peak >= 0 && peak <= available)
       note("train.activation_checkpointing=\"full\"", peak);
+  // Context parallelism splits the activations, which no dp_shard does (dense models: docs/memory.md).
+  if (!cfg.model.moe.enabled())
+    for (int64_t n = cfg.train.cp_degree * 2; n <= where.dp_shard * where.dp_replicate; n *= 2) {
+      TrainConfig c = cfg;
+      c.train.cp_degree = n;
+      if (cfg.train.seq_len % n != 0) break;
+      if (const int64_t peak = peak_of(c, where); peak >= 0 && peak <= available) {
+        note("train.cp_degree=" + std::to_string(n), peak);
+        break;
+      }
+    }
   for (int s = where.dp_shard * 2; s <= 65536; s *= 2) {
     MemoryPlacement w = where;
     w.dp_shard = s;

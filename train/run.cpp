@@ -233,6 +233,14 @@ namespace {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // hang
 }
 
+// The loader's data-parallel world: the groups that take micro-batches (a context-parallel group of cp_degree ranks
+// takes one, BatchSplit; rank r is in group r·groups/world). It shapes only the loader's checks and audit, never the
+// data order.
+int loader_world(const TrainConfig& cfg, int world) {
+  return cfg.train.cp_degree > 1 && world % cfg.train.cp_degree == 0 ? world / static_cast<int>(cfg.train.cp_degree)
+                                                                      : world;
+}
+
 // A resume is checked in full before anything is touched (the manifest against this run's config and data, the
 // loader state against the data, the records against the checkpoint), then the records past the checkpoint are cut.
 // Returns the step the records begin again at (--new-records), else 0. Collective.
@@ -243,7 +251,8 @@ int64_t check_resume(const TrainConfig& cfg, const RunOptions& opts, const std::
   const bool lead = rank == 0;
   int64_t records_begin = 0;
   // A refused resume leaves the run directory as it was.
-  std::unique_ptr<BatchSource> probe = make_batch_source(cfg, "", false, world, rank);
+  std::unique_ptr<BatchSource> probe =
+      make_batch_source(cfg, "", false, loader_world(cfg, world), rank * loader_world(cfg, world) / world);
   ckpt::CheckpointMeta expect;
   expect.model_hash = cfg.model_hash();
   expect.resume_hash = cfg.resume_hash();
@@ -508,7 +517,10 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   par.no_steps = opts.stop_after == 0;
   // start_state loads the resumed checkpoint, or init.checkpoint's, over every parameter.
   par.weights_from_checkpoint = !resume_dir.empty() || !cfg.init.checkpoint.empty();
-  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), world, rank), par);
+  Trainer trainer(cfg, opts.threads,
+                  make_batch_source(cfg, audit_path, !resume_dir.empty(), loader_world(cfg, world),
+                                    rank * loader_world(cfg, world) / world),
+                  par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
   start_state(trainer, cfg, opts, resume_dir, quiet);
   TraceWriter trace;

@@ -158,6 +158,9 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
   const int W = L.world(), S = L.dp_shard, R = L.dp_replicate;
   // An EP group the trainer would refuse is taken as none, as the memory model does.
   const int ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts ? where.ep : 1;
+  if (cfg.train.cp_degree > 1)
+    throw std::invalid_argument("train.cp_degree = " + std::to_string(cfg.train.cp_degree) + ": the step-time model "
+                                "does not count context parallelism's exchanges yet (its memory model does: drop --time)");
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, W};
   split.validate();
   const int64_t N = split.global_instances, T = cfg.train.seq_len;

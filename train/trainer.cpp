@@ -102,7 +102,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       pool_(threads),
       ex_(make_fitting_executor(cfg, par, &pool_)),
       model_(cfg.model, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
-             ex_.get(), parse_activation_checkpointing(cfg.train.activation_checkpointing)),
+             ex_.get(), parse_activation_checkpointing(cfg.train.activation_checkpointing), cfg.train.cp_degree),
       source_(std::move(source)),
       par_(par),
       comm_(par.comm ? par.comm : &dist::world()),
@@ -144,6 +144,21 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     ep_comm_ = comm_->split(layout_.rank / par.ep, layout_.rank % par.ep);
     ep_exchange_ = std::make_unique<dist::CommExpertExchange>(*ep_comm_);
     model_.set_expert_exchange(ep_exchange_.get());
+  }
+  if (cp() > 1) {
+    if (par.ep > 1)
+      throw std::invalid_argument("train.cp_degree = " + std::to_string(cp()) + " with --ep " + std::to_string(par.ep) +
+                                  ": context parallelism of mixture-of-experts models is not implemented yet");
+    if (par.debug_float_allreduce)
+      throw std::invalid_argument("--debug-float-allreduce is a negative control of data parallelism alone: run it "
+                                  "with train.cp_degree = 1");
+    // CP groups: consecutive world ranks, ordered by rank (BatchSplit).
+    cp_comm_ = comm_->split(layout_.rank / cp(), layout_.rank % cp());
+    cp_exchange_ = std::make_unique<dist::CommContextExchange>(*cp_comm_);
+    model_.set_context_exchange(cp_exchange_.get());
+    model_.set_debug_cp_partial_sums(par.debug_cp_partial_sums);
+  } else if (par.debug_cp_partial_sums) {
+    throw std::invalid_argument("--debug-cp-partial-sums is a negative control of context parallelism: set --cp > 1");
   }
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
@@ -251,7 +266,7 @@ void Trainer::release_transients() {
 }
 
 BatchSplit Trainer::batch_split() const {
-  return {cfg_.train.global_batch_instances, cfg_.train.micro_batch_instances, layout_.world()};
+  return {cfg_.train.global_batch_instances, cfg_.train.micro_batch_instances, layout_.world(), cp()};
 }
 
 // This rank's micro-batches, each fed to the instance tree as its instances' leaves (docs/canonical/step.md).
@@ -281,15 +296,21 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
     Olmo3& model;
     ~SinkScope() { model.set_unit_gradient_sink(nullptr); }
   } scope{model_};
+  // A context-parallel group's ranks before the last compute their parts of the micro-batch and pass every chain on
+  // (Olmo3::leaf_begin): they write no leaf, and the owners see them as idle in the round.
+  struct NoLeaves final : GradientLeaves {
+    float* leaf(int64_t, int64_t, int64_t) override { throw std::logic_error("a rank without leaves wrote one"); }
+    void commit(int64_t, int64_t, int64_t) override { throw std::logic_error("a rank without leaves wrote one"); }
+  } no_leaves;
   for (int64_t t = 0; t < split.n_rounds(); ++t) {
     GradientLeaves* leaves = owners_->begin_round(t);
-    const int64_t m = split.microbatch_of(layout_.rank, t);
-    if (!leaves) {
+    const int64_t m = split.group_microbatch_of(layout_.rank, t);
+    if (m < 0) {
       model_.idle_pass(p);
       continue;
     }
     const auto [a, b] = split.instances_of_microbatch(m);
-    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), *leaves,
+    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), leaves ? *leaves : no_leaves,
                             per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
     keep_routing(a, b);
   }
@@ -565,7 +586,7 @@ void Trainer::adamw_update(int64_t step, const std::vector<double>& group_lr) {
 
 std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
   std::map<std::string, uint64_t> all;
-  for (const dist::Comm* c : {comm_, shard_comm_.get(), replica_comm_.get(), ep_comm_.get()})
+  for (const dist::Comm* c : {comm_, shard_comm_.get(), replica_comm_.get(), ep_comm_.get(), cp_comm_.get()})
     if (c)
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   return all;
@@ -705,6 +726,7 @@ std::string Trainer::save_checkpoint(const std::string& root) {
                       {"dp_shard", layout_.dp_shard},
                       {"dp_replicate", layout_.dp_replicate},
                       {"ep", par_.ep}};
+  if (cp() > 1) meta.data_layout["cp"] = cp();
   meta.precision = cfg_.train.precision;
   meta.executor = cfg_.train.executor;
   meta.extra = {{"build", build_facts()}};

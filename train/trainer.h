@@ -48,6 +48,9 @@ struct Parallelism {
   bool debug_float_allreduce = false;         // TEST ONLY negative control (see train_step)
   TreeShape debug_tree_shape = TreeShape::balanced;  // TEST ONLY: microbatch_chain breaks T6 (single process)
   bool debug_moe_unordered_combine = false;  // TEST ONLY: MoE combine in arrival order (moe.h); must change the trace
+  // TEST ONLY: context parallelism's chains as per-rank partials added rank after rank (Olmo3::set_debug_cp_partial_sums);
+  // must change the trace.
+  bool debug_cp_partial_sums = false;
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
   // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
@@ -107,7 +110,7 @@ class Trainer {
   // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
-           (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent();
+           (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() + (cp_comm_ ? cp_comm_->bytes_sent() : 0);
   }
   // The same by operation (each collective's `what`), over the same communicators.
   std::map<std::string, uint64_t> bytes_sent_by_what() const;
@@ -119,6 +122,7 @@ class Trainer {
   int64_t gradient_longest_buffer_bytes() const { return owners_ ? 4 * owners_->longest_buffer() : -1; }
   double gradient_exchange_seconds() const { return owners_ ? owners_->exchange_seconds() : 0.0; }
   int ep() const { return par_.ep; }
+  int cp() const { return static_cast<int>(cfg_.train.cp_degree); }
   ThreadPool& pool() { return pool_; }
 
   // One optimizer step on the next global batch.
@@ -218,6 +222,10 @@ class Trainer {
   std::unique_ptr<dist::Comm> replica_comm_;  // ranks of my shard index, by replicate index (dp_replicate > 1 only)
   std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
   std::unique_ptr<dist::CommExpertExchange> ep_exchange_;
+  // Context parallelism (train.cp_degree > 1): the ranks of my group (cp consecutive world ranks, ordered by rank),
+  // which compute parts of the same micro-batches.
+  std::unique_ptr<dist::Comm> cp_comm_;
+  std::unique_ptr<dist::CommContextExchange> cp_exchange_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
   uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()

@@ -225,6 +225,44 @@ TEST_CASE("batch split: contiguous runs of micro-batches, at most one apart, any
       }
 }
 
+TEST_CASE("batch split under context parallelism: a group's ranks share each micro-batch, its last rank holds it") {
+  for (int64_t G = 1; G <= 20; ++G)
+    for (int64_t mb = 1; mb <= G; ++mb)
+      for (int W = 1; W <= 8; ++W)
+        for (int cp = 1; cp <= W; ++cp) {
+          CAPTURE(G);
+          CAPTURE(mb);
+          CAPTURE(W);
+          CAPTURE(cp);
+          const BatchSplit s{G, mb, W, cp};
+          if (W % cp != 0) {
+            CHECK_THROWS_WITH(s.validate(), doctest::Contains("train.cp_degree"));
+            continue;
+          }
+          const BatchSplit groups{G, mb, W / cp};  // the groups take micro-batches as ranks do without CP
+          if (s.n_microbatches() < W / cp) {
+            CHECK_THROWS_WITH(s.validate(), doctest::Contains(cp > 1 ? "context-parallel groups" : "ranks"));
+            continue;
+          }
+          s.validate();
+          CHECK(s.n_rounds() == groups.n_rounds());
+          for (int r = 0; r < W; ++r) {
+            const bool holder = r % cp == cp - 1;
+            CHECK(s.holds_microbatches(r) == holder);
+            for (int64_t t = 0; t < s.n_rounds(); ++t) {
+              const int64_t m = groups.microbatch_of(r / cp, t);
+              CHECK(s.group_microbatch_of(r, t) == m);
+              CHECK(s.microbatch_of(r, t) == (holder ? m : -1));
+            }
+            CHECK(s.microbatches_of_rank(r) ==
+                  (holder ? groups.microbatches_of_rank(r / cp) : std::vector<int64_t>{}));
+            CHECK(s.instances_of_rank(r) == (holder ? groups.instances_of_rank(r / cp) : std::vector<int64_t>{}));
+          }
+          for (int64_t m = 0; m < s.n_microbatches(); ++m)
+            CHECK(s.rank_of_microbatch(m) == groups.rank_of_microbatch(m) * cp + cp - 1);
+        }
+}
+
 TEST_CASE("model: a micro-batch's gradient is the instance tree of one-instance gradients (T6, fp32 and bf16)") {
   ModelConfig cfg{.vocab_size = 97, .d_model = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
                   .ffn_hidden = 64, .swa_pattern = {4, -1}, .moe = {}};

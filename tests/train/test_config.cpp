@@ -78,9 +78,46 @@ TEST_CASE("shipped configs parse, validate and report the published sizes") {
   CHECK(lc.model.rope_scaling.factor == 8.0);
   CHECK(lc.data.document_masking);  // OLMo-core's generate_doc_lengths, at the dolma2 EOS
   CHECK(lc.data.eos_id == 100257);
+  CHECK(lc.train.cp_degree == 8);  // TransformerContextParallelConfig.llama3(degree=8)
+  // The 32B long-context script: 128 instances of 65,536 tokens, 100B tokens, YaRN on the 16 full-attention layers.
+  const TrainConfig lc32 = load_config(root() + "/configs/olmo3-32b-long-context.toml");
+  CHECK(lc32.model.n_params() == c32.model.n_params());
+  CHECK(lc32.train.global_batch_instances * lc32.train.seq_len == 8388608);
+  CHECK(lc32.train.steps == (100000000000LL + 8388607) / 8388608);
+  CHECK(lc32.train.cp_degree == 8);
+  CHECK(lc32.data.document_masking);
+  scaled = 0;
+  for (int64_t l = 0; l < lc32.model.n_layers; ++l) scaled += lc32.model.rope_scaled(l);
+  CHECK(scaled == 16);
   // The real shapes recompute each block in backward (docs/memory.md).
   CHECK(c7.train.activation_checkpointing == "full");
   CHECK(c32.train.activation_checkpointing == "full");
+}
+
+TEST_CASE("train.cp_degree: written only when set, never in the resume hash, bad degrees refused naming the key") {
+  const TrainConfig plain = parse_config_text(kValid, "t");
+  CHECK(plain.train.cp_degree == 1);
+  CHECK(plain.to_toml().find("cp_degree") == std::string::npos);
+  const TrainConfig cp = parse_config_text(kValid, "t", {"train.cp_degree=2"});
+  CHECK(cp.train.cp_degree == 2);
+  CHECK(cp.to_toml().find("cp_degree = 2") != std::string::npos);
+  CHECK(cp.resume_hash() == plain.resume_hash());  // a checkpoint resumes at any degree
+  CHECK(cp.model_hash() == plain.model_hash());
+  const int64_t T = plain.train.seq_len;
+  const auto refused = [](const std::vector<std::string>& set, const std::string& want) {
+    try {
+      parse_config_text(kValid, "run.toml", set);
+      FAIL("accepted " << set.back());
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      CHECK_MESSAGE(msg.find("run.toml") != std::string::npos, msg);
+      CHECK_MESSAGE(msg.find("train.cp_degree") != std::string::npos, msg);
+      CHECK_MESSAGE(msg.find(want) != std::string::npos, msg);
+    }
+  };
+  refused({"train.cp_degree=0"}, ">= 1");
+  refused({"train.cp_degree=" + std::to_string(T + 1)}, "does not divide train.seq_len");
+  refused({"data.audit=true", "train.cp_degree=2"}, "data.audit");
 }
 
 TEST_CASE("train.activation_checkpointing takes none or full; anything else names the key and both values") {
