@@ -6,6 +6,7 @@
 // Shapes: n instances of the call, T positions each, L = T / cp_ of them this rank's rows, R = n·L rows; H heads,
 // qd = H·hd, kd = KV·hd.
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -133,6 +134,39 @@ void Olmo3::attention_op_backward(LayerActs& A, int64_t layer, int64_t n_inst) {
     ex_->copy(G.dk.data() + mine * kd, cpb_.dk.data() + at * kd, static_cast<size_t>(L_ * kd) * sizeof(float));
     ex_->copy(G.dv.data() + mine * kd, cpb_.dv.data() + at * kd, static_cast<size_t>(L_ * kd) * sizeof(float));
   }
+}
+
+void Olmo3::gather_host_positions(const void* mine, int64_t n_inst, size_t row_bytes, void* full) {
+  const size_t run = static_cast<size_t>(L_) * row_bytes, block = static_cast<size_t>(n_inst) * run;
+  cpb_.bytes.resize(block * static_cast<size_t>(cp_));
+  cp_ex_->allgather(mine, block, cpb_.bytes.data());
+  auto* to = static_cast<unsigned char*>(full);
+  for (int64_t r = 0; r < cp_; ++r)
+    for (int64_t b = 0; b < n_inst; ++b)
+      std::memcpy(to + static_cast<size_t>(b * T_ + r * L_) * row_bytes,
+                  cpb_.bytes.data() + static_cast<size_t>(r) * block + static_cast<size_t>(b) * run, run);
+}
+
+Olmo3::MoEInstanceRows Olmo3::whole_instance_rows(const LayerActs& A, int64_t n_inst, bool choices_only) {
+  if (cp_ == 1) return {A.scores.data(), A.lse.data(), A.top.data()};
+  const MoEConfig& m = cfg_.moe;
+  const int64_t rows = n_inst * T_, E = m.n_experts, k = m.top_k;
+  MoEInstanceRows all;
+  cpb_.top.resize(static_cast<size_t>(rows * k));
+  gather_host_positions(A.top.data(), n_inst, static_cast<size_t>(k) * sizeof(int32_t), cpb_.top.data());
+  all.top = cpb_.top.data();
+  if (choices_only) return all;
+  if (m.lb_loss_weight > 0) {
+    cpb_.scores.resize(static_cast<size_t>(rows * E));
+    gather_host_positions(A.scores.data(), n_inst, static_cast<size_t>(E) * sizeof(float), cpb_.scores.data());
+    all.scores = cpb_.scores.data();
+  }
+  if (m.z_loss_weight > 0) {
+    cpb_.lse.resize(static_cast<size_t>(rows));
+    gather_host_positions(A.lse.data(), n_inst, sizeof(float), cpb_.lse.data());
+    all.lse = cpb_.lse.data();
+  }
+  return all;
 }
 
 float* Olmo3::leaf_begin(GradientLeaves& grads, int64_t b, int64_t offset, int64_t n) {

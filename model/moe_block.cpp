@@ -155,7 +155,7 @@ void Olmo3::place_routing(LayerActs& A) {
 void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o, int64_t n_inst) {
   Executor& e = *ex_;
   const MoEConfig& m = cfg_.moe;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
+  const int64_t R = n_inst * L_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
   const int64_t S = R * k, layer = &A - acts_.data();
   // router_logits [R, E] = h [R, d] · Wrᵀ [d, E]
   e.matmul_forward(A.h.data(), params + o.moe_router, A.router_logits.data(), R, E, d);
@@ -171,21 +171,26 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
   // A recomputed forward (activation checkpointing) routes the same rows again: the first forward counted them.
   for (int64_t x = 0; x < E && !recomputing_; ++x) expert_load_[static_cast<size_t>(layer * E + x)] += A.plan.count(x);
 
-  // Auxiliary losses and the routing digest, per instance (docs/canonical/moe.md "Auxiliary losses").
-  const double lb_coef = moe_lb_coef(), z_coef = moe_z_coef();
-  const std::vector<int64_t> mb_counts =
-      m.lb_granularity == MoELbGranularity::local_batch ? moe::counts(A.top.data(), 0, R, k, E) : std::vector<int64_t>{};
-  for (int64_t b = 0; b < n_inst && !recomputing_; ++b) {
-    MoEInstance& mi = moe_inst_[static_cast<size_t>(b)];
-    const int64_t r0 = b * T_, r1 = r0 + T_;
-    if (m.lb_loss_weight > 0) {
-      if (m.lb_granularity == MoELbGranularity::instance)
-        mi.lb += moe::lb_value(A.scores.data(), r0, r1, E, moe::counts(A.top.data(), r0, r1, k, E), T_, lb_coef);
-      else
-        mi.lb += moe::lb_value(A.scores.data(), r0, r1, E, mb_counts, R, lb_coef);
+  // Auxiliary losses and the routing digest, per instance (docs/canonical/moe.md "Auxiliary losses"), over the
+  // instances' whole rows (context parallelism: every rank's, gathered).
+  if (!recomputing_) {
+    const MoEInstanceRows all = whole_instance_rows(A, n_inst);
+    const int64_t Rw = n_inst * T_;
+    const double lb_coef = moe_lb_coef(), z_coef = moe_z_coef();
+    const std::vector<int64_t> mb_counts =
+        m.lb_granularity == MoELbGranularity::local_batch ? moe::counts(all.top, 0, Rw, k, E) : std::vector<int64_t>{};
+    for (int64_t b = 0; b < n_inst; ++b) {
+      MoEInstance& mi = moe_inst_[static_cast<size_t>(b)];
+      const int64_t r0 = b * T_, r1 = r0 + T_;
+      if (m.lb_loss_weight > 0) {
+        if (m.lb_granularity == MoELbGranularity::instance)
+          mi.lb += moe::lb_value(all.scores, r0, r1, E, moe::counts(all.top, r0, r1, k, E), T_, lb_coef);
+        else
+          mi.lb += moe::lb_value(all.scores, r0, r1, E, mb_counts, Rw, lb_coef);
+      }
+      if (m.z_loss_weight > 0) mi.z += moe::z_value(all.lse, r0, r1, z_coef);
+      mi.routing = moe::routing_digest(all.top + r0 * k, T_, k, mi.routing ^ static_cast<uint64_t>(layer));
     }
-    if (m.z_loss_weight > 0) mi.z += moe::z_value(A.lse.data(), r0, r1, z_coef);
-    mi.routing = moe::routing_digest(A.top.data() + r0 * k, T_, k, mi.routing ^ static_cast<uint64_t>(layer));
   }
 
   // xg [S, d] = h [R, d]'s rows in (expert, row) order; then each expert's SwiGLU over its contiguous rows.
@@ -224,7 +229,7 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
                          int64_t global_n_targets, GradientLeaves& grads) {
   Executor& e = *ex_;
   const MoEConfig& m = cfg_.moe;
-  const int64_t R = n_inst * T_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
+  const int64_t R = n_inst * L_, d = cfg_.d_model, E = m.n_experts, k = m.top_k, h = m.hidden, Fs = m.shared_hidden;
   const int64_t S = R * k;
   const moe::Plan& plan = A.plan;
   float* dx = bw_.dx.data();
@@ -281,47 +286,54 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
 
 // The experts' weight-gradient leaves from ∂g, ∂u [S, h] and ∂y [S, d] of the backward buffers: instance b's rows of
 // expert x are one contiguous run of positions, so each leaf is one product over that run (zero where it is empty).
+// Under context parallelism the run is this rank's rows of the instance and the product continues the previous rank's
+// chain (leaf_begin): a rank without rows of the expert passes the partial on as it came.
 void Olmo3::expert_weight_grads(const LayerActs& A, const BlockOffsets& o, int64_t n_inst, GradientLeaves& grads) {
   Executor& e = *ex_;
-  const int64_t d = cfg_.d_model, E = cfg_.moe.n_experts, h = cfg_.moe.hidden, T = T_;
+  const int64_t d = cfg_.d_model, E = cfg_.moe.n_experts, h = cfg_.moe.hidden, L = L_;
   const moe::Plan& plan = A.plan;
+  const bool continues = leaf_continues();
   auto expert_grad = [&](int64_t offset, auto&& one) {
     for (int64_t b = 0; b < n_inst; ++b) {
-      float* leaf = grads.leaf(b, offset, E * h * d);
+      float* leaf = leaf_begin(grads, b, offset, E * h * d);
       for (int64_t x = 0; x < E; ++x) {
-        const auto [q0, q1] = plan.segment(x, b * T, (b + 1) * T);
+        const auto [q0, q1] = plan.segment(x, b * L, (b + 1) * L);
         float* dW = leaf + x * h * d;
-        if (q1 == q0)
+        if (q1 > q0)
+          one(q0, q1 - q0, dW, continues);
+        else if (!continues)
           e.zero(dW, static_cast<size_t>(h * d) * sizeof(float));
-        else
-          one(q0, q1 - q0, dW);
       }
-      grads.commit(b, offset, E * h * d);
+      leaf_end(grads, b, offset, E * h * d, leaf);
     }
   };
-  expert_grad(o.moe_w1, [&](int64_t q, int64_t n, float* dW) {  // ∂W1ₓ [h, d] = ∂gᵀ · xg over the run
-    e.matmul_backward_weight(bw_.deg.data() + q * h, A.xg.data() + q * d, dW, n, h, d, false);
+  expert_grad(o.moe_w1, [&](int64_t q, int64_t n, float* dW, bool acc) {  // ∂W1ₓ [h, d] = ∂gᵀ · xg over the run
+    e.matmul_backward_weight(bw_.deg.data() + q * h, A.xg.data() + q * d, dW, n, h, d, acc);
   });
-  expert_grad(o.moe_w3, [&](int64_t q, int64_t n, float* dW) {  // ∂W3ₓ [h, d] = ∂uᵀ · xg
-    e.matmul_backward_weight(bw_.deu.data() + q * h, A.xg.data() + q * d, dW, n, h, d, false);
+  expert_grad(o.moe_w3, [&](int64_t q, int64_t n, float* dW, bool acc) {  // ∂W3ₓ [h, d] = ∂uᵀ · xg
+    e.matmul_backward_weight(bw_.deu.data() + q * h, A.xg.data() + q * d, dW, n, h, d, acc);
   });
-  expert_grad(o.moe_w2, [&](int64_t q, int64_t n, float* dW) {  // ∂W2ₓ [h, d] = aᵀ · ∂y
-    e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, false);
+  expert_grad(o.moe_w2, [&](int64_t q, int64_t n, float* dW, bool acc) {  // ∂W2ₓ [h, d] = aᵀ · ∂y
+    e.matmul_backward_weight(A.ea.data() + q * h, bw_.dy.data() + q * d, dW, n, h, d, acc);
   });
 }
 
 void Olmo3::moe_router_backward(LayerActs& A, const float* dweight, int64_t n_inst, int64_t global_n_targets) {
   const MoEConfig& m = cfg_.moe;
-  const int64_t R = n_inst * T_, E = m.n_experts, k = m.top_k;
-  // The load-balancing gradient of each unit of rows [units, E], from the expert counts (host bookkeeping): one row
-  // per instance, or one for the micro-batch.
+  const int64_t R = n_inst * L_, E = m.n_experts, k = m.top_k;
+  // The load-balancing gradient of each unit of rows [units, E], from the expert counts over the unit's whole rows
+  // (host bookkeeping; context parallelism: every rank's choices, gathered): one row per instance, or one for the
+  // micro-batch. unit_rows counts them whole, local_rows as this rank holds them.
   const double lb_coef = m.lb_loss_weight > 0 ? moe_lb_coef() : 0.0;
   const bool per_instance = m.lb_granularity == MoELbGranularity::instance;
-  const int64_t unit_rows = per_instance ? T_ : R, units = R / unit_rows;
+  const int64_t unit_rows = per_instance ? T_ : n_inst * T_, local_rows = per_instance ? L_ : R, units = R / local_rows;
+  const int32_t* top = m.lb_loss_weight > 0 ? whole_instance_rows(A, n_inst, /*choices_only=*/true).top : nullptr;
   std::vector<float> lb_grad;
   for (int64_t u = 0; u < units; ++u) {
     const std::vector<float> g =
-        moe::lb_grad(moe::counts(A.top.data(), u * unit_rows, (u + 1) * unit_rows, k, E), unit_rows, lb_coef, global_n_targets);
+        m.lb_loss_weight > 0
+            ? moe::lb_grad(moe::counts(top, u * unit_rows, (u + 1) * unit_rows, k, E), unit_rows, lb_coef, global_n_targets)
+            : std::vector<float>(static_cast<size_t>(E), 0.0f);
     lb_grad.insert(lb_grad.end(), g.begin(), g.end());
   }
   float* lb_grad_ex = sized(*ex_, bw_.lb_grad, B_ * E, "load-balancing gradient");
@@ -329,7 +341,7 @@ void Olmo3::moe_router_backward(LayerActs& A, const float* dweight, int64_t n_in
   MoERouterBackward a;
   a.R = R, a.E = E, a.k = k, a.normalize_p = static_cast<int>(m.normalize_expert_weights);
   a.scores = A.route.scores, a.lse = A.route.lse, a.top = A.route.top, a.weight = A.route.weight, a.dweight = dweight;
-  a.lb_grad = lb_grad_ex, a.lb_rows = unit_rows;
+  a.lb_grad = lb_grad_ex, a.lb_rows = local_rows;
   a.z_grad = m.z_loss_weight > 0 ? static_cast<float>(2.0 * moe_z_coef() / static_cast<double>(global_n_targets)) : 0.0f;
   // ∂logits [R, E] from the combine's ∂weight, the load-balancing and z-loss terms.
   ex_->moe_router_backward(a, bw_.dlogits.data());

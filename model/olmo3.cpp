@@ -189,10 +189,6 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
     throw std::invalid_argument("config key 'train.cp_degree' is " + std::to_string(cp_) + ": it must be >= 1 and "
                                 "divide train.seq_len = " + std::to_string(T_) + " (each rank computes seq_len / "
                                 "cp_degree consecutive positions of every instance)");
-  if (cp_ > 1 && cfg_.moe.enabled())
-    throw std::invalid_argument("config key 'train.cp_degree' is " + std::to_string(cp_) + ": context parallelism "
-                                "of mixture-of-experts models is not implemented yet (their per-instance auxiliary "
-                                "losses and routing digests are not gathered); set train.cp_degree = 1");
   Executor& e = *ex_;
   const RopeTable table = make_rope_table(T_, cfg_.head_dim, cfg_.rope_theta);
   rope_cos_.reset(e, static_cast<int64_t>(table.cos.size()), "RoPE cos table");

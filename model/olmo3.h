@@ -438,6 +438,18 @@ class Olmo3 {
   void gather_positions(const float* mine, int64_t n_inst, int64_t w, float* full);
   // The statistics [n, H, T] this rank wrote (its positions) completed with every other rank's.
   void gather_statistics(float* stats, int64_t n_inst);
+  // The routing of the call's instances over their whole rows [n·T, ·] on the host, for what is summed over an
+  // instance (the auxiliary losses, the routing digest, the load-balancing gradient): A's own vectors without context
+  // parallelism, else every rank's rows gathered into their positions (scores when the load-balancing loss is on, lse
+  // when the z-loss is, the choices always; choices_only: the choices alone).
+  struct MoEInstanceRows {
+    const float* scores = nullptr;
+    const float* lse = nullptr;
+    const int32_t* top = nullptr;
+  };
+  MoEInstanceRows whole_instance_rows(const LayerActs& A, int64_t n_inst, bool choices_only = false);
+  // Every rank's rows [n, L] of `row_bytes` each (host) at their positions of full [n, T] (host).
+  void gather_host_positions(const void* mine, int64_t n_inst, size_t row_bytes, void* full);
   // Under context parallelism, this call's row tokens and RoPE positions (begin_call).
   void rows_of_call(const uint32_t* host_tokens, int64_t n_inst);
   // The pass's row_tokens and row_host_tokens: this call's (rows_of_call), or the instances' own without it.
@@ -501,6 +513,9 @@ class Olmo3 {
     std::vector<int32_t> host_positions;
     std::vector<float> mine, all, full, partial_host;
     std::vector<double> terms, all_terms;
+    std::vector<unsigned char> bytes;  // gather_host_positions' receive
+    std::vector<float> scores, lse;    // whole_instance_rows
+    std::vector<int32_t> top;
   } cpb_;
   Buffer<float> rope_cos_, rope_sin_;  // [T, hd/2] (ref/ops.h make_rope_table)
   RopeView rope_;

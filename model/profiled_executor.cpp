@@ -43,11 +43,20 @@ std::string ProfiledExecutor::report() const {
   return out;
 }
 
-double attention_keys(const AttentionShape& s) {
+double attention_query_pairs(const AttentionShape& s, int64_t q0, int64_t q1) {
   double keys = 0.0;  // Σ over query positions of the keys each sees
-  for (int64_t i = 0; i < s.T; ++i) keys += static_cast<double>(s.window > 0 ? std::min<int64_t>(i + 1, s.window) : i + 1);
+  for (int64_t i = q0; i < q1; ++i) keys += static_cast<double>(s.window > 0 ? std::min<int64_t>(i + 1, s.window) : i + 1);
   return keys * static_cast<double>(s.B * s.H);
 }
+
+double attention_key_pairs(const AttentionShape& s, int64_t k0, int64_t k1) {
+  double queries = 0.0;  // Σ over key positions of the queries that see each
+  for (int64_t j = k0; j < k1; ++j)
+    queries += static_cast<double>(s.window > 0 ? std::min<int64_t>(s.T - j, s.window) : s.T - j);
+  return queries * static_cast<double>(s.B * s.H);
+}
+
+double attention_keys(const AttentionShape& s) { return attention_query_pairs(s, 0, s.T); }
 
 void* ProfiledExecutor::allocate(size_t bytes, const std::string& what) { return inner_->allocate(bytes, what); }
 void ProfiledExecutor::deallocate(void* p) { inner_->deallocate(p); }
@@ -126,13 +135,14 @@ void ProfiledExecutor::swiglu_backward(const float* g, const float* u, const flo
 }
 void ProfiledExecutor::attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
                                          float* out, float* row_max, float* row_sum) {
-  timed("attention_forward", 4.0 * attention_keys(s) * s.hd,
+  timed("attention_forward", 4.0 * attention_query_pairs(s, s.q_begin, s.query_end()) * s.hd,
         [&](Executor& e) { e.attention_forward(s, q, k, v, out, row_max, row_sum); });
 }
 void ProfiledExecutor::attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
                                           const float* out, const float* row_max, const float* row_sum,
                                           const float* dout, float* dq, float* dk, float* dv) {
-  timed("attention_backward", 8.0 * attention_keys(s) * s.hd,
+  const double pairs = attention_query_pairs(s, s.q_begin, s.query_end()) + attention_key_pairs(s, s.k_begin, s.key_end());
+  timed("attention_backward", 4.0 * pairs * s.hd,
         [&](Executor& e) { e.attention_backward(s, q, k, v, out, row_max, row_sum, dout, dq, dk, dv); });
 }
 void ProfiledExecutor::embedding_forward(const float* table, const uint32_t* tokens, float* x, int64_t R, int64_t d) {

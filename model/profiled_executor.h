@@ -42,5 +42,10 @@ class ProfiledExecutor final : public Executor {
 // FLOPs of attention over B·H·T query rows of a causal band (window 0 = full): the score and P·V products,
 // 4·hd per key in forward and 8·hd per key in backward (dP, dS·K, dS^T·Q, P^T·dO).
 double attention_keys(const AttentionShape& s);
+// The same pairs (query, key it sees), B·H times, counted by the part a call computes (AttentionShape's parts, context
+// parallelism): those of queries [q0, q1) (the forward's 4·hd each, and the dq half of the backward's) and those of
+// keys [k0, k1) (the dk, dv half, 4·hd each). Over a whole instance both are attention_keys. Documents not counted.
+double attention_query_pairs(const AttentionShape& s, int64_t q0, int64_t q1);
+double attention_key_pairs(const AttentionShape& s, int64_t k0, int64_t k1);
 
 }  // namespace olmoref

@@ -443,12 +443,6 @@ const std::vector<Key>& keys() {
            return "is " + std::to_string(n) + ", which does not divide train.seq_len = " +
                   std::to_string(c.train.seq_len) + ": each rank computes seq_len / cp_degree consecutive positions "
                   "of every instance; choose a divisor of seq_len";
-         if (c.model.moe.enabled())
-           return "context parallelism of mixture-of-experts models is not implemented yet (their per-instance "
-                  "auxiliary losses and routing digests are not gathered across the group); set train.cp_degree = 1";
-         if (c.data.audit)
-           return "context parallelism with data.audit is not implemented yet (the audit names the rank of each "
-                  "micro-batch, and a group of ranks computes it); set data.audit = false or train.cp_degree = 1";
          return "";
        }},
       {"train", "log_every", field([](auto& c) -> auto& { return c.train.log_every; }), Written::always,

@@ -553,17 +553,16 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
   if (cfg.train.activation_checkpointing != "full")
     if (const int64_t peak = peak_of(full, where); peak >= 0 && peak <= available)
       note("train.activation_checkpointing=\"full\"", peak);
-  // Context parallelism splits the activations, which no dp_shard does (dense models: docs/memory.md).
-  if (!cfg.model.moe.enabled())
-    for (int64_t n = cfg.train.cp_degree * 2; n <= where.dp_shard * where.dp_replicate; n *= 2) {
-      TrainConfig c = cfg;
-      c.train.cp_degree = n;
-      if (cfg.train.seq_len % n != 0) break;
-      if (const int64_t peak = peak_of(c, where); peak >= 0 && peak <= available) {
-        note("train.cp_degree=" + std::to_string(n), peak);
-        break;
-      }
+  // Context parallelism splits the activations, which no dp_shard does (docs/memory.md).
+  for (int64_t n = cfg.train.cp_degree * 2; n <= where.dp_shard * where.dp_replicate; n *= 2) {
+    TrainConfig c = cfg;
+    c.train.cp_degree = n;
+    if (cfg.train.seq_len % n != 0) break;
+    if (const int64_t peak = peak_of(c, where); peak >= 0 && peak <= available) {
+      note("train.cp_degree=" + std::to_string(n), peak);
+      break;
     }
+  }
   for (int s = where.dp_shard * 2; s <= 65536; s *= 2) {
     MemoryPlacement w = where;
     w.dp_shard = s;

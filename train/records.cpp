@@ -238,7 +238,8 @@ RecordsCheck check_run_records(const std::string& run_dir, const std::string& ck
     const nlohmann::json& dl = meta.data_layout;
     return dl.is_object() && dl.contains(key) && dl.at(key).is_number_integer() ? dl.at(key).get<int64_t>() : int64_t{1};
   };
-  const int64_t W = std::max<int64_t>(1, layout_int("dp_shard") * layout_int("dp_replicate"));
+  // One log per rank, or under context parallelism per group of "cp" ranks (train/run.cpp).
+  const int64_t W = std::max<int64_t>(1, layout_int("dp_shard") * layout_int("dp_replicate") / layout_int("cp"));
   std::vector<std::string> expected;
   for (int64_t r = 0; r < W; ++r) {
     char name[64];

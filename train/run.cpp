@@ -506,10 +506,14 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   const bool lead = rank == 0;  // rank 0 writes the trace and manifest and reports progress
   const RunDirLock run_lock(out_dir, comm);  // one writer per run directory, before anything in it is touched
   const bool quiet = opts.quiet || !lead;
-  // One audit log per rank process: each holds the micro-batches that rank computed.
+  // One audit log per rank process: each holds the micro-batches that rank computed. Under context parallelism one per
+  // group, written by the rank that holds the group's micro-batches (BatchSplit) and named by the group: the logs of
+  // the data-parallel run with one rank per group.
+  const int groups = loader_world(cfg, world), group = rank * groups / world;
+  const bool holds_microbatches = rank % (world / groups) == world / groups - 1;
   char audit_name[64];
-  std::snprintf(audit_name, sizeof audit_name, world == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", rank);
-  const std::string audit_path = cfg.data.audit ? out_dir + "/" + audit_name : "";
+  std::snprintf(audit_name, sizeof audit_name, groups == 1 ? "audit.jsonl" : "audit-rank%05d.jsonl", group);
+  const std::string audit_path = cfg.data.audit && holds_microbatches ? out_dir + "/" + audit_name : "";
   // > 0: --new-records, written on the first trace record (docs/formats/trace.md)
   int64_t records_begin = resume_dir.empty() ? 0 : check_resume(cfg, opts, resume_dir, comm, quiet);
   Parallelism par = opts.parallel;
@@ -518,8 +522,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   // start_state loads the resumed checkpoint, or init.checkpoint's, over every parameter.
   par.weights_from_checkpoint = !resume_dir.empty() || !cfg.init.checkpoint.empty();
   Trainer trainer(cfg, opts.threads,
-                  make_batch_source(cfg, audit_path, !resume_dir.empty(), loader_world(cfg, world),
-                                    rank * loader_world(cfg, world) / world),
+                  make_batch_source(cfg, audit_path, !resume_dir.empty(), groups, group),
                   par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
   start_state(trainer, cfg, opts, resume_dir, quiet);

@@ -46,14 +46,23 @@ TokenMatmuls token_matmuls(const ModelConfig& m) {
   return {static_cast<double>(m.n_layers) * (attn + ffn), d * static_cast<double>(m.vocab_size)};
 }
 
-// Attention FLOPs of one instance through every layer, forward (ProfiledExecutor's 4·hd per key) or backward (8·hd).
-double attention_flops_per_instance(const ModelConfig& m, int64_t T, double per_key) {
-  double flops = 0;
+// One rank's attention FLOPs per instance when its part is the positions [index·T/cp, (index+1)·T/cp) (context
+// parallelism; cp 1: the whole instance), as ProfiledExecutor counts a call over that part: forward over its queries,
+// backward's dq half over its queries and its dk, dv half over its keys.
+struct PartAttention {
+  double forward = 0, backward = 0;
+};
+PartAttention attention_flops_of_part(const ModelConfig& m, int64_t T, int64_t cp, int64_t index) {
+  PartAttention a;
+  const int64_t L = T / cp, p0 = index * L;
+  const double hd = static_cast<double>(m.head_dim);
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const AttentionShape s{1, T, m.n_heads, m.n_kv_heads, m.head_dim, m.window(l), 1.0f};
-    flops += per_key * attention_keys(s) * static_cast<double>(m.head_dim);
+    const double queries = attention_query_pairs(s, p0, p0 + L), keys = attention_key_pairs(s, p0, p0 + L);
+    a.forward += 4.0 * queries * hd;
+    a.backward += 4.0 * (queries + keys) * hd;
   }
-  return flops;
+  return a;
 }
 
 struct Peers {
@@ -158,24 +167,25 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
   const int W = L.world(), S = L.dp_shard, R = L.dp_replicate;
   // An EP group the trainer would refuse is taken as none, as the memory model does.
   const int ep = where.ep > 1 && m.moe.enabled() && W % where.ep == 0 && where.ep <= m.moe.n_experts ? where.ep : 1;
-  if (cfg.train.cp_degree > 1)
-    throw std::invalid_argument("train.cp_degree = " + std::to_string(cfg.train.cp_degree) + ": the step-time model "
-                                "does not count context parallelism's exchanges yet (its memory model does: drop --time)");
-  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, W};
+  const int cp = static_cast<int>(cfg.train.cp_degree);
+  const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, W, cp};
   split.validate();
   const int64_t N = split.global_instances, T = cfg.train.seq_len;
   const bool recompute = parse_activation_checkpointing(cfg.train.activation_checkpointing) == ActivationCheckpointing::full;
   const Ranges units = fsdp_unit_ranges(m, layout);
   const TokenMatmuls mm = token_matmuls(m);
-  const double attn_fwd = attention_flops_per_instance(m, T, 4.0), attn_bwd = attention_flops_per_instance(m, T, 8.0);
 
   // Each rank's instances and subtrees over the step's rounds (dist::OwnerReduction sends each micro-batch's maximal
-  // subtrees, per unit and owner).
+  // subtrees, per unit and owner), and the instances it computes a part of (context parallelism: its group's, of which
+  // only the group's last rank holds the leaves; without it the same).
   std::vector<int64_t> instances_of(static_cast<size_t>(W), 0), subtrees_of(static_cast<size_t>(W), 0);
+  std::vector<int64_t> computed_of(static_cast<size_t>(W), 0);
   for (int r = 0; r < W; ++r)
     for (int64_t t = 0; t < split.n_rounds(); ++t)
-      if (const int64_t mb = split.microbatch_of(r, t); mb >= 0) {
+      if (const int64_t mb = split.group_microbatch_of(r, t); mb >= 0) {
         const auto [a, b] = split.instances_of_microbatch(mb);
+        computed_of[static_cast<size_t>(r)] += b - a;
+        if (!split.holds_microbatches(r)) continue;
         instances_of[static_cast<size_t>(r)] += b - a;
         subtrees_of[static_cast<size_t>(r)] += static_cast<int64_t>(maximal_subtrees(N, a, b).size());
       }
@@ -189,14 +199,15 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
     StepWork w;
     w.rank = me;
     // A micro-batch's local tree merges its instances into its maximal subtrees.
-    const int64_t instances = instances_of[static_cast<size_t>(me)];
+    const int64_t instances = instances_of[static_cast<size_t>(me)], computed = computed_of[static_cast<size_t>(me)];
     const int64_t local_merges = instances - subtrees_of[static_cast<size_t>(me)];
-    w.tokens = instances * T;
+    w.tokens = computed * (T / cp);  // the rows it computes: its part of every instance of its group's micro-batches
     const double tokens = static_cast<double>(w.tokens);
     // Forward, then backward's input and weight gradients (two products of the forward's size), then a recompute of
     // the blocks' forward.
     w.gemm_flops = 2 * tokens * (mm.blocks + mm.head) * 3 + (recompute ? 2 * tokens * mm.blocks : 0);
-    w.attention_flops = static_cast<double>(instances) * (attn_fwd + attn_bwd + (recompute ? attn_fwd : 0));
+    const PartAttention attn = attention_flops_of_part(m, T, cp, me % cp);
+    w.attention_flops = static_cast<double>(computed) * (attn.forward + attn.backward + (recompute ? attn.forward : 0));
 
     const int64_t n = layout.total, opt = L.optimizer_hi() - L.optimizer_lo(), shard = L.hi() - L.lo();
     // AdamW reads p, g, m, v and writes p, m, v; the norm reads g and the clip rewrites it; each tree add reads two
@@ -248,6 +259,28 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
         add_received(c, peers, peer, 4 * L.optimizer_stride());
       }
       w.collectives.push_back(c);
+    }
+    if (cp > 1) {
+      // model/context_parallel.cpp, per instance: each layer's forward gathers every rank's K, V [L, kd] and the
+      // softmax statistics (max, sum) [H, L] (a recompute gathers them again), its backward Q, O, dO [L, qd] and K, V;
+      // the head gathers the loss's fp64 row terms (ce, z) [L]. Each rank's part goes to every other rank of the group.
+      const int64_t L = T / cp, qd = m.q_dim(), kd = m.kv_dim();
+      const int64_t forward = 4 * L * (2 * kd + 2 * m.n_heads), backward = 4 * L * (3 * qd + 2 * kd);
+      const int64_t per_instance = m.n_layers * (forward * (recompute ? 2 : 1) + backward) + 16 * L;
+      CollectiveWork gathers{"context parallelism: all-gather positions"};
+      const int first = me - me % cp;
+      for (int peer = first; peer < first + cp; ++peer) {
+        if (peer == me) continue;
+        add_sent(gathers, peers, peer, computed * per_instance);
+        add_received(gathers, peers, peer, computed * per_instance);
+      }
+      w.collectives.push_back(gathers);
+      // Every parameter's leaf of every instance is one chain over the group's ranks: a partial of n floats per
+      // instance goes from each rank to the next.
+      CollectiveWork chains{"context parallelism: a gradient chain to the next rank"};
+      if (me % cp < cp - 1) add_sent(chains, peers, me + 1, 4 * n * computed);
+      if (me % cp > 0) add_received(chains, peers, me - 1, 4 * n * computed);
+      w.collectives.push_back(chains);
     }
     if (ep > 1) {
       // model/ep_exchange.cpp, each MoE layer: forward sends a row's input x [d] to its expert's owner, which returns

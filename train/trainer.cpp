@@ -146,9 +146,6 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     model_.set_expert_exchange(ep_exchange_.get());
   }
   if (cp() > 1) {
-    if (par.ep > 1)
-      throw std::invalid_argument("train.cp_degree = " + std::to_string(cp()) + " with --ep " + std::to_string(par.ep) +
-                                  ": context parallelism of mixture-of-experts models is not implemented yet");
     if (par.debug_float_allreduce)
       throw std::invalid_argument("--debug-float-allreduce is a negative control of data parallelism alone: run it "
                                   "with train.cp_degree = 1");

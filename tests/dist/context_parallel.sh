@@ -6,11 +6,15 @@
 #     tokens cross the ranks' boundaries), alone and beside FSDP and replicas (2x2: two groups; 3x2: three groups over
 #     four micro-batches, so one group idles in the second round);
 #   - with intra-document masking, YaRN, bf16, activation recompute and the CUDA kernels on the host (cuda-host);
+#   - a mixture of experts (tiny-moe: the auxiliary losses, routing digests and expert loads in the trace, over the
+#     instance's whole rows), alone, with expert parallelism in the same ranks (EP 2 = the CP group) and across
+#     groups (EP 4 over two CP groups of 2), with recompute, on cuda-host, and at OLMo-core's micro-batch
+#     load-balancing granularity;
 #   - a checkpoint written at CP 2 resumes at CP 4, the rest of the trace identical;
+#   - the data audit (data.audit) of a CP run is the data-parallel run's with one rank per group, log for log;
 # and the negative control (each rank's weight-gradient partials over its own positions added rank after rank, what
 # a context-parallel all-reduce does, instead of one chain over the instance) changes the trace. Bad degrees (not
-# dividing seq_len or the world, a mixture-of-experts model, the data audit) are refused before any step, naming
-# train.cp_degree.
+# dividing seq_len or the world) are refused before any step, naming train.cp_degree.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
@@ -67,9 +71,31 @@ same bf16 bf16-2x1-cp2
 cp_run bf16-2x2-cp4-host 2x2 4 "${bf16[@]}" "${masked[@]}" --executor cuda-host
 same bf16 bf16-2x2-cp4-host
 
+# Mixture of experts: the same runs, each trace with the step's expert load, auxiliary losses and routing digest.
+plain_base=("${base[@]}")
+base=("${base[@]/configs\/tiny.toml/configs/tiny-moe.toml}")
+single moe
+differ plain moe "the MoE config unseen"
+cp_run moe-2x1-cp2 2x1 2
+same moe moe-2x1-cp2
+cp_run moe-2x1-cp2-ep2 2x1 2 --ep 2 --set 'train.activation_checkpointing="full"'
+same moe moe-2x1-cp2-ep2
+cp_run moe-2x2-cp2-ep4 2x2 2 --ep 4
+same moe moe-2x2-cp2-ep4
+cp_run moe-4x1-cp4-host 4x1 4 --executor cuda-host "${masked[@]}"
+single moe-masked "${masked[@]}"
+same moe-masked moe-4x1-cp4-host
+local_batch=(--set 'model.moe_lb_granularity="local_batch"')
+single moe-local "${local_batch[@]}"
+differ moe moe-local "the micro-batch granularity unseen"
+cp_run moe-local-3x1-cp3 3x1 3 "${local_batch[@]}"
+same moe-local moe-local-3x1-cp3
+base=("${plain_base[@]}")
+
 # A checkpoint at CP 2 (step 2 of 3) resumes at CP 4. The manifest records the degree it was written at.
 ckpt=()
 for a in "${base[@]}"; do [ "$a" = --no-checkpoint ] || ckpt+=("$a"); done
+ckpt+=(--set data.audit=true)  # the resume cuts and continues one group's log
 "${MPIRUN[@]}" -np 2 "$BIN" train "${ckpt[@]}" --dp-shard 2 --cp 2 --stop-after 2 --out "$work/resumed" \
   --comm-timeout 60 2> "$work/resumed.log" || { cat "$work/resumed.log"; echo "FAIL: CP 2 to step 2"; exit 1; }
 grep -q '"cp": 2' "$work/resumed/checkpoints/step00000002/manifest.json" ||
@@ -77,6 +103,22 @@ grep -q '"cp": 2' "$work/resumed/checkpoints/step00000002/manifest.json" ||
 "${MPIRUN[@]}" -np 4 "$BIN" train "${ckpt[@]}" --dp-shard 4 --cp 4 --resume --out "$work/resumed" \
   --comm-timeout 60 2>> "$work/resumed.log" || { cat "$work/resumed.log"; echo "FAIL: resume at CP 4"; exit 1; }
 same plain resumed
+single plain-audit --set data.audit=true
+cmp "$work/plain-audit/audit.jsonl" "$work/resumed/audit.jsonl" ||
+  { echo "FAIL: the audit log of the CP 2 -> CP 4 run differs from the single process's"; exit 1; }
+echo "resumed: its audit log is the single process's"
+
+# The audit: one log per group, written by the rank that holds its micro-batches, as one rank per group would write.
+audit=(--set data.audit=true)
+"${MPIRUN[@]}" -np 2 "$BIN" train "${base[@]}" "${audit[@]}" --dp-shard 2 --out "$work/audit-dp2" --comm-timeout 60 \
+  2> "$work/audit-dp2.log" || { cat "$work/audit-dp2.log"; echo "FAIL: audit-dp2"; exit 1; }
+cp_run audit-2x2-cp2 2x2 2 "${audit[@]}"
+same plain audit-2x2-cp2
+for log in audit-rank00000.jsonl audit-rank00001.jsonl; do
+  cmp "$work/audit-dp2/$log" "$work/audit-2x2-cp2/$log" || { echo "FAIL: $log differs from the 2-rank run's"; exit 1; }
+done
+[ "$(ls "$work/audit-2x2-cp2" | grep -c '^audit')" = 2 ] || { ls "$work/audit-2x2-cp2"; echo "FAIL: not one log a group"; exit 1; }
+echo "audit at CP 2 over 2x2: the logs of the 2-rank run"
 
 # The negative control: the same ranks, the partials added instead of one chain continued.
 cp_run control-2x1-cp2 2x1 2 --debug-cp-partial-sums
@@ -96,7 +138,4 @@ refused() {  # refused NAME NP WANT ARGS...: the run fails before any step, its 
 refused bad-seq 2 "divide train.seq_len" "${base[@]}" --dp-shard 2 --cp 5
 refused bad-world 3 "does not divide the 3 ranks" "${base[@]}" --dp-shard 3 --cp 2
 refused bad-single 1 "does not divide the 1 ranks" "${base[@]}" --cp 2
-refused bad-moe 2 "mixture-of-experts" --config "$SRC/configs/tiny-moe.toml" \
-  --set "data.train_files=[\"$work/tokens.u16\"]" --steps 1 --threads 1 --dp-shard 2 --cp 2
-refused bad-audit 2 "data.audit" "${base[@]}" --set data.audit=true --dp-shard 2 --cp 2
 echo "context parallelism: every trace identical"

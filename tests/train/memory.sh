@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The memory model (train/memory_model.h, `olmoref config --layout`) against what a run takes: a small dense model
-# at 1x1 and 2x1 (mpirun), with and without activation recompute; every rank's peak resident memory (VmHWM,
-# `train --report-memory`) must be within 15 % of the fullest rank's prediction, recompute must lower both, and a
-# run that cannot fit is refused before anything is written, naming its largest part and what would fit.
+# at 1x1 and 2x1 (mpirun), with and without activation recompute, and at 2x1 with context parallelism 2 (each rank
+# half of every instance's rows, plus one layer's whole-instance attention tensors); every rank's peak resident memory
+# (VmHWM, `train --report-memory`) must be within 15 % of the fullest rank's prediction, recompute and context
+# parallelism must each lower both, and a run that cannot fit is refused before anything is written, naming its
+# largest part and what would fit.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 # meson test sets MALLOC_PERTURB_, and glibc then fills every allocation, touching pages a run never touches (a
@@ -16,13 +18,15 @@ shape=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens
        --set train.global_batch_instances=4)
 summary=""
 for ac in none full; do
-  for layout in 1x1 2x1; do
-    s=${layout%x*}
-    predicted=$("$BIN" config "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" --layout "$layout" |
-                sed -n 's/.*peak .*(\([0-9]*\) bytes).*/\1/p')
+  for layout in 1x1 2x1 2x1cp2; do
+    s=${layout%x*} cp=1
+    [ "$layout" = 2x1cp2 ] && cp=2
+    [ "$layout" = 2x1cp2 ] && [ $ac = full ] && continue  # recompute's own point is made above; CP's at none
+    predicted=$("$BIN" config "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" --layout "${layout%cp2}" \
+                --cp $cp | sed -n 's/.*peak .*(\([0-9]*\) bytes).*/\1/p')
     [ -n "$predicted" ] || { echo "FAIL: config --layout printed no peak"; exit 1; }
     "${MPIRUN[@]}" -np "$s" "$BIN" train "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" \
-      --steps 1 --threads 1 --quiet --dp-shard "$s" --report-memory --out "$work/$ac-$layout" \
+      --steps 1 --threads 1 --quiet --dp-shard "$s" --cp $cp --report-memory --out "$work/$ac-$layout" \
       2> "$work/$ac-$layout.log" || { cat "$work/$ac-$layout.log"; echo "FAIL: $ac $layout"; exit 1; }
     measured=$(sed -n 's/^memory: rank [0-9]* peak resident (VmHWM) \([0-9]*\) bytes.*/\1/p' "$work/$ac-$layout.log" | sort -n | tail -1)
     [ -n "$measured" ] || { cat "$work/$ac-$layout.log"; echo "FAIL: no memory report"; exit 1; }
@@ -44,6 +48,9 @@ for layout in ("1x1", "2x1"):
     for i, what in enumerate(("measured", "predicted")):
         assert by[("full", layout)][i] < by[("none", layout)][i], (layout, what, by)
 print("recompute lowers the peak at 1x1 and 2x1, measured and predicted")
+for i, what in enumerate(("measured", "predicted")):
+    assert by[("none", "2x1cp2")][i] < by[("none", "2x1")][i], ("cp", what, by)
+print("context parallelism 2 lowers the peak at 2x1, measured and predicted")
 PY
 # A run that cannot fit: refused before its directory is written, naming the largest part and the fixes it tried.
 set +e

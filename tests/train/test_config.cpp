@@ -117,7 +117,6 @@ TEST_CASE("train.cp_degree: written only when set, never in the resume hash, bad
   };
   refused({"train.cp_degree=0"}, ">= 1");
   refused({"train.cp_degree=" + std::to_string(T + 1)}, "does not divide train.seq_len");
-  refused({"data.audit=true", "train.cp_degree=2"}, "data.audit");
 }
 
 TEST_CASE("train.activation_checkpointing takes none or full; anything else names the key and both values") {

@@ -15,8 +15,10 @@
 #      - at rates set to those FLOPs per second, GEMM and attention take 1 s each.
 #   2. Every exact collective's bytes, rank by rank, equal what `train --report-comm` counts in 2 steps (÷ 2) at 2x1,
 #      3x1 (an idle rank in the second round), 2x2 (the replicas' updated parameters), micro-batch 1 (more
-#      subtrees), and tiny-moe at 2x1 with EP 2 (each rank gathers only its own experts); and the FLOPs equal what
-#      `train --profile-ops` counts (dense, MoE, with activation recompute).
+#      subtrees), tiny-moe at 2x1 with EP 2 (each rank gathers only its own experts), and context parallelism (CP 2 at
+#      2x1, CP 2 beside replicas at 2x2 with recompute: the gathers of positions and the chains' partials); and the
+#      FLOPs equal what `train --profile-ops` counts (dense, MoE, with activation recompute, and rank 0 of a CP group:
+#      its part of every instance).
 #   3. A gemm_bench bench.json sets the GEMM rate (FLOPs over seconds); bad input is refused naming the flag.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
@@ -52,6 +54,7 @@ compare() {
 r = int(a[a.index("--dp-replicate") + 1]) if "--dp-replicate" in a else 1; print(f"{s}x{r}")' "${extra[@]}")
   local ep=()
   [[ " ${extra[*]} " == *" --ep "* ]] && ep=(--ep "$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--ep") + 1])' "${extra[@]}")")
+  [[ " ${extra[*]} " == *" --cp "* ]] && ep+=(--cp "$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--cp") + 1])' "${extra[@]}")")
   "${MPIRUN[@]}" -np "$np" "$BIN" train "${conf[@]}" --steps 2 --threads 1 --quiet --no-checkpoint --report-comm \
     --out "$work/$name" "${extra[@]}" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name: the run failed"; }
   for ((r = 0; r < np; ++r)); do
@@ -69,7 +72,8 @@ for m in re.finditer(r"^  (.+?) +(\d+) bytes sent \((\d+) on node\), (\d+) recei
     (estimates if m.group(5) else predicted)[m.group(1)] = int(m.group(2))
 if not predicted:
     sys.exit(f"{name}: the model predicts no exact collective:\n" + open(table).read())
-bad = [f"{w}: predicted {b}, measured {measured.get(w)}" for w, b in predicted.items() if measured.get(w) != b]
+# A rank that never sends on a collective (the last rank of a CP group on the chains: it only receives) reports none.
+bad = [f"{w}: predicted {b}, measured {measured.get(w)}" for w, b in predicted.items() if measured.get(w, 0) != b]
 # Every collective that moves more than a few scalars a step is in the model.
 bad += [f"{w}: measured {b:.0f} bytes a step, not in the model" for w, b in measured.items()
         if b > 4096 and w not in predicted and w not in estimates]
@@ -104,24 +108,30 @@ compare 3x1 3 "${tiny[@]}" -- --dp-shard 3
 compare 2x2 4 "${tiny[@]}" -- --dp-shard 2 --dp-replicate 2
 compare 2x1-mb1 2 "${tiny[@]}" --set train.micro_batch_instances=1 -- --dp-shard 2
 compare moe-ep2 2 --config "$SRC/configs/tiny-moe.toml" "${data[@]}" -- --dp-shard 2 --ep 2
+compare cp2 2 "${tiny[@]}" -- --dp-shard 2 --cp 2
+compare cp2-2x2 4 "${tiny[@]}" --set 'train.activation_checkpointing="full"' -- --dp-shard 2 --dp-replicate 2 --cp 2
 
 flops() {  # flops NAME CONFIG-ARGS...: the profiled run's GEMM and attention FLOPs a step against the model's
   local name=$1
   shift
-  "$BIN" train "$@" --steps 2 --threads 1 --quiet --no-checkpoint --profile-ops --out "$work/$name" \
-    > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name: the profiled run failed"; }
+  "${RUN[@]}" "$BIN" train "$@" --steps 2 --threads 1 --quiet --no-checkpoint --profile-ops --out "$work/$name" \
+    "${TRAIN[@]}" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name: the profiled run failed"; }
   local measured
   measured=$(awk '/^op \(/{on=1; next} on && NF>=6 && $NF ~ /^[0-9]+$/ {if ($1 ~ /^attention/) a += $NF; else g += $NF}
     END {printf "%.0f %.0f", g / 2, a / 2}' "$work/$name.log")
-  "$BIN" config "$@" --layout 1x1 --time > "$work/$name.txt"
+  "$BIN" config "$@" --layout "$LAYOUT" --time --rank 0 > "$work/$name.txt"
   local predicted
   predicted="$(line 'GEMM (forward' "$work/$name.txt") $(line 'attention ' "$work/$name.txt")"
   [ "$measured" = "$predicted" ] || fail "$name: FLOPs counted $measured, predicted $predicted"
   echo "$name: GEMM and attention FLOPs a step $predicted"
 }
+RUN=() TRAIN=() LAYOUT=1x1
 flops dense "${tiny[@]}"
 flops dense-recompute "${tiny[@]}" --set 'train.activation_checkpointing="full"'
 flops moe-recompute --config "$SRC/configs/tiny-moe.toml" "${data[@]}" --set 'train.activation_checkpointing="full"'
+# Rank 0 of a CP group (the profile is the lead's): the first quarter of every instance's queries and keys.
+RUN=("${MPIRUN[@]}" -np 4) TRAIN=(--dp-shard 4) LAYOUT=4x1
+flops cp4-rank0 "${tiny[@]}" --set 'train.activation_checkpointing="full"' --set train.cp_degree=4
 
 # 3. A bench.json and bad input.
 echo '[{"exact_seconds": 1, "exact_tflops": 10}, {"exact_seconds": 3, "exact_tflops": 30}, {"cublas_tflops": 50}]' \
