@@ -2,9 +2,9 @@
 # meson test dist-context-parallel: context parallelism (train.cp_degree, train --cp; docs/canonical/context_parallel.md)
 # changes no bit. Groups of N consecutive ranks each compute 1/N of every instance's positions; the traces (loss,
 # gradient norm and the digest of every parameter's bits, every step) equal the single process's byte for byte:
-#   - CP 2, 3 and 4 (seq_len 48: 24, 16 and 12 positions a rank, so sliding windows of 16 and documents of 20-60
+#   - CP 2, 3, 4 and 8 (seq_len 48: 24, 16, 12 and 6 positions a rank, so sliding windows of 16 and documents of 20-60
 #     tokens cross the ranks' boundaries), alone and beside FSDP and replicas (2x2: two groups; 3x2: three groups over
-#     four micro-batches, so one group idles in the second round);
+#     four micro-batches, so one group idles in the second round; 4x2 with CP 8);
 #   - with intra-document masking, YaRN, bf16, activation recompute and the CUDA kernels on the host (cuda-host);
 #   - a mixture of experts (tiny-moe: the auxiliary losses, routing digests and expert loads in the trace, over the
 #     instance's whole rows), alone, with expert parallelism in the same ranks (EP 2 = the CP group) and across
@@ -64,6 +64,9 @@ single yarn "${yarn[@]}" "${masked[@]}"
 differ masked yarn "YaRN unseen"
 cp_run yarn-4x1-cp4 4x1 4 "${yarn[@]}" "${masked[@]}"
 same yarn yarn-4x1-cp4
+# OLMo-core's degree: 8 ranks of 6 positions, beside replicas (4x2: the state over 8 ranks, one group).
+cp_run yarn-4x2-cp8 4x2 8 "${yarn[@]}" "${masked[@]}"
+same yarn yarn-4x2-cp8
 
 single bf16 "${bf16[@]}" "${masked[@]}"
 cp_run bf16-2x1-cp2 2x1 2 "${bf16[@]}" "${masked[@]}"

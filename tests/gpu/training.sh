@@ -6,7 +6,8 @@
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
 #     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
-#   - intra-document masking (data.document_masking) on the device equal to the CPU, every byte of the trace.
+#   - intra-document masking (data.document_masking) on the device equal to the CPU, every byte of the trace, also
+#     under context parallelism (--cp 2: two processes sharing the GPU, each half of every instance's positions).
 # GPU_EXECUTOR=cuda-host (tools/gpu_check.sh --dry-run) runs it without a device; GPU_TRAINING_QUICK=1 leaves out the
 # first two parts (the suite checks them on cuda-host already: golden-traces, cli-executors).
 set -uo pipefail
@@ -68,5 +69,11 @@ docs=(--config configs/tiny.toml --steps 3 --set "data.train_files=[\"$work/docs
   "$BIN" train "${docs[@]}" --executor "$ex" --out "$work/docs-$ex" || failed=1
 if cmp "$work/docs-cpu/trace.jsonl" "$work/docs-$ex/trace.jsonl"; then echo "document masking: $ex equals cpu"
 else echo "FAILED: document masking on $ex differs from cpu"; failed=1; fi
+# Context parallelism on the device: the attention kernels over each rank's part of the gathered instance, the chains'
+# partials through the host, the rows' RoPE positions uploaded.
+"${mpi[@]}" "$BIN" train "${docs[@]}" --executor "$ex" --allow-shared-gpu --dp-shard 2 --cp 2 --out "$work/docs-cp2" ||
+  failed=1
+if cmp "$work/docs-cpu/trace.jsonl" "$work/docs-cp2/trace.jsonl"; then echo "context parallelism 2: $ex equals cpu"
+else echo "FAILED: context parallelism 2 on $ex differs from cpu"; failed=1; fi
 [ $failed -eq 0 ] && echo "gpu training: ok"
 exit $failed
