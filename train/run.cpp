@@ -251,8 +251,8 @@ int64_t check_resume(const TrainConfig& cfg, const RunOptions& opts, const std::
   const bool lead = rank == 0;
   int64_t records_begin = 0;
   // A refused resume leaves the run directory as it was.
-  std::unique_ptr<BatchSource> probe =
-      make_batch_source(cfg, "", false, loader_world(cfg, world), rank * loader_world(cfg, world) / world);
+  const int groups = loader_world(cfg, world);
+  std::unique_ptr<BatchSource> probe = make_batch_source(cfg, "", false, groups, rank * groups / world);
   ckpt::CheckpointMeta expect;
   expect.model_hash = cfg.model_hash();
   expect.resume_hash = cfg.resume_hash();
@@ -521,9 +521,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   par.no_steps = opts.stop_after == 0;
   // start_state loads the resumed checkpoint, or init.checkpoint's, over every parameter.
   par.weights_from_checkpoint = !resume_dir.empty() || !cfg.init.checkpoint.empty();
-  Trainer trainer(cfg, opts.threads,
-                  make_batch_source(cfg, audit_path, !resume_dir.empty(), groups, group),
-                  par);
+  Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), groups, group), par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
   start_state(trainer, cfg, opts, resume_dir, quiet);
   TraceWriter trace;

@@ -307,8 +307,9 @@ void Trainer::compute_local_tree(const StepBatch& batch, std::vector<LossSums>& 
       continue;
     }
     const auto [a, b] = split.instances_of_microbatch(m);
-    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(), leaves ? *leaves : no_leaves,
-                            per_instance.data() + a, &pool_, logits_out ? logits_out + a * T * V : nullptr);
+    model_.forward_backward(p, batch.tokens.data() + a * T, b - a, cfg_.targets_per_step(),
+                            leaves ? *leaves : no_leaves, per_instance.data() + a, &pool_,
+                            logits_out ? logits_out + a * T * V : nullptr);
     keep_routing(a, b);
   }
 }
