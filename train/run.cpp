@@ -396,6 +396,11 @@ void print_run_start(Trainer& trainer, const TrainConfig& cfg, const std::string
     std::fprintf(stderr, "olmoref train: expert parallelism over groups of %d ranks; rank 0 runs experts %lld..%lld\n",
                  trainer.ep(), static_cast<long long>(e0), static_cast<long long>(e1 - 1));
   }
+  if (trainer.cp() > 1)
+    std::fprintf(stderr, "olmoref train: context parallelism over groups of %d ranks; each computes %lld positions of "
+                 "every instance (rank 0: 0..%lld)\n",
+                 trainer.cp(), static_cast<long long>(cfg.train.seq_len / trainer.cp()),
+                 static_cast<long long>(cfg.train.seq_len / trainer.cp() - 1));
 }
 
 // Communication volume per rank per step against a ring all-reduce of the same fp32 gradients.
