@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/golden/replay_maxtext.sh [fp32|bf16] — meson tests golden-replay-maxtext(-bf16): MaxText's own trainer (JAX on
+# tests/golden/replay_maxtext.sh [fp32|fixed|bf16] — meson tests golden-replay-maxtext(-fixed, -bf16): MaxText's own
+# trainer (JAX on
 # the CPU) replays a golden bundle (`olmoref golden replay --framework maxtext`, golden/replay/maxtext_replay.py), its
 # weights converted into an Orbax checkpoint by MaxText's own converter (golden/replay/maxtext_export.py).
 #
@@ -13,10 +14,13 @@
 #      naming the step: steps 4 and 7 on each other's batch (loss from step 4), step 6's lr 1 % high (lr at step 6),
 #      the z-loss dropped (loss from step 1), weight decay on the embeddings too (update_err at step 2). Each control
 #      is cut after its step.
-#   3. configs/tiny.toml at 10 and 30 steps (replay_lib.sh's fixed_configs) must hold at fixed state with every step judged;
-#      the golden bundle, the controls and it replay in one Python process (replay_lib.sh).
-#   4. bundles MaxText's Olmo 3 block cannot express are refused with exit 2, naming the key: a 2:1 window pattern,
-#      and configs/parity.toml's three layers [16, 16, -1] at 10 and 30 steps.
+#      The golden bundle and the controls replay in one Python process (replay_lib.sh).
+#   3. a bundle MaxText's Olmo 3 block cannot express is refused with exit 2, naming the key: a 2:1 window pattern.
+# fixed (a test of its own, so that neither part nears the per-test budget on the slowest machine; each pays MaxText's
+# start once):
+#   1. configs/tiny.toml at 10 and 30 steps (replay_lib.sh's fixed_configs) must hold at fixed state with every step
+#      judged, in one Python process;
+#   2. configs/parity.toml's three layers [16, 16, -1] at 10 and 30 steps are refused with exit 2, naming the key.
 # One thread each side (OLMOREF_PEER_THREADS). Exit: 0 as expected; 1 otherwise; 2 an error; 77 "SKIPPED:
 # golden-replay-maxtext: ..." when MaxText's environment or the demo corpus cannot be had (never a pass).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -37,17 +41,36 @@ if [ "${1:-fp32}" = bf16 ]; then
   replay_verdicts
   exit $replay_failed
 fi
+# MaxText's Olmo 3 layer cycle is fixed at three sliding-window layers and a global one: another pattern must be
+# refused before anything runs, not replayed on the wrong attention. refused BUNDLE|PATTERN...: one start for them all.
+refused() {
+  local bundles=() c
+  for c in "$@"; do bundles+=("${c%%|*}"); done
+  replay pattern "${bundles[@]}"
+  local rc=$?
+  for c in "$@"; do
+    local name want
+    name=$(basename "${c%%|*}") want="$name/bundle.json: model.swa_pattern [${c#*|}]; MaxText's Olmo 3 block runs"
+    if [ $rc -eq 2 ] && grep -qF "$want" "$work/pattern.log" && [ ! -e "$work/pattern/$name/replay.jsonl" ]; then
+      echo "ok: $name: refused: $(grep -m1 -F "$want" "$work/pattern.log" | sed 's/.*bad bundle: //')"
+    else
+      tail -n 20 "$work/pattern.log"; echo "FAIL: $name: want exit 2 naming model.swa_pattern, got exit $rc"; replay_failed=1
+    fi
+  done
+}
+if [ "${1:-fp32}" = fixed ]; then
+  replay_fixed_plan tiny10 tiny30
+  replay_run --no-bundle
+  replay_fixed_verdicts
+  # configs/parity.toml's three layers [16, 16, -1] (its bundles of fixed_configs).
+  refused "$fixed_dir/bundle-parity10|16, 16, -1" "$fixed_dir/bundle-parity30|16, 16, -1"
+  exit $replay_failed
+fi
 replay_make_bundle 1
 replay_controls
-replay_fixed_plan tiny10 tiny30
 replay_run
 replay_same
 replay_verdicts
-replay_fixed_verdicts
-
-# MaxText's Olmo 3 layer cycle is fixed at three sliding-window layers and a global one: another pattern must be
-# refused before anything runs, not replayed on the wrong attention; configs/parity.toml's three layers [16, 16, -1]
-# too (its bundles of fixed_configs).
 python3 - "$work/bundle" "$work/pattern-bundle" <<'PY' || exit 2
 import json, shutil, sys
 src, dst = sys.argv[1:]
@@ -56,14 +79,5 @@ meta = json.load(open(f"{dst}/bundle.json"))
 meta["model"]["swa_pattern"] = [128, 128, -1, -1]
 json.dump(meta, open(f"{dst}/bundle.json", "w"))
 PY
-replay pattern "$work/pattern-bundle" "$fixed_dir/bundle-parity10" "$fixed_dir/bundle-parity30"
-rc=$?
-for c in "pattern-bundle|128, 128, -1, -1" "bundle-parity10|16, 16, -1" "bundle-parity30|16, 16, -1"; do
-  name=${c%%|*} want="$name/bundle.json: model.swa_pattern [${c#*|}]; MaxText's Olmo 3 block runs"
-  if [ $rc -eq 2 ] && grep -qF "$want" "$work/pattern.log" && [ ! -e "$work/pattern/$name/replay.jsonl" ]; then
-    echo "ok: $name: refused: $(grep -m1 -F "$want" "$work/pattern.log" | sed 's/.*bad bundle: //')"
-  else
-    tail -n 20 "$work/pattern.log"; echo "FAIL: $name: want exit 2 naming model.swa_pattern, got exit $rc"; replay_failed=1
-  fi
-done
+refused "$work/pattern-bundle|128, 128, -1, -1"
 exit $replay_failed
