@@ -427,13 +427,7 @@ int check_attention_parts() {
     const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
     const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
     const int64_t qw = c.H * c.hd, kw = c.KV * c.hd;
-    const AttentionShape shape = testing::attention_shape(c, o);
-    testing::AttentionOutputs whole{std::vector<float>(qn), std::vector<float>(stats), std::vector<float>(stats),
-                                    std::vector<float>(qn), std::vector<float>(kn),    std::vector<float>(kn)};
-    attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
-                      whole.row_sum.data(), nullptr);
-    attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
-                       whole.row_sum.data(), g.q.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), nullptr);
+    const testing::AttentionOutputs whole = testing::whole_instance_outputs(c, o, g.q);
     int32_t* docs[2] = {o.doc_start.empty() ? nullptr : to_device(o.doc_start), o.doc_end.empty() ? nullptr : to_device(o.doc_end)};
     float *d_q = to_device(o.q), *d_k = to_device(o.k), *d_v = to_device(o.v), *d_out = to_device(whole.out);
     float *d_m = to_device(whole.row_max), *d_l = to_device(whole.row_sum), *d_go = to_device(g.q);

@@ -11,6 +11,7 @@
 #include "kernels/attention_exact.h"
 #include "core/bf16.h"
 #include "ref/ops.h"
+#include "tests/common/attention_parts.h"
 
 namespace olmoref::testing {
 
@@ -84,6 +85,22 @@ inline AttentionShape attention_shape(const AttentionCase& c, const AttentionOpe
 }
 
 // The kernel arguments of a case (shape fields only; the caller sets the pointers).
+// The whole instance's attention by the reference (ref/ops.h, forward then backward from ∂out `dout`): what every part
+// of it must reproduce bit for bit.
+inline AttentionOutputs whole_instance_outputs(const AttentionCase& c, const AttentionOperands& o,
+                                               const std::vector<float>& dout) {
+  const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
+  const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
+  const AttentionShape shape = attention_shape(c, o);
+  AttentionOutputs whole{std::vector<float>(qn), std::vector<float>(stats), std::vector<float>(stats),
+                         std::vector<float>(qn), std::vector<float>(kn),    std::vector<float>(kn)};
+  attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                    whole.row_sum.data(), nullptr);
+  attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
+                     whole.row_sum.data(), dout.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), nullptr);
+  return whole;
+}
+
 inline kernels::AttentionArgs attention_args(const AttentionCase& c) {
   kernels::AttentionArgs a;
   a.B = c.B, a.T = c.T, a.H = c.H, a.KV = c.KV, a.hd = c.hd, a.window = c.window;

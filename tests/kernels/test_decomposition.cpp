@@ -279,13 +279,7 @@ TEST_CASE("attention exact over a part of an instance writes exactly its rows, w
         const testing::AttentionOperands g = testing::attention_operands(c, static_cast<uint32_t>(c.T * 11 + 3));
         const size_t qn = static_cast<size_t>(c.B * c.T * c.H * c.hd), kn = static_cast<size_t>(c.B * c.T * c.KV * c.hd);
         const size_t stats = static_cast<size_t>(c.B * c.H * c.T);
-        const AttentionShape shape = testing::attention_shape(c, o);
-        testing::AttentionOutputs whole{std::vector<float>(qn), std::vector<float>(stats), std::vector<float>(stats),
-                                        std::vector<float>(qn), std::vector<float>(kn),    std::vector<float>(kn)};
-        attention_forward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
-                          whole.row_sum.data(), nullptr);
-        attention_backward(shape, o.q.data(), o.k.data(), o.v.data(), whole.out.data(), whole.row_max.data(),
-                           whole.row_sum.data(), g.q.data(), whole.dq.data(), whole.dk.data(), whole.dv.data(), nullptr);
+        testing::AttentionOutputs whole = testing::whole_instance_outputs(c, o, g.q);  // the args point into it
         for (const testing::AttentionPart& part : testing::attention_parts(c.T)) {
           CAPTURE(part.q_begin);
           CAPTURE(part.q_end);
