@@ -43,8 +43,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bundle import (Bundle, BundleError, adapter_args, adapter_jobs, attention_and_microbatch,  # noqa: E402
-                    gradient_error, hand_state, load_state, pinned_version, recipe_loss_sums, setup_torch,
-                    update_error)
+                    bf16_gemms_in_fp32, gradient_error, hand_state, load_state, pinned_version, recipe_loss_sums,
+                    setup_torch, update_error)
 
 # The one place the Hugging Face releases are pinned: golden/parity/venv.sh reads these lines (olmoref_pin) to install
 # them into OLMOREF_VENV, whose other checks (parity, YaRN, TorchTitan's backend) use the same transformers.
@@ -155,6 +155,7 @@ def replay_job(torch, args, path, out_path, report_path, tag):
     except BundleError as e:
         print(f"{tag}: {e}", file=sys.stderr)
         return 2
+    gemms = bf16_gemms_in_fp32(torch) if route is not None else None
     model = bundle.hf_model(torch)
     model.set_attn_implementation(attention)
     model.config.use_cache = False
@@ -309,6 +310,8 @@ def replay_job(torch, args, path, out_path, report_path, tag):
         report["added"].append("OLMOREF_HF_BF16=autocast: TrainingArguments bf16=True (accelerate's torch.autocast "
                                "over fp32 parameters) instead of FSDP's param_dtype (a measurement of Hugging Face's "
                                "own spread, not the Olmo 3 recipe)")
+    if gemms is not None:
+        report["added"].append(gemms)
     if route is not None and (attention, mb) != ("sdpa", 1):
         report["added"].append(f"OLMOREF_HF_ATTN={attention}, OLMOREF_HF_MICROBATCH={mb} instead of sdpa, 1 (a "
                                f"measurement of Hugging Face's own spread, not the replay's route)")

@@ -57,7 +57,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
-from bundle import (BundleError, adapter_main, gradient_error, hand_state, load_state, local_tensor,  # noqa: E402
+from bundle import (BundleError, adapter_main, bf16_gemms_in_fp32, gradient_error, hand_state, load_state, local_tensor,  # noqa: E402
                     pinned_version, setup_torch, update_error)
 
 # The one place the OLMo-core release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
@@ -450,6 +450,8 @@ def replay(bundle, threads, work, fixed=False):
             added.append(f"OLMOREF_OLMO_CORE_MICROBATCH: micro-batches of {mb} instances instead of the bundle's "
                          f"{bundle.mb} (a measurement of OLMo-core's own spread, not a replay of the bundle)")
         route = os.environ.get("OLMOREF_OLMO_CORE_BF16", "fsdp")
+        if bundle.meta.get("precision") == "bf16":
+            added.append(bf16_gemms_in_fp32(torch))
         module, z, max_norm = train_module(torch, bundle, model, state, oc_name, native, added, mb, route)
         native.append(f"TransformerTrainModule: micro-batches of {mb} x {T}, z_loss_multiplier "
                       f"{z if z != 0 else None}, max_grad_norm {max_norm} (clip max_norm / (norm + 1e-6))")

@@ -60,8 +60,8 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bundle import (BundleError, adapter_main, attention_and_microbatch, gradient_error, hand_state,  # noqa: E402
-                    load_state, local_tensor, pinned_version, setup_torch, update_error)
+from bundle import (BundleError, adapter_main, attention_and_microbatch, bf16_gemms_in_fp32,  # noqa: E402
+                    gradient_error, hand_state, load_state, local_tensor, pinned_version, setup_torch, update_error)
 
 # The one place the TorchTitan release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 TORCHTITAN_VERSION = "0.3.0"
@@ -505,6 +505,8 @@ def replay(bundle, threads, work, fixed=False):
     native, added = [], []
     S, G, T = bundle.S, bundle.G, bundle.T
     bf16, attention, mb = precision_route(bundle, native, added)
+    if bf16:
+        added.append(bf16_gemms_in_fp32(torch))
     hf_dir = os.path.join(bundle.path, bundle.meta["hf_dir"])
     # One rank, gloo, rendezvous through a file: no port to collide with parallel tests; Trainer.init_distributed
     # keeps a process group it finds.
