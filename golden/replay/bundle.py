@@ -203,8 +203,8 @@ def _load_safetensors(path, kind):
         raise BundleError(f"{path}: cannot read as safetensors ({e})")
 
 
-_BF16_GEMMS_IN_FP32 = ("bf16_gemms_in_fp32: torch's CPU mm, addmm, bmm and baddbmm on bfloat16 operands compute in fp32 "
-                       "and round the result to bfloat16, as a GPU's bf16 GEMM (and oneDNN's on a CPU with native "
+_BF16_GEMMS_IN_FP32 = ("bf16_gemms_in_fp32: torch's CPU mm, addmm, bmm and baddbmm on bfloat16 operands compute in "
+                       "fp32 and round the result to bfloat16, as a GPU's bf16 GEMM (and oneDNN's on a CPU with native "
                        "bf16) does; on a CPU without it torch falls back to a loop about 30x slower than fp32 "
                        "(measured on AVX2), which the suite's budget cannot pay. The framework's code is unchanged; "
                        "only the GEMM under it")

@@ -57,8 +57,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "parity"))
 sys.path.insert(0, here)
 from olmo_core_model import install_cpu_kernels, is_moe, model_windows, olmo_core_config, use_torch_gmm, windows  # noqa: E402
-from bundle import (BundleError, adapter_main, bf16_gemms_in_fp32, gradient_error, hand_state, load_state, local_tensor,  # noqa: E402
-                    pinned_version, setup_torch, update_error)
+from bundle import (BundleError, adapter_main, bf16_gemms_in_fp32, gradient_error, hand_state,  # noqa: E402
+                    load_state, local_tensor, pinned_version, setup_torch, update_error)
 
 # The one place the OLMo-core release is pinned: golden/parity/venv.sh reads this line (olmoref_pin) to install it.
 OLMO_CORE_VERSION = "3.0.0"
