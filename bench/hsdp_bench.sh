@@ -7,7 +7,8 @@
 # the ranks.
 #   bash bench/hsdp_bench.sh [CONFIG] [STEPS]
 # Environment: OLMOREF_BIN (default build/olmoref), LAYOUTS (default "1x1 2x1 3x1 2x2 3x2"), MICRO_BATCH
-# (default 2, so that 6 ranks have a micro-batch each; it never changes the bits).
+# (default 2, so that 6 ranks have a micro-batch each; it never changes the bits), TRAIN_ARGS (more `train` arguments,
+# e.g. "--no-prefetch" to time FSDP's unit gathers on the spot against the prefetch).
 # Needs the demo corpus for configs/small.toml (tools/demo.sh or data/demo/make_demo_corpus.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--config "$config" --steps "$steps" --set data.audit=false --set checkpoint.interval=0 --set train.log_every=1
-        --set train.micro_batch_instances="${MICRO_BATCH:-2}")
+        --set train.micro_batch_instances="${MICRO_BATCH:-2}" ${TRAIN_ARGS:-})
 M=$("$BIN" config --config "$config" --set train.micro_batch_instances="${MICRO_BATCH:-2}" |
     sed -nE 's/.*= ([0-9]+) micro-batches.*/\1/p')
 printf "%-8s %-7s %10s %14s %12s %12s %14s %14s %12s\n" layout threads "s/step" "sent MiB/step" "ring AR MiB" "FSDP2 MiB" \

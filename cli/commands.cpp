@@ -203,6 +203,11 @@ void register_commands(CLI::App& app) {
         ->check(CLI::Range(1, 65536));
     cmd->add_option("--comm-timeout", o->comm_timeout_s,
                     "Seconds a rank waits for the others in one collective before aborting the job (naming the missing ranks)");
+    auto no_prefetch = std::make_shared<bool>(false);
+    cmd->add_flag("--no-prefetch", *no_prefetch,
+                  "FSDP (dp_shard > 1): gather each unit only when the model reaches it, instead of gathering the "
+                  "next one on a thread of its own while the model works on this one (the default); the values do "
+                  "not change");
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
     auto report_memory = std::make_shared<bool>(false);
     cmd->add_flag("--report-memory", *report_memory,
@@ -222,6 +227,9 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--debug-moe-unordered-combine", o->parallel.debug_moe_unordered_combine,
                   "TEST ONLY: add each token's experts in arrival order, as an atomic scatter does, not in rank order "
                   "(mixture-of-experts models); must change the trace");
+    cmd->add_flag("--debug-prefetch-other-unit", o->parallel.debug_prefetch_other_unit,
+                  "TEST ONLY: every FSDP prefetch gathers a unit other than the one the model asks for next (each "
+                  "unit is then gathered again on the spot); must not change the trace");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");
@@ -279,6 +287,7 @@ void register_commands(CLI::App& app) {
         if (!dir.empty()) c.init.checkpoint_xxh3 = load_checkpoint_config(dir).init.checkpoint_xxh3;
       }
       RunOptions run = *o;
+      run.parallel.prefetch_units = !*no_prefetch;
       run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;
       for (const auto& what : *skip) {
         run.resume_opts.skip_moments |= what == "moments";

@@ -232,6 +232,11 @@ std::unique_ptr<Comm>& world_slot() {
   return w;
 }
 
+bool& thread_multiple_slot() {
+  static bool multiple = false;
+  return multiple;
+}
+
 }  // namespace
 
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
@@ -245,16 +250,22 @@ int ranks_on_this_node() {
   return 1;
 }
 
+bool concurrent_collectives() { return thread_multiple_slot(); }
+
 Comm& world(double timeout_s) {
   auto& w = world_slot();
   if (!w) {
     if (launched_by_mpirun()) {
       int initialized = 0;
       MPI_Initialized(&initialized);
-      if (!initialized) {
-        int provided = 0;
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      }
+      // MPI_THREAD_MULTIPLE where the library offers it: dist::UnitGather's prefetch runs its collectives on a thread
+      // of its own, beside the main thread's (concurrent_collectives()).
+      int provided = 0;
+      if (!initialized)
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      else
+        MPI_Query_thread(&provided);
+      thread_multiple_slot() = provided >= MPI_THREAD_MULTIPLE;
       int n = 0;
       MPI_Comm_size(MPI_COMM_WORLD, &n);
       std::vector<int> ranks(static_cast<size_t>(n));

@@ -75,6 +75,9 @@ class Comm {
 // timeout_s bounds how long any rank waits for the others in one collective.
 Comm& world(double timeout_s = 300.0);
 bool launched_by_mpirun();
+// Whether two threads may each run collectives at once (on different communicators): MPI initialized with
+// MPI_THREAD_MULTIPLE by world(). False before world() and for LocalComm (one rank: nothing to overlap).
+bool concurrent_collectives();
 // The job's ranks on this node, as the launcher says (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's
 // MPI_LOCALNRANKS); 1 when started without one.
 int ranks_on_this_node();

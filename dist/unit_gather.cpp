@@ -1,21 +1,28 @@
 #include "dist/unit_gather.h"
 
 #include <algorithm>
+#include <future>
 #include <utility>
 
 namespace olmoref::dist {
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
-                       Comm& shard_group)
-    : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group) {}
+                       Comm& shard_group, Prefetch prefetch)
+    : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group),
+      prefetch_(prefetch) {
+  if (prefetch != Prefetch::off) prefetch_comm_ = shard_group.split(0, shard_group.rank());
+}
+
+UnitGather::~UnitGather() {
+  // A gather in flight finishes first: its thread reads and writes vectors the future owns, and its peers are in it.
+  if (next_.valid()) next_.wait();
+}
 
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
 // reads only its own experts). Exact pieces, no padding; what a rank never reads of the unit buffer is never
 // written.
-const float* UnitGather::acquire(int unit) {
-  // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
-  if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+UnitGather::Gather UnitGather::pack(int unit) const {
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   const auto [a, b] = model_.unit_range(unit);
   const Layout& L = layout_;
@@ -33,45 +40,91 @@ const float* UnitGather::acquire(int unit) {
       if (std::max(lo, r0) < std::min(hi, r1)) out.push_back({std::max(lo, r0), std::min(hi, r1)});
     return out;
   };
+  Gather g;
+  g.unit = unit;
+  g.send_counts.assign(static_cast<size_t>(S), 0);
+  g.recv_counts.assign(static_cast<size_t>(S), 0);
+  g.send_at.assign(static_cast<size_t>(S), 0);
   // Ranks that read the same pieces of my part (all of them, without expert parallelism) share one copy of them.
-  std::vector<int64_t> send_counts(static_cast<size_t>(S), 0), recv_counts(static_cast<size_t>(S), 0),
-      send_at(static_cast<size_t>(S), 0);
   std::vector<Ranges> sent;  // the distinct piece lists copied so far, at sent_at
   std::vector<int64_t> sent_at;
-  std::vector<float> send;
   for (int q = 0; q < S; ++q) {
     const Ranges mine = pieces(me, q);
-    for (const auto& [p0, p1] : mine) send_counts[static_cast<size_t>(q)] += p1 - p0;
+    for (const auto& [p0, p1] : mine) g.send_counts[static_cast<size_t>(q)] += p1 - p0;
     const auto same = std::find(sent.begin(), sent.end(), mine);
     if (same != sent.end()) {
-      send_at[static_cast<size_t>(q)] = sent_at[static_cast<size_t>(same - sent.begin())];
+      g.send_at[static_cast<size_t>(q)] = sent_at[static_cast<size_t>(same - sent.begin())];
       continue;
     }
-    send_at[static_cast<size_t>(q)] = static_cast<int64_t>(send.size());
+    g.send_at[static_cast<size_t>(q)] = static_cast<int64_t>(g.send.size());
     sent.push_back(mine);
-    sent_at.push_back(static_cast<int64_t>(send.size()));
+    sent_at.push_back(static_cast<int64_t>(g.send.size()));
     for (const auto& [p0, p1] : mine) {
-      const size_t at = send.size();
-      send.resize(at + static_cast<size_t>(p1 - p0));
-      ex_.to_host(send.data() + at, params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+      const size_t at = g.send.size();
+      g.send.resize(at + static_cast<size_t>(p1 - p0));
+      ex_.to_host(g.send.data() + at, params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
     }
   }
   int64_t total = 0;
   for (int s = 0; s < S; ++s) {
-    for (const auto& [p0, p1] : pieces(s, me)) recv_counts[static_cast<size_t>(s)] += p1 - p0;
-    total += recv_counts[static_cast<size_t>(s)];
+    for (const auto& [p0, p1] : pieces(s, me)) g.recv_counts[static_cast<size_t>(s)] += p1 - p0;
+    total += g.recv_counts[static_cast<size_t>(s)];
   }
-  std::vector<float> recv(static_cast<size_t>(total));
+  g.recv.resize(static_cast<size_t>(total));
+  return g;
+}
+
+void UnitGather::exchange(Gather& g, Comm& comm) {
   const float none = 0.0f;
-  shard_group_.alltoallv(send.empty() ? &none : send.data(), send_counts, recv.data(), recv_counts,
-                         "gather parameters of a unit", &send_at);
-  const float* next = recv.data();
-  for (int s = 0; s < S; ++s)
-    for (const auto& [p0, p1] : pieces(s, me)) {
+  comm.alltoallv(g.send.empty() ? &none : g.send.data(), g.send_counts, g.recv.data(), g.recv_counts,
+                 "gather parameters of a unit", &g.send_at);
+}
+
+// The received pieces, shard by shard in the order pack listed them, into the unit buffer at their offsets.
+const float* UnitGather::unpack(const Gather& g) {
+  // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
+  if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+  const auto [a, b] = model_.unit_range(g.unit);
+  const Layout& L = layout_;
+  const std::vector<std::pair<int64_t, int64_t>> reads =
+      model_.unit_reads(g.unit, ep_, (L.replicate_index() * L.dp_shard + L.shard_index()) % ep_);
+  const float* next = g.recv.data();
+  for (int s = 0; s < L.dp_shard; ++s) {
+    const int64_t lo = std::max(a, L.begin(s)), hi = std::min(b, L.end(s));
+    for (const auto& [r0, r1] : reads) {
+      const int64_t p0 = std::max(lo, r0), p1 = std::min(hi, r1);
+      if (p0 >= p1) continue;
       unit_.upload(next, p1 - p0, p0 - a);
       next += p1 - p0;
     }
+  }
   return unit_at_flat_offsets(unit_.data(), a);
+}
+
+const float* UnitGather::acquire(int unit) {
+  if (next_.valid()) {
+    Gather g = next_.get();  // rethrows what the thread threw
+    if (g.unit == unit) {
+      ++hits_;
+      return unpack(g);
+    }
+    // Announced but not asked for: every rank's walk is the same, so every rank drops it alike.
+  }
+  ++misses_;
+  Gather g = pack(unit);
+  exchange(g, shard_group_);
+  return unpack(g);
+}
+
+void UnitGather::prefetch(int unit) {
+  if (!prefetch_comm_) return;
+  if (next_.valid()) next_.wait();  // one unit ahead at most (an announcement not yet acquired is dropped there)
+  Gather g = pack(prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit);
+  Comm* comm = prefetch_comm_.get();
+  next_ = std::async(std::launch::async, [g = std::move(g), comm]() mutable {
+    exchange(g, *comm);
+    return std::move(g);
+  });
 }
 
 void CommExpertExchange::allgather(const int64_t* mine, int64_t n, int64_t* all) {

@@ -6,6 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/executor.h"
@@ -15,21 +19,54 @@
 
 namespace olmoref::dist {
 
+// How UnitGather serves the unit the model announces next (ParamGate::prefetch).
+enum class Prefetch {
+  off,         // gather each unit when it is acquired
+  on,          // gather the announced unit on a thread of its own, under the model's work on this one
+  other_unit,  // TEST ONLY: gather the unit after the announced one, so that every acquire finds the wrong unit
+};
+
 class UnitGather : public ParamGate {
  public:
   // params: this rank's shard [layout.lo(), layout.hi()) of the master parameters, in ex's memory; shard_group: the
   // ranks of this replicate group, ordered by shard index; ep: the expert-parallel group size (under expert
-  // parallelism a rank reads only its own experts). All are borrowed and must outlive the gather.
+  // parallelism a rank reads only its own experts). All are borrowed and must outlive the gather. prefetch (not off):
+  // gather the unit the walk announces next (ParamGate::prefetch) on a thread of its own while the model works on
+  // this one (needs MPI_THREAD_MULTIPLE: dist::concurrent_collectives); its collectives run on a duplicate of
+  // shard_group, so they never interleave with the main thread's. Collective: every rank of shard_group constructs
+  // it together.
   UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
-             Comm& shard_group);
+             Comm& shard_group, Prefetch prefetch = Prefetch::off);
+  ~UnitGather() override;
   UnitGather(const UnitGather&) = delete;
   UnitGather& operator=(const UnitGather&) = delete;
 
   // The unit in the unit buffer, read at the flat vector's offsets (unit_at_flat_offsets).
   const float* acquire(int unit) override;
   void release(int) override {}  // the next acquire overwrites the buffer
+  void prefetch(int unit) override;
+
+  // What the prefetching thread's communicator sent (merged into the trainer's --report-comm figures).
+  uint64_t prefetch_bytes_sent() const { return prefetch_comm_ ? prefetch_comm_->bytes_sent() : 0; }
+  const std::map<std::string, uint64_t>* prefetch_bytes_by_what() const {
+    return prefetch_comm_ ? &prefetch_comm_->bytes_sent_by_what() : nullptr;
+  }
+  // Acquires served by a finished prefetch, and those that gathered on the spot (a pass's first unit, or a unit
+  // other than the announced one): what `train --report-comm` prints.
+  int64_t prefetch_hits() const { return hits_; }
+  int64_t gathers_on_the_spot() const { return misses_; }
 
  private:
+  // One unit's all-to-all: what this rank sends (its part, packed) and receives (every piece of the unit it reads).
+  struct Gather {
+    int unit = -1;
+    std::vector<float> send, recv;
+    std::vector<int64_t> send_counts, recv_counts, send_at;
+  };
+  Gather pack(int unit) const;                    // the executor's reads: on the calling (main) thread
+  static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
+  const float* unpack(const Gather& g);           // into the unit buffer (the executor's writes): main thread
+
   const Olmo3& model_;
   const Layout& layout_;
   const int ep_;
@@ -39,6 +76,11 @@ class UnitGather : public ParamGate {
   // The unit in use [largest unit] in the executor's memory, reused by every unit (the model acquires one at a time:
   // Olmo3::walk_forward), so no rank holds more than the largest unit of the gathered parameters, host or device.
   Buffer<float> unit_;
+  // Prefetch: the announced unit's gather in flight (its host vectors, at most one unit's, owned by the future).
+  const Prefetch prefetch_;
+  std::unique_ptr<Comm> prefetch_comm_;
+  std::future<Gather> next_;
+  int64_t hits_ = 0, misses_ = 0;
 };
 
 // The model's expert exchange (model/olmo3.h) over the communicator of one EP group.

@@ -61,9 +61,10 @@ std::vector<std::pair<int64_t, int64_t>> fsdp_unit_reads(const ModelConfig& cfg,
   return out;
 }
 
-void Olmo3::use_unit(int unit, bool working_copy) {
+void Olmo3::use_unit(int unit, bool working_copy, int next) {
   if (!gate_) return;
   const float* fp32 = gate_->acquire(unit);
+  if (next >= 0) gate_->prefetch(next);
   unit_read_ = fp32;
   // bf16 with a gate: the working copy is made unit by unit as units arrive (same bits: it is elementwise), into
   // a buffer one unit long, so no rank holds a bf16 copy of the whole vector either.
@@ -379,16 +380,17 @@ void Olmo3::block_backward(const float* params, int64_t l, int64_t n_inst, int64
 }
 
 // The one order of a pass (olmo3.h, PassSteps): each unit gathered around its steps, forward here, backward below.
-void Olmo3::walk_forward(PassSteps& steps) {
-  use_unit(0, steps.working_copy);
+// use_unit(u, ..., next) announces `next` (ParamGate::prefetch) once u is in hand: a gate may gather it under u's work.
+void Olmo3::walk_forward(PassSteps& steps, int then) {
+  use_unit(0, steps.working_copy, 1);
   steps.embedding_forward();
   drop_unit(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    use_unit(static_cast<int>(l) + 1, steps.working_copy);
+    use_unit(static_cast<int>(l) + 1, steps.working_copy, static_cast<int>(l) + 2);
     steps.block_forward(l);
     drop_unit(static_cast<int>(l) + 1);
   }
-  use_unit(n_units() - 1, steps.working_copy);
+  use_unit(n_units() - 1, steps.working_copy, then);
   steps.head_forward();
   drop_unit(n_units() - 1);
 }
@@ -400,17 +402,18 @@ void Olmo3::walk_training_pass(PassSteps& steps) {
     ~EpScope() { now = nullptr; }
   } ep_scope{ep_now_};
   ep_now_ = cfg_.moe.enabled() ? ep_ : nullptr;
-  walk_forward(steps);
+  walk_forward(steps, n_units() - 1);
   auto unit_gradient = [this](int unit, auto&& backward) {
     if (sink_) sink_->unit_backward_begins(unit);
     backward();
     if (sink_) sink_->unit_backward_done(unit);
   };
-  use_unit(n_units() - 1, steps.working_copy);
+  use_unit(n_units() - 1, steps.working_copy, static_cast<int>(cfg_.n_layers));
   unit_gradient(n_units() - 1, [&] { steps.head_backward(); });
   drop_unit(n_units() - 1);
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
-    use_unit(static_cast<int>(l) + 1, steps.working_copy);  // gathered again for backward, as FSDP does
+    // Gathered again for backward, as FSDP does; the embedding's backward reads no parameter (unit 0: none next).
+    use_unit(static_cast<int>(l) + 1, steps.working_copy, l > 0 ? static_cast<int>(l) : -1);
     if (checkpointing_ == ActivationCheckpointing::full) {
       recomputing_ = true;
       steps.block_forward(l);  // the block's activations again, the same bits (and exchanges) as forward's

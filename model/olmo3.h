@@ -123,6 +123,10 @@ class ParamGate {
   // (base need not point at an allocation: a unit-sized device buffer is returned as unit_at_flat_offsets).
   virtual const float* acquire(int unit) = 0;
   virtual void release(int unit) = 0;  // ... and may be dropped from now on
+  // The unit the walk acquires next, told right after acquire(unit) returns, before the unit's work: a gate may
+  // start gathering it now, under that work (FSDP's prefetch). Only a hint: every acquire must be served whatever
+  // was announced. Every rank's walk announces the same units in the same order.
+  virtual void prefetch(int unit) { (void)unit; }
 };
 
 // A pointer p with p + x addressing unit[x - a] for x in [a, a + unit's length): a buffer holding one unit, read at
@@ -249,6 +253,7 @@ class Olmo3 {
   ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
+  ParamGate* param_gate() const { return gate_; }
   void set_unit_gradient_sink(UnitGradientSink* sink) { sink_ = sink; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
   std::pair<int64_t, int64_t> unit_range(int unit) const {  // [begin, end) in the flat vector
@@ -343,7 +348,8 @@ class Olmo3 {
   };
   class ComputeSteps;
   class IdleSteps;
-  void walk_forward(PassSteps& steps);
+  // then: the unit the walk acquires after the head's forward (a training pass: the head again), -1 for none.
+  void walk_forward(PassSteps& steps, int then = -1);
   void walk_training_pass(PassSteps& steps);
   // What one forward_loss or forward_backward call computes on, carried through the walk by ComputeSteps.
   struct PassInputs {
@@ -379,7 +385,8 @@ class Olmo3 {
   void bind_block_work(int64_t layer);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params);
-  void use_unit(int unit, bool working_copy);  // acquire (+ the bf16 copy of the unit)
+  // acquire (+ the bf16 copy of the unit), then announce `next` to the gate (-1: nothing follows in this pass)
+  void use_unit(int unit, bool working_copy, int next);
   void drop_unit(int unit);
   // Where a step reads parameters: `params` without a gate; with one, the unit in use (its fp32 values from the
   // gate, or its bf16 working copy), valid on that unit's range only.

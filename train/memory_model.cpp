@@ -78,10 +78,6 @@ struct RankParts {
   int64_t local_floats = 0, owner_floats = 0;
   int64_t send_floats = 0, recv_floats = 0;     // the largest unit's all-to-all blocks (host)
   int64_t gradient_floats() const { return local_floats + owner_floats + send_floats + recv_floats; }
-  // The send and receive blocks grow at the first unit exchange (the head's, in the first round's backward) and
-  // are freed after the step: with one round no forward gather meets them, and backward's first gather (the head's)
-  // comes before them.
-  bool gathers_meet_exchange = false;
   int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
@@ -132,7 +128,6 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
       }
       most_received = std::max(most_received, received);
     }
-    p.gathers_meet_exchange = split.n_rounds() > 1;
     p.local_floats = p.local_slots * widest_unit;
     p.owner_floats = p.owner_slots * p.optimizer_floats;
     p.send_floats = most_sent * widest_unit;
@@ -150,10 +145,11 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
   return p;
 }
 
-int64_t transient_gather_floats(const RankParts& p) {
-  if (p.gathers_meet_exchange) return p.gather_floats;
-  return std::max<int64_t>(0, p.gather_floats - p.send_floats - p.recv_floats);
-}
+// The send and receive blocks of the gradient exchange grow at the first unit exchange and are freed after the
+// step. Gathering each unit on the spot, with one round no gather would meet them (backward's first, the head's,
+// comes before them); but the prefetch (train's default, dist::UnitGather) holds the next unit's gather vectors
+// through this unit's work, its exchange included, so they count whole beside them.
+int64_t transient_gather_floats(const RankParts& p) { return p.gather_floats; }
 
 // The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
 // first of them. `rank` receives its index.
@@ -173,7 +169,7 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
 }
 
 // The step's transients never coexist, so the larger counts: an FSDP unit's gather vectors (host) or the updated
-// parameters' all-gather blocks (host). A gather that never meets the exchange blocks counts only beyond them.
+// parameters' all-gather blocks (host).
 MemoryPart largest_transient(const RankParts& p, bool gpu) {
   const int64_t gather_bytes = gpu ? 0 : kF32 * transient_gather_floats(p);
   const int64_t param_gather_bytes = kF32 * p.param_gather_floats;

@@ -434,6 +434,12 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
                 static_cast<double>(trainer.bytes_sent()) / steps / (1 << 20), ring / (1 << 20),
                 static_cast<double>(trainer.state_bytes()) / (1 << 20), resident, grad_part, ep_part);
   std::string text = line;
+  if (const auto [prefetched, on_the_spot] = trainer.unit_gathers(); prefetched + on_the_spot > 0) {
+    std::snprintf(line, sizeof line, "rank %d: FSDP unit gathers in %lld steps: %lld prefetched, %lld on the spot\n",
+                  rank, static_cast<long long>(done), static_cast<long long>(prefetched),
+                  static_cast<long long>(on_the_spot));
+    text += line;
+  }
   for (const auto& [what, bytes] : trainer.bytes_sent_by_what()) {
     std::snprintf(line, sizeof line, "rank %d: sent %llu bytes in %lld steps: %s\n", rank,
                   static_cast<unsigned long long>(bytes), static_cast<long long>(done), what.c_str());

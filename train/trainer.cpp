@@ -195,7 +195,11 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   pieces_ = group_pieces(model_.layout(), groups_, layout_.optimizer_lo(), layout_.optimizer_hi());
   state_digest_ = std::make_unique<StateDigest>(sharded_state(), &pool_);  // its leaves hashed on the step's threads
   if (layout_.dp_shard > 1) {
-    unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_);
+    unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_,
+                                                      !par.prefetch_units || !dist::concurrent_collectives()
+                                                          ? dist::Prefetch::off
+                                                      : par.debug_prefetch_other_unit ? dist::Prefetch::other_unit
+                                                                                      : dist::Prefetch::on);
     model_.set_param_gate(unit_gather_.get());
   }
 }
@@ -587,6 +591,8 @@ std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
   for (const dist::Comm* c : {comm_, shard_comm_.get(), replica_comm_.get(), ep_comm_.get(), cp_comm_.get()})
     if (c)
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
+  if (const auto* prefetched = unit_gather_ ? unit_gather_->prefetch_bytes_by_what() : nullptr)
+    for (const auto& [what, bytes] : *prefetched) all[what] += bytes;
   return all;
 }
 

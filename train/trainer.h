@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -52,6 +53,10 @@ struct Parallelism {
   // must change the trace.
   bool debug_cp_partial_sums = false;
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
+  // FSDP (dp_shard > 1): gather the unit the model announces next on a thread of its own while it works on this one
+  // (dist::UnitGather; where the MPI library allows concurrent collectives); no value changes. `train --no-prefetch`.
+  bool prefetch_units = true;
+  bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
   // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
   // resume holds on the host.
@@ -110,12 +115,18 @@ class Trainer {
   // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
-           (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() + (cp_comm_ ? cp_comm_->bytes_sent() : 0);
+           (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() +
+           (cp_comm_ ? cp_comm_->bytes_sent() : 0) + (unit_gather_ ? unit_gather_->prefetch_bytes_sent() : 0);
   }
   // The same by operation (each collective's `what`), over the same communicators.
   std::map<std::string, uint64_t> bytes_sent_by_what() const;
   // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
   uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
+  // FSDP unit gathers so far: served by a prefetch, and gathered on the spot ({0, 0} without dp_shard > 1).
+  std::pair<int64_t, int64_t> unit_gathers() const {
+    return unit_gather_ ? std::pair{unit_gather_->prefetch_hits(), unit_gather_->gathers_on_the_spot()}
+                        : std::pair<int64_t, int64_t>{0, 0};
+  }
   // Several ranks: the most gradient bytes held at once during a step's reduction, and the longest single gradient
   // value held (a tree slot or one exchanged block; never the flat vector's length); -1 in one process.
   int64_t gradient_peak_bytes() const { return owners_ ? 4 * owners_->peak_floats() : -1; }

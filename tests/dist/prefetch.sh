@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# meson test dist-prefetch: FSDP's prefetch (dist::UnitGather, train's default) changes no bit and gathers what it
+# announces. The model announces the unit it acquires next (ParamGate::prefetch); the gate gathers it on a thread of
+# its own, on its own communicator, while the model works on the unit in hand. Checked:
+#   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) at 2x1, 3x1 (a rank idle in a
+#     round), 2x2, bf16 with recompute at 4x1, a mixture of experts with expert parallelism (tiny-moe, EP 2 at 2x2)
+#     and context parallelism (CP 2 at 4x1, masked), each with the prefetch, with `--no-prefetch` and with the
+#     negative control `--debug-prefetch-other-unit` (every prefetch gathers the wrong unit, so every acquire gathers
+#     again on the spot: the fallback path), all equal to the single process's byte for byte;
+#   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
+#     the head and L blocks backward), of which only the first (the embedding) is gathered on the spot and every other
+#     served by the prefetch; none prefetched with --no-prefetch or the control; the bytes of each collective the
+#     same with and without the prefetch (what `olmoref config --time` predicts).
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+source "$SRC/tests/dist/mpi_env.sh"
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
+base=(--set "data.train_files=[\"$work/tokens.u16\"]" --set eval.interval=0 --steps 3 --threads 1 --quiet
+      --no-checkpoint)
+tiny=(--config "$SRC/configs/tiny.toml")
+moe=(--config "$SRC/configs/tiny-moe.toml" --set train.global_batch_instances=8 --set train.micro_batch_instances=2)
+masked=("${tiny[@]}" --set data.eos_id=511 --set data.document_masking=true --set train.seq_len=48)
+bf16=("${tiny[@]}" --set 'train.precision="bf16"' --set 'train.activation_checkpointing="full"')
+
+single() {  # single NAME ARGS...: the reference, one process
+  local name=$1
+  shift
+  "$BIN" train "${base[@]}" "$@" --out "$work/$name" 2> "$work/$name.log" || { cat "$work/$name.log"; echo "FAIL: $name"; exit 1; }
+}
+ranks() {  # ranks NAME SxR ARGS...: an mpirun at that layout, --report-comm
+  local name=$1 s=${2%x*} r=${2#*x}
+  shift 2
+  "${MPIRUN[@]}" -np $((s * r)) "$BIN" train "${base[@]}" "$@" --dp-shard "$s" --dp-replicate "$r" --report-comm \
+    --out "$work/$name" --comm-timeout 60 2> "$work/$name.log" || { cat "$work/$name.log"; echo "FAIL: $name"; exit 1; }
+}
+same() {  # same REFERENCE RUN
+  cmp "$work/$1/trace.jsonl" "$work/$2/trace.jsonl" || { echo "FAIL: $2 differs from $1"; exit 1; }
+}
+gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
+  sed -nE 's/^rank ([0-9]+): FSDP unit gathers in [0-9]+ steps: ([0-9]+) prefetched, ([0-9]+) on the spot$/\1 \2 \3/p' \
+    "$work/$1.log" | sort -n | cut -d' ' -f2-
+}
+bytes() {  # bytes RUN: every rank's bytes per collective, sorted
+  grep -E "^rank [0-9]+: sent [0-9]+ bytes in" "$work/$1.log" | sort
+}
+# check NAME SxR PASSES UNITS ARGS...: the three runs of one case against the single process NAME. PASSES: training
+# passes per rank in the run (3 steps x rounds), UNITS: the model's blocks + 2.
+check() {
+  local name=$1 layout=$2 passes=$3 units=$4
+  shift 4
+  local want_on="" want_off="" i acquires=$(((2 * units - 1) * passes)) world=$((${layout%x*} * ${layout#*x}))
+  for ((i = 0; i < world; i++)); do
+    want_on+="$(((2 * units - 2) * passes)) $passes"$'\n'
+    want_off+="0 $acquires"$'\n'
+  done
+  ranks "$name-$layout" "$layout" "$@"
+  ranks "$name-$layout-off" "$layout" "$@" --no-prefetch
+  ranks "$name-$layout-other" "$layout" "$@" --debug-prefetch-other-unit
+  for run in "$name-$layout" "$name-$layout-off" "$name-$layout-other"; do same "$name" "$run"; done
+  [ "$(gathers "$name-$layout")" = "${want_on%$'\n'}" ] ||
+    { gathers "$name-$layout"; echo "FAIL: $name-$layout: want per rank: ${want_on%%$'\n'*} (prefetched, on the spot)"; exit 1; }
+  for run in "$name-$layout-off" "$name-$layout-other"; do
+    [ "$(gathers "$run")" = "${want_off%$'\n'}" ] ||
+      { gathers "$run"; echo "FAIL: $run: want per rank: 0 $acquires (prefetched, on the spot)"; exit 1; }
+  done
+  [ "$(bytes "$name-$layout")" = "$(bytes "$name-$layout-off")" ] ||
+    { diff <(bytes "$name-$layout") <(bytes "$name-$layout-off"); echo "FAIL: $name-$layout: bytes differ"; exit 1; }
+  cmp -s <(bytes "$name-$layout") <(bytes "$name-$layout-other") &&
+    { echo "FAIL: $name-$layout-other: the control's wasted gathers unseen in the bytes"; exit 1; }
+  echo "$name $layout: identical with the prefetch, without it and with the control; per rank $((acquires - passes)) of $acquires gathers prefetched"
+}
+
+# tiny (and tiny-moe as set here): 8 instances in micro-batches of 2 = 4 micro-batches a step; tiny has 4 blocks (6
+# units).
+single plain "${tiny[@]}"
+check plain 2x1 6 6 "${tiny[@]}"           # 2 rounds a step
+check plain 3x1 6 6 "${tiny[@]}"           # 2 rounds, a rank idle in the second (an idle pass gathers too)
+check plain 2x2 3 6 "${tiny[@]}"
+single bf16 "${bf16[@]}"
+check bf16 4x1 3 6 "${bf16[@]}"
+single moe "${moe[@]}"
+moe_units=$(($(sed -nE 's/^n_layers *= *([0-9]+).*/\1/p' "$SRC/configs/tiny-moe.toml") + 2))
+check moe 2x2 3 "$moe_units" "${moe[@]}" --ep 2
+single masked "${masked[@]}"
+check masked 4x1 6 6 "${masked[@]}" --cp 2   # CP 2 over 4 ranks: 2 groups, each rank in all 4 micro-batches' halves
+echo "PASS"
