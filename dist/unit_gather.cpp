@@ -66,10 +66,12 @@ UnitGather::Gather UnitGather::pack(int unit) const {
     }
   }
   int64_t total = 0;
-  for (int s = 0; s < S; ++s) {
-    for (const auto& [p0, p1] : pieces(s, me)) g.recv_counts[static_cast<size_t>(s)] += p1 - p0;
-    total += g.recv_counts[static_cast<size_t>(s)];
-  }
+  for (int s = 0; s < S; ++s)
+    for (const auto& [p0, p1] : pieces(s, me)) {
+      g.recv_counts[static_cast<size_t>(s)] += p1 - p0;
+      g.recv_pieces.push_back({p0, p1});
+      total += p1 - p0;
+    }
   g.recv.resize(static_cast<size_t>(total));
   return g;
 }
@@ -80,23 +82,15 @@ void UnitGather::exchange(Gather& g, Comm& comm) {
                  "gather parameters of a unit", &g.send_at);
 }
 
-// The received pieces, shard by shard in the order pack listed them, into the unit buffer at their offsets.
+// The received pieces, back to back in the order pack listed them, into the unit buffer at their offsets.
 const float* UnitGather::unpack(const Gather& g) {
   // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
   if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
-  const auto [a, b] = model_.unit_range(g.unit);
-  const Layout& L = layout_;
-  const std::vector<std::pair<int64_t, int64_t>> reads =
-      model_.unit_reads(g.unit, ep_, (L.replicate_index() * L.dp_shard + L.shard_index()) % ep_);
+  const int64_t a = model_.unit_range(g.unit).first;
   const float* next = g.recv.data();
-  for (int s = 0; s < L.dp_shard; ++s) {
-    const int64_t lo = std::max(a, L.begin(s)), hi = std::min(b, L.end(s));
-    for (const auto& [r0, r1] : reads) {
-      const int64_t p0 = std::max(lo, r0), p1 = std::min(hi, r1);
-      if (p0 >= p1) continue;
-      unit_.upload(next, p1 - p0, p0 - a);
-      next += p1 - p0;
-    }
+  for (const auto& [p0, p1] : g.recv_pieces) {
+    unit_.upload(next, p1 - p0, p0 - a);
+    next += p1 - p0;
   }
   return unit_at_flat_offsets(unit_.data(), a);
 }

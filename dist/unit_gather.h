@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/executor.h"
@@ -57,11 +58,13 @@ class UnitGather : public ParamGate {
   int64_t gathers_on_the_spot() const { return misses_; }
 
  private:
-  // One unit's all-to-all: what this rank sends (its part, packed) and receives (every piece of the unit it reads).
+  // One unit's all-to-all: what this rank sends (its part, packed) and receives (every piece of the unit it reads,
+  // recv_pieces: their [begin, end) in the flat vector, shard by shard, back to back in recv).
   struct Gather {
     int unit = -1;
     std::vector<float> send, recv;
     std::vector<int64_t> send_counts, recv_counts, send_at;
+    std::vector<std::pair<int64_t, int64_t>> recv_pieces;
   };
   Gather pack(int unit) const;                    // the executor's reads: on the calling (main) thread
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
