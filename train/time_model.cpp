@@ -307,8 +307,9 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
 }
 
 StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::string& transport) {
-  if (transport != "mpi" && transport != "nccl" && transport != "nccl+prefetch")
-    throw std::invalid_argument("transport '" + transport + "': mpi, nccl or nccl+prefetch");
+  if (std::find(std::begin(kTransports), std::end(kTransports), transport) == std::end(kTransports))
+    throw std::invalid_argument("transport '" + transport + "': mpi, mpi+prefetch, nccl or nccl+prefetch");
+  const bool mpi = transport.rfind("mpi", 0) == 0, prefetch = transport.find("+prefetch") != std::string::npos;
   StepTime t;
   t.transport = transport;
   const double gemm = w.gemm_flops / r.gemm_flops, attention = w.attention_flops / r.attention_flops;
@@ -316,23 +317,26 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   // Link seconds of the unit gathers and of the other collectives. MPI: every byte sent is copied to pageable host
   // memory and every byte received back, by blocking copies one after another; the node's ranks exchange through
   // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once.
-  double gathers = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0;
+  // `hideable`: what a prefetch can run under compute, the gathers' links (under MPI not their PCIe staging, which
+  // stays on the main thread with the executor's copies).
+  double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0;
   for (const CollectiveWork& c : w.collectives) {
-    double link = 0;
+    double link = 0, between_ranks = 0;
     const double off = static_cast<double>(std::max(c.sent_off_node, c.received_off_node)) / r.network_bytes;
     network += off;
-    if (transport == "mpi") {
+    if (mpi) {
       const double p = static_cast<double>(c.sent() + c.received()) / r.pcie_bytes;
       const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
-      pcie += p, host += h, link = p + h + off;
+      pcie += p, host += h, link = p + h + off, between_ranks = h + off;
     } else {
       const double v = static_cast<double>(std::max(c.sent_on_node, c.received_on_node)) / r.nvlink_bytes;
-      nvlink += v, link = v + off;
+      nvlink += v, link = v + off, between_ranks = link;
     }
     (c.gather ? gathers : others) += link;
+    if (c.gather) hideable += between_ranks;
   }
   t.parts = {{"GEMM", gemm}, {"attention", attention}, {"memory-bound ops (HBM)", memory}};
-  if (transport == "mpi") {
+  if (mpi) {
     t.parts.push_back({"PCIe staging (pageable, blocking)", pcie});
     t.parts.push_back({"host copies between ranks", host});
   } else {
@@ -340,9 +344,9 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   }
   t.parts.push_back({"network", network});
   t.seconds = gemm + attention + memory + gathers + others;
-  if (transport == "nccl+prefetch") {
+  if (prefetch) {
     // The next unit's gather runs while this unit computes: only what the compute does not cover is waited for.
-    const double hidden = std::min(gathers, gemm + attention);
+    const double hidden = std::min(hideable, gemm + attention);
     t.seconds -= hidden;
     t.parts.push_back({"unit gathers under compute", -hidden});
   }
@@ -365,7 +369,8 @@ std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int
   } else {
     double slowest = -1;
     for (size_t i = 0; i < works.size(); ++i)
-      if (const double s = predict_step_time(works[i], rates, "mpi").seconds; s > slowest) slowest = s, pick = i;
+      if (const double s = predict_step_time(works[i], rates, "mpi+prefetch").seconds; s > slowest)
+        slowest = s, pick = i;
   }
   const StepWork& w = works[pick];
   std::string out;
@@ -388,11 +393,15 @@ std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int
                   static_cast<long long>(c.received()), c.exact ? "" : " (estimate: balanced routing)");
     out += line;
   }
-  const std::vector<StepTime> times = {predict_step_time(w, rates, "mpi"), predict_step_time(w, rates, "nccl"),
-                                       predict_step_time(w, rates, "nccl+prefetch")};
-  std::snprintf(line, sizeof line, "  %-40s %14s %14s %14s\n", "seconds per step", "mpi (today)", "nccl",
-                "nccl+prefetch");
+  std::vector<StepTime> times;
+  for (const char* transport : kTransports) times.push_back(predict_step_time(w, rates, transport));
+  std::snprintf(line, sizeof line, "  %-40s", "seconds per step");
   out += line;
+  for (const StepTime& t : times) {
+    std::snprintf(line, sizeof line, " %14s", t.transport == "mpi+prefetch" ? "mpi+pf (today)" : t.transport.c_str());
+    out += line;
+  }
+  out += "\n";
   std::vector<std::string> names;
   for (const StepTime& t : times)
     for (const TimePart& p : t.parts)
@@ -410,11 +419,15 @@ std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int
     }
     out += "\n";
   }
-  std::snprintf(line, sizeof line, "  %-40s %14.6g %14.6g %14.6g\n", "step", times[0].seconds, times[1].seconds,
-                times[2].seconds);
+  std::snprintf(line, sizeof line, "  %-40s", "step");
   out += line;
-  out += "  dominated by: mpi " + times[0].dominant + "; nccl " + times[1].dominant + "; nccl+prefetch " +
-         times[2].dominant + "\n";
+  for (const StepTime& t : times) {
+    std::snprintf(line, sizeof line, " %14.6g", t.seconds);
+    out += line;
+  }
+  out += "\n  dominated by:";
+  for (const StepTime& t : times) out += std::string(&t == &times.front() ? " " : "; ") + t.transport + " " + t.dominant;
+  out += "\n";
   return out;
 }
 

@@ -71,11 +71,15 @@ struct TimePart {
 };
 // One transport's step.
 struct StepTime {
-  std::string transport;  // "mpi", "nccl" or "nccl+prefetch"
+  std::string transport;  // kTransports
   std::vector<TimePart> parts;
   double seconds = 0;     // the step: the parts in sequence, except what a prefetch hides
   std::string dominant;   // the largest part
 };
+// mpi: every unit gathered on the spot (`train --no-prefetch`); mpi+prefetch: the next unit's all-to-all on a thread
+// of its own under this unit's work (train's default, dist::UnitGather), its staging copies still on the main thread;
+// nccl, nccl+prefetch: issue 46's device-resident transport, without and with the prefetch.
+inline const char* const kTransports[] = {"mpi", "mpi+prefetch", "nccl", "nccl+prefetch"};
 StepTime predict_step_time(const StepWork& work, const DeviceRates& rates, const std::string& transport);
 
 // The table `olmoref config --time` prints: the slowest rank's work (or rank `rank` when >= 0), then its step under

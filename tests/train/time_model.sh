@@ -35,11 +35,24 @@ line() { awk -v name="$1" 'index($0, "  " name) == 1 { for (i = 1; i <= NF; ++i)
   --rate attention_tflops=0.000029442048 > "$work/hand.txt"
 [ "$(line 'GEMM (forward' "$work/hand.txt")" = 704643072 ] || { cat "$work/hand.txt"; fail "tiny's GEMM FLOPs"; }
 [ "$(line 'attention ' "$work/hand.txt")" = 29442048 ] || { cat "$work/hand.txt"; fail "tiny's attention FLOPs"; }
-grep -Eq '^  GEMM +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "GEMM at its own rate is not 1 s"; }
-grep -Eq '^  attention +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "attention at its own rate is not 1 s"; }
+grep -Eq '^  GEMM +1 +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "GEMM at its own rate is not 1 s"; }
+grep -Eq '^  attention +1 +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "attention at its own rate is not 1 s"; }
 "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 > "$work/hand2.txt"
 [ "$(line 'gather parameters of a unit' "$work/hand2.txt")" = 2883584 ] ||
   { cat "$work/hand2.txt"; fail "tiny 2x1 rank 0's unit gathers"; }
+# The prefetch (mpi+prefetch, train's default, and nccl+prefetch) hides the unit gathers' links up to the compute,
+# not their PCIe staging: rank 0's gathers, 2883584 bytes sent on its node, at 0.002883584 GB/s (host copies and
+# NVLink alike) take 1 s; its compute (half of tiny's FLOPs at the rates of case 1: 0.5 + 0.5 s) hides them whole,
+# and at twice those rates (0.25 + 0.25 s) half of them.
+for spec in 1:0.000704643072:0.000029442048:-1 2:0.001409286144:0.000058884096:-0.5; do
+  IFS=: read -r n gemm att hidden <<< "$spec"
+  "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 --rate gemm_tflops="$gemm" --rate attention_tflops="$att" \
+    --rate host_copy_gbps=0.002883584 --rate nvlink_gbps=0.002883584 --rate pcie_gbps=1000 > "$work/prefetch$n.txt"
+  grep -Eq "^  unit gathers under compute +- +$hidden +- +$hidden\$" "$work/prefetch$n.txt" ||
+    { cat "$work/prefetch$n.txt"; fail "the prefetch hides $hidden s: want '-  $hidden  -  $hidden'"; }
+  grep -Eq '^  host copies between ranks +1\.1' "$work/prefetch$n.txt" ||
+    { cat "$work/prefetch$n.txt"; fail "the host copies (1 s of gathers and the exchange's) are not there"; }
+done
 
 # 2. Against real runs. compare NAME NP CONFIG-ARGS... -- TRAIN-ARGS...
 compare() {
