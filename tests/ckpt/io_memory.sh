@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Checkpoint I/O and host memory that shrink with the ranks, measured against the memory model (docs/memory.md,
-# "Host memory"). A 51 M-parameter dense model whose state outweighs its activations (vocabulary 4096, d 512, 12
+# "Host memory"). A 36 M-parameter dense model whose state outweighs its activations (vocabulary 4096, d 512, 8
 # blocks, FFN 2048, seq 32, 4 instances in micro-batches of 1), one thread per rank, at 1x1, 2x1, 4x1 and 2x2: each rank's peak
 # of a step that writes a checkpoint, of the write alone (a fresh VmHWM around it) and of a resume in a fresh process
 # (`train --report-memory`) within 15 % of `olmoref config --layout`'s host table; each resuming rank reads (rchar) at
 # most 1.1 x the frames overlapping what it keeps, the shard headers and the manifest, also when the checkpoint was
 # written at another layout (1x1, resumed at 4x1); the resume peak per rank at 4x1 at most 0.4 x 1x1's. The resumed
 # runs' traces are the uninterrupted ones. `ckpt verify` and `export-hf` of the 1x1 checkpoint peak below 96 MiB (the
-# state is 0.6 GiB). A node whose ranks would not fit its MemAvailable is refused up front.
+# state is 0.4 GiB). A node whose ranks would not fit its MemAvailable is refused up front.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 # meson test sets MALLOC_PERTURB_, and glibc then fills every allocation (tests/train/memory.sh says why it matters).
 unset MALLOC_PERTURB_
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 11 20000
 shape=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --set model.vocab_size=4096
-       --set model.d_model=512 --set model.n_layers=12 --set model.n_heads=8 --set model.n_kv_heads=4
+       --set model.d_model=512 --set model.n_layers=8 --set model.n_heads=8 --set model.n_kv_heads=4
        --set model.ffn_hidden=2048 --set train.seq_len=32 --set train.micro_batch_instances=1
        --set train.global_batch_instances=4)
 layouts=(1x1 2x1 4x1 2x2)
@@ -42,7 +42,7 @@ got.pop('records_begin', None)
 sys.exit(0 if got == want else 'FAIL: step 2 resumed at 4x1 from the 1x1 checkpoint differs')"
 python3 "$SRC/tests/ckpt/io_memory.py" "$work" "${layouts[@]}"
 # The single-process tools stream: `ckpt verify` (every frame, the whole-state digests) and `export-hf` (tensor by
-# tensor into model.safetensors) peak far below the state they read (0.6 GiB here; 12n bytes once held whole).
+# tensor into model.safetensors) peak far below the state they read (0.4 GiB here; 12n bytes once held whole).
 peak() {  # peak resident memory of a command, bytes
   python3 -c 'import resource, subprocess, sys
 subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
