@@ -224,7 +224,9 @@ struct AttentionForwardShared {
   AttentionStage a, b;                   // Q / K, then V
   float p[kAttTile][kAttTile + 1];       // [row, key] of the key tile
   float lane[kAttTile][kAttTile + 1];    // [row, lane]: maxima, then the sum's lanes and tree
-  int32_t first[kAttTile][kAttTile];     // [row, lane]: where each lane's maximum is
+  // [row, lane]: where each lane's maximum is. Padded like `lane`: the max pick's thread t reads row t, so unpadded
+  // a warp's 32 reads of one lane would all fall in one bank (a 32-way conflict).
+  int32_t first[kAttTile][kAttTile + 1];
   float m[kAttTile], l[kAttTile];
 };
 struct AttentionForwardRegs {

@@ -110,9 +110,23 @@ OLMOREF_HD inline void gemm_slab_coords(int e, bool k_contiguous, int& kk, int& 
 }
 
 // Thread t's staged elements of the slab at k0 (kn valid k), from global memory. Past the matrix: 0, never read
-// into a chain (the chains stop at kn, rows and columns past the matrix are never stored).
+// into a chain (the chains stop at kn, rows and columns past the matrix are never stored). A whole slab of an
+// interior tile (every row, column and k inside the matrix: the same for every thread of the block, so no lane
+// diverges) loads without the bounds tests, the same elements.
 OLMOREF_HD inline void gemm_fetch_slab(const GemmArgs& g, int64_t row0, int64_t col0, int64_t k0, int kn, int t,
                                        GemmRegs& r) {
+  if (kn == kGemmBK && row0 + kGemmBM <= g.M && col0 + kGemmBN <= g.N) {
+    OLMOREF_UNROLL
+    for (int s = 0; s < kGemmStaged; ++s) {
+      const int e = t + s * kGemmThreads;
+      int kk, i;
+      gemm_slab_coords(e, g.a_col == 1, kk, i);
+      r.next_a[s] = g.A[(row0 + i) * g.a_row + (k0 + kk) * g.a_col];
+      gemm_slab_coords(e, g.b_row == 1, kk, i);
+      r.next_b[s] = g.B[(k0 + kk) * g.b_row + (col0 + i) * g.b_col];
+    }
+    return;
+  }
   OLMOREF_UNROLL
   for (int s = 0; s < kGemmStaged; ++s) {
     const int e = t + s * kGemmThreads;
