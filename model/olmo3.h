@@ -253,7 +253,6 @@ class Olmo3 {
   ActivationCheckpointing checkpointing() const { return checkpointing_; }
   // Without a gate (the default) the whole parameter vector must be valid for every call.
   void set_param_gate(ParamGate* gate) { gate_ = gate; }
-  ParamGate* param_gate() const { return gate_; }
   void set_unit_gradient_sink(UnitGradientSink* sink) { sink_ = sink; }
   int n_units() const { return static_cast<int>(cfg_.n_layers) + 2; }
   std::pair<int64_t, int64_t> unit_range(int unit) const {  // [begin, end) in the flat vector
