@@ -36,12 +36,14 @@ for layout in ${LAYOUTS:-1x1 2x1 3x1 2x2 3x2}; do
   tps=$(grep -E "^step" "$work/$layout.log" | tail -n +2 | awk '{for(i=1;i<=NF;i++) if($i=="tok/s") print $(i-1)}' | sort -n |
         awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   tokens=$(grep -oE "\(([0-9]+) tokens each\)" "$work/$layout.log" | grep -oE "[0-9]+" | head -1)
-  sent=$(grep -E "^rank [0-9]+: sent [0-9.]+ MiB/step" "$work/$layout.log" | awk '{print $4}' | sort -g | tail -1)
-  ring=$(grep -E "^rank 0: sent [0-9.]+ MiB/step" "$work/$layout.log" | sed -E 's/.*gradients: ([0-9.]+) MiB.*/\1/')
-  state=$(grep -E "^rank 0: sent [0-9.]+ MiB/step" "$work/$layout.log" | sed -E 's/.*state ([0-9.]+) MiB.*/\1/')
-  exchange=$(grep -E "^rank [0-9]+: sent [0-9.]+ MiB/step" "$work/$layout.log" | sed -nE 's/.*gradient exchange ([0-9.]+) s\/step.*/\1/p' |
-             sort -g | tail -1)
-  flat=$(grep -E "^rank 0: sent [0-9.]+ MiB/step" "$work/$layout.log" | sed -nE 's/.*the flat vector ([0-9.]+) MiB.*/\1/p')
+  # Each rank's per-step summary line of --report-comm (not its per-collective lines).
+  summary=$(grep -E "^rank [0-9]+: sent [0-9.]+ MiB/step" "$work/$layout.log" || true)
+  rank0=$(grep -E "^rank 0: " <<< "$summary" || true)
+  sent=$(awk '{print $4}' <<< "$summary" | sort -g | tail -1)
+  ring=$(sed -E 's/.*gradients: ([0-9.]+) MiB.*/\1/' <<< "$rank0")
+  state=$(sed -E 's/.*state ([0-9.]+) MiB.*/\1/' <<< "$rank0")
+  exchange=$(sed -nE 's/.*gradient exchange ([0-9.]+) s\/step.*/\1/p' <<< "$summary" | sort -g | tail -1)
+  flat=$(sed -nE 's/.*the flat vector ([0-9.]+) MiB.*/\1/p' <<< "$rank0")
   # FSDP2 per rank: 3 x n(S-1)/S per micro-batch (all-gather forward and backward, reduce-scatter), and with
   # replicas one ring all-reduce of the shard's gradient, 2 x (n/S)(R-1)/R.
   fsdp2=$(python3 -c "import math, sys; n, S, R, W, M = float(sys.argv[1] or 0), *map(int, sys.argv[2:]); \

@@ -78,7 +78,11 @@ struct RankParts {
   int64_t local_floats = 0, owner_floats = 0;
   int64_t send_floats = 0, recv_floats = 0;     // the largest unit's all-to-all blocks (host)
   int64_t gradient_floats() const { return local_floats + owner_floats + send_floats + recv_floats; }
-  int64_t unit_floats = 0, gather_floats = 0;   // FSDP: the largest unit's pages; its gather's vectors
+  // FSDP: the largest unit's pages; its gather's vectors. These count whole beside the gradient exchange's send and
+  // receive blocks (which grow at the first unit exchange and are freed after the step): gathering on the spot, with
+  // one round no gather would meet them, but the prefetch (train's default, dist::UnitGather) holds the next unit's
+  // gather through this unit's work, its exchange included.
+  int64_t unit_floats = 0, gather_floats = 0;
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
 
@@ -145,11 +149,6 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
   return p;
 }
 
-// The send and receive blocks of the gradient exchange grow at the first unit exchange and are freed after the
-// step. Gathering each unit on the spot, with one round no gather would meet them (backward's first, the head's,
-// comes before them); but the prefetch (train's default, dist::UnitGather) holds the next unit's gather vectors
-// through this unit's work, its exchange included, so they count whole beside them.
-int64_t transient_gather_floats(const RankParts& p) { return p.gather_floats; }
 
 // The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
 // first of them. `rank` receives its index.
@@ -162,7 +161,7 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
     L.rank = r;
     const RankParts p = rank_parts(cfg, L, P, host_state, units, ep, chunks);
     const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.gradient_floats() +
-                           std::max(transient_gather_floats(p), p.param_gather_floats) + p.unit_floats;
+                           std::max(p.gather_floats, p.param_gather_floats) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
   }
   return fullest;
@@ -171,7 +170,7 @@ RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::State
 // The step's transients never coexist, so the larger counts: an FSDP unit's gather vectors (host) or the updated
 // parameters' all-gather blocks (host).
 MemoryPart largest_transient(const RankParts& p, bool gpu) {
-  const int64_t gather_bytes = gpu ? 0 : kF32 * transient_gather_floats(p);
+  const int64_t gather_bytes = gpu ? 0 : kF32 * p.gather_floats;
   const int64_t param_gather_bytes = kF32 * p.param_gather_floats;
   if (gather_bytes >= param_gather_bytes)
     return {"FSDP gather buffers", gather_bytes, "transient: my part of a unit (sent once) and the unit received"};
