@@ -208,6 +208,12 @@ void register_commands(CLI::App& app) {
                   "FSDP (dp_shard > 1): gather each unit only when the model reaches it, instead of gathering the "
                   "next one on a thread of its own while the model works on this one (the default); the values do "
                   "not change");
+    auto transport = std::make_shared<std::string>("mpi");
+    cmd->add_option("--transport", *transport,
+                    "Several ranks: how the FSDP gathers, the gradient exchange to the owners and the parameter "
+                    "all-gather move: mpi (staged through host memory; the CPU's, and the default) or nccl (between "
+                    "device buffers, no byte through the host; --executor cuda); the values do not change")
+        ->check(CLI::IsMember({"mpi", "nccl"}));
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");
     auto report_memory = std::make_shared<bool>(false);
     cmd->add_flag("--report-memory", *report_memory,
@@ -288,6 +294,7 @@ void register_commands(CLI::App& app) {
       }
       RunOptions run = *o;
       run.parallel.prefetch_units = !*no_prefetch;
+      run.parallel.transport = dist::parse_transport(*transport);
       run.parallel.debug_tree_shape = *tree_shape == "microbatch-chain" ? TreeShape::microbatch_chain : TreeShape::balanced;
       for (const auto& what : *skip) {
         run.resume_opts.skip_moments |= what == "moments";

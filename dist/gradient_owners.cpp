@@ -16,9 +16,10 @@ int64_t longest_unit(const std::vector<std::pair<int64_t, int64_t>>& units) {
 }  // namespace
 
 OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                               std::vector<std::pair<int64_t, int64_t>> units, int chunks)
+                               std::vector<std::pair<int64_t, int64_t>> units, int chunks, NcclComm* nccl)
     : ex_(&ex),
       comm_(&comm),
+      nccl_(nccl),
       layout_(layout),
       split_(split),
       units_(std::move(units)),
@@ -94,8 +95,12 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
       for (int64_t x = std::max(off, lo), y = std::min(off + n, lo + floats); x < y;) {
         const int64_t c_lo = (x - lo) / clen * clen, len = std::min(clen, floats - c_lo);
         const int64_t end = std::min(y, lo + c_lo + len);
-        ex_->to_host(send_.data() + send_at_[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo),
-                     src + (x - off), static_cast<size_t>(end - x) * sizeof(float));
+        const int64_t at = send_at_[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo);
+        const size_t bytes = static_cast<size_t>(end - x) * sizeof(float);
+        if (nccl_)
+          ex_->copy(send_dev_.data() + at, src + (x - off), bytes);
+        else
+          ex_->to_host(send_.data() + at, src + (x - off), bytes);
         x = end;
       }
     }
@@ -113,7 +118,11 @@ void OwnerReduction::unit_backward_begins(int unit) {
   const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
   send_at_.assign(static_cast<size_t>(W) + 1, 0);
   for (int j = 0; j < W; ++j) send_at_[static_cast<size_t>(j) + 1] = send_at_[static_cast<size_t>(j)] + k * piece_floats(unit, j);
-  send_.assign(static_cast<size_t>(send_at_.back()), 0.0f);
+  send_floats_ = send_at_.back();
+  if (!nccl_)
+    send_.assign(static_cast<size_t>(send_floats_), 0.0f);
+  else if (send_dev_.size() < send_floats_)
+    send_dev_.reset(*ex_, send_floats_, "gradient subtrees of a unit, cut by owner (sent)");
   if (k > 0) local_.set_window(u.first, u.second);
 }
 
@@ -141,16 +150,32 @@ void OwnerReduction::unit_backward_done(int unit) {
       recv_counts[static_cast<size_t>(r)] = nodes_per_rank_[static_cast<size_t>(r)] * my_len;
       recv_at[static_cast<size_t>(r) + 1] = recv_at[static_cast<size_t>(r)] + recv_counts[static_cast<size_t>(r)];
     }
-    if (recv_.size() < static_cast<size_t>(recv_at.back())) recv_.resize(static_cast<size_t>(recv_at.back()));
-    comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, "all-to-all gradient subtrees of a unit",
-                     &send_at);
+    recv_floats_ = std::max(recv_floats_, recv_at.back());
+    const char* what = kOwnerExchange;
+    if (nccl_) {
+      if (recv_dev_.size() < recv_floats_)
+        recv_dev_.reset(*ex_, recv_floats_, "every rank's gradient subtrees on a chunk of my slice (received)");
+      ExchangePlan plan(W);
+      for (int j = 0; j < W; ++j) {
+        plan.send[static_cast<size_t>(j)].push_back({send_at[static_cast<size_t>(j)], send_counts[static_cast<size_t>(j)]});
+        plan.recv[static_cast<size_t>(j)].push_back({recv_at[static_cast<size_t>(j)], recv_counts[static_cast<size_t>(j)]});
+      }
+      nccl_->exchange(send_dev_.data(), recv_dev_.data(), plan, what);
+    } else {
+      if (recv_.size() < static_cast<size_t>(recv_floats_)) recv_.resize(static_cast<size_t>(recv_floats_));
+      comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, what, &send_at);
+    }
     note_memory();
     // The owner plan's steps of this round, on this chunk of my slice of the unit: the same adds in the same order
     // as in one process.
     if (my_len == 0) continue;
     for (const OwnerFeed& f : feeds_) {
-      owner_slots_[static_cast<size_t>(f.step.slot)].upload(
-          recv_.data() + recv_at[static_cast<size_t>(f.rank)] + f.index * my_len, my_len, at + my_lo);
+      const int64_t from = recv_at[static_cast<size_t>(f.rank)] + f.index * my_len;
+      Buffer<float>& slot = owner_slots_[static_cast<size_t>(f.step.slot)];
+      if (nccl_)
+        ex_->copy(slot.data() + at + my_lo, recv_dev_.data() + from, static_cast<size_t>(my_len) * sizeof(float));
+      else
+        slot.upload(recv_.data() + from, my_len, at + my_lo);
       for (const TreePlan::Merge& mg : f.step.merges)
         ex_->tree_add(owner_slots_[static_cast<size_t>(mg.dst)].data() + at + my_lo,
                       owner_slots_[static_cast<size_t>(mg.src)].data() + at + my_lo, my_len);
@@ -173,13 +198,15 @@ void OwnerReduction::release() {
   std::vector<Buffer<float>>().swap(owner_slots_);
   std::vector<float>().swap(send_);
   std::vector<float>().swap(recv_);
+  send_dev_.free(), recv_dev_.free();
+  send_floats_ = recv_floats_ = 0;
 }
 
 void OwnerReduction::note_memory() {
   const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
   const int64_t local = local_.peak_slots() * local_.slot_floats();
   const int64_t owner = static_cast<int64_t>(owner_slots_.size()) * len;
-  const int64_t send = static_cast<int64_t>(send_.size()), recv = static_cast<int64_t>(recv_.size());
+  const int64_t send = send_floats_, recv = recv_floats_;
   peak_floats_ = std::max(peak_floats_, local + owner + send + recv);
   // One gradient value held: a local slot (a unit), an owner slot (the optimizer range), one block sent or received
   // (a unit's slice). The receive buffer holds every rank's blocks side by side; none of them is longer than a unit.

@@ -26,6 +26,7 @@
 #include "core/instance_tree.h"
 #include "dist/comm.h"
 #include "dist/layout.h"
+#include "dist/nccl_comm.h"
 #include "model/gradient_tree.h"
 #include "model/olmo3.h"
 
@@ -41,9 +42,11 @@ int exchange_chunks(const Layout& layout, const std::vector<std::pair<int64_t, i
 class OwnerReduction final : public UnitGradientSink {
  public:
   // units: the model's units [begin, end) (Olmo3::unit_range), which tile the flat vector. chunks: the exchange's
-  // chunk count, 0 for exchange_chunks() (tests force others; any count gives the same bits).
+  // chunk count, 0 for exchange_chunks() (tests force others; any count gives the same bits). nccl (comm's ranks, or
+  // nullptr): the send and receive blocks live in the executor's memory and NCCL moves them (the same blocks, the same
+  // plan); else they live on the host and comm moves them.
   OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                 std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0);
+                 std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0, NcclComm* nccl = nullptr);
 
   // Starts a step: the owner plan restarts at instance 0.
   void begin_step();
@@ -77,6 +80,7 @@ class OwnerReduction final : public UnitGradientSink {
 
   Executor* ex_;
   Comm* comm_;
+  NcclComm* nccl_;
   Layout layout_;
   BatchSplit split_;
   std::vector<std::pair<int64_t, int64_t>> units_;
@@ -86,7 +90,9 @@ class OwnerReduction final : public UnitGradientSink {
   std::vector<int> nodes_per_rank_;         // this round: how many subtrees each rank sends (0: idle)
   std::vector<OwnerFeed> feeds_;            // this round's owner steps, in rank then subtree order
   std::vector<int64_t> send_at_;            // this unit: where owner j's blocks start in send_
-  std::vector<float> send_, recv_;
+  std::vector<float> send_, recv_;      // the MPI transport's blocks (host)
+  Buffer<float> send_dev_, recv_dev_;   // the NCCL transport's (executor memory), grown to the largest so far
+  int64_t send_floats_ = 0, recv_floats_ = 0;  // the blocks' extent now (either transport)
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
   int chunks_;  // exchange_chunks()
   int64_t peak_floats_ = 0, longest_buffer_ = 0;

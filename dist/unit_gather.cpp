@@ -7,10 +7,10 @@
 namespace olmoref::dist {
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
-                       Comm& shard_group, Prefetch prefetch)
+                       Comm& shard_group, Prefetch prefetch, NcclComm* nccl)
     : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group),
-      prefetch_(prefetch) {
-  if (prefetch != Prefetch::off) prefetch_comm_ = shard_group.split(0, shard_group.rank());
+      prefetch_(nccl ? Prefetch::off : prefetch), nccl_(nccl) {
+  if (prefetch_ != Prefetch::off) prefetch_comm_ = shard_group.split(0, shard_group.rank());
 }
 
 UnitGather::~UnitGather() {
@@ -21,9 +21,8 @@ UnitGather::~UnitGather() {
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
 // of its part that q reads (Olmo3::unit_reads: the whole unit, except that under expert parallelism a rank
 // reads only its own experts). Exact pieces, no padding; what a rank never reads of the unit buffer is never
-// written.
-UnitGather::Gather UnitGather::pack(int unit) const {
-  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+// written. As flat ranges: send[q] the pieces of my part q reads, recv[s] the pieces of s's part I read.
+UnitGather::Pieces UnitGather::pieces_of(int unit) const {
   const auto [a, b] = model_.unit_range(unit);
   const Layout& L = layout_;
   const int S = L.dp_shard, me = L.shard_index();
@@ -40,6 +39,19 @@ UnitGather::Gather UnitGather::pack(int unit) const {
       if (std::max(lo, r0) < std::min(hi, r1)) out.push_back({std::max(lo, r0), std::min(hi, r1)});
     return out;
   };
+  Pieces p;
+  for (int q = 0; q < S; ++q) {
+    p.send.push_back(pieces(me, q));
+    p.recv.push_back(pieces(q, me));
+  }
+  return p;
+}
+
+// The MPI transport's gather: my pieces staged on the host (the executor's reads), for one all-to-all.
+UnitGather::Gather UnitGather::pack(int unit) const {
+  const Pieces p = pieces_of(unit);
+  const Layout& L = layout_;
+  const int S = L.dp_shard;
   Gather g;
   g.unit = unit;
   g.send_counts.assign(static_cast<size_t>(S), 0);
@@ -49,7 +61,7 @@ UnitGather::Gather UnitGather::pack(int unit) const {
   std::vector<Ranges> sent;  // the distinct piece lists copied so far, at sent_at
   std::vector<int64_t> sent_at;
   for (int q = 0; q < S; ++q) {
-    const Ranges mine = pieces(me, q);
+    const Ranges& mine = p.send[static_cast<size_t>(q)];
     for (const auto& [p0, p1] : mine) g.send_counts[static_cast<size_t>(q)] += p1 - p0;
     const auto same = std::find(sent.begin(), sent.end(), mine);
     if (same != sent.end()) {
@@ -67,7 +79,7 @@ UnitGather::Gather UnitGather::pack(int unit) const {
   }
   int64_t total = 0;
   for (int s = 0; s < S; ++s)
-    for (const auto& [p0, p1] : pieces(s, me)) {
+    for (const auto& [p0, p1] : p.recv[static_cast<size_t>(s)]) {
       g.recv_counts[static_cast<size_t>(s)] += p1 - p0;
       g.recv_pieces.push_back({p0, p1});
       total += p1 - p0;
@@ -76,16 +88,34 @@ UnitGather::Gather UnitGather::pack(int unit) const {
   return g;
 }
 
+// The NCCL transport's gather: the same pieces, from the parameter shard straight into the unit buffer.
+const float* UnitGather::gather_on_device(int unit) {
+  grow_unit_buffer();
+  const int64_t a = model_.unit_range(unit).first;
+  const Pieces p = pieces_of(unit);
+  ExchangePlan plan(layout_.dp_shard);
+  for (size_t q = 0; q < p.send.size(); ++q) {
+    for (const auto& [p0, p1] : p.send[q]) plan.send[q].push_back({p0 - layout_.lo(), p1 - p0});
+    for (const auto& [p0, p1] : p.recv[q]) plan.recv[q].push_back({p0 - a, p1 - p0});
+  }
+  nccl_->exchange(params_.data(), unit_.data(), plan, kUnitGather);
+  return unit_at_flat_offsets(unit_.data(), a);
+}
+
+void UnitGather::grow_unit_buffer() {
+  // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
+  if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+}
+
 void UnitGather::exchange(Gather& g, Comm& comm) {
   const float none = 0.0f;
   comm.alltoallv(g.send.empty() ? &none : g.send.data(), g.send_counts, g.recv.data(), g.recv_counts,
-                 "gather parameters of a unit", &g.send_at);
+                 kUnitGather, &g.send_at);
 }
 
 // The received pieces, back to back in the order pack listed them, into the unit buffer at their offsets.
 const float* UnitGather::unpack(const Gather& g) {
-  // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
-  if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+  grow_unit_buffer();
   const int64_t a = model_.unit_range(g.unit).first;
   const float* next = g.recv.data();
   for (const auto& [p0, p1] : g.recv_pieces) {
@@ -105,6 +135,7 @@ const float* UnitGather::acquire(int unit) {
     // Announced but not asked for: every rank's walk is the same, so every rank drops it alike.
   }
   ++misses_;
+  if (nccl_) return gather_on_device(unit);
   Gather g = pack(unit);
   exchange(g, shard_group_);
   return unpack(g);

@@ -16,6 +16,7 @@
 #include "core/executor.h"
 #include "dist/comm.h"
 #include "dist/layout.h"
+#include "dist/nccl_comm.h"
 #include "model/olmo3.h"
 
 namespace olmoref::dist {
@@ -34,10 +35,11 @@ class UnitGather : public ParamGate {
   // parallelism a rank reads only its own experts). All are borrowed and must outlive the gather. prefetch (not off):
   // gather the unit the walk announces next (ParamGate::prefetch) on a thread of its own while the model works on
   // this one (needs MPI_THREAD_MULTIPLE: dist::concurrent_collectives); its collectives run on a duplicate of
-  // shard_group, so they never interleave with the main thread's. Collective: every rank of shard_group constructs
-  // it together.
+  // shard_group, so they never interleave with the main thread's. nccl (the same group's, or nullptr): every unit moves
+  // from the shard to the unit buffer on the device, gathered when acquired (the prefetch needs a second device buffer
+  // and stream: not yet). Collective: every rank of shard_group constructs it together.
   UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
-             Comm& shard_group, Prefetch prefetch = Prefetch::off);
+             Comm& shard_group, Prefetch prefetch = Prefetch::off, NcclComm* nccl = nullptr);
   ~UnitGather() override;
   UnitGather(const UnitGather&) = delete;
   UnitGather& operator=(const UnitGather&) = delete;
@@ -66,6 +68,13 @@ class UnitGather : public ParamGate {
     std::vector<int64_t> send_counts, recv_counts, send_at;
     std::vector<std::pair<int64_t, int64_t>> recv_pieces;
   };
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  struct Pieces {
+    std::vector<Ranges> send, recv;  // [shard]: flat ranges of my part it reads; of its part I read
+  };
+  Pieces pieces_of(int unit) const;
+  const float* gather_on_device(int unit);  // the NCCL transport
+  void grow_unit_buffer();
   Gather pack(int unit) const;                    // the executor's reads: on the calling (main) thread
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
   const float* unpack(const Gather& g);           // into the unit buffer (the executor's writes): main thread
@@ -83,6 +92,7 @@ class UnitGather : public ParamGate {
   const Prefetch prefetch_;
   std::unique_ptr<Comm> prefetch_comm_;
   std::future<Gather> next_;
+  NcclComm* const nccl_;
   int64_t hits_ = 0, misses_ = 0;
 };
 

@@ -43,7 +43,7 @@ nlohmann::json machine_facts() {
 }
 
 void write_run_manifest(const std::string& path, const TrainConfig& cfg, int threads, int dp_shard, int dp_replicate,
-                        int ep, const nlohmann::json& gpus, bool allow_shared_gpu) {
+                        int ep, const nlohmann::json& gpus, bool allow_shared_gpu, const std::string& transport) {
   nlohmann::json j;
   j["format"] = "olmoref-run/1";
   j["trace_format"] = kTraceFormat;
@@ -56,6 +56,7 @@ void write_run_manifest(const std::string& path, const TrainConfig& cfg, int thr
   j["dp_shard"] = dp_shard;
   j["dp_replicate"] = dp_replicate;
   j["ep"] = ep;
+  if (dp_shard * dp_replicate > 1) j["transport"] = transport;
   if (!gpus.is_null()) {
     j["gpus"] = gpus;
     j["allow_shared_gpu"] = allow_shared_gpu;

@@ -549,7 +549,8 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                        g.name.c_str(), g.id.c_str());
     }
     write_run_manifest(out_dir + "/manifest.json", cfg, trainer.pool().size(), trainer.layout().dp_shard,
-                       trainer.layout().dp_replicate, trainer.ep(), gpu_record, opts.allow_shared_gpu);
+                       trainer.layout().dp_replicate, trainer.ep(), gpu_record, opts.allow_shared_gpu,
+                       dist::transport_name(opts.parallel.transport));
     trace.open(out_dir + "/trace.jsonl", !resume_dir.empty());
   }
   // The memorization backstop (train/eval.h, [eval]): OUT/eval.jsonl, never the trace. It reads the

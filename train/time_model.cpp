@@ -12,6 +12,7 @@
 #include "core/instance_tree.h"
 #include "core/params.h"
 #include "dist/layout.h"
+#include "dist/nccl_comm.h"
 #include "model/olmo3.h"
 #include "model/profiled_executor.h"
 
@@ -219,7 +220,7 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
                          static_cast<double>(shard));
 
     if (S > 1) {  // dist::UnitGather::acquire: each unit in forward, each but the embedding again in backward
-      CollectiveWork c{"gather parameters of a unit"};
+      CollectiveWork c{dist::kUnitGather};
       c.gather = true;
       const int g = L.replicate_index(), s_me = L.shard_index();
       for (int u = 0; u < static_cast<int>(units.size()); ++u) {
@@ -239,7 +240,7 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       w.collectives.push_back(c);
     }
     if (W > 1) {  // dist::OwnerReduction: every round, each unit's subtrees to the owners of its pieces
-      CollectiveWork c{"all-to-all gradient subtrees of a unit"};
+      CollectiveWork c{dist::kOwnerExchange};
       const int64_t k_mine = subtrees_of[static_cast<size_t>(me)];
       for (const auto& [a, b] : units)
         for (int j = 0; j < W; ++j) {
@@ -251,7 +252,7 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       w.collectives.push_back(c);
     }
     if (R > 1) {  // Trainer::gather_updated_params: the optimizer stride from every replica
-      CollectiveWork c{"all-gather updated parameters"};
+      CollectiveWork c{dist::kParamAllGather};
       for (int g = 0; g < R; ++g) {
         if (g == L.replicate_index()) continue;
         const int peer = L.rank_of(L.shard_index(), g);
@@ -316,7 +317,8 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   const double memory = w.hbm_bytes / r.hbm_bytes;
   // Link seconds of the unit gathers and of the other collectives. MPI: every byte sent is copied to pageable host
   // memory and every byte received back, by blocking copies one after another; the node's ranks exchange through
-  // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once.
+  // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once, for
+  // the exchanges `train --transport nccl` moves (dist::kNcclExchanges); the others stay on MPI under it too.
   // `hideable`: what a prefetch can run under compute, the gathers' links (under MPI not their PCIe staging, which
   // stays on the main thread with the executor's copies).
   double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0;
@@ -324,7 +326,9 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     double link = 0, between_ranks = 0;
     const double off = static_cast<double>(std::max(c.sent_off_node, c.received_off_node)) / r.network_bytes;
     network += off;
-    if (mpi) {
+    const bool by_nccl = !mpi && std::find_if(std::begin(dist::kNcclExchanges), std::end(dist::kNcclExchanges),
+                                              [&c](const char* w) { return c.what == w; }) != std::end(dist::kNcclExchanges);
+    if (!by_nccl) {
       const double p = static_cast<double>(c.sent() + c.received()) / r.pcie_bytes;
       const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
       pcie += p, host += h, link = p + h + off, between_ranks = h + off;
@@ -336,12 +340,11 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     if (c.gather) hideable += between_ranks;
   }
   t.parts = {{"GEMM", gemm}, {"attention", attention}, {"memory-bound ops (HBM)", memory}};
-  if (mpi) {
+  if (mpi || pcie + host > 0) {
     t.parts.push_back({"PCIe staging (pageable, blocking)", pcie});
     t.parts.push_back({"host copies between ranks", host});
-  } else {
-    t.parts.push_back({"NVLink", nvlink});
   }
+  if (!mpi) t.parts.push_back({"NVLink", nvlink});
   t.parts.push_back({"network", network});
   t.seconds = gemm + attention + memory + gathers + others;
   if (prefetch) {

@@ -157,11 +157,16 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   } else if (par.debug_cp_partial_sums) {
     throw std::invalid_argument("--debug-cp-partial-sums is a negative control of context parallelism: set --cp > 1");
   }
+  if (par.transport == dist::Transport::nccl && layout_.world() > 1) {
+    // Collective, in the same order on every rank.
+    nccl_world_ = std::make_unique<dist::NcclComm>(*comm_, *ex_);
+    if (layout_.dp_shard > 1) nccl_shard_ = std::make_unique<dist::NcclComm>(*shard_comm_, *ex_);
+  }
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
     for (int u = 0; u < model_.n_units(); ++u) units.push_back(model_.unit_range(u));
     owners_ = std::make_unique<dist::OwnerReduction>(*ex_, *comm_, layout_, batch_split(), std::move(units),
-                                                     par.debug_exchange_chunks);
+                                                     par.debug_exchange_chunks, nccl_world_.get());
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));
@@ -176,6 +181,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   v_.reset(*ex_, n_opt, "AdamW second moments");
   // The replicas of my shard, ordered by replicate index: they all-gather the parameters each one updated.
   if (layout_.dp_replicate > 1) replica_comm_ = comm_->split(layout_.shard_index(), layout_.replicate_index());
+  if (replica_comm_ && par.transport == dist::Transport::nccl)
+    nccl_replica_ = std::make_unique<dist::NcclComm>(*replica_comm_, *ex_);
   if (!par.weights_from_checkpoint) {
     // The init in blocks of kInitBlock floats, so its host transient is 4 MiB whatever the shard (a whole 7B shard at
     // 8x1 would be 3.6 GiB on every rank).
@@ -199,7 +206,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
                                                       !par.prefetch_units || !dist::concurrent_collectives()
                                                           ? dist::Prefetch::off
                                                       : par.debug_prefetch_other_unit ? dist::Prefetch::other_unit
-                                                                                      : dist::Prefetch::on);
+                                                                                      : dist::Prefetch::on,
+                                                      nccl_shard_.get());
     model_.set_param_gate(unit_gather_.get());
   }
 }
@@ -593,6 +601,9 @@ std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   if (const auto* prefetched = unit_gather_ ? unit_gather_->prefetch_bytes_by_what() : nullptr)
     for (const auto& [what, bytes] : *prefetched) all[what] += bytes;
+  for (const dist::NcclComm* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get()})
+    if (c)
+      for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   return all;
 }
 
@@ -608,13 +619,14 @@ void Trainer::gather_updated_params() {
   const int64_t lo = layout_.lo(), stride = layout_.optimizer_stride();
   const dist::Ranges held = placement_.held_parameters(layout_.rank);
   const int64_t block = std::min(stride, dist::kParamGatherBlock);
+  if (nccl_replica_) return gather_updated_params_on_device(block);
   std::vector<float> mine(static_cast<size_t>(block)), all(static_cast<size_t>(block * R));
   for (int64_t at = 0; at < stride; at += block) {
     const int64_t n = std::min(block, stride - at);
     const int64_t x0 = layout_.optimizer_lo() + at, x1 = std::min(layout_.optimizer_hi(), x0 + n);
     if (x0 < x1) params_.download(mine.data(), x1 - x0, x0 - lo);
     replica_comm_->allgather(mine.data(), static_cast<size_t>(n) * sizeof(float), all.data(),
-                             "all-gather updated parameters");
+                             dist::kParamAllGather);
     for (int g = 0; g < R; ++g) {
       const int r = layout_.rank_of(s, g);
       const int64_t y0 = layout_.optimizer_begin(r) + at, y1 = std::min(layout_.optimizer_end(r), y0 + n);
@@ -622,6 +634,38 @@ void Trainer::gather_updated_params() {
       for (const auto& [a, b] : held) {
         const int64_t x = std::max(a, y0), y = std::min(b, y1);
         if (x < y) params_.upload(all.data() + g * n + (x - y0), y - x, x - lo);
+      }
+    }
+  }
+}
+
+// The same blocks, the same all-gather plan, moved by NCCL between buffers in executor memory: my block [block] to
+// every replica (myself included), theirs into all [R][block], then the pieces I hold of theirs into my shard.
+void Trainer::gather_updated_params_on_device(int64_t block) {
+  const int R = layout_.dp_replicate, s = layout_.shard_index(), me = layout_.replicate_index();
+  const int64_t lo = layout_.lo(), stride = layout_.optimizer_stride();
+  const dist::Ranges held = placement_.held_parameters(layout_.rank);
+  Buffer<float> mine(*ex_, block, "updated parameters: my block (sent)");
+  Buffer<float> all(*ex_, block * R, "updated parameters: every replica's block (received)");
+  dist::ExchangePlan plan(R);
+  for (int g = 0; g < R; ++g) {
+    plan.send[static_cast<size_t>(g)] = {{0, 0}};
+    plan.recv[static_cast<size_t>(g)] = {{g * block, 0}};
+  }
+  for (int64_t at = 0; at < stride; at += block) {
+    const int64_t n = std::min(block, stride - at);
+    const int64_t x0 = layout_.optimizer_lo() + at, x1 = std::min(layout_.optimizer_hi(), x0 + n);
+    if (x0 < x1) ex_->copy(mine.data(), params_.data() + (x0 - lo), static_cast<size_t>(x1 - x0) * sizeof(float));
+    for (int g = 0; g < R; ++g) plan.send[static_cast<size_t>(g)][0].n = plan.recv[static_cast<size_t>(g)][0].n = n;
+    nccl_replica_->exchange(mine.data(), all.data(), plan, dist::kParamAllGather);
+    for (int g = 0; g < R; ++g) {
+      const int r = layout_.rank_of(s, g);
+      const int64_t y0 = layout_.optimizer_begin(r) + at, y1 = std::min(layout_.optimizer_end(r), y0 + n);
+      if (g == me) continue;
+      for (const auto& [a, b] : held) {
+        const int64_t x = std::max(a, y0), y = std::min(b, y1);
+        if (x < y)
+          ex_->copy(params_.data() + (x - lo), all.data() + g * block + (x - y0), static_cast<size_t>(y - x) * sizeof(float));
       }
     }
   }

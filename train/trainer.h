@@ -57,6 +57,9 @@ struct Parallelism {
   // (dist::UnitGather; where the MPI library allows concurrent collectives); no value changes. `train --no-prefetch`.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
+  // How the FSDP gathers, the owners' gradient exchange and the parameter all-gather move: staged through the host
+  // by MPI, or on the device by NCCL (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.
+  dist::Transport transport = dist::Transport::mpi;
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
   // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
   // resume holds on the host.
@@ -114,9 +117,11 @@ class Trainer {
   std::vector<float> params_on_rank0();
   // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
+    uint64_t nccl = 0;
+    for (const auto* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get()}) nccl += c ? c->bytes_sent() : 0;
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
            (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() +
-           (cp_comm_ ? cp_comm_->bytes_sent() : 0) + (unit_gather_ ? unit_gather_->prefetch_bytes_sent() : 0);
+           (cp_comm_ ? cp_comm_->bytes_sent() : 0) + (unit_gather_ ? unit_gather_->prefetch_bytes_sent() : 0) + nccl;
   }
   // The same by operation (each collective's `what`), over the same communicators.
   std::map<std::string, uint64_t> bytes_sent_by_what() const;
@@ -205,6 +210,7 @@ class Trainer {
   void adamw_update(int64_t step, const std::vector<double>& group_lr);
   float* optimizer_params();      // params_ at this rank's optimizer range
   void gather_updated_params();   // the replicas of my shard exchange the ranges they updated
+  void gather_updated_params_on_device(int64_t block);  // the same by NCCL (Parallelism::transport)
   float skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr);
   StepResult fingerprint(const StepBatch& batch, const StepLoss& loss, const ClippedGradient& g,
                          const OptimizerOutcome& opt);
@@ -237,6 +243,10 @@ class Trainer {
   // which compute parts of the same micro-batches.
   std::unique_ptr<dist::Comm> cp_comm_;
   std::unique_ptr<dist::CommContextExchange> cp_exchange_;
+  // Parallelism::transport nccl: the world's (the owners' exchange), my replicate group's (the FSDP gathers) and my
+  // shard's replicas' (the parameter all-gather), where the run has several of those ranks. Declared before what
+  // uses them, so they outlive it.
+  std::unique_ptr<dist::NcclComm> nccl_world_, nccl_shard_, nccl_replica_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)
   uint64_t digest_pieces_sent_ = 0, checkpoint_pieces_sent_ = 0;  // see digest_pieces_sent()

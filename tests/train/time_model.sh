@@ -54,6 +54,18 @@ for spec in 1:0.000704643072:0.000029442048:-1 2:0.001409286144:0.000058884096:-
     { cat "$work/prefetch$n.txt"; fail "the host copies (1 s of gathers and the exchange's) are not there"; }
 done
 
+# `train --transport nccl` moves the unit gathers, the owners' exchange and the parameter all-gather; the expert rows
+# stay on MPI, staged through the host: tiny-moe at 2x1 with EP 2, rank 0 sends and receives 1,441,792 bytes of them
+# a step (the model's estimate), 2,883,584 over PCIe, 0.002883584 s at 1 GB/s, in every column; tiny (dense) at 2x1
+# has nothing on PCIe under nccl.
+"$BIN" config --config "$SRC/configs/tiny-moe.toml" "${data[@]}" --layout 2x1 --ep 2 --time --rank 0 \
+  --rate pcie_gbps=1 > "$work/nccl-ep.txt"
+[ "$(line 'all-to-all of expert rows' "$work/nccl-ep.txt")" = 1441792 ] || { cat "$work/nccl-ep.txt"; fail "tiny-moe's expert rows"; }
+grep -Eq '^  PCIe staging \(pageable, blocking\) +[0-9.e-]+ +[0-9.e-]+ +0\.00288358 +0\.00288358$' "$work/nccl-ep.txt" ||
+  { cat "$work/nccl-ep.txt"; fail "under nccl the expert rows' PCIe staging is not 0.00288358 s"; }
+grep -Eq '^  PCIe staging \(pageable, blocking\) +[0-9.e-]+ +[0-9.e-]+ +- +-$' "$work/hand2.txt" ||
+  { cat "$work/hand2.txt"; fail "tiny (dense) under nccl stages something through the host"; }
+
 # 2. Against real runs. compare NAME NP CONFIG-ARGS... -- TRAIN-ARGS...
 compare() {
   local name=$1 np=$2

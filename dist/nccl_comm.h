@@ -1,0 +1,80 @@
+// dist/nccl_comm.h — the device-resident transport: the FSDP unit gathers, the gradient exchange to the owners and the
+// parameter all-gather after the optimizer moved by NCCL between executor buffers, so no byte of them crosses the host.
+//
+// Data movement only: NCCL's point-to-point sends and receives, in one group per exchange, never its reductions
+// (olmoref's own tree does every sum, docs/canonical/step.md). Each exchange is an ExchangePlan that the caller
+// builds from the layout alone; the MPI transport stages the same blocks through the host (dist::Comm), so the
+// transport a run picks (`train --transport mpi|nccl`) never changes a byte that lands.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/executor.h"
+#include "dist/comm.h"
+
+namespace olmoref::dist {
+
+enum class Transport {
+  mpi,   // every exchange staged through host memory and moved by MPI (the CPU's transport, and the fallback)
+  nccl,  // the FSDP gathers, the owners' exchange and the parameter all-gather on the device by NCCL
+};
+const char* transport_name(Transport t);
+// "mpi" or "nccl"; anything else throws naming the choices.
+Transport parse_transport(const std::string& name);
+
+// One exchange among the ranks of a group: the pieces of the source this rank sends each peer and the pieces of the
+// destination it fills from each, in order, as float offsets. Peer q's pieces to me match my pieces from q, piece for
+// piece (both sides compute them from the layout).
+struct Piece {
+  int64_t at = 0, n = 0;
+};
+struct ExchangePlan {
+  std::vector<std::vector<Piece>> send, recv;  // [group rank]
+  explicit ExchangePlan(int ranks) : send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks)) {}
+};
+
+// The exchanges --transport nccl moves, by the name each collective reports (`train --report-comm`); the rest (the
+// expert and context-parallel exchanges, the step's scalars, the checkpoint's pieces) stay on MPI through the host.
+inline constexpr const char* kUnitGather = "gather parameters of a unit";
+inline constexpr const char* kOwnerExchange = "all-to-all gradient subtrees of a unit";
+inline constexpr const char* kParamAllGather = "all-gather updated parameters";
+inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather};
+
+// Whether this build can move data by NCCL (a CUDA build with the toolkit's NCCL).
+bool nccl_built();
+
+class NcclComm {
+ public:
+  // Collective over `group`: its rank 0 makes NCCL's unique id and the group's MPI communicator hands it out. Every
+  // exchange reads and writes `ex`'s memory, which must be a device's (executor "cuda"); the host execution
+  // (cuda-host) is accepted only under the tests' stand-in NCCL (tests/dist/nccl_standin.cpp), which moves host
+  // memory over MPI.
+  NcclComm(Comm& group, Executor& ex);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The plan as one NCCL group of sends and receives (a piece to or from oneself included), queued on the stream the
+  // executor's kernels run on (the default stream), so it runs after the kernels that wrote the sources and before
+  // those that read the destinations, with no wait on the host.
+  void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what);
+
+  // Bytes sent to other ranks, in all and by `what` (merged into `train --report-comm`, like dist::Comm's).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  const std::map<std::string, uint64_t>& bytes_sent_by_what() const { return bytes_sent_by_what_; }
+
+ private:
+  struct Handle;
+  std::unique_ptr<Handle> handle_;
+  int rank_ = 0, size_ = 1;
+  uint64_t bytes_sent_ = 0;
+  std::map<std::string, uint64_t> bytes_sent_by_what_;
+};
+
+}  // namespace olmoref::dist

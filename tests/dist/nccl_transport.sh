@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# meson test dist-nccl-transport: the NCCL transport (`train --transport nccl`, dist/nccl_comm.h) changes no bit and
+# issues the MPI transport's plan. CI has no GPU, so a stand-in NCCL over MPI (tests/dist/nccl_standin.cpp, argument
+# 1, preloaded) moves the buffers of the CUDA executor's host execution (cuda-host), and olmoref's NCCL path runs
+# whole: its bootstrap, its plans, its groups of sends and receives straight between executor buffers. Checked, at
+# 2x1, 3x1 (a rank idle in a round), 2x2 (replicas: the parameter all-gather) and a mixture of experts under expert
+# parallelism with expert-resident state (tiny-moe, EP 2 at 2x2: partial units, held pieces):
+#   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) of the NCCL run, the MPI run
+#     and the single process, byte for byte;
+#   - the plan: every rank's exchanges in the order issued, each with its bytes to and from every peer (the stand-in
+#     records NCCL's groups and, through MPI's profiling interface, the MPI all-to-alls and all-gathers), the same
+#     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange and (2x2) the
+#     parameter all-gather; `--report-comm`'s bytes per collective the same;
+#   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
+#     fails the plan check, so the check sees a plan that differs;
+#   - refusals: --transport nccl with the CPU executor, and with cuda-host without the stand-in, name the fix.
+source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
+source "$SRC/tests/dist/mpi_env.sh"
+standin=${1:?the stand-in NCCL library}
+[ -f "$standin" ] || { echo "FAIL: no stand-in NCCL at $standin"; exit 1; }
+python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
+common=(--set "data.train_files=[\"$work/tokens.u16\"]" --set eval.interval=0 --steps 3 --threads 1 --quiet
+        --no-checkpoint)
+base=("${common[@]}" --executor cuda-host)
+tiny=(--config "$SRC/configs/tiny.toml")
+moe=(--config "$SRC/configs/tiny-moe.toml" --set train.global_batch_instances=8 --set train.micro_batch_instances=2)
+
+single() {  # single NAME ARGS...: the reference, one process
+  local name=$1
+  shift
+  "$BIN" train "${base[@]}" "$@" --out "$work/$name" 2> "$work/$name.log" || { cat "$work/$name.log"; echo "FAIL: $name"; exit 1; }
+}
+ranks() {  # ranks NAME SxR ARGS...: an mpirun at that layout with the stand-in loaded, its records in NAME.plan/
+  local name=$1 s=${2%x*} r=${2#*x}
+  shift 2
+  mkdir -p "$work/$name.plan"
+  "${MPIRUN[@]}" -np $((s * r)) env LD_PRELOAD="$standin" OLMOREF_NCCL_STANDIN_LOG="$work/$name.plan" \
+    "$BIN" train "${base[@]}" "$@" --dp-shard "$s" --dp-replicate "$r" --report-comm --out "$work/$name" \
+    --comm-timeout 60 2> "$work/$name.log" || { cat "$work/$name.log"; echo "FAIL: $name"; exit 1; }
+}
+same_trace() {  # same_trace REFERENCE RUN
+  cmp "$work/$1/trace.jsonl" "$work/$2/trace.jsonl" || { echo "FAIL: $2's trace differs from $1's"; exit 1; }
+}
+bytes() {  # bytes RUN: every rank's bytes per collective, sorted (but NCCL's bootstrap: its unique id, handed out once)
+  grep -E "^rank [0-9]+: sent [0-9]+ bytes in" "$work/$1.log" | grep -v ": NCCL: the group's unique id$" | sort
+}
+same_plan() {  # same_plan MPI_RUN NCCL_RUN WORLD: 0 when every rank issued the same exchanges
+  local r
+  for ((r = 0; r < $3; r++)); do
+    cmp -s "$work/$1.plan/rank$r.log" "$work/$2.plan/rank$r.log" || return 1
+  done
+}
+nccl_groups() {  # nccl_groups RUN WORLD: NCCL groups per rank, one line
+  local r out=""
+  for ((r = 0; r < $2; r++)); do out+="$(cat "$work/$1.plan/rank$r.nccl" 2> /dev/null | wc -l) "; done
+  echo "${out% }"
+}
+# check NAME SxR ARGS...: the MPI and NCCL runs of one case against the single process NAME.
+check() {
+  local name=$1 layout=$2 world=$((${2%x*} * ${2#*x}))
+  shift 2
+  ranks "$name-$layout-mpi" "$layout" "$@" --transport mpi --no-prefetch
+  ranks "$name-$layout-nccl" "$layout" "$@" --transport nccl
+  same_trace "$name" "$name-$layout-mpi"
+  same_trace "$name" "$name-$layout-nccl"
+  same_plan "$name-$layout-mpi" "$name-$layout-nccl" "$world" || {
+    diff "$work/$name-$layout-mpi.plan/rank0.log" "$work/$name-$layout-nccl.plan/rank0.log" | head -20
+    echo "FAIL: $name $layout: the NCCL run's exchanges differ from the MPI run's"; exit 1; }
+  local groups
+  groups=$(nccl_groups "$name-$layout-nccl" "$world")
+  [[ " $groups " != *" 0 "* ]] || { echo "FAIL: $name $layout: a rank issued no NCCL group ($groups)"; exit 1; }
+  [ "$(nccl_groups "$name-$layout-mpi" "$world")" = "$(printf '0 %.0s' $(seq "$world") | sed 's/ $//')" ] ||
+    { echo "FAIL: $name $layout: the MPI run issued NCCL groups"; exit 1; }
+  [ "$(bytes "$name-$layout-mpi")" = "$(bytes "$name-$layout-nccl")" ] || {
+    diff <(bytes "$name-$layout-mpi") <(bytes "$name-$layout-nccl")
+    echo "FAIL: $name $layout: bytes per collective differ"; exit 1; }
+  grep -q '"transport": "nccl"' "$work/$name-$layout-nccl/manifest.json" ||
+    { echo "FAIL: $name $layout: the manifest does not record the transport"; exit 1; }
+  echo "$name $layout: NCCL and MPI transports identical to the single process; the same exchanges on every rank" \
+       "($(wc -l < "$work/$name-$layout-mpi.plan/rank0.log") on rank 0; NCCL groups per rank: $groups)"
+}
+
+single tiny "${tiny[@]}"
+check tiny 2x1 "${tiny[@]}"
+check tiny 3x1 "${tiny[@]}"
+check tiny 2x2 "${tiny[@]}"
+# What NCCL carried, by the communicator the trainer made (world, replicate group, replicas of the shard; the stand-in
+# numbers them in that order): the owners' exchange, the FSDP gathers and, once a step, the parameter all-gather.
+for r in 0 1 2 3; do
+  counts=$(for k in 0 1 2; do grep -c "^comm $k ranks" "$work/tiny-2x2-nccl.plan/rank$r.nccl" || true; done | xargs)
+  read -r world_groups shard_groups replica_groups <<< "$counts"
+  [ "$world_groups" -gt 0 ] && [ "$shard_groups" -gt 0 ] && [ "$replica_groups" = 3 ] ||
+    { echo "FAIL: tiny 2x2 rank $r: NCCL groups on the world, replicate group, replicas: $counts (want >0 >0 3)"; exit 1; }
+done
+echo "tiny 2x2: NCCL groups per communicator on every rank: $counts (world, replicate group, the shard's replicas)"
+single moe "${moe[@]}"
+check moe 2x2 "${moe[@]}" --ep 2
+
+# The control: a plan that differs (the owners' exchange in 2 chunks instead of 1) moves the same values, and the
+# plan check must see it.
+ranks tiny-2x1-chunks 2x1 "${tiny[@]}" --transport nccl --debug-exchange-chunks 2
+same_trace tiny tiny-2x1-chunks
+if same_plan tiny-2x1-mpi tiny-2x1-chunks 2; then
+  echo "FAIL: the control: exchanges in other chunks passed the plan check"; exit 1
+fi
+echo "control: the owners' exchange in 2 chunks: the same trace, and the plan check fails as it must"
+
+# Refusals, with the fix named.
+for ex in cpu cuda-host; do
+  if "${MPIRUN[@]}" -np 2 "$BIN" train "${common[@]}" "${tiny[@]}" --executor "$ex" --dp-shard 2 --transport nccl \
+       --out "$work/refused-$ex" --comm-timeout 60 > "$work/refused-$ex.log" 2>&1; then
+    echo "FAIL: --transport nccl with --executor $ex (no stand-in) ran"; exit 1
+  fi
+  grep -q "run it with --executor cuda, or use --transport mpi" "$work/refused-$ex.log" ||
+    { cat "$work/refused-$ex.log"; echo "FAIL: --executor $ex: the refusal does not name the fix"; exit 1; }
+done
+echo "refused: --transport nccl with the CPU executor and with cuda-host without the stand-in, naming the fix"
