@@ -506,6 +506,9 @@ void register_commands(CLI::App& app) {
     cmd->add_option("--executor", where->executor, "With --layout: the executor (default: train.executor)")
         ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}));
     auto ranks_per_node = std::make_shared<int>(0);
+    cmd->add_option("--transport", where->transport,
+                    "With --layout: how the ranks' exchanges move (train --transport: mpi or nccl)")
+        ->check(CLI::IsMember({"mpi", "nccl"}));
     cmd->add_option("--ranks-per-node", *ranks_per_node,
                     "With --layout: ranks sharing one node's host memory (default: the world, at most 8)")
         ->check(CLI::Range(1, 65536));
@@ -555,8 +558,9 @@ void register_commands(CLI::App& app) {
         const int per_node = *ranks_per_node > 0 ? *ranks_per_node : std::min(8, w.dp_shard * w.dp_replicate);
         std::printf("%s", host_memory_table(c, w, predict_host_memory(c, w), per_node).c_str());
         if (*time) std::printf("%s", time_table(c, w, per_node, device, *rank).c_str());
-      } else if (where->ep > 1 || *cp > 0 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0) {
-        throw std::invalid_argument("--ep, --cp, --executor, --ranks-per-node and --dataset-tokens describe a --layout: add "
+      } else if (where->ep > 1 || *cp > 0 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0 ||
+                 where->transport != "mpi") {
+        throw std::invalid_argument("--ep, --cp, --executor, --transport, --ranks-per-node and --dataset-tokens describe a --layout: add "
                                     "--layout SxR (e.g. --layout 8x1)");
       }
       if (*resolved) std::printf("\n%s\n", c.to_toml().c_str());

@@ -186,6 +186,7 @@ struct Shapes {
   explicit Shapes(const ModelConfig& m) : layout(m) {}
   std::string exec;
   bool gpu = false, device_paths = false, ep = false;
+  bool nccl = false;  // MemoryPlacement::transport
   ParamLayout layout;
   dist::Layout L;
   RankParts p;
@@ -206,6 +207,12 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
     throw std::invalid_argument("--layout and --ep: every factor must be >= 1");
   const ModelConfig& m = cfg.model;
   x.gpu = x.exec == "cuda", x.device_paths = x.exec != "cpu";
+  if (where.transport != "mpi" && where.transport != "nccl")
+    throw std::invalid_argument("--transport '" + where.transport + "': must be mpi or nccl");
+  if (where.transport == "nccl" && !x.device_paths)
+    throw std::invalid_argument("--transport nccl moves device memory, and executor " + x.exec +
+                                " keeps its tensors in host memory: run it with --executor cuda, or use --transport mpi");
+  x.nccl = where.transport == "nccl";
   x.L.dp_shard = where.dp_shard, x.L.dp_replicate = where.dp_replicate, x.L.total = x.layout.total;
   const int W = x.L.world();
   // An EP group the trainer would refuse (it says why) is taken as none here.
@@ -254,7 +261,7 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
         std::to_string(p.local_slots) + " slots of the largest unit (<= ceil(log2 micro-batch) + 1)");
     add("owner tree slots", kF32 * p.owner_floats,
         std::to_string(p.owner_slots) + " slots of the optimizer range (<= ceil(log2 N) + 1): params / W each");
-    if (!gpu) {
+    if (!gpu || x.nccl) {  // in the executor's memory: the host's, or under nccl the device's
       add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
       add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
     }
@@ -298,7 +305,8 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
     add("evaluation model",
         olmo3_memory_bytes(m, 1, T, parse_precision(cfg.train.precision), false) + kF32 * (n + T * m.vocab_size),
         "train/eval.h: its own model (micro-batch 1), a full gradient and logits");
-  const MemoryPart transient = largest_transient(p, gpu);
+  // Under nccl an FSDP gather moves straight into the unit buffer: nothing staged.
+  const MemoryPart transient = largest_transient(p, gpu || x.nccl);
   add(transient.name, transient.bytes, transient.why);
   // StateDigest: the optimizer range reaches the host in blocks, one downloading while the other is hashed.
   if (device_paths && !gpu)
@@ -384,12 +392,13 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     auto add = [&](const std::string& name, int64_t bytes, const std::string& why) {
       if (bytes > 0) step.parts.push_back({name, bytes, why});
     };
-    if (L.world() > 1) {
+    // Under nccl none of it: the exchanges move between device buffers.
+    if (L.world() > 1 && !x.nccl) {
       add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
       add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
     }
     const MemoryPart transient = largest_transient(p, false);
-    add(transient.name, transient.bytes, transient.why + " (host staging)");
+    if (!x.nccl) add(transient.name, transient.bytes, transient.why + " (host staging)");
     // Olmo3::ContextBuffers' host side: attention's gathers staged through the host (this rank's rows, every rank's,
     // the whole tensor to upload) and a chain's partial on its way.
     if (cfg.train.cp_degree > 1) {

@@ -18,6 +18,9 @@ namespace olmoref {
 struct MemoryPlacement {
   int dp_shard = 1, dp_replicate = 1, ep = 1;
   std::string executor;  // "": the config's train.executor
+  // "mpi" or "nccl" (train --transport): under nccl the owners' exchange blocks and the parameter all-gather live in
+  // the executor's memory and an FSDP gather stages nothing on the host.
+  std::string transport = "mpi";
   int threads = 0;       // worker threads per rank (train --threads); 0: this machine's cores, as train's default
   int64_t dataset_instances = -1;  // -1: counted from the config's data files (none when they cannot be read)
 };

@@ -43,6 +43,7 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
         std::to_string(static_cast<long long>(static_cast<double>(host) / (4.0 * static_cast<double>(T)))) +
         " instances of seq_len " + std::to_string(T) + " fit. Lower train.global_batch_instances"));
   MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
+  where.transport = dist::transport_name(par.transport);
   where.threads = threads;
   // The host, per node: every rank on it at the fullest rank's largest phase (the step, the checkpoint write after
   // it, a resume), whatever the executor.

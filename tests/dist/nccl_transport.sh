@@ -13,6 +13,7 @@
 #     parameter all-gather; `--report-comm`'s bytes per collective the same;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
+#   - the memory model puts the exchange's blocks on the device under nccl and on the host under mpi;
 #   - refusals: --transport nccl with the CPU executor, and with cuda-host without the stand-in, name the fix.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
@@ -104,6 +105,23 @@ if same_plan tiny-2x1-mpi tiny-2x1-chunks 2; then
   echo "FAIL: the control: exchanges in other chunks passed the plan check"; exit 1
 fi
 echo "control: the owners' exchange in 2 chunks: the same trace, and the plan check fails as it must"
+
+# The memory model (`config --layout --transport`, what train checks a run against): under nccl the owners' exchange
+# blocks are device memory and nothing of the exchanges is staged on the host; under mpi the reverse.
+for t in mpi nccl; do
+  "$BIN" config "${tiny[@]}" --layout 2x2 --executor cuda --transport "$t" > "$work/memory-$t.txt"
+  device=$(sed -n '/^memory per rank/,/^  peak/p' "$work/memory-$t.txt")
+  host=$(sed -n '/^host memory per rank/,$p' "$work/memory-$t.txt")
+  if [ "$t" = nccl ]; then on_device=yes; else on_device=no; fi
+  for part in "unit send blocks" "unit receive blocks"; do
+    [ "$(grep -c "^  $part " <<< "$device")" = "$([ $on_device = yes ] && echo 1 || echo 0)" ] &&
+      [ "$(grep -c "^  $part " <<< "$host")" = "$([ $on_device = yes ] && echo 0 || echo 1)" ] ||
+      { cat "$work/memory-$t.txt"; echo "FAIL: --transport $t: '$part' not where the exchange keeps it"; exit 1; }
+  done
+  [ "$t" = mpi ] || ! grep -Eq "^  (FSDP gather buffers|parameter all-gather) " <<< "$host" ||
+    { cat "$work/memory-$t.txt"; echo "FAIL: --transport nccl: host staging counted"; exit 1; }
+done
+echo "memory model: the exchange's blocks on the device under nccl, on the host under mpi"
 
 # Refusals, with the fix named.
 for ex in cpu cuda-host; do
