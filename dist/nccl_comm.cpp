@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #if OLMOREF_HAVE_NCCL
 #include <nccl.h>
@@ -21,76 +23,131 @@ Transport parse_transport(const std::string& name) {
 
 bool nccl_built() { return OLMOREF_HAVE_NCCL != 0; }
 
+#if OLMOREF_HAVE_NCCL
+
 namespace {
-// The executor's memory is what NCCL moves: a device's, or, under the tests' stand-in NCCL (which exports this
-// symbol), the host memory that cuda-host stands in for the device with.
+
+// NCCL's entry points, loaded at run time: libnccl is over 200 MB, so olmoref does not link it (a device call
+// carries the binaries and their libraries, 64 MiB in all: tools/gpu_carry.sh); a run asks for it with --transport
+// nccl, from the loader's path (the soname, as the NCCL packages and PyTorch's wheels install it) or else the
+// toolkit this build was compiled against.
+struct NcclApi {
+  void* library = nullptr;
+  bool standin = false;  // the tests' stand-in (tests/dist/nccl_standin.cpp), which moves host memory
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*group_start)() = nullptr;
+  ncclResult_t (*group_end)() = nullptr;
+  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  const char* (*error_string)(ncclResult_t) = nullptr;
+  const char* (*last_error)(ncclComm_t) = nullptr;  // NCCL 2.13 and later; may be absent
+};
+
+const NcclApi& nccl_api() {
+  static const NcclApi api = [] {
+    NcclApi a;
+    std::string tried = "libnccl.so.2";
+    a.library = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+#ifdef OLMOREF_NCCL_BUILD_LIBRARY
+    if (!a.library) {
+      a.library = dlopen(OLMOREF_NCCL_BUILD_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+      tried += " (the loader's path), " OLMOREF_NCCL_BUILD_LIBRARY;
+    }
+#endif
+    if (!a.library)
+      throw std::runtime_error("--transport nccl: NCCL's library was not found (tried " + tried + "): install NCCL, "
+                               "or add the directory that holds libnccl.so.2 to LD_LIBRARY_PATH; or use --transport mpi");
+    const auto load = [&a](auto& fn, const char* name, bool required = true) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(a.library, name));
+      if (!fn && required)
+        throw std::runtime_error(std::string("--transport nccl: the NCCL library found lacks ") + name +
+                                 " (NCCL 2.7 or later is needed)");
+    };
+    load(a.get_unique_id, "ncclGetUniqueId");
+    load(a.comm_init_rank, "ncclCommInitRank");
+    load(a.comm_destroy, "ncclCommDestroy");
+    load(a.group_start, "ncclGroupStart");
+    load(a.group_end, "ncclGroupEnd");
+    load(a.send, "ncclSend");
+    load(a.recv, "ncclRecv");
+    load(a.error_string, "ncclGetErrorString");
+    load(a.last_error, "ncclGetLastError", false);
+    a.standin = dlsym(a.library, "olmoref_nccl_standin") != nullptr;
+    return a;
+  }();
+  return api;
+}
+
+// The executor's memory is what NCCL moves: a device's, or, under the tests' stand-in NCCL, the host memory that
+// cuda-host stands in for the device with.
 void check_memory(const Executor& ex) {
   if (ex.name() == "cuda") return;
-  if (ex.name() == "cuda-host" && dlsym(RTLD_DEFAULT, "olmoref_nccl_standin") != nullptr) return;
+  if (ex.name() == "cuda-host" && nccl_api().standin) return;
   throw std::invalid_argument("--transport nccl moves device memory, and executor " + ex.name() +
                               " keeps its tensors in host memory: run it with --executor cuda, or use --transport mpi");
 }
-}  // namespace
 
-#if OLMOREF_HAVE_NCCL
+void check(ncclResult_t r, ncclComm_t comm, const std::string& what) {
+  if (r == ncclSuccess) return;
+  const NcclApi& api = nccl_api();
+  std::string detail = api.error_string(r);
+  if (comm && api.last_error)
+    if (const char* last = api.last_error(comm); last && *last) detail += ": " + std::string(last);
+  throw std::runtime_error("NCCL: " + what + ": " + detail);
+}
+
+}  // namespace
 
 struct NcclComm::Handle {
   ncclComm_t comm = nullptr;
 };
 
-namespace {
-void check(ncclResult_t r, ncclComm_t comm, const std::string& what) {
-  if (r == ncclSuccess) return;
-  std::string detail = ncclGetErrorString(r);
-  if (comm)
-    if (const char* last = ncclGetLastError(comm); last && *last) detail += ": " + std::string(last);
-  throw std::runtime_error("NCCL: " + what + ": " + detail);
-}
-}  // namespace
-
 NcclComm::NcclComm(Comm& group, Executor& ex) : handle_(std::make_unique<Handle>()) {
   check_memory(ex);
+  const NcclApi& api = nccl_api();
   rank_ = group.rank(), size_ = group.size();
   ncclUniqueId id{};
-  if (rank_ == 0) check(ncclGetUniqueId(&id), nullptr, "making the group's unique id");
+  if (rank_ == 0) check(api.get_unique_id(&id), nullptr, "making the group's unique id");
   group.broadcast(&id, sizeof id, 0, "NCCL: the group's unique id");
-  check(ncclCommInitRank(&handle_->comm, size_, id, rank_), nullptr,
+  check(api.comm_init_rank(&handle_->comm, size_, id, rank_), nullptr,
         "joining a group of " + std::to_string(size_) + " ranks as rank " + std::to_string(rank_));
 }
 
 NcclComm::~NcclComm() {
-  if (handle_->comm) ncclCommDestroy(handle_->comm);
+  if (handle_->comm) nccl_api().comm_destroy(handle_->comm);
 }
 
 void NcclComm::exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what) {
   if (static_cast<int>(plan.send.size()) != size_ || static_cast<int>(plan.recv.size()) != size_)
     throw std::logic_error(std::string(what) + ": an exchange plan for " + std::to_string(plan.send.size()) +
                            " ranks on a group of " + std::to_string(size_));
+  const NcclApi& api = nccl_api();
   ncclComm_t c = handle_->comm;
   // The default stream (cudaStreamLegacy): the executor's kernels and copies run there, so the group is ordered
   // after the writes of its sources and before the reads of its destinations.
-  check(ncclGroupStart(), c, what);
+  check(api.group_start(), c, what);
   for (int q = 0; q < size_; ++q) {
     for (const Piece& p : plan.send[static_cast<size_t>(q)]) {
       if (p.n == 0) continue;
-      check(ncclSend(src + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
+      check(api.send(src + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
       if (q != rank_) {
         bytes_sent_ += static_cast<uint64_t>(p.n) * sizeof(float);
         bytes_sent_by_what_[what] += static_cast<uint64_t>(p.n) * sizeof(float);
       }
     }
     for (const Piece& p : plan.recv[static_cast<size_t>(q)])
-      if (p.n > 0) check(ncclRecv(dst + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
+      if (p.n > 0) check(api.recv(dst + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
   }
-  check(ncclGroupEnd(), c, what);
+  check(api.group_end(), c, what);
 }
 
 #else
 
 struct NcclComm::Handle {};
 
-NcclComm::NcclComm(Comm&, Executor& ex) {
-  check_memory(ex);
+NcclComm::NcclComm(Comm&, Executor&) {
   throw std::invalid_argument("--transport nccl: this olmoref was built without CUDA's NCCL (tools/build.sh builds "
                               "with it); use --transport mpi");
 }
