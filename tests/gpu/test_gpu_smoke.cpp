@@ -4,17 +4,67 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/device_info.h"
+#include "core/executor.h"
 #include "core/reduce.h"
+#include "dist/comm.h"
+#include "dist/nccl_comm.h"
+#include "model/executors.h"
 
-int main() {
+// --nccl: the NCCL transport's exchange (dist::NcclComm) on this GPU, in a group of one rank (NCCL refuses two ranks on
+// one GPU): a kernel scales the source on the default stream, the exchange sends three pieces of it to this rank in
+// another order, and the destination must hold exactly the scaled pieces where the plan put them (the group ordered
+// after the kernel that wrote its source, and before the copy that reads its destination). 77 when NCCL's library is
+// not on this machine.
+static int nccl_check() {
+  using namespace olmoref;
+  const std::unique_ptr<Executor> ex = make_executor("cuda", nullptr);
+  std::unique_ptr<dist::NcclComm> nccl;
+  try {
+    nccl = std::make_unique<dist::NcclComm>(dist::world(), *ex);
+  } catch (const std::runtime_error& e) {
+    if (std::strstr(e.what(), "was not found") == nullptr) throw;
+    std::printf("SKIPPED: %s\n", e.what());
+    return 77;
+  }
+  const int64_t n = (int64_t{1} << 22) + 3;
+  std::vector<float> pattern(static_cast<size_t>(n)), got(pattern.size());
+  for (int64_t i = 0; i < n; ++i) pattern[static_cast<size_t>(i)] = std::sin(0.001f * static_cast<float>(i)) * 3.0f;
+  Buffer<float> src(*ex, n, "NCCL check: source"), dst(*ex, n, "NCCL check: destination");
+  src.upload(pattern.data(), n);
+  ex->scale(src.data(), 2.0f, n);  // exact: a power of two
+  dist::ExchangePlan plan(1);
+  plan.send[0] = {{5, 100}, {0, 5}, {105, n - 105}};
+  plan.recv[0] = {{0, 100}, {100, 5}, {105, n - 105}};
+  nccl->exchange(src.data(), dst.data(), plan, "NCCL check");
+  dst.download(got.data(), n);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t from = i < 100 ? i + 5 : i < 105 ? i - 100 : i;
+    const float want = pattern[static_cast<size_t>(from)] * 2.0f;
+    wrong += std::memcmp(&want, &got[static_cast<size_t>(i)], sizeof want) != 0;
+  }
+  if (wrong > 0) {
+    std::printf("FAILED: NCCL's exchange on the device: %lld of %lld floats differ from the plan's\n",
+                static_cast<long long>(wrong), static_cast<long long>(n));
+    return 1;
+  }
+  std::printf("OK: NCCL moved %lld floats on the device as the plan says, after the kernel that wrote them\n",
+              static_cast<long long>(n));
+  return 0;
+}
+
+int main(int argc, char** argv) {
   const olmoref::cuda::DeviceInfo dev = olmoref::cuda::query_device();
   if (!dev.available) {
     std::printf("SKIPPED: no CUDA device (%s)\n", dev.reason.c_str());
     return 77;
   }
+  if (argc > 1 && std::strcmp(argv[1], "--nccl") == 0) return nccl_check();
   std::printf("device: %s, %d SMs, sm_%d%d\n", dev.name.c_str(), dev.sm_count, dev.compute_major, dev.compute_minor);
   std::vector<float> a(4099), b(4099);
   for (size_t i = 0; i < a.size(); ++i) {

@@ -6,6 +6,7 @@
 #   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
 #     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
+#   - NCCL's exchange (train --transport nccl) on the device, in a group of one rank (test_gpu_smoke --nccl);
 #   - intra-document masking (data.document_masking) on the device equal to the CPU, every byte of the trace, also
 #     under context parallelism (--cp 2: two processes sharing the GPU, each half of every instance's positions).
 # GPU_EXECUTOR=cuda-host (tools/gpu_check.sh --dry-run) runs it without a device; GPU_TRAINING_QUICK=1 leaves out the
@@ -31,6 +32,17 @@ if [ "${GPU_TRAINING_QUICK:-0}" != 1 ]; then
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || failed=1
   echo "== executors on $ex"
   OLMOREF_TEST_EXECUTOR=$ex bash tests/cli/executors.sh || failed=1
+fi
+if [ "$ex" = cuda ]; then
+  # The NCCL transport's exchange on the device (dist::NcclComm, a group of one rank: NCCL refuses two ranks on one
+  # GPU); the suite checks the multi-rank plans with a stand-in NCCL (dist-nccl-transport). NCCL's library from the
+  # loader's path, else PyTorch's wheel (nvidia-nccl); 77 (noted, not failed) when neither has it.
+  echo "== NCCL on the device"
+  nccl_lib=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0] + "/lib")' 2> /dev/null) &&
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl_lib
+  "$smoke" --nccl
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 77 ] || failed=1
 fi
 echo "== T0 and MPI on one GPU ($ex)"
 work=$(mktemp -d)
