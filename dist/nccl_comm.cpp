@@ -119,7 +119,8 @@ NcclComm::~NcclComm() {
   if (handle_->comm) nccl_api().comm_destroy(handle_->comm);
 }
 
-void NcclComm::exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what) {
+void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan,
+                        const char* what) {
   if (static_cast<int>(plan.send.size()) != size_ || static_cast<int>(plan.recv.size()) != size_)
     throw std::logic_error(std::string(what) + ": an exchange plan for " + std::to_string(plan.send.size()) +
                            " ranks on a group of " + std::to_string(size_));
@@ -131,14 +132,17 @@ void NcclComm::exchange(const float* src, float* dst, const ExchangePlan& plan, 
   for (int q = 0; q < size_; ++q) {
     for (const Piece& p : plan.send[static_cast<size_t>(q)]) {
       if (p.n == 0) continue;
-      check(api.send(src + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
+      check(api.send(src.at(static_cast<size_t>(p.buffer)) + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr),
+            c, what);
       if (q != rank_) {
         bytes_sent_ += static_cast<uint64_t>(p.n) * sizeof(float);
         bytes_sent_by_what_[what] += static_cast<uint64_t>(p.n) * sizeof(float);
       }
     }
     for (const Piece& p : plan.recv[static_cast<size_t>(q)])
-      if (p.n > 0) check(api.recv(dst + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr), c, what);
+      if (p.n > 0)
+        check(api.recv(dst.at(static_cast<size_t>(p.buffer)) + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr),
+              c, what);
   }
   check(api.group_end(), c, what);
 }
@@ -152,7 +156,7 @@ NcclComm::NcclComm(Comm&, Executor&) {
                               "with it); use --transport mpi");
 }
 NcclComm::~NcclComm() = default;
-void NcclComm::exchange(const float*, float*, const ExchangePlan&, const char*) {
+void NcclComm::exchange(const std::vector<const float*>&, const std::vector<float*>&, const ExchangePlan&, const char*) {
   throw std::logic_error("NcclComm without NCCL");
 }
 

@@ -1,5 +1,6 @@
-// dist/nccl_comm.h — the device-resident transport: the FSDP unit gathers, the gradient exchange to the owners and the
-// parameter all-gather after the optimizer moved by NCCL between executor buffers, so no byte of them crosses the host.
+// dist/nccl_comm.h — the device-resident transport: the FSDP unit gathers, the gradient exchange to the owners, the
+// parameter all-gather after the optimizer and the expert rows moved by NCCL between executor buffers, so no byte of
+// them crosses the host.
 //
 // Data movement only: NCCL's point-to-point sends and receives, in one group per exchange, never its reductions
 // (olmoref's own tree does every sum, docs/canonical/step.md). Each exchange is an ExchangePlan that the caller
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/exchange_plan.h"
 #include "core/executor.h"
 #include "dist/comm.h"
 
@@ -26,23 +28,16 @@ const char* transport_name(Transport t);
 // "mpi" or "nccl"; anything else throws naming the choices.
 Transport parse_transport(const std::string& name);
 
-// One exchange among the ranks of a group: the pieces of the source this rank sends each peer and the pieces of the
-// destination it fills from each, in order, as float offsets. Peer q's pieces to me match my pieces from q, piece for
-// piece (both sides compute them from the layout).
-struct Piece {
-  int64_t at = 0, n = 0;
-};
-struct ExchangePlan {
-  std::vector<std::vector<Piece>> send, recv;  // [group rank]
-  explicit ExchangePlan(int ranks) : send(static_cast<size_t>(ranks)), recv(static_cast<size_t>(ranks)) {}
-};
+using olmoref::ExchangePlan;  // core/exchange_plan.h
+using olmoref::Piece;
 
-// The exchanges --transport nccl moves, by the name each collective reports (`train --report-comm`); the rest (the
-// expert and context-parallel exchanges, the step's scalars, the checkpoint's pieces) stay on MPI through the host.
+// The exchanges --transport nccl moves, by the name each collective reports (`train --report-comm`); the rest (context
+// parallelism's exchanges, the step's scalars and counts, the checkpoint's pieces) stay on MPI through the host.
 inline constexpr const char* kUnitGather = "gather parameters of a unit";
 inline constexpr const char* kOwnerExchange = "all-to-all gradient subtrees of a unit";
 inline constexpr const char* kParamAllGather = "all-gather updated parameters";
-inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather};
+inline constexpr const char* kExpertRows = "all-to-all of expert rows";
+inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather, kExpertRows};
 
 // Whether this build can move data by NCCL (a CUDA build with the toolkit's NCCL).
 bool nccl_built();
@@ -62,8 +57,13 @@ class NcclComm {
   int size() const { return size_; }
   // The plan as one NCCL group of sends and receives (a piece to or from oneself included), queued on the stream the
   // executor's kernels run on (the default stream), so it runs after the kernels that wrote the sources and before
-  // those that read the destinations, with no wait on the host.
-  void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what);
+  // those that read the destinations, with no wait on the host. A piece's `buffer` indexes src (sends) or dst
+  // (receives).
+  void exchange(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan,
+                const char* what);
+  void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what) {
+    exchange(std::vector<const float*>{src}, std::vector<float*>{dst}, plan, what);
+  }
 
   // Bytes sent to other ranks, in all and by `what` (merged into `train --report-comm`, like dist::Comm's).
   uint64_t bytes_sent() const { return bytes_sent_; }

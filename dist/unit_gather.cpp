@@ -158,7 +158,13 @@ void CommExpertExchange::allgather(const int64_t* mine, int64_t n, int64_t* all)
 
 void CommExpertExchange::alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                                    const std::vector<int64_t>& recv_counts) {
-  group_.alltoallv(send, send_counts, recv, recv_counts, "all-to-all of expert rows");
+  group_.alltoallv(send, send_counts, recv, recv_counts, kExpertRows);
+}
+
+void CommExpertExchange::move(const std::vector<const float*>& src, const std::vector<float*>& dst,
+                              const ExchangePlan& plan) {
+  if (!nccl_) ExpertExchange::move(src, dst, plan);
+  nccl_->exchange(src, dst, plan, kExpertRows);
 }
 
 void CommContextExchange::allgather(const void* mine, size_t bytes, void* all) {

@@ -97,17 +97,22 @@ class UnitGather : public ParamGate {
 };
 
 // The model's expert exchange (model/olmo3.h) over the communicator of one EP group.
+// nccl (the same group's, or nullptr): the rows move between executor buffers by NCCL (device_resident), the row
+// counts still over the group's MPI communicator.
 class CommExpertExchange : public ExpertExchange {
  public:
-  explicit CommExpertExchange(Comm& group) : group_(group) {}
+  explicit CommExpertExchange(Comm& group, NcclComm* nccl = nullptr) : group_(group), nccl_(nccl) {}
   int size() const override { return group_.size(); }
   int index() const override { return group_.rank(); }
   void allgather(const int64_t* mine, int64_t n, int64_t* all) override;
   void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                  const std::vector<int64_t>& recv_counts) override;
+  bool device_resident() const override { return nccl_ != nullptr; }
+  void move(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan) override;
 
  private:
   Comm& group_;
+  NcclComm* nccl_;
 };
 
 // The model's context exchange (model/olmo3.h) over the communicator of one context-parallel group.

@@ -109,9 +109,66 @@ struct EpRoute {
     for (int s = 0; s < n; ++s) r += counts[static_cast<size_t>(s * E + e)];
     return r;
   }
+
+  // The device-resident exchange (ExpertExchange::device_resident): the same rows, peer for peer and in the same
+  // order, as pieces moved straight between executor buffers, so nothing is staged and no reorder runs on the host.
+  // A source's rows for one owner are its plan positions of that owner's experts, expert after expert; the owner
+  // keeps expert e's rows expert-major, source after source (moe::ep_to_expert_major's order): its row of source s's
+  // first slot of e is expert_row(s, e).
+  int64_t expert_row(int s, int64_t e) const {
+    int64_t row = 0;
+    for (int64_t x = first; x < e; ++x) row += rows_of(x);
+    for (int q = 0; q < s; ++q) row += counts[static_cast<size_t>(q * E + e)];
+    return row;
+  }
+  // My slots' rows [S, w] (plan order, executor memory) to their owners, into expert_major [owned_rows, w].
+  void dispatch_on_device(const float* rows, int64_t w, float* expert_major) const {
+    ExchangePlan x(n);
+    for (int j = 0; j < n && plan; ++j) {
+      const auto [fj, lj] = moe::ep_experts(E, n, j);
+      for (int64_t e = fj; e < lj; ++e)
+        x.send[static_cast<size_t>(j)].push_back({plan->expert_begin[static_cast<size_t>(e)] * w, plan->count(e) * w});
+    }
+    for (int s = 0; s < n; ++s)
+      for (int64_t e = first; e < last; ++e)
+        x.recv[static_cast<size_t>(s)].push_back({expert_row(s, e) * w, counts[static_cast<size_t>(s * E + e)] * w});
+    ep.move({rows}, {expert_major}, x);
+  }
+  // The owner's results, columns of expert-major rows [owned_rows, width] in executor memory, back to their sources'
+  // columns out [S, width] in plan order (executor memory; nothing without a plan): expert after expert, each
+  // expert's columns one after another, which is the host path's [col 0 | col 1 | ...] rows, byte for byte per peer.
+  void give_back_on_device(const std::vector<std::pair<const Buffer<float>*, int64_t>>& cols,
+                           const std::vector<std::pair<float*, int64_t>>& out) const {
+    ExchangePlan x(n);
+    std::vector<const float*> src;
+    std::vector<float*> dst;
+    for (const auto& [buf, cw] : cols) src.push_back(buf->data());
+    for (const auto& [p, cw] : out) dst.push_back(p);
+    for (int s = 0; s < n; ++s)
+      for (int64_t e = first; e < last; ++e)
+        for (size_t c = 0; c < cols.size(); ++c) {
+          const int64_t cw = cols[c].second;
+          x.send[static_cast<size_t>(s)].push_back(
+              {expert_row(s, e) * cw, counts[static_cast<size_t>(s * E + e)] * cw, static_cast<int>(c)});
+        }
+    for (int j = 0; j < n && plan; ++j) {
+      const auto [fj, lj] = moe::ep_experts(E, n, j);
+      for (int64_t e = fj; e < lj; ++e)
+        for (size_t c = 0; c < out.size(); ++c) {
+          const int64_t cw = out[c].second;
+          x.recv[static_cast<size_t>(j)].push_back(
+              {plan->expert_begin[static_cast<size_t>(e)] * cw, plan->count(e) * cw, static_cast<int>(c)});
+        }
+    }
+    ep.move(src, dst, x);
+  }
 };
 
 }  // namespace
+
+void ExpertExchange::move(const std::vector<const float*>&, const std::vector<float*>&, const ExchangePlan&) {
+  throw std::logic_error("ExpertExchange::move: this exchange stages rows through the host (device_resident() is false)");
+}
 
 void Olmo3::set_expert_exchange(ExpertExchange* ep) {
   if (ep && !cfg_.moe.enabled())
@@ -147,19 +204,26 @@ void Olmo3::ep_forward(const float* params, const BlockOffsets& o, int64_t layer
   ep_now_->allgather(mine.data(), E, own.counts.data());
   const EpRoute route(*ep_now_, own.counts, plan, E);
   const int64_t R = own.rows = route.owned_rows;
-  // xr [R, d]: the rows every source sent the owned experts, expert-major
-  const std::vector<float> xr = route.dispatch(xg, d);
   grow(own.eg, e, R * h, "expert-parallel gate of the owned experts");
   grow(own.eu, e, R * h, "expert-parallel up of the owned experts");
   grow(ep_x_, e, R * d, "expert-parallel rows received");
   grow(ep_a_, e, R * h, "expert-parallel SwiGLU of the owned experts");
   grow(ep_y_, e, R * d, "expert-parallel outputs of the owned experts");
-  if (R > 0) ep_x_.upload(xr.data(), R * d);
+  // ep_x_ [R, d]: the rows every source sent the owned experts, expert-major
+  if (ep_now_->device_resident()) {
+    route.dispatch_on_device(xg, d, ep_x_.data());
+  } else {
+    const std::vector<float> xr = route.dispatch(xg, d);
+    if (R > 0) ep_x_.upload(xr.data(), R * d);
+  }
   // g, u, a [R, h], y [R, d] from the received rows [R, d]: the same three GEMMs as the local loop, row for row.
   experts_forward(params, o, owned_rows(route), ep_x_.data(), own.eg.data(), own.eu.data(), ep_a_.data(),
                   ep_y_.data());
   // [y | a] [R, d + h] per row back to its source.
-  route.give_back({{&ep_y_, d}, {&ep_a_, h}}, {{ey, d}, {ea, h}});
+  if (ep_now_->device_resident())
+    route.give_back_on_device({{&ep_y_, d}, {&ep_a_, h}}, {{ey, d}, {ea, h}});
+  else
+    route.give_back({{&ep_y_, d}, {&ep_a_, h}}, {{ey, d}, {ea, h}});
 }
 
 void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan,
@@ -169,19 +233,26 @@ void Olmo3::ep_backward(const float* params, const BlockOffsets& o, int64_t laye
   OwnedExperts& own = owned_[static_cast<size_t>(layer)];
   const EpRoute route(*ep_now_, own.counts, plan, E);  // forward's counts: the same rows travel again
   const int64_t R = own.rows;
-  // ∂y [R, d] of the owned experts' rows, expert-major
-  const std::vector<float> dyr = route.dispatch(dy, d);
   grow(ep_y_, e, R * d, "expert-parallel output gradients received");
   grow(ep_a_, e, R * h, "expert-parallel SwiGLU gradient");
   grow(ep_g_, e, R * h, "expert-parallel gate gradient");
   grow(ep_u_, e, R * h, "expert-parallel up gradient");
   grow(ep_x_, e, R * d, "expert-parallel input gradients");
-  if (R > 0) ep_y_.upload(dyr.data(), R * d);
+  // ep_y_ [R, d]: ∂y of the owned experts' rows, expert-major
+  if (ep_now_->device_resident()) {
+    route.dispatch_on_device(dy, d, ep_y_.data());
+  } else {
+    const std::vector<float> dyr = route.dispatch(dy, d);
+    if (R > 0) ep_y_.upload(dyr.data(), R * d);
+  }
   // ∂a, ∂g, ∂u [R, h], ∂x [R, d]: the same four ops as the local loop, over the owned experts' rows.
   experts_backward(params, o, owned_rows(route), ep_y_.data(), own.eg.data(), own.eu.data(), ep_a_.data(),
                    ep_g_.data(), ep_u_.data(), ep_x_.data());
   // [∂xg | ∂g | ∂u] [R, d + 2h] per row back to its source.
-  route.give_back({{&ep_x_, d}, {&ep_g_, h}, {&ep_u_, h}}, {{dxg, d}, {deg, h}, {deu, h}});
+  if (ep_now_->device_resident())
+    route.give_back_on_device({{&ep_x_, d}, {&ep_g_, h}, {&ep_u_, h}}, {{dxg, d}, {deg, h}, {deu, h}});
+  else
+    route.give_back({{&ep_x_, d}, {&ep_g_, h}, {&ep_u_, h}}, {{dxg, d}, {deg, h}, {deu, h}});
 }
 
 }  // namespace olmoref

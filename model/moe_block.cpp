@@ -8,8 +8,9 @@
 // stay on the device. The host keeps only the bookkeeping that is its job: the expert choices top [R, k] (the
 // dispatch plan, the expert loads, the routing digest) and what the fp64 auxiliary losses read (lse [R] and scores
 // [R, E]; E is small next to d, so these are a few floats per row against the d or more an [R, d] tensor moves).
-// Two paths still stage rows on the host (mirror_): expert parallelism, whose exchange is host memory
-// (model/ep_exchange.cpp), and the TEST-ONLY unordered-combine negative control.
+// Two paths still stage rows on the host (mirror_): expert parallelism over the MPI transport, whose exchange is host
+// memory (model/ep_exchange.cpp; the NCCL transport moves the rows between executor buffers), and the TEST-ONLY
+// unordered-combine negative control.
 #include <stdexcept>
 #include <string>
 
@@ -195,7 +196,9 @@ void Olmo3::moe_forward(const float* params, LayerActs& A, const BlockOffsets& o
 
   // xg [S, d] = h [R, d]'s rows in (expert, row) order; then each expert's SwiGLU over its contiguous rows.
   e.moe_dispatch(A.dispatch, A.h.data(), A.xg.data(), d);
-  if (ep_now_) {  // the experts run on their owners; ey [S, d] and ea [S, h] come back in plan order
+  if (ep_now_ && ep_now_->device_resident()) {  // the same, the rows moved between executor buffers
+    ep_forward(params, o, layer, &A.plan, A.xg.data(), A.ey.data(), A.ea.data());
+  } else if (ep_now_) {  // the experts run on their owners; ey [S, d] and ea [S, h] come back in plan order
     const float* xg = host_read(A.xg.data(), S * d, mirror_.xg);
     float* ey = host_target(A.ey.data(), S * d, mirror_.ey);
     float* ea = host_target(A.ea.data(), S * h, mirror_.ea);
@@ -253,7 +256,9 @@ void Olmo3::moe_backward(const float* params, LayerActs& A, const BlockOffsets& 
   // ∂y [S, d] per slot and ∂weight [R, k] per choice.
   float* dweight = sized(e, bw_.dweight, R_ * k, "gradient of the expert weights");
   e.moe_combine_backward(A.dispatch, drouted, A.ey.data(), A.route.weight, bw_.dy.data(), dweight, d);
-  if (ep_now_) {  // the experts' backward runs on their owners; ∂xg, ∂g, ∂u come back in plan order
+  if (ep_now_ && ep_now_->device_resident()) {  // the same, the rows moved between executor buffers
+    ep_backward(params, o, &A - acts_.data(), &plan, bw_.dy.data(), bw_.dxg.data(), bw_.deg.data(), bw_.deu.data());
+  } else if (ep_now_) {  // the experts' backward runs on their owners; ∂xg, ∂g, ∂u come back in plan order
     const float* dy = host_read(bw_.dy.data(), S * d, mirror_.dy);
     float* dxg = host_target(bw_.dxg.data(), S * d, mirror_.dxg);
     float* deg = host_target(bw_.deg.data(), S * h, mirror_.deg);

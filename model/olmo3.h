@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/exchange_plan.h"
 #include "core/executor.h"
 #include "model/gradient_tree.h"
 #include "ref/cpu_executor.h"
@@ -159,6 +160,12 @@ class ExpertExchange {
   // send_counts[j] floats to rank j (blocks back to back in rank order); recv_counts[i] floats from rank i.
   virtual void alltoallv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                          const std::vector<int64_t>& recv_counts) = 0;
+  // True when the rows move between buffers in executor memory (the NCCL transport): the model then hands move() its
+  // device tensors and their pieces instead of staging rows through the host for alltoallv.
+  virtual bool device_resident() const { return false; }
+  // The plan's pieces of src (executor memory) into dst (executor memory): the same rows, peer for peer, as the
+  // alltoallv the host path issues.
+  virtual void move(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan);
 };
 
 // Context parallelism (train.cp_degree, docs/canonical/context_parallel.md): the n ranks of a group each compute
@@ -419,8 +426,9 @@ class Olmo3 {
   // The router backward into ∂logits [R, E] from ∂weight [R, k] (executor memory) and the auxiliary losses' terms.
   void moe_router_backward(LayerActs& A, const float* dweight, int64_t n_instances, int64_t global_n_targets);
 
-  // Expert parallelism, layer `layer` (model/ep_exchange.cpp): this rank's slots (plan, host rows in plan order;
-  // all nullptr in an idle pass) go to their experts' owners; the owned experts run on what arrives; the results
+  // Expert parallelism, layer `layer` (model/ep_exchange.cpp): this rank's slots (plan, rows in plan order: on the
+  // host, or in executor memory when the exchange is device-resident; all nullptr in an idle pass) go to their
+  // experts' owners; the owned experts run on what arrives; the results
   // come back to the slots. Forward sends xg [S, d] and receives ey [S, d], ea [S, h]; backward sends dy [S, d] and
   // receives dxg [S, d], deg, deu [S, h] (the weight-gradient leaves stay with the instances, docs/canonical/moe.md).
   void ep_forward(const float* params, const BlockOffsets& o, int64_t layer, const moe::Plan* plan, const float* xg,

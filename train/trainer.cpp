@@ -143,7 +143,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
                                   ": every rank of an EP group must own at least one expert");
     // EP groups: consecutive world ranks, ordered by rank.
     ep_comm_ = comm_->split(layout_.rank / par.ep, layout_.rank % par.ep);
-    ep_exchange_ = std::make_unique<dist::CommExpertExchange>(*ep_comm_);
+    if (par.transport == dist::Transport::nccl) nccl_ep_ = std::make_unique<dist::NcclComm>(*ep_comm_, *ex_);
+    ep_exchange_ = std::make_unique<dist::CommExpertExchange>(*ep_comm_, nccl_ep_.get());
     model_.set_expert_exchange(ep_exchange_.get());
   }
   if (cp() > 1) {
@@ -602,7 +603,7 @@ std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   if (const auto* prefetched = unit_gather_ ? unit_gather_->prefetch_bytes_by_what() : nullptr)
     for (const auto& [what, bytes] : *prefetched) all[what] += bytes;
-  for (const dist::NcclComm* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get()})
+  for (const dist::NcclComm* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get(), nccl_ep_.get()})
     if (c)
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   return all;

@@ -57,8 +57,9 @@ struct Parallelism {
   // (dist::UnitGather; where the MPI library allows concurrent collectives); no value changes. `train --no-prefetch`.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
-  // How the FSDP gathers, the owners' gradient exchange and the parameter all-gather move: staged through the host
-  // by MPI, or on the device by NCCL (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.
+  // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather and the expert rows move: staged
+  // through the host by MPI, or on the device by NCCL (dist/nccl_comm.h; executor cuda). No value changes.
+  // `train --transport`.
   dist::Transport transport = dist::Transport::mpi;
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
   // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
@@ -117,7 +118,7 @@ class Trainer {
   std::vector<float> params_on_rank0();
   // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
-    uint64_t nccl = 0;
+    uint64_t nccl = 0;  // nccl_ep_'s are in ep_bytes_sent()
     for (const auto* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get()}) nccl += c ? c->bytes_sent() : 0;
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
            (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() +
@@ -126,7 +127,9 @@ class Trainer {
   // The same by operation (each collective's `what`), over the same communicators.
   std::map<std::string, uint64_t> bytes_sent_by_what() const;
   // Of those, the expert-parallel all-to-alls' (0 without expert parallelism).
-  uint64_t ep_bytes_sent() const { return ep_comm_ ? ep_comm_->bytes_sent() : 0; }
+  uint64_t ep_bytes_sent() const {
+    return (ep_comm_ ? ep_comm_->bytes_sent() : 0) + (nccl_ep_ ? nccl_ep_->bytes_sent() : 0);
+  }
   // FSDP unit gathers so far: served by a prefetch, and gathered on the spot ({0, 0} without dp_shard > 1).
   std::pair<int64_t, int64_t> unit_gathers() const {
     return unit_gather_ ? std::pair{unit_gather_->prefetch_hits(), unit_gather_->gathers_on_the_spot()}
@@ -238,14 +241,15 @@ class Trainer {
   std::unique_ptr<dist::Comm> shard_comm_;  // ranks of my replicate group (they split the vector)
   std::unique_ptr<dist::Comm> replica_comm_;  // ranks of my shard index, by replicate index (dp_replicate > 1 only)
   std::unique_ptr<dist::Comm> ep_comm_;     // ranks of my expert-parallel group (ep > 1 only)
+  std::unique_ptr<dist::NcclComm> nccl_ep_;  // the same ranks by NCCL (Parallelism::transport nccl)
   std::unique_ptr<dist::CommExpertExchange> ep_exchange_;
   // Context parallelism (train.cp_degree > 1): the ranks of my group (cp consecutive world ranks, ordered by rank),
   // which compute parts of the same micro-batches.
   std::unique_ptr<dist::Comm> cp_comm_;
   std::unique_ptr<dist::CommContextExchange> cp_exchange_;
   // Parallelism::transport nccl: the world's (the owners' exchange), my replicate group's (the FSDP gathers) and my
-  // shard's replicas' (the parameter all-gather), where the run has several of those ranks. Declared before what
-  // uses them, so they outlive it.
+  // shard's replicas' (the parameter all-gather), where the run has several of those ranks (and nccl_ep_ above).
+  // Declared before what uses them, so they outlive it.
   std::unique_ptr<dist::NcclComm> nccl_world_, nccl_shard_, nccl_replica_;
   dist::Layout layout_;
   dist::StatePlacement placement_;  // which parts of its range a rank holds (all, without expert-resident state)

@@ -4,13 +4,14 @@
 # 1, preloaded) moves the buffers of the CUDA executor's host execution (cuda-host), and olmoref's NCCL path runs
 # whole: its bootstrap, its plans, its groups of sends and receives straight between executor buffers. Checked, at
 # 2x1, 3x1 (a rank idle in a round), 2x2 (replicas: the parameter all-gather) and a mixture of experts under expert
-# parallelism with expert-resident state (tiny-moe, EP 2 at 2x2: partial units, held pieces):
+# parallelism with expert-resident state (tiny-moe, EP 2 at 2x2: partial units, held pieces, the expert rows; and at
+# 2x2 with a rank idle beside a busy one in its EP group):
 #   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) of the NCCL run, the MPI run
 #     and the single process, byte for byte;
 #   - the plan: every rank's exchanges in the order issued, each with its bytes to and from every peer (the stand-in
 #     records NCCL's groups and, through MPI's profiling interface, the MPI all-to-alls and all-gathers), the same
-#     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange and (2x2) the
-#     parameter all-gather; `--report-comm`'s bytes per collective the same;
+#     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange, (2x2) the
+#     parameter all-gather and (EP) the expert rows; `--report-comm`'s bytes per collective the same;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
 #   - the memory model puts the exchange's blocks on the device under nccl and on the host under mpi;
@@ -96,6 +97,19 @@ done
 echo "tiny 2x2: NCCL groups per communicator on every rank: $counts (world, replicate group, the shard's replicas)"
 single moe "${moe[@]}"
 check moe 2x2 "${moe[@]}" --ep 2
+# Communicators in the order the trainer makes them: the EP group, the world, the replicate group, the replicas.
+for r in 0 1 2 3; do
+  counts=$(for k in 0 1 2 3; do grep -c "^comm $k ranks" "$work/moe-2x2-nccl.plan/rank$r.nccl" || true; done | xargs)
+  read -r ep_groups world_groups shard_groups replica_groups <<< "$counts"
+  [ "$ep_groups" -gt 0 ] && [ "$world_groups" -gt 0 ] && [ "$shard_groups" -gt 0 ] && [ "$replica_groups" = 3 ] ||
+    { echo "FAIL: moe 2x2 rank $r: NCCL groups on the EP group, world, replicate group, replicas: $counts"; exit 1; }
+done
+echo "moe 2x2: NCCL groups per communicator on every rank: $counts (the expert rows, the world, replicate group, replicas)"
+# An idle rank beside a busy one in an EP group: 5 micro-batches on 4 ranks, so in the second round rank 1 runs the
+# idle pass in the EP group (0, 1), moving no rows of its own and receiving its experts' rows from rank 0.
+moe5=("${moe[@]}" --set train.global_batch_instances=10)
+single moe5 "${moe5[@]}"
+check moe5 2x2 "${moe5[@]}" --ep 2
 
 # The control: a plan that differs (the owners' exchange in 2 chunks instead of 1) moves the same values, and the
 # plan check must see it.
