@@ -226,6 +226,10 @@ void register_commands(CLI::App& app) {
                   "the end; the values computed do not change");
     cmd->add_flag("--debug-float-allreduce", o->parallel.debug_float_allreduce,
                   "TEST ONLY: per-rank fp32 running sum + MPI float all-reduce; must break layout invariance");
+    cmd->add_option("--debug-nccl-group-ops", o->parallel.debug_nccl_group_ops,
+                    "TEST ONLY: --transport nccl in NCCL groups of at most N operations instead of NCCL's 2048, so "
+                    "small runs cut their exchanges into rounds (the values do not change)")
+        ->check(CLI::Range(2, 2048));
     cmd->add_option("--debug-exchange-chunks", o->parallel.debug_exchange_chunks,
                     "TEST ONLY: exchange each unit's gradient subtrees in N chunks (default: by size, "
                     "dist::exchange_chunks); the trace must not change")

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -22,6 +23,26 @@ Transport parse_transport(const std::string& name) {
 }
 
 bool nccl_built() { return OLMOREF_HAVE_NCCL != 0; }
+
+std::vector<std::vector<NcclOp>> nccl_rounds(const ExchangePlan& plan, int rank, int max_ops) {
+  if (max_ops < 2) throw std::invalid_argument("nccl_rounds: a group must take at least a send and a receive");
+  const int64_t n = static_cast<int64_t>(plan.send.size());
+  const int64_t classes = std::max<int64_t>(1, (2 * n + max_ops - 1) / max_ops);
+  const int64_t peers_per_class = (n + classes - 1) / classes;
+  const int64_t per_peer = std::max<int64_t>(1, max_ops / (2 * peers_per_class));
+  std::vector<std::vector<NcclOp>> rounds;
+  for (int q = 0; q < n; ++q)
+    for (const bool send : {true, false}) {
+      const std::vector<Piece>& pieces = (send ? plan.send : plan.recv)[static_cast<size_t>(q)];
+      for (int64_t i = 0; i < static_cast<int64_t>(pieces.size()); ++i) {
+        if (pieces[static_cast<size_t>(i)].n == 0) continue;
+        const auto r = static_cast<size_t>((i / per_peer) * classes + (rank + q) % classes);
+        if (rounds.size() <= r) rounds.resize(r + 1);
+        rounds[r].push_back({send, q, i});
+      }
+    }
+  return rounds;
+}
 
 #if OLMOREF_HAVE_NCCL
 
@@ -126,25 +147,26 @@ void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<
                            " ranks on a group of " + std::to_string(size_));
   const NcclApi& api = nccl_api();
   ncclComm_t c = handle_->comm;
-  // The default stream (cudaStreamLegacy): the executor's kernels and copies run there, so the group is ordered
-  // after the writes of its sources and before the reads of its destinations.
-  check(api.group_start(), c, what);
-  for (int q = 0; q < size_; ++q) {
-    for (const Piece& p : plan.send[static_cast<size_t>(q)]) {
-      if (p.n == 0) continue;
-      check(api.send(src.at(static_cast<size_t>(p.buffer)) + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr),
-            c, what);
-      if (q != rank_) {
-        bytes_sent_ += static_cast<uint64_t>(p.n) * sizeof(float);
-        bytes_sent_by_what_[what] += static_cast<uint64_t>(p.n) * sizeof(float);
+  // The default stream (cudaStreamLegacy): the executor's kernels and copies run there, so the groups are ordered
+  // after the writes of their sources and before the reads of their destinations.
+  for (const std::vector<NcclOp>& round : nccl_rounds(plan, rank_, max_group_ops_)) {
+    if (round.empty()) continue;
+    check(api.group_start(), c, what);
+    for (const NcclOp& op : round) {
+      const Piece& p = (op.send ? plan.send : plan.recv)[static_cast<size_t>(op.peer)][static_cast<size_t>(op.index)];
+      const auto n = static_cast<size_t>(p.n);
+      if (op.send) {
+        check(api.send(src.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, nullptr), c, what);
+        if (op.peer != rank_) {
+          bytes_sent_ += n * sizeof(float);
+          bytes_sent_by_what_[what] += n * sizeof(float);
+        }
+      } else {
+        check(api.recv(dst.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, nullptr), c, what);
       }
     }
-    for (const Piece& p : plan.recv[static_cast<size_t>(q)])
-      if (p.n > 0)
-        check(api.recv(dst.at(static_cast<size_t>(p.buffer)) + p.at, static_cast<size_t>(p.n), ncclFloat32, q, c, nullptr),
-              c, what);
+    check(api.group_end(), c, what);
   }
-  check(api.group_end(), c, what);
 }
 
 #else

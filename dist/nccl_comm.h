@@ -39,6 +39,22 @@ inline constexpr const char* kParamAllGather = "all-gather updated parameters";
 inline constexpr const char* kExpertRows = "all-to-all of expert rows";
 inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather, kExpertRows};
 
+// NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd (its user guide, "Group Calls").
+inline constexpr int kNcclMaxGroupOps = 2048;
+
+// One send or receive of an exchange: piece `index` of the plan's list for `peer`.
+struct NcclOp {
+  bool send = false;
+  int peer = 0;
+  int64_t index = 0;
+};
+// The plan's sends and receives of `rank` in rounds of at most max_ops operations (>= 2), one NCCL group each, issued
+// in order. Piece i to or from peer q falls in round (i / M) · R + (rank + q) mod R, with R = ceil(2·ranks / max_ops)
+// classes of peers and M pieces per peer a round: the same round at both ends of the pair, so a round's operations
+// meet their matches in the same round and no round waits on a later one. Empty pieces get no operation (both ends
+// skip them alike); a round may be empty (no group is issued for it), so that round k is the same round everywhere.
+std::vector<std::vector<NcclOp>> nccl_rounds(const ExchangePlan& plan, int rank, int max_ops = kNcclMaxGroupOps);
+
 // Whether this build can move data by NCCL (a CUDA build with the toolkit's NCCL).
 bool nccl_built();
 
@@ -55,10 +71,12 @@ class NcclComm {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // The plan as one NCCL group of sends and receives (a piece to or from oneself included), queued on the stream the
-  // executor's kernels run on (the default stream), so it runs after the kernels that wrote the sources and before
-  // those that read the destinations, with no wait on the host. A piece's `buffer` indexes src (sends) or dst
-  // (receives).
+  // TEST ONLY: fewer operations per NCCL group than NCCL's limit, so that small runs take the split path.
+  void set_max_group_ops(int n) { max_group_ops_ = n; }
+  // The plan as NCCL groups of sends and receives (a piece to or from oneself included; one group unless the plan
+  // has more operations than a group takes: nccl_rounds), queued on the stream the executor's kernels run on (the
+  // default stream), so they run after the kernels that wrote the sources and before those that read the
+  // destinations, with no wait on the host. A piece's `buffer` indexes src (sends) or dst (receives).
   void exchange(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan,
                 const char* what);
   void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what) {
@@ -73,6 +91,7 @@ class NcclComm {
   struct Handle;
   std::unique_ptr<Handle> handle_;
   int rank_ = 0, size_ = 1;
+  int max_group_ops_ = kNcclMaxGroupOps;
   uint64_t bytes_sent_ = 0;
   std::map<std::string, uint64_t> bytes_sent_by_what_;
 };

@@ -143,7 +143,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
                                   ": every rank of an EP group must own at least one expert");
     // EP groups: consecutive world ranks, ordered by rank.
     ep_comm_ = comm_->split(layout_.rank / par.ep, layout_.rank % par.ep);
-    if (par.transport == dist::Transport::nccl) nccl_ep_ = std::make_unique<dist::NcclComm>(*ep_comm_, *ex_);
+    if (par.transport == dist::Transport::nccl) nccl_ep_ = make_nccl(*ep_comm_);
     ep_exchange_ = std::make_unique<dist::CommExpertExchange>(*ep_comm_, nccl_ep_.get());
     model_.set_expert_exchange(ep_exchange_.get());
   }
@@ -161,8 +161,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   }
   if (par.transport == dist::Transport::nccl && layout_.world() > 1) {
     // Collective, in the same order on every rank.
-    nccl_world_ = std::make_unique<dist::NcclComm>(*comm_, *ex_);
-    if (layout_.dp_shard > 1) nccl_shard_ = std::make_unique<dist::NcclComm>(*shard_comm_, *ex_);
+    nccl_world_ = make_nccl(*comm_);
+    if (layout_.dp_shard > 1) nccl_shard_ = make_nccl(*shard_comm_);
   }
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
@@ -184,7 +184,7 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   // The replicas of my shard, ordered by replicate index: they all-gather the parameters each one updated.
   if (layout_.dp_replicate > 1) replica_comm_ = comm_->split(layout_.shard_index(), layout_.replicate_index());
   if (replica_comm_ && par.transport == dist::Transport::nccl)
-    nccl_replica_ = std::make_unique<dist::NcclComm>(*replica_comm_, *ex_);
+    nccl_replica_ = make_nccl(*replica_comm_);
   if (!par.weights_from_checkpoint) {
     // The init in blocks of kInitBlock floats, so its host transient is 4 MiB whatever the shard (a whole 7B shard at
     // 8x1 would be 3.6 GiB on every rank).
@@ -212,6 +212,12 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
                                                       nccl_shard_.get());
     model_.set_param_gate(unit_gather_.get());
   }
+}
+
+std::unique_ptr<dist::NcclComm> Trainer::make_nccl(dist::Comm& group) {
+  auto c = std::make_unique<dist::NcclComm>(group, *ex_);
+  if (par_.debug_nccl_group_ops > 0) c->set_max_group_ops(par_.debug_nccl_group_ops);
+  return c;
 }
 
 std::string Trainer::op_profile() const {

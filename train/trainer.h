@@ -61,6 +61,7 @@ struct Parallelism {
   // through the host by MPI, or on the device by NCCL (dist/nccl_comm.h; executor cuda). No value changes.
   // `train --transport`.
   dist::Transport transport = dist::Transport::mpi;
+  int debug_nccl_group_ops = 0;  // TEST ONLY: NCCL groups of at most this many operations (0: NCCL's limit)
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
   // The run takes no step (train --stop-after 0: a resume and nothing more), so check_run_fits weighs only what a
   // resume holds on the host.
@@ -214,6 +215,7 @@ class Trainer {
   float* optimizer_params();      // params_ at this rank's optimizer range
   void gather_updated_params();   // the replicas of my shard exchange the ranges they updated
   void gather_updated_params_on_device(int64_t block);  // the same by NCCL (Parallelism::transport)
+  std::unique_ptr<dist::NcclComm> make_nccl(dist::Comm& group);  // collective over group
   float skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr);
   StepResult fingerprint(const StepBatch& batch, const StepLoss& loss, const ClippedGradient& g,
                          const OptimizerOutcome& opt);

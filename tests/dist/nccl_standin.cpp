@@ -57,9 +57,10 @@ FILE* open_log(const char* suffix) {
 }
 
 // Every exchange into DIR/rank<r>.log; NCCL's groups also into DIR/rank<r>.nccl (which shows the path was taken),
-// there after "comm K " (K: the communicators this process had joined before this one, so 0 is its first).
+// there after "comm K " (K: the communicators this process had joined before this one, so 0 is its first) and
+// followed by " ops N" (the group's sends and receives).
 void log_line(int ranks, int me, const std::vector<uint64_t>& sent, const std::vector<uint64_t>& received,
-              int nccl_comm = -1) {
+              int nccl_comm = -1, size_t nccl_ops = 0) {
   const bool nccl = nccl_comm >= 0;
   static FILE* log = open_log(".log");
   static FILE* nccl_log = nccl ? open_log(".nccl") : nullptr;
@@ -77,8 +78,10 @@ void log_line(int ranks, int me, const std::vector<uint64_t>& sent, const std::v
   for (uint64_t n : received) put(" ", n);
   for (FILE* f : {log, nccl ? nccl_log : nullptr})
     if (f) {
-      if (f == nccl_log) std::fprintf(f, "comm %d ", nccl_comm);
-      std::fprintf(f, "%s\n", line.c_str());
+      if (f == nccl_log)
+        std::fprintf(f, "comm %d %s ops %zu\n", nccl_comm, line.c_str(), nccl_ops);
+      else
+        std::fprintf(f, "%s\n", line.c_str());
       std::fflush(f);
     }
 }
@@ -124,8 +127,8 @@ void run_ops(ncclComm_t c) {
       reqs.push_back(r);
     }
   PMPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+  log_line(c->size, c->rank, sent, received, c->joined, c->ops.size());
   c->ops.clear();
-  log_line(c->size, c->rank, sent, received, c->joined);
 }
 
 ncclResult_t enqueue(ncclComm_t c, Op op) {

@@ -12,6 +12,7 @@
 #     records NCCL's groups and, through MPI's profiling interface, the MPI all-to-alls and all-gathers), the same
 #     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange, (2x2) the
 #     parameter all-gather and (EP) the expert rows; `--report-comm`'s bytes per collective the same;
+#   - NCCL groups cut under a limit of 2 operations (--debug-nccl-group-ops; NCCL's own is 2048): the same traces;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
 #   - the memory model puts the exchange's blocks on the device under nccl and on the host under mpi;
@@ -95,6 +96,20 @@ for r in 0 1 2 3; do
     { echo "FAIL: tiny 2x2 rank $r: NCCL groups on the world, replicate group, replicas: $counts (want >0 >0 3)"; exit 1; }
 done
 echo "tiny 2x2: NCCL groups per communicator on every rank: $counts (world, replicate group, the shard's replicas)"
+# NCCL takes at most 2048 operations in a group; an exchange with more is cut into rounds that both ends of every pair
+# cut alike (dist::nccl_rounds). At a limit of 2 (TEST ONLY --debug-nccl-group-ops) every exchange here is cut: the
+# same trace, and no group over 2 operations.
+split_check() {  # split_check NAME SxR REFERENCE ARGS...
+  local name=$1 layout=$2 reference=$3 world=$((${2%x*} * ${2#*x}))
+  shift 3
+  ranks "$name" "$layout" "$@" --transport nccl --debug-nccl-group-ops 2
+  same_trace "$reference" "$name"
+  local most
+  most=$(cat "$work/$name.plan"/rank*.nccl | awk '{print $NF}' | sort -n | tail -1)
+  [ "$most" -le 2 ] || { echo "FAIL: $name: a group of $most operations over the limit of 2"; exit 1; }
+  echo "$name: groups of at most 2 operations: the same trace (NCCL groups per rank: $(nccl_groups "$name" "$world"))"
+}
+split_check tiny-2x2-split 2x2 tiny "${tiny[@]}"
 single moe "${moe[@]}"
 check moe 2x2 "${moe[@]}" --ep 2
 # Communicators in the order the trainer makes them: the EP group, the world, the replicate group, the replicas.
@@ -105,6 +120,7 @@ for r in 0 1 2 3; do
     { echo "FAIL: moe 2x2 rank $r: NCCL groups on the EP group, world, replicate group, replicas: $counts"; exit 1; }
 done
 echo "moe 2x2: NCCL groups per communicator on every rank: $counts (the expert rows, the world, replicate group, replicas)"
+split_check moe-2x2-split 2x2 moe "${moe[@]}" --ep 2
 # An idle rank beside a busy one in an EP group: 5 micro-batches on 4 ranks, so in the second round rank 1 runs the
 # idle pass in the EP group (0, 1), moving no rows of its own and receiving its experts' rows from rank 0.
 moe5=("${moe[@]}" --set train.global_batch_instances=10)
