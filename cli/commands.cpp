@@ -206,8 +206,8 @@ void register_commands(CLI::App& app) {
     auto no_prefetch = std::make_shared<bool>(false);
     cmd->add_flag("--no-prefetch", *no_prefetch,
                   "FSDP (dp_shard > 1): gather each unit only when the model reaches it, instead of gathering the "
-                  "next one on a thread of its own while the model works on this one (the default); the values do "
-                  "not change");
+                  "next one while the model works on this one (the default; over MPI on a thread of its own, over "
+                  "NCCL into a second unit buffer on a stream of its own); the values do not change");
     auto transport = std::make_shared<std::string>("mpi");
     cmd->add_option("--transport", *transport,
                     "Several ranks: how the FSDP gathers, the gradient exchange to the owners, the parameter "

@@ -141,14 +141,15 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan,
-                        const char* what) {
+                        const char* what, void* stream) {
   if (static_cast<int>(plan.send.size()) != size_ || static_cast<int>(plan.recv.size()) != size_)
     throw std::logic_error(std::string(what) + ": an exchange plan for " + std::to_string(plan.send.size()) +
                            " ranks on a group of " + std::to_string(size_));
   const NcclApi& api = nccl_api();
   ncclComm_t c = handle_->comm;
-  // The default stream (cudaStreamLegacy): the executor's kernels and copies run there, so the groups are ordered
-  // after the writes of their sources and before the reads of their destinations.
+  // The default stream (cudaStreamLegacy) unless the caller names another: the executor's kernels and copies run
+  // there, so the groups are ordered after the writes of their sources and before the reads of their destinations.
+  const auto s = static_cast<cudaStream_t>(stream);
   for (const std::vector<NcclOp>& round : nccl_rounds(plan, rank_, max_group_ops_)) {
     if (round.empty()) continue;
     check(api.group_start(), c, what);
@@ -156,13 +157,13 @@ void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<
       const Piece& p = (op.send ? plan.send : plan.recv)[static_cast<size_t>(op.peer)][static_cast<size_t>(op.index)];
       const auto n = static_cast<size_t>(p.n);
       if (op.send) {
-        check(api.send(src.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, nullptr), c, what);
+        check(api.send(src.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, s), c, what);
         if (op.peer != rank_) {
           bytes_sent_ += n * sizeof(float);
           bytes_sent_by_what_[what] += n * sizeof(float);
         }
       } else {
-        check(api.recv(dst.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, nullptr), c, what);
+        check(api.recv(dst.at(static_cast<size_t>(p.buffer)) + p.at, n, ncclFloat32, op.peer, c, s), c, what);
       }
     }
     check(api.group_end(), c, what);
@@ -178,7 +179,8 @@ NcclComm::NcclComm(Comm&, Executor&) {
                               "with it); use --transport mpi");
 }
 NcclComm::~NcclComm() = default;
-void NcclComm::exchange(const std::vector<const float*>&, const std::vector<float*>&, const ExchangePlan&, const char*) {
+void NcclComm::exchange(const std::vector<const float*>&, const std::vector<float*>&, const ExchangePlan&, const char*,
+                        void*) {
   throw std::logic_error("NcclComm without NCCL");
 }
 

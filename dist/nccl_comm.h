@@ -77,10 +77,12 @@ class NcclComm {
   // has more operations than a group takes: nccl_rounds), queued on the stream the executor's kernels run on (the
   // default stream), so they run after the kernels that wrote the sources and before those that read the
   // destinations, with no wait on the host. A piece's `buffer` indexes src (sends) or dst (receives).
+  // stream: a cudaStream_t other than the default (the prefetch's side stream, kernels::SideStream), whose ordering
+  // against the executor's work the caller then keeps.
   void exchange(const std::vector<const float*>& src, const std::vector<float*>& dst, const ExchangePlan& plan,
-                const char* what);
-  void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what) {
-    exchange(std::vector<const float*>{src}, std::vector<float*>{dst}, plan, what);
+                const char* what, void* stream = nullptr);
+  void exchange(const float* src, float* dst, const ExchangePlan& plan, const char* what, void* stream = nullptr) {
+    exchange(std::vector<const float*>{src}, std::vector<float*>{dst}, plan, what, stream);
   }
 
   // Bytes sent to other ranks, in all and by `what` (merged into `train --report-comm`, like dist::Comm's).

@@ -4,13 +4,28 @@
 #include <future>
 #include <utility>
 
+#if OLMOREF_HAVE_NCCL
+#include "kernels/device_memory.h"
+#endif
+
 namespace olmoref::dist {
+
+#if OLMOREF_HAVE_NCCL
+struct UnitGather::SideStream : kernels::SideStream {};
+#else
+struct UnitGather::SideStream {};
+#endif
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group, Prefetch prefetch, NcclComm* nccl)
     : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group),
-      prefetch_(nccl ? Prefetch::off : prefetch), nccl_(nccl) {
-  if (prefetch_ != Prefetch::off) prefetch_comm_ = shard_group.split(0, shard_group.rank());
+      prefetch_(prefetch), nccl_(nccl) {
+  if (prefetch_ != Prefetch::off && !nccl_) prefetch_comm_ = shard_group.split(0, shard_group.rank());
+#if OLMOREF_HAVE_NCCL
+  // On the device the prefetch runs on a stream of its own; the host execution's stand-in NCCL moves each group as it
+  // is issued, so there is nothing to order.
+  if (prefetch_ != Prefetch::off && nccl_ && ex.name() == "cuda") side_ = std::make_unique<SideStream>();
+#endif
 }
 
 UnitGather::~UnitGather() {
@@ -88,8 +103,9 @@ UnitGather::Gather UnitGather::pack(int unit) const {
   return g;
 }
 
-// The NCCL transport's gather: the same pieces, from the parameter shard straight into the unit buffer.
-const float* UnitGather::gather_on_device(int unit) {
+// The NCCL transport's gather: the same pieces, from the parameter shard straight into a unit buffer, on `stream`
+// (nullptr: the default stream).
+const float* UnitGather::gather_on_device(int unit, Buffer<float>& into, void* stream) {
   grow_unit_buffer();
   const int64_t a = model_.unit_range(unit).first;
   const Pieces p = pieces_of(unit);
@@ -98,13 +114,16 @@ const float* UnitGather::gather_on_device(int unit) {
     for (const auto& [p0, p1] : p.send[q]) plan.send[q].push_back({p0 - layout_.lo(), p1 - p0});
     for (const auto& [p0, p1] : p.recv[q]) plan.recv[q].push_back({p0 - a, p1 - p0});
   }
-  nccl_->exchange(params_.data(), unit_.data(), plan, kUnitGather);
-  return unit_at_flat_offsets(unit_.data(), a);
+  nccl_->exchange(params_.data(), into.data(), plan, kUnitGather, stream);
+  return unit_at_flat_offsets(into.data(), a);
 }
 
 void UnitGather::grow_unit_buffer() {
   // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
   if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
+  // The NCCL transport's prefetch gathers the next unit into a second buffer while the model reads the first.
+  if (nccl_ && prefetch_ != Prefetch::off && next_unit_.size() == 0)
+    next_unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the next unit, prefetched on the device)");
 }
 
 void UnitGather::exchange(Gather& g, Comm& comm) {
@@ -134,14 +153,46 @@ const float* UnitGather::acquire(int unit) {
     }
     // Announced but not asked for: every rank's walk is the same, so every rank drops it alike.
   }
+  if (nccl_) return acquire_on_device(unit);
   ++misses_;
-  if (nccl_) return gather_on_device(unit);
   Gather g = pack(unit);
   exchange(g, shard_group_);
   return unpack(g);
 }
 
+// The NCCL transport: the announced unit's gather was queued into next_unit_ (on the side stream on a device); the
+// default stream waits for it either way, so that buffer is whole before the model or the next prefetch touches it.
+const float* UnitGather::acquire_on_device(int unit) {
+  if (pending_unit_ >= 0) {
+#if OLMOREF_HAVE_NCCL
+    if (side_) side_->default_waits();
+#endif
+    const int got = std::exchange(pending_unit_, -1);
+    if (got == unit) {
+      ++hits_;
+      std::swap(unit_, next_unit_);
+      return unit_at_flat_offsets(unit_.data(), model_.unit_range(unit).first);
+    }
+  }
+  ++misses_;
+  // On the default stream, after the kernels that read the previous unit from this buffer.
+  return gather_on_device(unit, unit_, nullptr);
+}
+
 void UnitGather::prefetch(int unit) {
+  if (nccl_ && prefetch_ != Prefetch::off) {
+    const int target = prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit;
+    grow_unit_buffer();
+    void* stream = nullptr;
+#if OLMOREF_HAVE_NCCL
+    // next_unit_ was last read by the kernels of the unit before the one just acquired, all queued by now: the side
+    // stream starts after them (and after the optimizer's writes of the shard).
+    if (side_) side_->wait_for_default(), stream = side_->stream();
+#endif
+    gather_on_device(target, next_unit_, stream);
+    pending_unit_ = target;
+    return;
+  }
   if (!prefetch_comm_) return;
   if (next_.valid()) next_.wait();  // one unit ahead at most (an announcement not yet acquired is dropped there)
   Gather g = pack(prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit);

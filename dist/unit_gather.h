@@ -36,8 +36,8 @@ class UnitGather : public ParamGate {
   // gather the unit the walk announces next (ParamGate::prefetch) on a thread of its own while the model works on
   // this one (needs MPI_THREAD_MULTIPLE: dist::concurrent_collectives); its collectives run on a duplicate of
   // shard_group, so they never interleave with the main thread's. nccl (the same group's, or nullptr): every unit moves
-  // from the shard to the unit buffer on the device, gathered when acquired (the prefetch needs a second device buffer
-  // and stream: not yet). Collective: every rank of shard_group constructs it together.
+  // from the shard to a unit buffer on the device, and the prefetch gathers the next one into a second buffer on a
+  // stream of its own (no thread, no MPI). Collective: every rank of shard_group constructs it together.
   UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
              Comm& shard_group, Prefetch prefetch = Prefetch::off, NcclComm* nccl = nullptr);
   ~UnitGather() override;
@@ -73,7 +73,8 @@ class UnitGather : public ParamGate {
     std::vector<Ranges> send, recv;  // [shard]: flat ranges of my part it reads; of its part I read
   };
   Pieces pieces_of(int unit) const;
-  const float* gather_on_device(int unit);  // the NCCL transport
+  const float* gather_on_device(int unit, Buffer<float>& into, void* stream);  // the NCCL transport
+  const float* acquire_on_device(int unit);
   void grow_unit_buffer();
   Gather pack(int unit) const;                    // the executor's reads: on the calling (main) thread
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
@@ -93,6 +94,12 @@ class UnitGather : public ParamGate {
   std::unique_ptr<Comm> prefetch_comm_;
   std::future<Gather> next_;
   NcclComm* const nccl_;
+  // The NCCL transport's prefetch: the next unit gathered into next_unit_ (the two buffers swap at each hit), on a
+  // stream of its own on a device (side_; none in the host execution), pending_unit_ the unit queued (-1: none).
+  Buffer<float> next_unit_;
+  int pending_unit_ = -1;
+  struct SideStream;  // kernels::SideStream in a CUDA build (unit_gather.cpp)
+  std::unique_ptr<SideStream> side_;
   int64_t hits_ = 0, misses_ = 0;
 };
 

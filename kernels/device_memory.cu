@@ -41,6 +41,32 @@ void device_to_host(void* dst, const void* src, size_t bytes) {
 void device_zero(void* dst, size_t bytes) { check(cudaMemset(dst, 0, bytes), "memset"); }
 void device_synchronize(const char* after) { check(cudaDeviceSynchronize(), std::string("after ") + after); }
 
+SideStream::SideStream() {
+  cudaStream_t s = nullptr;
+  cudaEvent_t a = nullptr, b = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a side stream");
+  check(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "creating an event");
+  check(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "creating an event");
+  stream_ = s, default_done_ = a, side_done_ = b;
+}
+SideStream::~SideStream() {
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(default_done_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(side_done_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+void SideStream::wait_for_default() {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(default_done_), cudaStreamLegacy), "recording the default stream");
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(default_done_), 0),
+        "the side stream waiting for the default stream");
+}
+void SideStream::default_waits() {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(side_done_), static_cast<cudaStream_t>(stream_)),
+        "recording the side stream");
+  check(cudaStreamWaitEvent(cudaStreamLegacy, static_cast<cudaEvent_t>(side_done_), 0),
+        "the default stream waiting for the side stream");
+}
+
 int64_t device_free_bytes() {
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "querying free memory");

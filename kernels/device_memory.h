@@ -17,6 +17,27 @@ void device_to_host(void* dst, const void* src, size_t bytes);
 void device_zero(void* dst, size_t bytes);
 void device_synchronize(const char* after);
 int64_t device_free_bytes();
+// A stream beside the default one, where the executor's kernels and copies run (the legacy default stream), for work
+// that overlaps them (the next FSDP unit's NCCL gather: dist::UnitGather). Non-blocking, so nothing orders it against
+// the default stream but the two calls below.
+class SideStream {
+ public:
+  SideStream();
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  void* stream() const { return stream_; }  // a cudaStream_t
+  // Work queued on the side stream from now on waits for everything queued on the default stream so far.
+  void wait_for_default();
+  // Work queued on the default stream from now on waits for everything queued on the side stream so far.
+  void default_waits();
+
+ private:
+  void* stream_ = nullptr;
+  void* default_done_ = nullptr;  // cudaEvent_t
+  void* side_done_ = nullptr;
+};
+
 // The CUDA devices this process sees (0 without a driver or a device; CUDA_VISIBLE_DEVICES applies).
 int visible_device_count();
 // Makes device d this process's (cudaSetDevice: before anything is allocated, so no context lands on device 0) and

@@ -187,6 +187,7 @@ struct Shapes {
   std::string exec;
   bool gpu = false, device_paths = false, ep = false;
   bool nccl = false;  // MemoryPlacement::transport
+  bool prefetch = true;
   ParamLayout layout;
   dist::Layout L;
   RankParts p;
@@ -213,6 +214,7 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
     throw std::invalid_argument("--transport nccl moves device memory, and executor " + x.exec +
                                 " keeps its tensors in host memory: run it with --executor cuda, or use --transport mpi");
   x.nccl = where.transport == "nccl";
+  x.prefetch = where.prefetch;
   x.L.dp_shard = where.dp_shard, x.L.dp_replicate = where.dp_replicate, x.L.total = x.layout.total;
   const int W = x.L.world();
   // An EP group the trainer would refuse (it says why) is taken as none here.
@@ -269,6 +271,8 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
   if (L.dp_shard > 1)
     add("FSDP unit buffer", kF32 * p.unit_floats,
         gpu ? "the unit in use on the device (largest unit)" : "the unit in use (largest unit)");
+  if (L.dp_shard > 1 && x.nccl && x.prefetch)
+    add("FSDP next-unit buffer", kF32 * p.unit_floats, "nccl's prefetch: the next unit gathered beside (largest unit)");
   add("activations", x.mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
   add("backward temporaries", x.mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
   add("logits", x.mm.logits,

@@ -21,6 +21,7 @@ struct MemoryPlacement {
   // "mpi" or "nccl" (train --transport): under nccl the owners' exchange blocks and the parameter all-gather live in
   // the executor's memory and an FSDP gather stages nothing on the host.
   std::string transport = "mpi";
+  bool prefetch = true;  // train's default (--no-prefetch); under nccl it holds a second FSDP unit buffer
   int threads = 0;       // worker threads per rank (train --threads); 0: this machine's cores, as train's default
   int64_t dataset_instances = -1;  // -1: counted from the config's data files (none when they cannot be read)
 };

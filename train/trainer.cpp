@@ -44,6 +44,7 @@ void check_run_fits(const TrainConfig& cfg, const Parallelism& par, const Execut
         " instances of seq_len " + std::to_string(T) + " fit. Lower train.global_batch_instances"));
   MemoryPlacement where{par.dp_shard, par.dp_replicate, par.ep, cfg.train.executor};
   where.transport = dist::transport_name(par.transport);
+  where.prefetch = par.prefetch_units;
   where.threads = threads;
   // The host, per node: every rank on it at the fullest rank's largest phase (the step, the checkpoint write after
   // it, a resume), whatever the executor.
@@ -205,7 +206,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   state_digest_ = std::make_unique<StateDigest>(sharded_state(), &pool_);  // its leaves hashed on the step's threads
   if (layout_.dp_shard > 1) {
     unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_,
-                                                      !par.prefetch_units || !dist::concurrent_collectives()
+                                                      !par.prefetch_units || (par.transport == dist::Transport::mpi &&
+                                                                              !dist::concurrent_collectives())
                                                           ? dist::Prefetch::off
                                                       : par.debug_prefetch_other_unit ? dist::Prefetch::other_unit
                                                                                       : dist::Prefetch::on,

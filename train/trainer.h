@@ -53,8 +53,9 @@ struct Parallelism {
   // must change the trace.
   bool debug_cp_partial_sums = false;
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
-  // FSDP (dp_shard > 1): gather the unit the model announces next on a thread of its own while it works on this one
-  // (dist::UnitGather; where the MPI library allows concurrent collectives); no value changes. `train --no-prefetch`.
+  // FSDP (dp_shard > 1): gather the unit the model announces next while it works on this one (dist::UnitGather: over
+  // MPI on a thread of its own, where the MPI library allows concurrent collectives; over NCCL into a second unit
+  // buffer on a stream of its own); no value changes. `train --no-prefetch`.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather and the expert rows move: staged

@@ -7,11 +7,13 @@
 # parallelism with expert-resident state (tiny-moe, EP 2 at 2x2: partial units, held pieces, the expert rows; and at
 # 2x2 with a rank idle beside a busy one in its EP group):
 #   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) of the NCCL run, the MPI run
-#     and the single process, byte for byte;
+#     and the single process, byte for byte (both without the prefetch, so that the exchanges keep their order);
 #   - the plan: every rank's exchanges in the order issued, each with its bytes to and from every peer (the stand-in
 #     records NCCL's groups and, through MPI's profiling interface, the MPI all-to-alls and all-gathers), the same
 #     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange, (2x2) the
 #     parameter all-gather and (EP) the expert rows; `--report-comm`'s bytes per collective the same;
+#   - NCCL's prefetch (the default; a second unit buffer, a stream of its own on a device): the same traces and the
+#     same exchanges (sorted), every acquire but each pass's first served by it; its control all on the spot;
 #   - NCCL groups cut under a limit of 2 operations (--debug-nccl-group-ops; NCCL's own is 2048): the same traces;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
@@ -63,7 +65,7 @@ check() {
   local name=$1 layout=$2 world=$((${2%x*} * ${2#*x}))
   shift 2
   ranks "$name-$layout-mpi" "$layout" "$@" --transport mpi --no-prefetch
-  ranks "$name-$layout-nccl" "$layout" "$@" --transport nccl
+  ranks "$name-$layout-nccl" "$layout" "$@" --transport nccl --no-prefetch
   same_trace "$name" "$name-$layout-mpi"
   same_trace "$name" "$name-$layout-nccl"
   same_plan "$name-$layout-mpi" "$name-$layout-nccl" "$world" || {
@@ -110,6 +112,38 @@ split_check() {  # split_check NAME SxR REFERENCE ARGS...
   echo "$name: groups of at most 2 operations: the same trace (NCCL groups per rank: $(nccl_groups "$name" "$world"))"
 }
 split_check tiny-2x2-split 2x2 tiny "${tiny[@]}"
+
+# NCCL's prefetch (train's default): the next unit gathered into a second unit buffer (on a stream of its own on a
+# device) while the model works on this one. The same trace; the same exchanges as the MPI run, in another order (a
+# unit's gather now comes before the work on the one in hand); per training pass of L blocks 2L + 3 acquires, all but
+# the embedding's served by the prefetch; and its control, which prefetches the wrong unit, every acquire on the spot.
+prefetch_check() {  # prefetch_check NAME SxR PASSES UNITS ARGS...
+  local name=$1 layout=$2 passes=$3 units=$4 world=$((${2%x*} * ${2#*x}))
+  shift 4
+  ranks "$name-$layout-pf" "$layout" "$@" --transport nccl
+  ranks "$name-$layout-pf-other" "$layout" "$@" --transport nccl --debug-prefetch-other-unit
+  same_trace "$name" "$name-$layout-pf"
+  same_trace "$name" "$name-$layout-pf-other"
+  local r want_on="" want_off="" acquires=$(((2 * units - 1) * passes))
+  for ((r = 0; r < world; r++)); do
+    cmp -s <(sort "$work/$name-$layout-mpi.plan/rank$r.log") <(sort "$work/$name-$layout-pf.plan/rank$r.log") ||
+      { echo "FAIL: $name $layout: rank $r's exchanges with NCCL's prefetch differ from the MPI run's"; exit 1; }
+    want_on+="$(((2 * units - 2) * passes)) $passes"$'\n'
+    want_off+="0 $acquires"$'\n'
+  done
+  [ "$(gathers "$name-$layout-pf")" = "${want_on%$'\n'}" ] ||
+    { gathers "$name-$layout-pf"; echo "FAIL: $name $layout: want per rank ${want_on%%$'\n'*} (prefetched, on the spot)"; exit 1; }
+  [ "$(gathers "$name-$layout-pf-other")" = "${want_off%$'\n'}" ] ||
+    { gathers "$name-$layout-pf-other"; echo "FAIL: $name $layout: the control: want per rank 0 $acquires"; exit 1; }
+  echo "$name $layout: NCCL's prefetch: the same trace and exchanges; per rank $((acquires - passes)) of $acquires gathers prefetched; the control's all on the spot"
+}
+gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
+  sed -nE 's/^rank ([0-9]+): FSDP unit gathers in [0-9]+ steps: ([0-9]+) prefetched, ([0-9]+) on the spot$/\1 \2 \3/p' \
+    "$work/$1.log" | sort -n | cut -d' ' -f2-
+}
+# tiny: 4 blocks (6 units); 3 steps of 2 rounds at 2x1, of 1 round at 2x2.
+prefetch_check tiny 2x1 6 6 "${tiny[@]}"
+prefetch_check tiny 2x2 3 6 "${tiny[@]}"
 single moe "${moe[@]}"
 check moe 2x2 "${moe[@]}" --ep 2
 # Communicators in the order the trainer makes them: the EP group, the world, the replicate group, the replicas.
@@ -121,6 +155,7 @@ for r in 0 1 2 3; do
 done
 echo "moe 2x2: NCCL groups per communicator on every rank: $counts (the expert rows, the world, replicate group, replicas)"
 split_check moe-2x2-split 2x2 moe "${moe[@]}" --ep 2
+prefetch_check moe 2x2 3 6 "${moe[@]}" --ep 2
 # An idle rank beside a busy one in an EP group: 5 micro-batches on 4 ranks, so in the second round rank 1 runs the
 # idle pass in the EP group (0, 1), moving no rows of its own and receiving its experts' rows from rank 0.
 moe5=("${moe[@]}" --set train.global_batch_instances=10)
