@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/device_info.h"
+#include "kernels/device_memory.h"
 #include "core/executor.h"
 #include "core/reduce.h"
 #include "dist/comm.h"
@@ -40,22 +41,31 @@ static int nccl_check() {
   dist::ExchangePlan plan(1);
   plan.send[0] = {{5, 100}, {0, 5}, {105, n - 105}};
   plan.recv[0] = {{0, 100}, {100, 5}, {105, n - 105}};
+  const auto check_dst = [&](float factor, const char* how) {
+    dst.download(got.data(), n);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t from = i < 100 ? i + 5 : i < 105 ? i - 100 : i;
+      const float want = pattern[static_cast<size_t>(from)] * factor;
+      wrong += std::memcmp(&want, &got[static_cast<size_t>(i)], sizeof want) != 0;
+    }
+    if (wrong > 0)
+      std::printf("FAILED: NCCL's exchange %s: %lld of %lld floats differ from the plan's\n", how,
+                  static_cast<long long>(wrong), static_cast<long long>(n));
+    else
+      std::printf("OK: NCCL moved %lld floats %s as the plan says\n", static_cast<long long>(n), how);
+    return wrong == 0;
+  };
   nccl->exchange(src.data(), dst.data(), plan, "NCCL check");
-  dst.download(got.data(), n);
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t from = i < 100 ? i + 5 : i < 105 ? i - 100 : i;
-    const float want = pattern[static_cast<size_t>(from)] * 2.0f;
-    wrong += std::memcmp(&want, &got[static_cast<size_t>(i)], sizeof want) != 0;
-  }
-  if (wrong > 0) {
-    std::printf("FAILED: NCCL's exchange on the device: %lld of %lld floats differ from the plan's\n",
-                static_cast<long long>(wrong), static_cast<long long>(n));
-    return 1;
-  }
-  std::printf("OK: NCCL moved %lld floats on the device as the plan says, after the kernel that wrote them\n",
-              static_cast<long long>(n));
-  return 0;
+  if (!check_dst(2.0f, "on the default stream, after the kernel that wrote them")) return 1;
+  // The FSDP prefetch's ordering (dist::UnitGather): the kernel on the default stream, then the exchange on a side
+  // stream that waits for it, then the default stream waiting for the side stream before the copy reads dst.
+  kernels::SideStream side;
+  ex->scale(src.data(), 2.0f, n);
+  side.wait_for_default();
+  nccl->exchange(src.data(), dst.data(), plan, "NCCL check (side stream)", side.stream());
+  side.default_waits();
+  return check_dst(4.0f, "on a side stream ordered by events") ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
