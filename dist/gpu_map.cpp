@@ -13,8 +13,8 @@ int device_for_local_rank(int local_rank, int device_count) {
   return local_rank % device_count;
 }
 
-void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared) {
-  if (allow_shared) return;
+void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared, bool nccl) {
+  if (allow_shared && !nccl) return;
   std::map<std::pair<int, std::string>, std::vector<const GpuSlot*>> by_gpu;
   std::map<int, int> ranks_on_node;
   for (const GpuSlot& s : slots) {
@@ -28,6 +28,12 @@ void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared) {
     std::string ranks;
     for (const GpuSlot* s : sharing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(s->world_rank);
     const GpuSlot& first = *sharing.front();
+    if (nccl)
+      throw std::runtime_error(
+          std::to_string(sharing.size()) + " ranks (" + ranks + ") would drive one GPU on " + first.host +
+          " (device " + std::to_string(first.device) + ", " + key.second + ") under --transport nccl, and NCCL " +
+          "refuses two ranks of a communicator on one GPU: start at most one rank per GPU, or use --transport mpi " +
+          "(with --allow-shared-gpu) for checks on one card");
     throw std::runtime_error(
         std::to_string(sharing.size()) + " ranks (" + ranks + ") would drive one GPU on " + first.host + " (device " +
         std::to_string(first.device) + ", " + first.name + ", " + key.second + "): " +

@@ -29,9 +29,10 @@ struct GpuSlot {
 int device_for_local_rank(int local_rank, int device_count);
 
 // Every rank's slot (any order; nodes told apart by `node`). Throws unless each GPU of each node is driven by one
-// rank, or allow_shared; the message names the GPU, the ranks that share it and the fix. Every rank judges the same
-// slots, so every rank throws the same, and none is left waiting in a collective.
-void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared);
+// rank, or allow_shared; the message names the GPU, the ranks that share it and the fix. nccl (train --transport
+// nccl): NCCL refuses two ranks of a communicator on one GPU, so sharing is refused even when allowed. Every rank
+// judges the same slots, so every rank throws the same, and none is left waiting in a collective.
+void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared, bool nccl = false);
 
 // Every rank's slot, in rank order (a collective over comm).
 std::vector<GpuSlot> gather_gpu_slots(Comm& comm, const GpuSlot& mine);

@@ -476,7 +476,7 @@ std::vector<dist::GpuSlot> place_ranks_on_gpus(const TrainConfig& cfg, const Run
     use_cuda_device(mine.device, &mine.id, &mine.name);
   }
   std::vector<dist::GpuSlot> slots = dist::gather_gpu_slots(comm, mine);
-  dist::check_gpu_sharing(slots, opts.allow_shared_gpu);
+  dist::check_gpu_sharing(slots, opts.allow_shared_gpu, opts.parallel.transport == dist::Transport::nccl);
   return slots;
 }
 

@@ -3,7 +3,8 @@
 # cuda-host: the ranks' choice of a device, the check and the manifest run as on a device, the kernels on the host):
 #   - 2 ranks, 2 GPUs: rank 0 drives device 0, rank 1 device 1; the manifest records both;
 #   - 2 ranks, 1 GPU: refused on every rank, naming the ranks, the GPU and --allow-shared-gpu, before anything is
-#     written; with --allow-shared-gpu both run on device 0 and the manifest says sharing was allowed;
+#     written; with --allow-shared-gpu both run on device 0 and the manifest says sharing was allowed; under
+#     --transport nccl refused even with --allow-shared-gpu (NCCL refuses two ranks of a communicator on one GPU);
 #   - the trace is the same bits whichever GPUs the ranks drive, and the same as without the stand-ins.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
@@ -35,6 +36,12 @@ run shared 1
   { cat "$work/shared.log"; fail "2 ranks on 1 GPU: want the refusal on both ranks"; }
 [ ! -e "$work/shared/manifest.json" ] && [ ! -e "$work/shared/trace.jsonl" ] || fail "a refused run wrote its records"
 echo "ok: refused: $(grep -m1 -o "2 ranks (0, 1) would drive one GPU.\{0,60\}" "$work/shared.log")"
+
+run nccl-shared 1 --allow-shared-gpu --transport nccl
+[ $rc != 0 ] || fail "2 ranks on 1 GPU ran under --transport nccl"
+[ "$(grep -c "fatal: 2 ranks (0, 1) would drive one GPU on .* under --transport nccl, and NCCL refuses" "$work/nccl-shared.log")" = 2 ] ||
+  { cat "$work/nccl-shared.log"; fail "2 ranks on 1 GPU under nccl: want the refusal on both ranks"; }
+echo "ok: refused under --transport nccl even with --allow-shared-gpu"
 
 run allowed 1 --allow-shared-gpu
 [ $rc = 0 ] || { cat "$work/allowed.log"; fail "--allow-shared-gpu: exit $rc"; }

@@ -59,6 +59,15 @@ TEST_CASE("two ranks of a node on one GPU are refused, naming the ranks, the GPU
   for (int r = 4; r < 8; ++r) two_nodes.push_back(slot(r, 4, 0, "GPU-n1-0"));
   CHECK(refusal(two_nodes).find("4 ranks (4, 5, 6, 7) would drive one GPU on node4") == 0);
   CHECK_NOTHROW(olmoref::dist::check_gpu_sharing(two_nodes, true));
+  // --transport nccl: NCCL cannot put two ranks of a communicator on one GPU, so sharing is refused even when allowed,
+  // naming the way out; one rank per GPU is fine.
+  CHECK_THROWS_WITH_AS(olmoref::dist::check_gpu_sharing(two_nodes, true, true),
+                       doctest::Contains("4 ranks (4, 5, 6, 7) would drive one GPU on node4 (device 0, GPU-n1-0) under "
+                                         "--transport nccl"),
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(olmoref::dist::check_gpu_sharing(two_nodes, false, true),
+                       doctest::Contains("or use --transport mpi (with --allow-shared-gpu)"), std::runtime_error);
+  CHECK_NOTHROW(olmoref::dist::check_gpu_sharing(eight, true, true));
 }
 
 TEST_CASE("the slots gathered over a communicator come back whole") {
