@@ -211,7 +211,7 @@ void register_commands(CLI::App& app) {
     auto transport = std::make_shared<std::string>("mpi");
     cmd->add_option("--transport", *transport,
                     "Several ranks: how the FSDP gathers, the gradient exchange to the owners, the parameter "
-                    "all-gather and the expert rows move: mpi (staged through host memory; the CPU's, and the default) or nccl (between "
+                    "all-gather, the expert rows and context parallelism's exchanges move: mpi (staged through host memory; the CPU's, and the default) or nccl (between "
                     "device buffers, no byte through the host; --executor cuda); the values do not change")
         ->check(CLI::IsMember({"mpi", "nccl"}));
     cmd->add_flag("--report-comm", o->report_comm, "Print bytes sent per rank per step and per-rank state size at the end");

@@ -150,6 +150,9 @@ void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<
   // The default stream (cudaStreamLegacy) unless the caller names another: the executor's kernels and copies run
   // there, so the groups are ordered after the writes of their sources and before the reads of their destinations.
   const auto s = static_cast<cudaStream_t>(stream);
+  // Counted as dist::Comm counts: an exchange that sends another rank anything, even nothing, names its collective.
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && !plan.send[static_cast<size_t>(q)].empty()) bytes_sent_by_what_[what] += 0;
   for (const std::vector<NcclOp>& round : nccl_rounds(plan, rank_, max_group_ops_)) {
     if (round.empty()) continue;
     check(api.group_start(), c, what);

@@ -1,6 +1,6 @@
 // dist/nccl_comm.h — the device-resident transport: the FSDP unit gathers, the gradient exchange to the owners, the
-// parameter all-gather after the optimizer and the expert rows moved by NCCL between executor buffers, so no byte of
-// them crosses the host.
+// parameter all-gather after the optimizer, the expert rows and context parallelism's gathers and chains moved by NCCL
+// between executor buffers, so no byte of them crosses the host.
 //
 // Data movement only: NCCL's point-to-point sends and receives, in one group per exchange, never its reductions
 // (olmoref's own tree does every sum, docs/canonical/step.md). Each exchange is an ExchangePlan that the caller
@@ -31,13 +31,17 @@ Transport parse_transport(const std::string& name);
 using olmoref::ExchangePlan;  // core/exchange_plan.h
 using olmoref::Piece;
 
-// The exchanges --transport nccl moves, by the name each collective reports (`train --report-comm`); the rest (context
-// parallelism's exchanges, the step's scalars and counts, the checkpoint's pieces) stay on MPI through the host.
+// The exchanges --transport nccl moves, by the name each collective reports (`train --report-comm`); the rest (the
+// step's scalars, the expert row counts, context parallelism's host-side gathers of routing rows and loss terms, the
+// checkpoint's pieces) stay on MPI through the host.
 inline constexpr const char* kUnitGather = "gather parameters of a unit";
 inline constexpr const char* kOwnerExchange = "all-to-all gradient subtrees of a unit";
 inline constexpr const char* kParamAllGather = "all-gather updated parameters";
 inline constexpr const char* kExpertRows = "all-to-all of expert rows";
-inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather, kExpertRows};
+inline constexpr const char* kContextGather = "context parallelism: all-gather positions";
+inline constexpr const char* kContextChain = "context parallelism: a gradient chain to the next rank";
+inline constexpr const char* kNcclExchanges[] = {kUnitGather, kOwnerExchange, kParamAllGather, kExpertRows,
+                                                 kContextGather, kContextChain};
 
 // NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd (its user guide, "Group Calls").
 inline constexpr int kNcclMaxGroupOps = 2048;

@@ -219,17 +219,38 @@ void CommExpertExchange::move(const std::vector<const float*>& src, const std::v
 }
 
 void CommContextExchange::allgather(const void* mine, size_t bytes, void* all) {
-  group_.allgather(mine, bytes, all, "context parallelism: all-gather positions");
+  group_.allgather(mine, bytes, all, kContextGather);
 }
 
 void CommContextExchange::send_next(const float* partial, int64_t n) {
-  group_.send(partial, static_cast<size_t>(n) * sizeof(float), group_.rank() + 1,
-              "context parallelism: a gradient chain to the next rank");
+  group_.send(partial, static_cast<size_t>(n) * sizeof(float), group_.rank() + 1, kContextChain);
 }
 
 void CommContextExchange::recv_prev(float* partial, int64_t n) {
   group_.recv(partial, static_cast<size_t>(n) * sizeof(float), group_.rank() - 1,
               "context parallelism: a gradient chain from the previous rank");
+}
+
+void CommContextExchange::move_positions(const std::vector<const float*>& src, const std::vector<float*>& dst,
+                                         const ExchangePlan& plan) {
+  if (!nccl_) ContextExchange::move_positions(src, dst, plan);
+  nccl_->exchange(src, dst, plan, kContextGather);
+}
+
+// A chain's partial as a one-piece exchange with the neighbour: NCCL pairs the i-th send to a peer with its i-th
+// receive from us, as MPI pairs the messages of one pair in order.
+void CommContextExchange::send_next_on_device(const float* partial, int64_t n) {
+  if (!nccl_) ContextExchange::send_next_on_device(partial, n);
+  ExchangePlan plan(group_.size());
+  plan.send[static_cast<size_t>(group_.rank() + 1)].push_back({0, n});
+  nccl_->exchange(partial, nullptr, plan, kContextChain);
+}
+
+void CommContextExchange::recv_prev_on_device(float* partial, int64_t n) {
+  if (!nccl_) ContextExchange::recv_prev_on_device(partial, n);
+  ExchangePlan plan(group_.size());
+  plan.recv[static_cast<size_t>(group_.rank() - 1)].push_back({0, n});
+  nccl_->exchange(nullptr, partial, plan, kContextChain);
 }
 
 }  // namespace olmoref::dist

@@ -123,17 +123,25 @@ class CommExpertExchange : public ExpertExchange {
 };
 
 // The model's context exchange (model/olmo3.h) over the communicator of one context-parallel group.
+// nccl (the same group's, or nullptr): attention's gathers and the chains' partials move between executor buffers by
+// NCCL (device_resident); the small host-side gathers (the routing rows, the loss's terms) still by MPI.
 class CommContextExchange : public ContextExchange {
  public:
-  explicit CommContextExchange(Comm& group) : group_(group) {}
+  explicit CommContextExchange(Comm& group, NcclComm* nccl = nullptr) : group_(group), nccl_(nccl) {}
   int size() const override { return group_.size(); }
   int index() const override { return group_.rank(); }
   void allgather(const void* mine, size_t bytes, void* all) override;
   void send_next(const float* partial, int64_t n) override;
   void recv_prev(float* partial, int64_t n) override;
+  bool device_resident() const override { return nccl_ != nullptr; }
+  void move_positions(const std::vector<const float*>& src, const std::vector<float*>& dst,
+                      const ExchangePlan& plan) override;
+  void send_next_on_device(const float* partial, int64_t n) override;
+  void recv_prev_on_device(float* partial, int64_t n) override;
 
  private:
   Comm& group_;
+  NcclComm* nccl_;
 };
 
 }  // namespace olmoref::dist

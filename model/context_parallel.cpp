@@ -54,8 +54,29 @@ void Olmo3::set_row_tokens(PassInputs& in) const {
   in.row_tokens = ex_->host_memory() ? cpb_.host_tokens.data() : cpb_.tokens.data();
 }
 
+void ContextExchange::move_positions(const std::vector<const float*>&, const std::vector<float*>&, const ExchangePlan&) {
+  throw std::logic_error("ContextExchange::move_positions: this exchange stages through the host");
+}
+void ContextExchange::send_next_on_device(const float*, int64_t) {
+  throw std::logic_error("ContextExchange::send_next_on_device: this exchange stages through the host");
+}
+void ContextExchange::recv_prev_on_device(float*, int64_t) {
+  throw std::logic_error("ContextExchange::recv_prev_on_device: this exchange stages through the host");
+}
+
 void Olmo3::gather_positions(const float* mine, int64_t n_inst, int64_t w, float* full) {
   const int64_t block = n_inst * L_ * w;  // one rank's rows [n, L, w]
+  if (cp_ex_->device_resident()) {
+    // Instance b's rows of rank r land at positions [r·L, (r+1)·L) of instance b: one piece per instance and rank.
+    ExchangePlan plan(static_cast<int>(cp_));
+    for (int64_t r = 0; r < cp_; ++r)
+      for (int64_t b = 0; b < n_inst; ++b) {
+        plan.send[static_cast<size_t>(r)].push_back({b * L_ * w, L_ * w});
+        plan.recv[static_cast<size_t>(r)].push_back({(b * T_ + r * L_) * w, L_ * w});
+      }
+    cp_ex_->move_positions({mine}, {full}, plan);
+    return;
+  }
   const float* sent = host_read(mine, block, cpb_.mine);
   cpb_.all.resize(static_cast<size_t>(block * cp_));
   cp_ex_->allgather(sent, static_cast<size_t>(block) * sizeof(float), cpb_.all.data());
@@ -71,6 +92,23 @@ void Olmo3::gather_positions(const float* mine, int64_t n_inst, int64_t w, float
 void Olmo3::gather_statistics(float* stats, int64_t n_inst) {
   // [n, H, T]: this rank's positions are a run of L in each (instance, head) row of T.
   const int64_t rows = n_inst * cfg_.n_heads, p0 = first_position();
+  if (cp_ex_->device_resident()) {
+    // My run of each row to every rank and theirs into their runs of the same buffer; my run to myself lands in a
+    // scratch buffer (1), so no piece is sent from and received into the same floats.
+    if (cpb_.own_run.size() < rows * L_) cpb_.own_run.reset(*ex_, rows * L_, "context parallelism: my statistics (copy)");
+    ExchangePlan plan(static_cast<int>(cp_));
+    const int me = static_cast<int>(cp_index());
+    for (int64_t r = 0; r < cp_; ++r)
+      for (int64_t i = 0; i < rows; ++i) {
+        plan.send[static_cast<size_t>(r)].push_back({i * T_ + p0, L_});
+        if (r == me)
+          plan.recv[static_cast<size_t>(r)].push_back({i * L_, L_, 1});
+        else
+          plan.recv[static_cast<size_t>(r)].push_back({i * T_ + r * L_, L_});
+      }
+    cp_ex_->move_positions({stats}, {stats, cpb_.own_run.data()}, plan);
+    return;
+  }
   float* host = host_target(stats, rows * T_, cpb_.full);
   if (host != stats) ex_->to_host(host, stats, static_cast<size_t>(rows * T_) * sizeof(float));
   cpb_.mine.resize(static_cast<size_t>(rows * L_));
@@ -176,7 +214,9 @@ float* Olmo3::leaf_begin(GradientLeaves& grads, int64_t b, int64_t offset, int64
     if (cpb_.partial.size() < n) cpb_.partial.reset(*ex_, n, "context parallelism: a gradient chain's partial");
     at = cpb_.partial.data();
   }
-  if (leaf_continues()) {
+  if (leaf_continues() && cp_ex_->device_resident()) {
+    cp_ex_->recv_prev_on_device(at, n);
+  } else if (leaf_continues()) {
     float* host = host_target(at, n, cpb_.partial_host);
     cp_ex_->recv_prev(host, n);
     host_write(at, host, n);
@@ -197,7 +237,10 @@ void Olmo3::leaf_end(GradientLeaves& grads, int64_t b, int64_t offset, int64_t n
     grads.commit(b, offset, n);
     return;
   }
-  cp_ex_->send_next(host_read(at, n, cpb_.partial_host), n);
+  if (cp_ex_->device_resident())
+    cp_ex_->send_next_on_device(at, n);
+  else
+    cp_ex_->send_next(host_read(at, n, cpb_.partial_host), n);
 }
 
 }  // namespace olmoref

@@ -186,6 +186,15 @@ class ContextExchange {
   // A chain's partial [n] (host memory) to the next rank, and from the previous one.
   virtual void send_next(const float* partial, int64_t n) = 0;
   virtual void recv_prev(float* partial, int64_t n) = 0;
+  // True when the tensors move between buffers in executor memory (the NCCL transport): the model then hands
+  // move_positions and the chains' _on_device calls its device tensors instead of staging them through the host.
+  virtual bool device_resident() const { return false; }
+  // The plan's pieces of src into dst (executor memory): an all-gather of positions, peer for peer the bytes of the
+  // allgather the host path issues.
+  virtual void move_positions(const std::vector<const float*>& src, const std::vector<float*>& dst,
+                              const ExchangePlan& plan);
+  virtual void send_next_on_device(const float* partial, int64_t n);
+  virtual void recv_prev_on_device(float* partial, int64_t n);
 };
 
 // OLMo-core's activation_checkpointing mode (train.activation_checkpointing). none: backward reads every block's
@@ -521,6 +530,7 @@ class Olmo3 {
   // the call's row tokens and RoPE positions [R] (executor memory, and on the host); host staging of the exchanges.
   struct ContextBuffers {
     Buffer<float> q, k, v, out, dout, dq, dk, dv, partial;
+    Buffer<float> own_run;  // device-resident exchange: my run of the attention statistics sent to myself [B·H, L]
     Buffer<uint32_t> tokens;
     Buffer<int32_t> positions;
     std::vector<uint32_t> host_tokens;

@@ -404,8 +404,8 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     const MemoryPart transient = largest_transient(p, false);
     if (!x.nccl) add(transient.name, transient.bytes, transient.why + " (host staging)");
     // Olmo3::ContextBuffers' host side: attention's gathers staged through the host (this rank's rows, every rank's,
-    // the whole tensor to upload) and a chain's partial on its way.
-    if (cfg.train.cp_degree > 1) {
+    // the whole tensor to upload) and a chain's partial on its way; under nccl they move on the device.
+    if (cfg.train.cp_degree > 1 && !x.nccl) {
       const int64_t B = cfg.train.micro_batch_instances, T = cfg.train.seq_len, qd = cfg.model.q_dim();
       add("context parallelism staging",
           kF32 * (B * (T / cfg.train.cp_degree) * qd + 2 * B * T * qd + cfg.model.vocab_size * cfg.model.d_model),

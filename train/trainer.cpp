@@ -154,7 +154,8 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
                                   "with train.cp_degree = 1");
     // CP groups: consecutive world ranks, ordered by rank (BatchSplit).
     cp_comm_ = comm_->split(layout_.rank / cp(), layout_.rank % cp());
-    cp_exchange_ = std::make_unique<dist::CommContextExchange>(*cp_comm_);
+    if (par.transport == dist::Transport::nccl) nccl_cp_ = make_nccl(*cp_comm_);
+    cp_exchange_ = std::make_unique<dist::CommContextExchange>(*cp_comm_, nccl_cp_.get());
     model_.set_context_exchange(cp_exchange_.get());
     model_.set_debug_cp_partial_sums(par.debug_cp_partial_sums);
   } else if (par.debug_cp_partial_sums) {
@@ -611,7 +612,8 @@ std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   if (const auto* prefetched = unit_gather_ ? unit_gather_->prefetch_bytes_by_what() : nullptr)
     for (const auto& [what, bytes] : *prefetched) all[what] += bytes;
-  for (const dist::NcclComm* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get(), nccl_ep_.get()})
+  for (const dist::NcclComm* c :
+       {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get(), nccl_ep_.get(), nccl_cp_.get()})
     if (c)
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   return all;

@@ -58,9 +58,9 @@ struct Parallelism {
   // buffer on a stream of its own); no value changes. `train --no-prefetch`.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
-  // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather and the expert rows move: staged
-  // through the host by MPI, or on the device by NCCL (dist/nccl_comm.h; executor cuda). No value changes.
-  // `train --transport`.
+  // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
+  // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL
+  // (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.
   dist::Transport transport = dist::Transport::mpi;
   int debug_nccl_group_ops = 0;  // TEST ONLY: NCCL groups of at most this many operations (0: NCCL's limit)
   int debug_exchange_chunks = 0;  // TEST ONLY: the owners' exchange in this many chunks (0: dist::exchange_chunks)
@@ -121,7 +121,8 @@ class Trainer {
   // Bytes this rank sent through collectives (world, shard-group and replica communicators).
   uint64_t bytes_sent() const {
     uint64_t nccl = 0;  // nccl_ep_'s are in ep_bytes_sent()
-    for (const auto* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get()}) nccl += c ? c->bytes_sent() : 0;
+    for (const auto* c : {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get(), nccl_cp_.get()})
+      nccl += c ? c->bytes_sent() : 0;
     return comm_->bytes_sent() + (shard_comm_ ? shard_comm_->bytes_sent() : 0) +
            (replica_comm_ ? replica_comm_->bytes_sent() : 0) + ep_bytes_sent() +
            (cp_comm_ ? cp_comm_->bytes_sent() : 0) + (unit_gather_ ? unit_gather_->prefetch_bytes_sent() : 0) + nccl;
@@ -249,6 +250,7 @@ class Trainer {
   // Context parallelism (train.cp_degree > 1): the ranks of my group (cp consecutive world ranks, ordered by rank),
   // which compute parts of the same micro-batches.
   std::unique_ptr<dist::Comm> cp_comm_;
+  std::unique_ptr<dist::NcclComm> nccl_cp_;  // the same ranks by NCCL (Parallelism::transport nccl)
   std::unique_ptr<dist::CommContextExchange> cp_exchange_;
   // Parallelism::transport nccl: the world's (the owners' exchange), my replicate group's (the FSDP gathers) and my
   // shard's replicas' (the parameter all-gather), where the run has several of those ranks (and nccl_ep_ above).

@@ -246,6 +246,29 @@ int MPI_Ialltoallv(const void* sendbuf, const int sendcounts[], const int sdispl
                          request);
 }
 
+// olmoref's point-to-point messages (MpiComm::send and recv: context parallelism's chains), one line each.
+int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, MPI_Request* request) {
+  int size = 0, rank = 0, ts = 0;
+  PMPI_Comm_size(comm, &size);
+  PMPI_Comm_rank(comm, &rank);
+  PMPI_Type_size(type, &ts);
+  std::vector<uint64_t> sent(static_cast<size_t>(size), 0), received(sent.size(), 0);
+  sent[static_cast<size_t>(dest)] = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
+  log_line(size, rank, sent, received);
+  return PMPI_Isend(buf, count, type, dest, tag, comm, request);
+}
+
+int MPI_Irecv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Request* request) {
+  int size = 0, rank = 0, ts = 0;
+  PMPI_Comm_size(comm, &size);
+  PMPI_Comm_rank(comm, &rank);
+  PMPI_Type_size(type, &ts);
+  std::vector<uint64_t> sent(static_cast<size_t>(size), 0), received(sent.size(), 0);
+  received[static_cast<size_t>(source)] = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
+  log_line(size, rank, sent, received);
+  return PMPI_Irecv(buf, count, type, source, tag, comm, request);
+}
+
 int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
                    MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
   int size = 0, rank = 0, ss = 0, rs = 0;

@@ -3,7 +3,8 @@
 # issues the MPI transport's plan. CI has no GPU, so a stand-in NCCL over MPI (tests/dist/nccl_standin.cpp, argument
 # 1, preloaded) moves the buffers of the CUDA executor's host execution (cuda-host), and olmoref's NCCL path runs
 # whole: its bootstrap, its plans, its groups of sends and receives straight between executor buffers. Checked, at
-# 2x1, 3x1 (a rank idle in a round), 2x2 (replicas: the parameter all-gather) and a mixture of experts under expert
+# 2x1, 3x1 (a rank idle in a round), 2x2 (replicas: the parameter all-gather), context parallelism (CP 2 at 2x1 and
+# 2x2, masked: attention's gathers and the chains' partials) and a mixture of experts under expert
 # parallelism with expert-resident state (tiny-moe, EP 2 at 2x2: partial units, held pieces, the expert rows; and at
 # 2x2 with a rank idle beside a busy one in its EP group):
 #   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) of the NCCL run, the MPI run
@@ -144,6 +145,12 @@ gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
 # tiny: 4 blocks (6 units); 3 steps of 2 rounds at 2x1, of 1 round at 2x2.
 prefetch_check tiny 2x1 6 6 "${tiny[@]}"
 prefetch_check tiny 2x2 3 6 "${tiny[@]}"
+# Context parallelism (CP 2): attention's gathers of positions and the chains' partials by NCCL too (the small host-side
+# gathers stay on MPI: the same lines in both runs); masked, so that documents cut the instances.
+masked=("${tiny[@]}" --set data.eos_id=511 --set data.document_masking=true --set train.seq_len=48)
+single masked "${masked[@]}"
+check masked 2x1 "${masked[@]}" --cp 2
+check masked 2x2 "${masked[@]}" --cp 2
 single moe "${moe[@]}"
 check moe 2x2 "${moe[@]}" --ep 2
 # Communicators in the order the trainer makes them: the EP group, the world, the replicate group, the replicas.
@@ -186,7 +193,13 @@ for t in mpi nccl; do
   [ "$t" = mpi ] || ! grep -Eq "^  (FSDP gather buffers|parameter all-gather) " <<< "$host" ||
     { cat "$work/memory-$t.txt"; echo "FAIL: --transport nccl: host staging counted"; exit 1; }
 done
-echo "memory model: the exchange's blocks on the device under nccl, on the host under mpi"
+for t in mpi nccl; do
+  "$BIN" config "${tiny[@]}" --layout 2x1 --cp 2 --executor cuda --transport "$t" > "$work/memory-cp-$t.txt"
+done
+grep -q "^  context parallelism staging " "$work/memory-cp-mpi.txt" &&
+  ! grep -q "^  context parallelism staging " "$work/memory-cp-nccl.txt" ||
+  { cat "$work/memory-cp-nccl.txt"; echo "FAIL: context parallelism's host staging: want it under mpi only"; exit 1; }
+echo "memory model: the exchange's blocks on the device under nccl, on the host under mpi (and CP's staging)"
 
 # Refusals, with the fix named. meson puts the stand-in's folder on LD_LIBRARY_PATH (it is a dependency of this
 # test), where olmoref's dlopen("libnccl.so.2") would find it: these runs go without it, so they load NCCL's own.

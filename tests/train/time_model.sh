@@ -54,19 +54,19 @@ for spec in 1:0.000704643072:0.000029442048:-1 2:0.001409286144:0.000058884096:-
     { cat "$work/prefetch$n.txt"; fail "the host copies (1 s of gathers and the exchange's) are not there"; }
 done
 
-# `train --transport nccl` moves the unit gathers, the owners' exchange, the parameter all-gather and the expert rows;
-# context parallelism's exchanges stay on MPI, staged through the host: tiny at 2x1 with CP 2, rank 0 sends and
-# receives 1,347,584 bytes of positions and sends 8,419,328 of gradient chains a step, 11,114,496 over PCIe,
-# 0.011114496 s at 1 GB/s, in every column; tiny (dense, no CP) at 2x1 and tiny-moe with EP 2 have nothing on PCIe
-# under nccl.
-"$BIN" config "${tiny[@]}" --layout 2x1 --cp 2 --time --rank 0 --rate pcie_gbps=1 > "$work/nccl-cp.txt"
+# `train --transport nccl` moves every collective the model counts (the unit gathers, the owners' exchange, the
+# parameter all-gather, the expert rows, context parallelism's gathers and chains) on NVLink, nothing over PCIe: tiny
+# at 2x1 with CP 2, rank 0, each collective at the larger of its bytes sent and received on the node: 5,767,168 (unit
+# gathers) + 3,145,728 (the owners' exchange, received) + 1,347,584 (positions) + 8,419,328 (chains) = 18,679,808,
+# 0.018679808 s at 1 GB/s; tiny (dense, no CP) at 2x1 and tiny-moe with EP 2 have nothing on PCIe under nccl either.
+"$BIN" config "${tiny[@]}" --layout 2x1 --cp 2 --time --rank 0 --rate nvlink_gbps=1 > "$work/nccl-cp.txt"
 [ "$(line 'context parallelism: all-gather positions' "$work/nccl-cp.txt")" = 1347584 ] &&
   [ "$(line 'context parallelism: a gradient chain to the next rank' "$work/nccl-cp.txt")" = 8419328 ] ||
   { cat "$work/nccl-cp.txt"; fail "tiny CP 2's exchanges"; }
-grep -Eq '^  PCIe staging \(pageable, blocking\) +[0-9.e-]+ +[0-9.e-]+ +0\.0111145 +0\.0111145$' "$work/nccl-cp.txt" ||
-  { cat "$work/nccl-cp.txt"; fail "under nccl context parallelism's PCIe staging is not 0.0111145 s"; }
+grep -Eq '^  NVLink +- +- +0\.0186798 +0\.0186798$' "$work/nccl-cp.txt" ||
+  { cat "$work/nccl-cp.txt"; fail "under nccl tiny CP 2's NVLink is not 0.0186798 s"; }
 "$BIN" config --config "$SRC/configs/tiny-moe.toml" "${data[@]}" --layout 2x1 --ep 2 --time --rank 0 > "$work/nccl-ep.txt"
-for f in hand2 nccl-ep; do
+for f in hand2 nccl-ep nccl-cp; do
   grep -Eq '^  PCIe staging \(pageable, blocking\) +[0-9.e-]+ +[0-9.e-]+ +- +-$' "$work/$f.txt" ||
     { cat "$work/$f.txt"; fail "$f: under nccl something is staged through the host"; }
 done
