@@ -631,53 +631,46 @@ void Trainer::gather_updated_params() {
   const int64_t lo = layout_.lo(), stride = layout_.optimizer_stride();
   const dist::Ranges held = placement_.held_parameters(layout_.rank);
   const int64_t block = std::min(stride, dist::kParamGatherBlock);
-  if (nccl_replica_) return gather_updated_params_on_device(block);
-  std::vector<float> mine(static_cast<size_t>(block)), all(static_cast<size_t>(block * R));
-  for (int64_t at = 0; at < stride; at += block) {
-    const int64_t n = std::min(block, stride - at);
-    const int64_t x0 = layout_.optimizer_lo() + at, x1 = std::min(layout_.optimizer_hi(), x0 + n);
-    if (x0 < x1) params_.download(mine.data(), x1 - x0, x0 - lo);
-    replica_comm_->allgather(mine.data(), static_cast<size_t>(n) * sizeof(float), all.data(),
-                             dist::kParamAllGather);
-    for (int g = 0; g < R; ++g) {
-      const int r = layout_.rank_of(s, g);
-      const int64_t y0 = layout_.optimizer_begin(r) + at, y1 = std::min(layout_.optimizer_end(r), y0 + n);
-      if (g == me) continue;
-      for (const auto& [a, b] : held) {
-        const int64_t x = std::max(a, y0), y = std::min(b, y1);
-        if (x < y) params_.upload(all.data() + g * n + (x - y0), y - x, x - lo);
-      }
-    }
+  // My block [block] and every replica's [R][n]: on the host for MPI, in executor memory for NCCL (the same blocks,
+  // the same all-gather plan: my block to every replica, myself included).
+  std::vector<float> host_mine, host_all;
+  Buffer<float> dev_mine, dev_all;
+  if (nccl_replica_) {
+    dev_mine.reset(*ex_, block, "updated parameters: my block (sent)");
+    dev_all.reset(*ex_, block * R, "updated parameters: every replica's block (received)");
+  } else {
+    host_mine.resize(static_cast<size_t>(block)), host_all.resize(static_cast<size_t>(block * R));
   }
-}
-
-// The same blocks, the same all-gather plan, moved by NCCL between buffers in executor memory: my block [block] to
-// every replica (myself included), theirs into all [R][block], then the pieces I hold of theirs into my shard.
-void Trainer::gather_updated_params_on_device(int64_t block) {
-  const int R = layout_.dp_replicate, s = layout_.shard_index(), me = layout_.replicate_index();
-  const int64_t lo = layout_.lo(), stride = layout_.optimizer_stride();
-  const dist::Ranges held = placement_.held_parameters(layout_.rank);
-  Buffer<float> mine(*ex_, block, "updated parameters: my block (sent)");
-  Buffer<float> all(*ex_, block * R, "updated parameters: every replica's block (received)");
+  float* mine = nccl_replica_ ? dev_mine.data() : host_mine.data();
+  const float* all = nccl_replica_ ? dev_all.data() : host_all.data();
   dist::ExchangePlan plan(R);
-  for (int g = 0; g < R; ++g) {
-    plan.send[static_cast<size_t>(g)] = {{0, 0}};
-    plan.recv[static_cast<size_t>(g)] = {{g * block, 0}};
-  }
   for (int64_t at = 0; at < stride; at += block) {
     const int64_t n = std::min(block, stride - at);
     const int64_t x0 = layout_.optimizer_lo() + at, x1 = std::min(layout_.optimizer_hi(), x0 + n);
-    if (x0 < x1) ex_->copy(mine.data(), params_.data() + (x0 - lo), static_cast<size_t>(x1 - x0) * sizeof(float));
-    for (int g = 0; g < R; ++g) plan.send[static_cast<size_t>(g)][0].n = plan.recv[static_cast<size_t>(g)][0].n = n;
-    nccl_replica_->exchange(mine.data(), all.data(), plan, dist::kParamAllGather);
+    const size_t bytes = static_cast<size_t>(x1 - x0) * sizeof(float);
+    if (nccl_replica_) {
+      if (x0 < x1) ex_->copy(mine, params_.data() + (x0 - lo), bytes);
+      for (int g = 0; g < R; ++g) {
+        plan.send[static_cast<size_t>(g)] = {{0, n}};
+        plan.recv[static_cast<size_t>(g)] = {{g * n, n}};
+      }
+      nccl_replica_->exchange(mine, dev_all.data(), plan, dist::kParamAllGather);
+    } else {
+      if (x0 < x1) params_.download(mine, x1 - x0, x0 - lo);
+      replica_comm_->allgather(mine, static_cast<size_t>(n) * sizeof(float), host_all.data(), dist::kParamAllGather);
+    }
     for (int g = 0; g < R; ++g) {
       const int r = layout_.rank_of(s, g);
       const int64_t y0 = layout_.optimizer_begin(r) + at, y1 = std::min(layout_.optimizer_end(r), y0 + n);
       if (g == me) continue;
       for (const auto& [a, b] : held) {
         const int64_t x = std::max(a, y0), y = std::min(b, y1);
-        if (x < y)
-          ex_->copy(params_.data() + (x - lo), all.data() + g * block + (x - y0), static_cast<size_t>(y - x) * sizeof(float));
+        if (x >= y) continue;
+        const float* from = all + g * n + (x - y0);
+        if (nccl_replica_)
+          ex_->copy(params_.data() + (x - lo), from, static_cast<size_t>(y - x) * sizeof(float));
+        else
+          params_.upload(from, y - x, x - lo);
       }
     }
   }

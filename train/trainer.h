@@ -216,7 +216,6 @@ class Trainer {
   void adamw_update(int64_t step, const std::vector<double>& group_lr);
   float* optimizer_params();      // params_ at this rank's optimizer range
   void gather_updated_params();   // the replicas of my shard exchange the ranges they updated
-  void gather_updated_params_on_device(int64_t block);  // the same by NCCL (Parallelism::transport)
   std::unique_ptr<dist::NcclComm> make_nccl(dist::Comm& group);  // collective over group
   float skip_step_update(float ce_loss, float norm, const std::vector<double>& group_lr);
   StepResult fingerprint(const StepBatch& batch, const StepLoss& loss, const ClippedGradient& g,

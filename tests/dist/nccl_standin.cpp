@@ -247,25 +247,23 @@ int MPI_Ialltoallv(const void* sendbuf, const int sendcounts[], const int sdispl
 }
 
 // olmoref's point-to-point messages (MpiComm::send and recv: context parallelism's chains), one line each.
-int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, MPI_Request* request) {
+static void log_message(MPI_Comm comm, MPI_Datatype type, int count, int peer, bool send) {
   int size = 0, rank = 0, ts = 0;
   PMPI_Comm_size(comm, &size);
   PMPI_Comm_rank(comm, &rank);
   PMPI_Type_size(type, &ts);
   std::vector<uint64_t> sent(static_cast<size_t>(size), 0), received(sent.size(), 0);
-  sent[static_cast<size_t>(dest)] = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
+  (send ? sent : received)[static_cast<size_t>(peer)] = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
   log_line(size, rank, sent, received);
+}
+
+int MPI_Isend(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, MPI_Request* request) {
+  log_message(comm, type, count, dest, true);
   return PMPI_Isend(buf, count, type, dest, tag, comm, request);
 }
 
 int MPI_Irecv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Request* request) {
-  int size = 0, rank = 0, ts = 0;
-  PMPI_Comm_size(comm, &size);
-  PMPI_Comm_rank(comm, &rank);
-  PMPI_Type_size(type, &ts);
-  std::vector<uint64_t> sent(static_cast<size_t>(size), 0), received(sent.size(), 0);
-  received[static_cast<size_t>(source)] = static_cast<uint64_t>(count) * static_cast<uint64_t>(ts);
-  log_line(size, rank, sent, received);
+  log_message(comm, type, count, source, false);
   return PMPI_Irecv(buf, count, type, source, tag, comm, request);
 }
 
