@@ -1,6 +1,6 @@
 // Sliding-window GQA attention on the device: kernels/attention_exact.h. Blocks of 256 threads on tiles of 32
-// positions: the forward a fixed grid striding over the query tiles, each block with its 32 scratch rows; the
-// backward's query and key kernels one block per tile.
+// positions: the forward a grid the device holds at once, dealt the query tiles heaviest first, each block with its 32
+// scratch rows; the backward's query and key kernels one block per tile, heaviest first.
 #include <cuda_runtime.h>
 
 #include "kernels/launch.cuh"
@@ -13,20 +13,25 @@
 namespace olmoref::kernels {
 
 namespace {
-__global__ void __launch_bounds__(kAttThreads) attention_forward_kernel(AttentionArgs a) {
+// Two blocks an SM (launch bounds (256, 2): at most 128 registers): sm_90 (nvcc 13.0, -Xptxas -v) 128 registers, 44.9
+// KiB of shared memory, no spills. Without the bound, ptxas's choice moves with the code (128 or 173 registers).
+__global__ void __launch_bounds__(kAttThreads, 2) attention_forward_kernel(AttentionArgs a) {
   __shared__ AttentionForwardShared sh;
   DeviceBlock<AttentionForwardRegs, kAttThreads> blk;
   attention_forward_block(blk, sh, a, blockIdx.x, gridDim.x);
 }
-__global__ void __launch_bounds__(kAttThreads) attention_backward_query_kernel(AttentionArgs a) {
+// sm_90 (nvcc 13.0, -Xptxas -v): left to itself the query kernel takes 171 registers, one block per SM; capped at 128
+// for two (__launch_bounds__(256, 2)) it spills nothing. The key kernel capped alike spills 8 bytes, so it keeps its
+// 171 until a device measures which is faster.
+__global__ void __launch_bounds__(kAttThreads, 2) attention_backward_query_kernel(AttentionArgs a) {
   __shared__ AttentionBackwardShared sh;
   DeviceBlock<AttentionBackwardRegs, kAttThreads> blk;
-  attention_backward_query_tile(blk, sh, a, blockIdx.x);
+  attention_backward_query_tile(blk, sh, a, attention_tile_by_rank(a, blockIdx.x, true));
 }
 __global__ void __launch_bounds__(kAttThreads) attention_backward_key_kernel(AttentionArgs a) {
   __shared__ AttentionBackwardShared sh;
   DeviceBlock<AttentionBackwardRegs, kAttThreads> blk;
-  attention_backward_key_tile(blk, sh, a, blockIdx.x);
+  attention_backward_key_tile(blk, sh, a, attention_tile_by_rank(a, blockIdx.x, false));
 }
 __global__ void attention_group_sum_kernel(AttentionArgs a, int64_t n) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -43,6 +48,22 @@ void attention_backward_device(const AttentionArgs& a) {
   check_launch("attention_backward_key_kernel");
   attention_group_sum_kernel<<<element_blocks(n), kElementThreads>>>(a, n);
   check_launch("attention_group_sum_kernel");
+}
+
+int64_t attention_forward_resident_blocks() {
+  // One device per process (kernels::select_device runs before the first kernel), so it is asked once.
+  static const int64_t resident = [] {
+    auto check = [](cudaError_t err, const char* what) {
+      if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+    };
+    int device = 0, sms = 0, per_sm = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SM count)");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_forward_kernel, kAttThreads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention_forward_kernel)");
+    return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  }();
+  return resident;
 }
 
 void attention_forward_device(const AttentionArgs& a) {

@@ -7,9 +7,9 @@
 // key tile, or, for outputs over head dims, dims l, l+32, l+64, l+96 of the staged chunk. Every chain is the one
 // attention.md defines, in its order: staging and tiling change where operands come from, never an operation.
 //
-// Forward (a fixed grid of blocks striding over the query tiles; each block keeps its rows' scores in its own
-// scratch [32, T], so scratch is [blocks in flight · 32, T], linear in T where a block per row would need
-// [B·H·T, T]: 17 GiB at Olmo 3 7B, seq 8192, micro-batch 2). The key band of the tile, lo(i0) .. its last row, is
+// Forward (a grid of at most kAttentionTileBlocks blocks, dealt the query tiles heaviest first; each block keeps its
+// rows' scores in its own scratch [32, T], so scratch is [blocks in flight · 32, T], linear in T where a block per row
+// would need [B·H·T, T]: 17 GiB at Olmo 3 7B, seq 8192, micro-batch 2). The key band of the tile, lo(i0) .. its last row, is
 // walked in key tiles of 32, ascending:
 //  1. scores: one fma chain over d from 0, continued across the 128-dim chunks, times scale; each thread keeps the
 //     first occurrence of the largest score of its keys, and a row's 32 threads then pick the largest, the smaller
@@ -19,7 +19,7 @@
 //     every lane's chain is the reference's, whatever lo(i) − lo(i0) is. Then the lane tree;
 //  3. P_j = e_j / l (bf16: rounded) and, per output (row, d), one fma chain over j ascending of P_j·v_jd, carried
 //     in registers from key tile to key tile.
-// Backward, three kernels in the order of attention.md:
+// Backward, three kernels in the order of attention.md (the first two one block per tile, heaviest tiles first):
 //  (1) a block per query tile: D_i (chain over d of dO·o, kept as [B, H, T]); per key tile the dP and score chains
 //      (dO with V staged, then Q with K), P with the forward's very operations from the saved m and l, and
 //      dS_j = (P_j·(dP_j − D))·scale with the bf16 roundings (attention_prob_grad); then dq (chain over j per d,
@@ -51,10 +51,13 @@ inline constexpr int kAttPerDim = kAttChunk / 32;     // a thread's dims of a ch
 // Staged rows padded to 129 floats: lane l reading row l at dim d hits bank (l + d) mod 32, no conflict.
 inline constexpr int kAttPitch = kAttChunk + 1;
 
-// Blocks in flight over the query tiles in the forward, each with its own 32 scratch rows of T floats. A fixed count
-// from the shape alone (never the SM count), and the tiles a block takes never change a bit, since each tile is
-// computed whole by one block. 4,096 scratch rows: 128 MiB at T = 8192.
-inline constexpr int64_t kAttentionTileBlocks = 128;
+// The most blocks in flight over the query tiles in the forward, each with its own 32 scratch rows of T floats: two per
+// SM of an H100 or H200 SXM (132 SMs; the forward kernel's 128 registers x 256 threads and 45 KiB of shared memory
+// let two share an SM). On a device the executor launches min(this, the blocks the device holds at once), so they
+// all run in one wave; the host execution takes this. The scratch is bounded by the shape alone (the memory model's
+// figure), and the tiles a block takes never change a bit, since each tile is computed whole by one block. 8,448
+// scratch rows: 264 MiB at T = 8192.
+inline constexpr int64_t kAttentionTileBlocks = 264;
 
 struct AttentionArgs {
   int64_t B = 0, T = 0, H = 0, KV = 0, hd = 0, window = 0;  // window 0: full causal
@@ -88,6 +91,35 @@ OLMOREF_HD inline int64_t attention_forward_blocks(const AttentionArgs& a) {
 }
 // The forward's scratch rows: [attention_scratch_rows, T].
 OLMOREF_HD inline int64_t attention_scratch_rows(const AttentionArgs& a) { return attention_forward_blocks(a) * kAttTile; }
+
+// The order the kernels hand tiles out in, heaviest first, so that no block is left with the long bands at the end:
+// rank g of B·H·ceil(T/32) is tile row r of (instance, head) g mod B·H. A query tile's key band grows with its
+// position (full causal: row r reads r + 1 key tiles; a sliding window caps it), so queries go from the last row down;
+// a key tile's queries shrink with its position, so keys go from row 0 up. A permutation of the tiles: each is still
+// computed whole by one block, so the order changes no bit.
+OLMOREF_HD inline int64_t attention_tile_by_rank(const AttentionArgs& a, int64_t g, bool queries) {
+  // 32-bit division (B·H·ceil(T/32) is far below 2^31): a 64-bit one is a call on the device, whose registers push the
+  // forward kernel past its 128 (two blocks an SM) into spilling.
+  const uint32_t per = static_cast<uint32_t>((a.T + kAttTile - 1) / kAttTile), bh = static_cast<uint32_t>(a.B * a.H);
+  const uint32_t r = static_cast<uint32_t>(g);
+  const uint32_t row = queries ? per - 1 - r / bh : r / bh;
+  return static_cast<int64_t>(r % bh) * per + row;
+}
+// The forward's tiles of block `block` of `blocks`, in the order it computes them: the ranks dealt out in a snake,
+// round 0 to blocks 0, 1, .., round 1 back from the last block, so that each block's heavy and light tiles pair up
+// (Olmo 3 7B, seq 8192, micro-batch 2 on 264 blocks: the most work of a block is 1.00003x the mean on full-causal
+// layers, 1.49x with 128 blocks taking every 128th tile in place order; tests/kernels/test_decomposition). Two rounds
+// a pass, one loop counter: the kernel stays within 128 registers without spilling (other forms of the same walk
+// spilled).
+template <class Visit>
+OLMOREF_HD void attention_forward_walk(const AttentionArgs& a, int64_t block, int64_t blocks, const Visit& visit) {
+  const int64_t tiles = attention_tiles(a);
+  for (int64_t base = 0; base < tiles; base += 2 * blocks)
+    for (int half = 0; half < 2; ++half) {
+      const int64_t g = base + (half == 0 ? block : 2 * blocks - 1 - block);
+      if (g < tiles) visit(attention_tile_by_rank(a, g, true));
+    }
+}
 
 // The first key of query i's band in instance b, and the last query whose band holds key j (core/attention_band.h:
 // the window and, under intra-document masking, the document).
@@ -369,7 +401,7 @@ template <class Block>
 OLMOREF_HD void attention_forward_block(Block& blk, AttentionForwardShared& sh, const AttentionArgs& a, int64_t block,
                                         int64_t blocks) {
   float* s = a.scratch + block * kAttTile * a.T;
-  for (int64_t tile = block; tile < attention_tiles(a); tile += blocks) attention_forward_tile(blk, sh, a, tile, s);
+  attention_forward_walk(a, block, blocks, [&](int64_t tile) { attention_forward_tile(blk, sh, a, tile, s); });
 }
 
 // ---- backward ---------------------------------------------------------------------------------------------------
@@ -569,5 +601,8 @@ void attention_forward_host(const AttentionArgs& a);
 void attention_backward_host(const AttentionArgs& a);
 void attention_backward_device(const AttentionArgs& a);
 void attention_forward_device(const AttentionArgs& a);
+// The forward blocks the current device holds at once (occupancy x SMs): the executor launches no more, so all run in
+// one wave. CUDA builds only.
+int64_t attention_forward_resident_blocks();
 
 }  // namespace olmoref::kernels

@@ -1,8 +1,10 @@
 #include "kernels/executor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/attention_exact.h"
@@ -295,6 +297,10 @@ void KernelExecutor::skip_step_adamw(const elem::SkipStepScalars& s, const float
 namespace {
 AttentionArgs attention_args(const AttentionShape& s) {
   check_attention_parts(s);
+  // The kernels hand tiles out by 32-bit ranks (attention_tile_by_rank), and a grid holds under 2^31 blocks.
+  if (s.B * s.H * ((s.T + kAttTile - 1) / kAttTile) >= (int64_t{1} << 31))
+    throw std::invalid_argument("attention: B·H·ceil(T/32) = " + std::to_string(s.B * s.H * ((s.T + kAttTile - 1) / kAttTile)) +
+                                " tiles, past the kernels' 2^31; use a smaller train.micro_batch_instances");
   AttentionArgs a;
   a.B = s.B, a.T = s.T, a.H = s.H, a.KV = s.KV, a.hd = s.hd, a.window = s.window, a.scale = s.scale;
   a.doc_start = s.doc_start, a.doc_end = s.doc_end;
@@ -315,6 +321,8 @@ void KernelExecutor::attention_forward(const AttentionShape& s, const float* q, 
                                        float* out, float* row_max, float* row_sum) {
   AttentionArgs a = attention_args(s);
   a.q = q, a.k = k, a.v = v, a.out = out, a.row_max = row_max, a.row_sum = row_sum;
+  // No more blocks than the device holds at once: a second wave would leave the first's SMs idle at the end.
+  if (on_device_) a.tile_blocks = std::min(a.tile_blocks, OLMOREF_DEVICE(attention_forward_resident_blocks()));
   a.scratch = workspace(att_rows_, attention_scratch_rows(a) * s.T, "attention score rows [32 per block in flight, T]");
   if (on_device_) OLMOREF_DEVICE(attention_forward_device(a));
   else attention_forward_host(a);

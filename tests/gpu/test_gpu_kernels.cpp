@@ -402,14 +402,15 @@ int check_embed_rope() {
 }
 
 // Every case with the default forward blocks in flight and with 3 (each block takes many tiles through its scratch
-// rows), and the long cases (more tiles than kAttentionTileBlocks); the scratch is exactly [attention_scratch_rows, T],
-// so memcheck sees a block that strays from its rows.
+// rows), and the long cases at the default, at 64 (the forward's snake dealing turns twice) and at what this device
+// holds at once (the executor's count); the scratch is exactly [attention_scratch_rows, T], so memcheck sees a block
+// that strays from its rows.
 std::vector<std::pair<testing::AttentionCase, int64_t>> attention_runs() {
   std::vector<std::pair<testing::AttentionCase, int64_t>> runs;
   for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{3}})
     for (const testing::AttentionCase& c : testing::attention_cases()) runs.emplace_back(c, tile_blocks);
-  for (const testing::AttentionCase& c : testing::long_attention_cases())
-    runs.emplace_back(c, kernels::kAttentionTileBlocks);
+  for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{64}, kernels::attention_forward_resident_blocks()})
+    for (const testing::AttentionCase& c : testing::long_attention_cases()) runs.emplace_back(c, tile_blocks);
   return runs;
 }
 float* attention_scratch(kernels::AttentionArgs& a, int64_t tile_blocks) {
@@ -752,7 +753,10 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device (%s)\n", dev.reason.c_str());
     return 77;
   }
-  std::printf("device: %s, sm_%d%d\n", dev.name.c_str(), dev.compute_major, dev.compute_minor);
+  std::printf("device: %s, sm_%d%d, %d SMs; attention forward: %lld blocks at once (%lld per SM)\n", dev.name.c_str(),
+              dev.compute_major, dev.compute_minor, dev.sm_count,
+              static_cast<long long>(kernels::attention_forward_resident_blocks()),
+              static_cast<long long>(kernels::attention_forward_resident_blocks() / (dev.sm_count > 0 ? dev.sm_count : 1)));
   const std::pair<const char*, int (*)()> families[] = {
       {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
       {"fused_norm", check_fused_norm}, {"split_reductions", check_split_reductions}, {"elementwise", check_elementwise}, {"loss", check_loss},

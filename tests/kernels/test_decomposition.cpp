@@ -3,9 +3,12 @@
 // negative control shows the comparison can fail.
 #include <doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "kernels/attention_exact.h"
 #include "kernels/executor.h"
@@ -253,7 +256,8 @@ TEST_CASE("attention backward exact: query tiles (P, dS, dq), key tiles (P and d
 }
 
 // Few blocks in flight, so each takes many tiles in turn through its scratch rows, and sequences past a thousand keys
-// (chains over many key and query tiles; more tiles than kAttentionTileBlocks, so the forward's grid strides).
+// (chains over many key and query tiles; dealt to 64 blocks, the forward's snake turns twice and its last round is
+// short).
 TEST_CASE("attention exact: blocks taking many rows each and T = 1100 equal ref/ bit for bit") {
   testing::for_each_attention_case([](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
     check_attention_forward(c, o, 3);
@@ -261,11 +265,89 @@ TEST_CASE("attention exact: blocks taking many rows each and T = 1100 equal ref/
   });
   testing::for_each_attention_case(
       [](const testing::AttentionCase& c, const testing::AttentionOperands& o) {
-        CHECK(c.B * c.H * ((c.T + 31) / 32) > kernels::kAttentionTileBlocks);
+        CHECK(c.B * c.H * ((c.T + 31) / 32) > 2 * 64);
+        CHECK(c.B * c.H * ((c.T + 31) / 32) % 64 != 0);
+        check_attention_forward(c, o, 64);
         check_attention_forward(c, o);
         check_attention_backward(c, o);
       },
       testing::long_attention_cases());
+}
+
+// The order tiles are handed out in (kernels/attention_exact.h, attention_tile_by_rank and attention_forward_walk, the
+// very loop the forward's blocks run): every
+// tile exactly once, for the forward at any block count and for the backward's two kernels; and the work it gives
+// each forward block, counted in key tiles read by the band functions the kernels use, is even where the old order
+// (block k took tiles k, k + blocks, .. in place order) left the block with the longest bands 1.49x the mean.
+namespace {
+int64_t query_tile_work(const kernels::AttentionArgs& a, int64_t tile) {
+  const kernels::AttentionTile at = kernels::attention_tile(a, tile);
+  return (at.i0 + at.n - 1 - kernels::attention_band_lo(a, at.b, at.i0)) / kernels::kAttTile + 1;
+}
+// The most work of a forward block over the mean, blocks dealt as the kernel deals them or (in_place) as before.
+double forward_imbalance(const kernels::AttentionArgs& a, int64_t blocks, bool in_place) {
+  std::vector<int64_t> load(static_cast<size_t>(blocks), 0);
+  int64_t total = 0;
+  for (int64_t block = 0; block < blocks; ++block) {
+    auto take = [&](int64_t tile) {
+      load[static_cast<size_t>(block)] += query_tile_work(a, tile);
+      total += query_tile_work(a, tile);
+    };
+    if (in_place)
+      for (int64_t tile = block; tile < kernels::attention_tiles(a); tile += blocks) take(tile);
+    else
+      kernels::attention_forward_walk(a, block, blocks, take);
+  }
+  return static_cast<double>(*std::max_element(load.begin(), load.end())) / (static_cast<double>(total) / blocks);
+}
+}  // namespace
+
+TEST_CASE("attention exact: tiles are handed out heaviest first, each once, and the forward's blocks get even work") {
+  for (const auto& [B, H, T] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {1, 3, 100}, {2, 5, 1100}, {3, 2, 4096}}) {
+    kernels::AttentionArgs a;
+    a.B = B, a.H = H, a.T = T;
+    const int64_t tiles = kernels::attention_tiles(a);
+    for (const bool queries : {true, false}) {
+      std::vector<int> seen(static_cast<size_t>(tiles), 0);
+      int64_t previous_row = queries ? T : -1;
+      for (int64_t g = 0; g < tiles; ++g) {
+        const int64_t tile = kernels::attention_tile_by_rank(a, g, queries);
+        REQUIRE(tile >= 0);
+        REQUIRE(tile < tiles);
+        ++seen[static_cast<size_t>(tile)];
+        const int64_t row = kernels::attention_tile(a, tile).i0;  // heaviest first: rows never move the wrong way
+        CHECK((queries ? row <= previous_row : row >= previous_row));
+        previous_row = row;
+      }
+      CHECK(std::count(seen.begin(), seen.end(), 1) == tiles);
+    }
+    for (const int64_t blocks : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, tiles, tiles + 5}) {
+      std::vector<int> seen(static_cast<size_t>(tiles), 0);
+      for (int64_t block = 0; block < blocks; ++block)
+        kernels::attention_forward_walk(a, block, blocks, [&](int64_t tile) {
+          REQUIRE(tile >= 0);
+          REQUIRE(tile < tiles);
+          ++seen[static_cast<size_t>(tile)];
+        });
+      CHECK(std::count(seen.begin(), seen.end(), 1) == tiles);
+    }
+  }
+  // Olmo 3 7B's attention at seq 8192, micro-batch 2 (32 heads): full-causal layers and the 4096-key window, and the
+  // long-context stage's 65,536 positions, one instance.
+  for (const auto& [B, T, window] : std::vector<std::array<int64_t, 3>>{{2, 8192, 0}, {2, 8192, 4096}, {1, 65536, 0}}) {
+    kernels::AttentionArgs a;
+    a.B = B, a.H = 32, a.T = T, a.window = window;
+    CAPTURE(T);
+    CAPTURE(window);
+    const double dealt = forward_imbalance(a, kernels::kAttentionTileBlocks, false);
+    MESSAGE("most work of a forward block over the mean: " << dealt << " dealt heaviest first on "
+            << kernels::kAttentionTileBlocks << " blocks, " << forward_imbalance(a, 128, true)
+            << " in place order on 128");
+    CHECK(dealt < 1.01);
+  }
+  kernels::AttentionArgs full;
+  full.B = 2, full.H = 32, full.T = 8192;
+  CHECK(forward_imbalance(full, 128, true) > 1.4);  // the measure sees the old order's imbalance
 }
 
 // Context parallelism: the kernels over a part of an instance (AttentionArgs q_begin .. k_end; tiles cut to it)

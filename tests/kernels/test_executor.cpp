@@ -216,7 +216,7 @@ TEST_CASE("executor cuda-host: attention's workspace is linear in T, never [B·H
   const int64_t bound = kernels::attention_workspace_bytes(c.B, c.H, c.T, c.hd);
   CHECK(host.workspace_bytes() == bound);
   CHECK(bound == 4 * (kernels::kAttentionTileBlocks * kernels::kAttTile * c.T + rows * (1 + 2 * c.hd)));
-  CHECK(8 * bound < 4 * rows * c.T);  // one [B·H·T, T] buffer is more than eight times the whole scratch
+  CHECK(6 * bound < 4 * rows * c.T);  // one [B·H·T, T] buffer is more than six times the whole scratch
 }
 
 TEST_CASE("executor cuda-host negative control: split-K GEMMs change the gradients") {
