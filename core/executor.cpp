@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace olmoref {
@@ -76,5 +78,26 @@ int64_t host_resident_bytes(const void* p, size_t bytes) {
 }
 
 int64_t Executor::memory_available() const { return host_memory_available(); }
+
+void* Executor::allocate_staging(size_t bytes, const char* what) {
+  void* p = staging_allocate(bytes, what);
+  ++staging_.allocations;
+  staging_.live_bytes += static_cast<int64_t>(bytes);
+  staging_.peak_bytes = std::max(staging_.peak_bytes, staging_.live_bytes);
+  return p;
+}
+void Executor::free_staging(void* p, size_t bytes) {
+  staging_free(p, bytes);
+  staging_.live_bytes -= static_cast<int64_t>(bytes);
+}
+
+void* Executor::staging_allocate(size_t bytes, const char* what) {
+  void* p = std::malloc(bytes > 0 ? bytes : 1);
+  if (!p)
+    throw std::runtime_error(std::string("out of host memory allocating ") + what + " (" + std::to_string(bytes >> 20) +
+                             " MiB of exchange staging); try a smaller train.micro_batch_instances or more ranks");
+  return p;
+}
+void Executor::staging_free(void* p, size_t) { std::free(p); }
 
 }  // namespace olmoref

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "core/elementwise.h"
@@ -155,6 +156,25 @@ class Executor {
   // Bytes that can still be allocated (device: free device memory; host: the kernel's MemAvailable), or -1 when
   // unknown. Used to refuse a run that will not fit before anything is allocated.
   virtual int64_t memory_available() const;
+  // Host memory that stages a data exchange between executor memory and MPI (dist/): on a device, page-locked, so
+  // that to_host / to_device move it at the link's full rate by DMA instead of through the driver's bounce buffer.
+  // Elsewhere ordinary host memory. Making it costs more than malloc on a device (it is pinned and mapped), so the
+  // exchanges keep theirs for a step. `what` names it in the out-of-memory error. From the main thread only.
+  void* allocate_staging(size_t bytes, const char* what);
+  void free_staging(void* p, size_t bytes);
+  virtual bool staging_pinned() const { return false; }
+  // What the staging cost so far: blocks made, and the bytes held now and at most (`train --report-comm`).
+  struct StagingStats {
+    int64_t allocations = 0, live_bytes = 0, peak_bytes = 0;
+  };
+  const StagingStats& staging_stats() const { return staging_; }
+
+ protected:
+  virtual void* staging_allocate(size_t bytes, const char* what);
+  virtual void staging_free(void* p, size_t bytes);
+
+ private:
+  StagingStats staging_;
 };
 
 // Anonymous zero pages of `bytes` (no memory until written); `what` names the allocation in the error.
@@ -230,6 +250,25 @@ class Buffer {
   int64_t n_ = 0;
   bool mapped_ = false;  // reset_untouched's pages, returned by host_unmap
 };
+
+// A vector in the executor's staging memory (Executor::allocate_staging): std::vector's semantics (value-initialized
+// growth, clear() keeping the capacity), its blocks page-locked on a device.
+template <class T>
+struct StagingAllocator {
+  using value_type = T;
+  Executor* ex = nullptr;
+  const char* what = "host staging";
+  StagingAllocator() = default;
+  StagingAllocator(Executor& e, const char* w) : ex(&e), what(w) {}
+  template <class U>
+  StagingAllocator(const StagingAllocator<U>& o) : ex(o.ex), what(o.what) {}  // NOLINT: rebinding, as allocators do
+  T* allocate(size_t n) { return static_cast<T*>(ex->allocate_staging(n * sizeof(T), what)); }
+  void deallocate(T* p, size_t n) { ex->free_staging(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const StagingAllocator<U>& o) const { return ex == o.ex; }
+};
+template <class T>
+using StagingVector = std::vector<T, StagingAllocator<T>>;
 
 // The host's available memory (MemAvailable of /proc/meminfo), -1 when unknown.
 int64_t host_memory_available();

@@ -25,6 +25,8 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
       units_(std::move(units)),
       local_(split.global_instances, layout.total, ex),
       owner_plan_(split.global_instances),
+      send_(StagingAllocator<float>(ex, "gradient subtrees of a unit, cut by owner (sent)")),
+      recv_(StagingAllocator<float>(ex, "every rank's gradient subtrees on a chunk of my slice (received)")),
       chunks_(chunks > 0 ? chunks : exchange_chunks(layout, units_)) {
   int64_t at = 0;
   for (const auto& [a, b] : units_) {
@@ -120,7 +122,7 @@ void OwnerReduction::unit_backward_begins(int unit) {
   for (int j = 0; j < W; ++j) send_at_[static_cast<size_t>(j) + 1] = send_at_[static_cast<size_t>(j)] + k * piece_floats(unit, j);
   send_floats_ = send_at_.back();
   if (!nccl_)
-    send_.assign(static_cast<size_t>(send_floats_), 0.0f);
+    send_.assign(static_cast<size_t>(send_floats_), 0.0f);  // past the capacity: a block of exactly this many
   else if (send_dev_.size() < send_floats_)
     send_dev_.reset(*ex_, send_floats_, "gradient subtrees of a unit, cut by owner (sent)");
   if (k > 0) local_.set_window(u.first, u.second);
@@ -162,7 +164,10 @@ void OwnerReduction::unit_backward_done(int unit) {
       }
       nccl_->exchange(send_dev_.data(), recv_dev_.data(), plan, what);
     } else {
-      if (recv_.size() < static_cast<size_t>(recv_floats_)) recv_.resize(static_cast<size_t>(recv_floats_));
+      if (recv_.size() < static_cast<size_t>(recv_floats_)) {
+        recv_.reserve(static_cast<size_t>(recv_floats_));  // exactly: growing by doubling would remake pinned memory
+        recv_.resize(static_cast<size_t>(recv_floats_));
+      }
       comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, what, &send_at);
     }
     note_memory();
@@ -196,8 +201,8 @@ void OwnerReduction::finish(float* shard_out) {
 void OwnerReduction::release() {
   local_.release();
   std::vector<Buffer<float>>().swap(owner_slots_);
-  std::vector<float>().swap(send_);
-  std::vector<float>().swap(recv_);
+  StagingVector<float>(send_.get_allocator()).swap(send_);
+  StagingVector<float>(recv_.get_allocator()).swap(recv_);
   send_dev_.free(), recv_dev_.free();
   send_floats_ = recv_floats_ = 0;
 }

@@ -90,7 +90,8 @@ class OwnerReduction final : public UnitGradientSink {
   std::vector<int> nodes_per_rank_;         // this round: how many subtrees each rank sends (0: idle)
   std::vector<OwnerFeed> feeds_;            // this round's owner steps, in rank then subtree order
   std::vector<int64_t> send_at_;            // this unit: where owner j's blocks start in send_
-  std::vector<float> send_, recv_;      // the MPI transport's blocks (host)
+  // The MPI transport's blocks: the executor's staging (page-locked on a device), kept through the step.
+  StagingVector<float> send_, recv_;
   Buffer<float> send_dev_, recv_dev_;   // the NCCL transport's (executor memory), grown to the largest so far
   int64_t send_floats_ = 0, recv_floats_ = 0;  // the blocks' extent now (either transport)
   int unit_ = -1;                           // the unit whose backward runs; -1 between units

@@ -19,8 +19,19 @@ struct UnitGather::SideStream {};
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group, Prefetch prefetch, NcclComm* nccl)
     : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group),
+      spare_send_(StagingAllocator<float>(ex, "FSDP unit gather: my part of the unit (sent)")),
+      spare_recv_(StagingAllocator<float>(ex, "FSDP unit gather: the unit's pieces (received)")),
       prefetch_(prefetch), nccl_(nccl) {
   if (prefetch_ != Prefetch::off && !nccl_) prefetch_comm_ = shard_group.split(0, shard_group.rank());
+  if (!nccl_)
+    for (int u = 0; u < model_.n_units(); ++u) {
+      const Pieces p = pieces_of(u);
+      most_sent_ = std::max(most_sent_, send_block(p).total);
+      int64_t received = 0;
+      for (const Ranges& from : p.recv)
+        for (const auto& [p0, p1] : from) received += p1 - p0;
+      most_received_ = std::max(most_received_, received);
+    }
 #if OLMOREF_HAVE_NCCL
   // On the device the prefetch runs on a stream of its own; the host execution's stand-in NCCL moves each group as it
   // is issued, so there is nothing to order.
@@ -62,36 +73,45 @@ UnitGather::Pieces UnitGather::pieces_of(int unit) const {
   return p;
 }
 
-// The MPI transport's gather: my pieces staged on the host (the executor's reads), for one all-to-all.
-UnitGather::Gather UnitGather::pack(int unit) const {
-  const Pieces p = pieces_of(unit);
-  const Layout& L = layout_;
-  const int S = L.dp_shard;
-  Gather g;
-  g.unit = unit;
-  g.send_counts.assign(static_cast<size_t>(S), 0);
-  g.recv_counts.assign(static_cast<size_t>(S), 0);
-  g.send_at.assign(static_cast<size_t>(S), 0);
-  // Ranks that read the same pieces of my part (all of them, without expert parallelism) share one copy of them.
-  std::vector<Ranges> sent;  // the distinct piece lists copied so far, at sent_at
-  std::vector<int64_t> sent_at;
-  for (int q = 0; q < S; ++q) {
-    const Ranges& mine = p.send[static_cast<size_t>(q)];
-    for (const auto& [p0, p1] : mine) g.send_counts[static_cast<size_t>(q)] += p1 - p0;
-    const auto same = std::find(sent.begin(), sent.end(), mine);
-    if (same != sent.end()) {
-      g.send_at[static_cast<size_t>(q)] = sent_at[static_cast<size_t>(same - sent.begin())];
+UnitGather::SendBlock UnitGather::send_block(const Pieces& p) {
+  SendBlock b;
+  for (const Ranges& mine : p.send) {
+    int64_t n = 0;
+    for (const auto& [p0, p1] : mine) n += p1 - p0;
+    b.counts.push_back(n);
+    const auto same = std::find(b.lists.begin(), b.lists.end(), mine);
+    if (same != b.lists.end()) {
+      b.at.push_back(b.lists_at[static_cast<size_t>(same - b.lists.begin())]);
       continue;
     }
-    g.send_at[static_cast<size_t>(q)] = static_cast<int64_t>(g.send.size());
-    sent.push_back(mine);
-    sent_at.push_back(static_cast<int64_t>(g.send.size()));
-    for (const auto& [p0, p1] : mine) {
-      const size_t at = g.send.size();
-      g.send.resize(at + static_cast<size_t>(p1 - p0));
-      ex_.to_host(g.send.data() + at, params_.data() + (p0 - L.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+    b.at.push_back(b.total);
+    b.lists.push_back(mine);
+    b.lists_at.push_back(b.total);
+    b.total += n;
+  }
+  return b;
+}
+
+// The MPI transport's gather: my pieces staged on the host (the executor's reads), for one all-to-all. The staging is
+// made once, as long as the longest unit's blocks, and recycled from gather to gather (page-locked memory is slow to
+// make, and a vector grown on the way would remake it).
+UnitGather::Gather UnitGather::pack(int unit) {
+  const Pieces p = pieces_of(unit);
+  const int S = layout_.dp_shard;
+  Gather g{.unit = unit, .send = std::move(spare_send_), .recv = std::move(spare_recv_)};
+  g.send.clear(), g.recv.clear();
+  g.send.reserve(static_cast<size_t>(most_sent_)), g.recv.reserve(static_cast<size_t>(most_received_));
+  SendBlock b = send_block(p);
+  g.send_counts = std::move(b.counts), g.send_at = std::move(b.at);
+  g.send.resize(static_cast<size_t>(b.total));
+  for (size_t d = 0; d < b.lists.size(); ++d) {
+    int64_t at = b.lists_at[d];
+    for (const auto& [p0, p1] : b.lists[d]) {
+      ex_.to_host(g.send.data() + at, params_.data() + (p0 - layout_.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+      at += p1 - p0;
     }
   }
+  g.recv_counts.assign(static_cast<size_t>(S), 0);
   int64_t total = 0;
   for (int s = 0; s < S; ++s)
     for (const auto& [p0, p1] : p.recv[static_cast<size_t>(s)]) {
@@ -101,6 +121,19 @@ UnitGather::Gather UnitGather::pack(int unit) const {
     }
   g.recv.resize(static_cast<size_t>(total));
   return g;
+}
+
+void UnitGather::recycle(Gather& g) {
+  spare_send_ = std::move(g.send);
+  spare_recv_ = std::move(g.recv);
+}
+
+void UnitGather::release_staging() {
+  if (next_.valid()) {
+    Gather dropped = next_.get();  // its peers are in it too: every rank's walk announced the same unit
+  }
+  spare_send_ = StagingVector<float>(spare_send_.get_allocator());
+  spare_recv_ = StagingVector<float>(spare_recv_.get_allocator());
 }
 
 // The NCCL transport's gather: the same pieces, from the parameter shard straight into a unit buffer, on `stream`
@@ -132,8 +165,9 @@ void UnitGather::exchange(Gather& g, Comm& comm) {
                  kUnitGather, &g.send_at);
 }
 
-// The received pieces, back to back in the order pack listed them, into the unit buffer at their offsets.
-const float* UnitGather::unpack(const Gather& g) {
+// The received pieces, back to back in the order pack listed them, into the unit buffer at their offsets. The copies
+// are synchronous (from page-locked memory too), so the staging is free again when they return.
+const float* UnitGather::unpack(Gather& g) {
   grow_unit_buffer();
   const int64_t a = model_.unit_range(g.unit).first;
   const float* next = g.recv.data();
@@ -141,6 +175,7 @@ const float* UnitGather::unpack(const Gather& g) {
     unit_.upload(next, p1 - p0, p0 - a);
     next += p1 - p0;
   }
+  recycle(g);
   return unit_at_flat_offsets(unit_.data(), a);
 }
 
@@ -152,6 +187,7 @@ const float* UnitGather::acquire(int unit) {
       return unpack(g);
     }
     // Announced but not asked for: every rank's walk is the same, so every rank drops it alike.
+    recycle(g);
   }
   if (nccl_) return acquire_on_device(unit);
   ++misses_;
@@ -194,7 +230,10 @@ void UnitGather::prefetch(int unit) {
     return;
   }
   if (!prefetch_comm_) return;
-  if (next_.valid()) next_.wait();  // one unit ahead at most (an announcement not yet acquired is dropped there)
+  if (next_.valid()) {  // one unit ahead at most (an announcement not yet acquired is dropped here)
+    Gather dropped = next_.get();
+    recycle(dropped);
+  }
   Gather g = pack(prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit);
   Comm* comm = prefetch_comm_.get();
   next_ = std::async(std::launch::async, [g = std::move(g), comm]() mutable {

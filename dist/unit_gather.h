@@ -48,6 +48,9 @@ class UnitGather : public ParamGate {
   const float* acquire(int unit) override;
   void release(int) override {}  // the next acquire overwrites the buffer
   void prefetch(int unit) override;
+  // The step's gathers are over: a prefetch still in flight is collected and dropped, and the staging freed (a
+  // sharded run keeps none between steps: the memory model's transients; the next gather makes it again).
+  void release_staging();
 
   // What the prefetching thread's communicator sent (merged into the trainer's --report-comm figures).
   uint64_t prefetch_bytes_sent() const { return prefetch_comm_ ? prefetch_comm_->bytes_sent() : 0; }
@@ -64,7 +67,7 @@ class UnitGather : public ParamGate {
   // recv_pieces: their [begin, end) in the flat vector, shard by shard, back to back in recv).
   struct Gather {
     int unit = -1;
-    std::vector<float> send, recv;
+    StagingVector<float> send, recv;  // the executor's staging (page-locked on a device), recycled gather to gather
     std::vector<int64_t> send_counts, recv_counts, send_at;
     std::vector<std::pair<int64_t, int64_t>> recv_pieces;
   };
@@ -73,12 +76,22 @@ class UnitGather : public ParamGate {
     std::vector<Ranges> send, recv;  // [shard]: flat ranges of my part it reads; of its part I read
   };
   Pieces pieces_of(int unit) const;
+  // My send block of a gather: ranks that read the same pieces of my part (all of them, without expert parallelism)
+  // share one copy. Per rank its count and offset; the distinct piece lists at their offsets; the block's length.
+  struct SendBlock {
+    std::vector<int64_t> counts, at;
+    std::vector<Ranges> lists;
+    std::vector<int64_t> lists_at;
+    int64_t total = 0;
+  };
+  static SendBlock send_block(const Pieces& p);
   const float* gather_on_device(int unit, Buffer<float>& into, void* stream);  // the NCCL transport
   const float* acquire_on_device(int unit);
   void grow_unit_buffer();
-  Gather pack(int unit) const;                    // the executor's reads: on the calling (main) thread
+  Gather pack(int unit);                          // the executor's reads: on the calling (main) thread
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
-  const float* unpack(const Gather& g);           // into the unit buffer (the executor's writes): main thread
+  const float* unpack(Gather& g);                 // into the unit buffer (the executor's writes), then recycled
+  void recycle(Gather& g);                        // its staging back to spare_
 
   const Olmo3& model_;
   const Layout& layout_;
@@ -89,7 +102,12 @@ class UnitGather : public ParamGate {
   // The unit in use [largest unit] in the executor's memory, reused by every unit (the model acquires one at a time:
   // Olmo3::walk_forward), so no rank holds more than the largest unit of the gathered parameters, host or device.
   Buffer<float> unit_;
-  // Prefetch: the announced unit's gather in flight (its host vectors, at most one unit's, owned by the future).
+  // The MPI transport's staging, one unit's send and receive blocks, kept with their capacity from gather to gather
+  // (page-locked memory is slow to make): the gather in flight holds them, else they wait here. One set serves every
+  // gather, since a gather on the spot never overlaps the prefetch's (acquire collects the prefetch first).
+  StagingVector<float> spare_send_, spare_recv_;
+  int64_t most_sent_ = 0, most_received_ = 0;  // over every unit: the staging is made this long, once per step
+  // Prefetch: the announced unit's gather in flight (its staging, at most one unit's, owned by the future).
   const Prefetch prefetch_;
   std::unique_ptr<Comm> prefetch_comm_;
   std::future<Gather> next_;

@@ -29,6 +29,27 @@ void* device_allocate(size_t bytes, const std::string& what) {
   return p;
 }
 void device_free(void* p) { cudaFree(p); }
+void* pinned_allocate(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("out of page-locked host memory allocating ") + what + " (" + mib(bytes) +
+                             ", MPI transport's exchange staging: " + cudaGetErrorString(err) +
+                             "); the node's memory or its locked-memory limit (ulimit -l) ran out: try more ranks, "
+                             "a smaller train.micro_batch_instances, or --transport nccl, which stages nothing");
+  }
+  return p;
+}
+void pinned_free(void* p) { cudaFreeHost(p); }
+bool is_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
 void device_to_device(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device-to-device copy");
 }

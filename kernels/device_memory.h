@@ -11,6 +11,11 @@ namespace olmoref::kernels {
 // Out of memory: names `what`, its size, the device's free and total memory, and suggests a smaller micro-batch.
 void* device_allocate(size_t bytes, const std::string& what);
 void device_free(void* p);
+// Page-locked host memory (cudaHostAlloc): the MPI transport's exchange staging, copied to and from at the link's
+// full rate. The error names `what`, its size and the ways out. is_pinned: whether p is such memory (checks).
+void* pinned_allocate(size_t bytes, const char* what);
+void pinned_free(void* p);
+bool is_pinned(const void* p);
 void device_to_device(void* dst, const void* src, size_t bytes);
 void host_to_device(void* dst, const void* src, size_t bytes);
 void device_to_host(void* dst, const void* src, size_t bytes);

@@ -60,6 +60,14 @@ void KernelExecutor::deallocate(void* p) {
   if (on_device_) OLMOREF_DEVICE(device_free(p));
   else std::free(p);
 }
+void* KernelExecutor::staging_allocate(size_t bytes, const char* what) {
+  if (on_device_) return OLMOREF_DEVICE(pinned_allocate(bytes, what));
+  return Executor::staging_allocate(bytes, what);
+}
+void KernelExecutor::staging_free(void* p, size_t bytes) {
+  if (on_device_) OLMOREF_DEVICE(pinned_free(p));
+  else Executor::staging_free(p, bytes);
+}
 void KernelExecutor::to_device(void* dst, const void* src, size_t bytes) {
   if (on_device_) OLMOREF_DEVICE(host_to_device(dst, src, bytes));
   else std::memcpy(dst, src, bytes);

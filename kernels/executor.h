@@ -25,6 +25,7 @@ class KernelExecutor final : public Executor {
   bool host_memory() const override { return false; }
   OLMOREF_EXECUTOR_OPS(, override)
   void synchronize() override;
+  bool staging_pinned() const override { return on_device_; }
   int64_t memory_available() const override;
   // Bytes of kernel scratch held now (every workspace buffer, grown to the largest call so far).
   int64_t workspace_bytes() const;
@@ -32,6 +33,11 @@ class KernelExecutor final : public Executor {
   // exists in the host execution only (the device kernel has no such path): on the device it is refused, never
   // silently ignored, so a control that cannot fail there is not mistaken for one that passed.
   void set_debug_split_k(bool on);
+
+ protected:
+  // On the device: page-locked (kernels::pinned_allocate); in the host execution: ordinary host memory.
+  void* staging_allocate(size_t bytes, const char* what) override;
+  void staging_free(void* p, size_t bytes) override;
 
  private:
   void gemm(GemmArgs g);  // the exact GEMM, on the device or executed on the host

@@ -25,6 +25,12 @@ class ProfiledExecutor final : public Executor {
   OLMOREF_EXECUTOR_OPS(, override)
   void synchronize() override { inner_->synchronize(); }
   int64_t memory_available() const override { return inner_->memory_available(); }
+  bool staging_pinned() const override { return inner_->staging_pinned(); }
+
+ protected:
+  // The wrapped executor's staging (page-locked on a device), not the base class's malloc.
+  void* staging_allocate(size_t bytes, const char* what) override { return inner_->allocate_staging(bytes, what); }
+  void staging_free(void* p, size_t bytes) override { inner_->free_staging(p, bytes); }
 
  private:
   struct Stat {

@@ -138,14 +138,17 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
     // dist::OwnerReduction exchanges a unit in chunks of every owner's piece, one all-to-all each.
     p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + exchange_chunks - 1) / exchange_chunks);
   }
-  if (S > 1)
+  if (S > 1) {
+    // dist::UnitGather::acquire: my part of the unit once (under expert parallelism at most once for each of the S
+    // ranks, which read different experts) and the whole unit received, then copied into the unit buffer. The staging
+    // is made once a step as long as the most sent and the most received over the units (which may be two units).
+    int64_t most_mine = 0;
     for (const auto& [a, b] : units) {
-      // dist::UnitGather::acquire: my part of the unit once (under expert parallelism at most once for each of the S
-      // ranks, which read different experts) and the whole unit received, then copied into the unit buffer.
-      const int64_t mine = std::max<int64_t>(0, std::min(b, L.hi()) - std::max(a, L.lo()));
+      most_mine = std::max(most_mine, std::max<int64_t>(0, std::min(b, L.hi()) - std::max(a, L.lo())));
       p.unit_floats = std::max(p.unit_floats, b - a);
-      p.gather_floats = std::max(p.gather_floats, (ep ? S : 1) * mine + (b - a));
     }
+    p.gather_floats = (ep ? S : 1) * most_mine + p.unit_floats;
+  }
   return p;
 }
 
@@ -388,7 +391,8 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
   const MemoryPart baseline{"process baseline", kProcessBaselineBytes, "binary, libraries, MPI, threads (measured)"};
 
   // The step. On cuda the host holds the exchange's staging (send and receive blocks, a unit's gather, the
-  // parameters' all-gather: dist/ moves every byte through the host) and the digest's blocks.
+  // parameters' all-gather: dist/ moves every byte through the host; page-locked, Executor::allocate_staging) and the
+  // digest's blocks.
   HostPhase step{"step", {}};
   if (!x.gpu) {
     step.parts = executor_step_parts(cfg, x);
@@ -398,11 +402,13 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     };
     // Under nccl none of it: the exchanges move between device buffers.
     if (L.world() > 1 && !x.nccl) {
-      add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
-      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
+      add("unit send blocks", kF32 * p.send_floats,
+          "a unit's finished subtrees, cut by owner: k x largest unit (page-locked)");
+      add("unit receive blocks", kF32 * p.recv_floats,
+          "every rank's subtrees on a chunk of my slice of a unit (page-locked)");
     }
     const MemoryPart transient = largest_transient(p, false);
-    if (!x.nccl) add(transient.name, transient.bytes, transient.why + " (host staging)");
+    if (!x.nccl) add(transient.name, transient.bytes, transient.why + " (host staging, page-locked)");
     // Olmo3::ContextBuffers' host side: attention's gathers staged through the host (this rank's rows, every rank's,
     // the whole tensor to upload) and a chain's partial on its way; under nccl they move on the device.
     if (cfg.train.cp_degree > 1 && !x.nccl) {

@@ -440,6 +440,14 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
                   static_cast<long long>(on_the_spot));
     text += line;
   }
+  // The MPI transport's host staging of the exchanges (page-locked on a device): made once per step and kept through
+  // it, so the count grows with the steps, not with the units.
+  if (const Executor::StagingStats& st = trainer.executor().staging_stats(); st.allocations > 0) {
+    std::snprintf(line, sizeof line, "rank %d: exchange staging in %lld steps: %lld blocks made, peak %lld bytes (%s)\n",
+                  rank, static_cast<long long>(done), static_cast<long long>(st.allocations),
+                  static_cast<long long>(st.peak_bytes), trainer.executor().staging_pinned() ? "page-locked" : "pageable");
+    text += line;
+  }
   for (const auto& [what, bytes] : trainer.bytes_sent_by_what()) {
     std::snprintf(line, sizeof line, "rank %d: sent %llu bytes in %lld steps: %s\n", rank,
                   static_cast<unsigned long long>(bytes), static_cast<long long>(done), what.c_str());

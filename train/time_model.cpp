@@ -315,8 +315,9 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   t.transport = transport;
   const double gemm = w.gemm_flops / r.gemm_flops, attention = w.attention_flops / r.attention_flops;
   const double memory = w.hbm_bytes / r.hbm_bytes;
-  // Link seconds of the unit gathers and of the other collectives. MPI: every byte sent is copied to pageable host
-  // memory and every byte received back, by blocking copies one after another; the node's ranks exchange through
+  // Link seconds of the unit gathers and of the other collectives. MPI: every byte sent is copied to page-locked host
+  // memory (Executor::allocate_staging: the link's rate) and every byte received back, by blocking copies one after
+  // another; the node's ranks exchange through
   // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once, for
   // the exchanges `train --transport nccl` moves (dist::kNcclExchanges); the others stay on MPI under it too.
   // `hideable`: what a prefetch can run under compute, the gathers' links (under MPI not their PCIe staging, which
@@ -341,7 +342,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   }
   t.parts = {{"GEMM", gemm}, {"attention", attention}, {"memory-bound ops (HBM)", memory}};
   if (mpi || pcie + host > 0) {
-    t.parts.push_back({"PCIe staging (pageable, blocking)", pcie});
+    t.parts.push_back({"PCIe staging (page-locked, blocking)", pcie});
     t.parts.push_back({"host copies between ranks", host});
   }
   if (!mpi) t.parts.push_back({"NVLink", nvlink});

@@ -7,7 +7,7 @@
 //     what `train --report-comm` measures under the same `what`: tests/train/time_model.sh); the expert all-to-all
 //     depends on the routing and is estimated at balanced routing;
 //   - the time of that work at stated rates (DeviceRates: data-sheet figures, a gemm_bench bench.json from a device
-//     run, --rate overrides), for three transports: today's MPI through pageable host memory with nothing overlapped,
+//     run, --rate overrides), for three transports: today's MPI through page-locked host memory with nothing overlapped,
 //     NCCL on NVLink and the network, and NCCL with the next FSDP unit gathered under this one's compute.
 #pragma once
 

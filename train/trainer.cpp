@@ -283,6 +283,7 @@ void Trainer::release_transients() {
   // FSDP: outside the step a rank keeps only its shards (parameter units were released as used).
   tree_.release();
   if (owners_) owners_->release();
+  if (unit_gather_) unit_gather_->release_staging();
 }
 
 BatchSplit Trainer::batch_split() const {
@@ -580,6 +581,9 @@ Trainer::OptimizerOutcome Trainer::optimizer(int64_t batch_tokens, float ce_loss
     o.group_lr.push_back(schedule_get_lr(cfg_.schedule, group.lr, o.pos.current, o.pos.t_max));
   const bool dump = !optim_dump_dir_.empty();
   if (dump && o.step == 1) dump_optim_state("params0.f32", params_);
+  // The step's unit gathers are over: their staging goes before the optimizer's transients come (the memory model
+  // counts the larger of the two, never both).
+  if (unit_gather_) unit_gather_->release_staging();
   if (!cfg_.optim.skip_step())
     adamw_update(o.step + adam_step_offset_, o.group_lr);
   else
@@ -633,7 +637,8 @@ void Trainer::gather_updated_params() {
   const int64_t block = std::min(stride, dist::kParamGatherBlock);
   // My block [block] and every replica's [R][n]: on the host for MPI, in executor memory for NCCL (the same blocks,
   // the same all-gather plan: my block to every replica, myself included).
-  std::vector<float> host_mine, host_all;
+  StagingVector<float> host_mine(StagingAllocator<float>(*ex_, "updated parameters: my block (sent)"));
+  StagingVector<float> host_all(StagingAllocator<float>(*ex_, "updated parameters: every replica's block (received)"));
   Buffer<float> dev_mine, dev_all;
   if (nccl_replica_) {
     dev_mine.reset(*ex_, block, "updated parameters: my block (sent)");

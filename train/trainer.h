@@ -83,6 +83,7 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   const Olmo3& model() const { return model_; }
   Executor& executor() { return *ex_; }
+  const Executor& executor() const { return *ex_; }
   // The per-op timing table of a run with Parallelism::profile_ops ("" otherwise).
   std::string op_profile() const;
   int64_t step() const { return step_; }          // optimizer steps completed

@@ -10,7 +10,11 @@
 #   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
 #     the head and L blocks backward), of which only the first (the embedding) is gathered on the spot and every other
 #     served by the prefetch; none prefetched with --no-prefetch or the control; the bytes of each collective the
-#     same with and without the prefetch (what `olmoref config --time` predicts).
+#     same with and without the prefetch (what `olmoref config --time` predicts);
+#   - the exchanges' host staging (Executor::allocate_staging: page-locked on a device, slow to make) is made a few
+#     times a step, never per unit: at most 10 blocks a step on every rank in every run (the unit gather's two, the
+#     owners' send and receive blocks as they grow, the replicas' two), where a block per gather would be 2 per unit
+#     acquired (2 x 11 a pass of tiny).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
@@ -39,6 +43,14 @@ gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
   sed -nE 's/^rank ([0-9]+): FSDP unit gathers in [0-9]+ steps: ([0-9]+) prefetched, ([0-9]+) on the spot$/\1 \2 \3/p' \
     "$work/$1.log" | sort -n | cut -d' ' -f2-
 }
+staging() {  # staging RUN: every rank made its exchange staging at most 10 times a step (3 steps)
+  local counts
+  counts=$(sed -nE 's/^rank [0-9]+: exchange staging in 3 steps: ([0-9]+) blocks made, .*/\1/p' "$work/$1.log")
+  [ -n "$counts" ] || { echo "FAIL: $1: no rank reported its exchange staging"; exit 1; }
+  for n in $counts; do
+    [ "$n" -le 30 ] || { echo "FAIL: $1: $n staging blocks made in 3 steps (at most 30: made per step, not per unit)"; exit 1; }
+  done
+}
 bytes() {  # bytes RUN: every rank's bytes per collective, sorted
   grep -E "^rank [0-9]+: sent [0-9]+ bytes in" "$work/$1.log" | sort
 }
@@ -55,7 +67,7 @@ check() {
   ranks "$name-$layout" "$layout" "$@"
   ranks "$name-$layout-off" "$layout" "$@" --no-prefetch
   ranks "$name-$layout-other" "$layout" "$@" --debug-prefetch-other-unit
-  for run in "$name-$layout" "$name-$layout-off" "$name-$layout-other"; do same "$name" "$run"; done
+  for run in "$name-$layout" "$name-$layout-off" "$name-$layout-other"; do same "$name" "$run"; staging "$run"; done
   [ "$(gathers "$name-$layout")" = "${want_on%$'\n'}" ] ||
     { gathers "$name-$layout"; echo "FAIL: $name-$layout: want per rank: ${want_on%%$'\n'*} (prefetched, on the spot)"; exit 1; }
   for run in "$name-$layout-off" "$name-$layout-other"; do

@@ -67,7 +67,7 @@ grep -Eq '^  NVLink +- +- +0\.0186798 +0\.0186798$' "$work/nccl-cp.txt" ||
   { cat "$work/nccl-cp.txt"; fail "under nccl tiny CP 2's NVLink is not 0.0186798 s"; }
 "$BIN" config --config "$SRC/configs/tiny-moe.toml" "${data[@]}" --layout 2x1 --ep 2 --time --rank 0 > "$work/nccl-ep.txt"
 for f in hand2 nccl-ep nccl-cp; do
-  grep -Eq '^  PCIe staging \(pageable, blocking\) +[0-9.e-]+ +[0-9.e-]+ +- +-$' "$work/$f.txt" ||
+  grep -Eq '^  PCIe staging \(page-locked, blocking\) +[0-9.e-]+ +[0-9.e-]+ +- +-$' "$work/$f.txt" ||
     { cat "$work/$f.txt"; fail "$f: under nccl something is staged through the host"; }
 done
 
