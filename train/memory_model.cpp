@@ -276,6 +276,15 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
         gpu ? "the unit in use on the device (largest unit)" : "the unit in use (largest unit)");
   if (L.dp_shard > 1 && x.nccl && x.prefetch)
     add("FSDP next-unit buffer", kF32 * p.unit_floats, "nccl's prefetch: the next unit gathered beside (largest unit)");
+  if (gpu && x.nccl) {
+    // NCCL's own device buffers, one set per communicator the trainer makes (world, replicate group, a shard's
+    // replicas, EP and CP groups: train/trainer.cpp), at an estimate no run here has measured.
+    const int comms = (L.world() > 1) + (L.dp_shard > 1) + (L.dp_replicate > 1) + (ep ? 1 : 0) +
+                      (cfg.train.cp_degree > 1);
+    add("NCCL communicators", comms * kNcclCommEstimateBytes,
+        std::to_string(comms) + " x 0.5 GiB, an estimate (0.5-0.7 GB each reported on 4-GPU NVLink nodes, NCCL issue "
+        "964; test_gpu_smoke --nccl measures one)");
+  }
   add("activations", x.mm.activations, "kept for backward: " + recompute + "; x micro-batch x seq");
   add("backward temporaries", x.mm.backward, "one block's gradients [R, d|qd|kd|F]; x micro-batch x seq");
   add("logits", x.mm.logits,

@@ -26,6 +26,11 @@ struct MemoryPlacement {
   int64_t dataset_instances = -1;  // -1: counted from the config's data files (none when they cannot be read)
 };
 
+// NCCL's own device memory per communicator (its channels' buffers, proxy state): an estimate until a device run
+// measures it. NCCL's issue tracker reports 0.5-0.7 GB per communicator on 4-GPU NVLink nodes (issue 964; more with
+// its collective algorithms, which olmoref never calls: it sends and receives only).
+inline constexpr int64_t kNcclCommEstimateBytes = int64_t{512} << 20;
+
 struct MemoryPart {
   std::string name;
   int64_t bytes = 0;

@@ -86,6 +86,19 @@ check() {
        "($(wc -l < "$work/$name-$layout-mpi.plan/rank0.log") on rank 0; NCCL groups per rank: $groups)"
 }
 
+# NCCL's own buffers, 0.5 GiB a communicator: the memory model counts the communicators the trainer made in a run
+# (every communicator a rank's stand-in log names), at 2x2 and under expert parallelism.
+comms_check() {  # comms_check RUN LAYOUT CONFIG_ARGS...
+  local run=$1 layout=$2 made counted
+  shift 2
+  made=$(awk '/^comm /{print $2}' "$work/$run.plan/rank0.nccl" | sort -u | wc -l)
+  counted=$("$BIN" config "$@" --layout "$layout" --executor cuda --transport nccl |
+    sed -nE 's/^  NCCL communicators +[0-9.]+ GiB +([0-9]+) x 0\.5 GiB.*/\1/p')
+  [ "$made" -gt 0 ] && [ "$counted" = "$made" ] ||
+    { echo "FAIL: $run: the memory model counts '${counted}' NCCL communicators, the run made $made"; exit 1; }
+  echo "memory model: $run's $made NCCL communicators counted"
+}
+
 single tiny "${tiny[@]}"
 check tiny 2x1 "${tiny[@]}"
 check tiny 3x1 "${tiny[@]}"
@@ -160,6 +173,7 @@ for r in 0 1 2 3; do
     { echo "FAIL: moe 2x2 rank $r: NCCL groups on the EP group, world, replicate group, replicas: $counts"; exit 1; }
 done
 echo "moe 2x2: NCCL groups per communicator on every rank: $counts (the expert rows, the world, replicate group, replicas)"
+comms_check moe-2x2-nccl 2x2 "${moe[@]}" --ep 2
 split_check moe-2x2-split 2x2 moe "${moe[@]}" --ep 2
 prefetch_check moe 2x2 3 6 "${moe[@]}" --ep 2
 # An idle rank beside a busy one in an EP group: 5 micro-batches on 4 ranks, so in the second round rank 1 runs the
@@ -191,7 +205,10 @@ for t in mpi nccl; do
   done
   [ "$t" = mpi ] || ! grep -Eq "^  (FSDP gather buffers|parameter all-gather) " <<< "$host" ||
     { cat "$work/memory-$t.txt"; echo "FAIL: --transport nccl: host staging counted"; exit 1; }
+  [ "$t" = nccl ] || ! grep -q "^  NCCL communicators " <<< "$device" ||
+    { cat "$work/memory-$t.txt"; echo "FAIL: --transport mpi: NCCL's buffers counted"; exit 1; }
 done
+comms_check tiny-2x2-nccl 2x2 "${tiny[@]}"
 for t in mpi nccl; do
   "$BIN" config "${tiny[@]}" --layout 2x1 --cp 2 --executor cuda --transport "$t" > "$work/memory-cp-$t.txt"
 done

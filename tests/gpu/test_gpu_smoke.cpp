@@ -26,6 +26,7 @@
 static int nccl_check() {
   using namespace olmoref;
   const std::unique_ptr<Executor> ex = make_executor("cuda", nullptr);
+  const int64_t free_before = kernels::device_free_bytes();
   std::unique_ptr<dist::NcclComm> nccl;
   try {
     nccl = std::make_unique<dist::NcclComm>(dist::world(), *ex);
@@ -60,6 +61,11 @@ static int nccl_check() {
   };
   nccl->exchange(src.data(), dst.data(), plan, "NCCL check");
   if (!check_dst(2.0f, "on the default stream, after the kernel that wrote them")) return 1;
+  // NCCL's own device memory for one communicator and its first exchange (the memory model's estimate,
+  // kNcclCommEstimateBytes, is 512 MiB a communicator): the free memory's drop, less this check's two buffers.
+  const int64_t taken = free_before - kernels::device_free_bytes() - 2 * n * static_cast<int64_t>(sizeof(float));
+  std::printf("NCCL: one communicator (1 rank) and its first exchange took %.1f MiB of device memory\n",
+              static_cast<double>(taken) / (1 << 20));
   // The FSDP prefetch's ordering (dist::UnitGather): the kernel on the default stream, then the exchange on a side
   // stream that waits for it, then the default stream waiting for the side stream before the copy reads dst.
   kernels::SideStream side;
