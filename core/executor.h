@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <type_traits>
 #include <utility>
 
 #include "core/elementwise.h"
@@ -256,6 +257,9 @@ class Buffer {
 template <class T>
 struct StagingAllocator {
   using value_type = T;
+  // A vector moved or swapped takes its blocks' allocator along (a default-made vector's has no executor).
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
   Executor* ex = nullptr;
   const char* what = "host staging";
   StagingAllocator() = default;

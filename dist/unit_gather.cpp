@@ -21,7 +21,7 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
     : model_(model), layout_(layout), ep_(ep), ex_(ex), params_(params), shard_group_(shard_group),
       spare_send_(StagingAllocator<float>(ex, "FSDP unit gather: my part of the unit (sent)")),
       spare_recv_(StagingAllocator<float>(ex, "FSDP unit gather: the unit's pieces (received)")),
-      prefetch_(prefetch), nccl_(nccl) {
+      prefetch_(prefetch), nccl_(nccl), land_in_thread_(prefetch != Prefetch::off && !nccl && ex.name() != "cpu") {
   if (prefetch_ != Prefetch::off && !nccl_) prefetch_comm_ = shard_group.split(0, shard_group.rank());
   if (!nccl_)
     for (int u = 0; u < model_.n_units(); ++u) {
@@ -33,15 +33,23 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
       most_received_ = std::max(most_received_, received);
     }
 #if OLMOREF_HAVE_NCCL
-  // On the device the prefetch runs on a stream of its own; the host execution's stand-in NCCL moves each group as it
-  // is issued, so there is nothing to order.
-  if (prefetch_ != Prefetch::off && nccl_ && ex.name() == "cuda") side_ = std::make_unique<SideStream>();
+  // On the device the prefetch runs on a stream of its own (NCCL's groups, or the staged prefetch's copies); the host
+  // execution copies as it goes (and its stand-in NCCL moves each group as it is issued), so there is nothing to order.
+  if (prefetch_ != Prefetch::off && ex.name() == "cuda") side_ = std::make_unique<SideStream>();
 #endif
 }
 
 UnitGather::~UnitGather() {
-  // A gather in flight finishes first: its thread reads and writes vectors the future owns, and its peers are in it.
+  // A gather in flight finishes first: its thread reads and writes vectors the future owns, and its peers are in it;
+  // then its copies on the side stream.
   if (next_.valid()) next_.wait();
+  side_wait();
+}
+
+void UnitGather::side_wait() {
+#if OLMOREF_HAVE_NCCL
+  if (side_) side_->synchronize();
+#endif
 }
 
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
@@ -95,10 +103,11 @@ UnitGather::SendBlock UnitGather::send_block(const Pieces& p) {
 // The MPI transport's gather: my pieces staged on the host (the executor's reads), for one all-to-all. The staging is
 // made once, as long as the longest unit's blocks, and recycled from gather to gather (page-locked memory is slow to
 // make, and a vector grown on the way would remake it).
-UnitGather::Gather UnitGather::pack(int unit) {
+UnitGather::Gather UnitGather::pack(int unit, bool on_side) {
   const Pieces p = pieces_of(unit);
   const int S = layout_.dp_shard;
-  Gather g{.unit = unit, .send = std::move(spare_send_), .recv = std::move(spare_recv_)};
+  Gather g;
+  g.unit = unit, g.send = std::move(spare_send_), g.recv = std::move(spare_recv_);
   g.send.clear(), g.recv.clear();
   g.send.reserve(static_cast<size_t>(most_sent_)), g.recv.reserve(static_cast<size_t>(most_received_));
   SendBlock b = send_block(p);
@@ -107,7 +116,15 @@ UnitGather::Gather UnitGather::pack(int unit) {
   for (size_t d = 0; d < b.lists.size(); ++d) {
     int64_t at = b.lists_at[d];
     for (const auto& [p0, p1] : b.lists[d]) {
-      ex_.to_host(g.send.data() + at, params_.data() + (p0 - layout_.lo()), static_cast<size_t>(p1 - p0) * sizeof(float));
+      float* dst = g.send.data() + at;
+      const float* src = params_.data() + (p0 - layout_.lo());
+      const size_t bytes = static_cast<size_t>(p1 - p0) * sizeof(float);
+#if OLMOREF_HAVE_NCCL
+      if (on_side && side_)
+        side_->copy(dst, src, bytes);
+      else
+#endif
+        ex_.to_host(dst, src, bytes);
       at += p1 - p0;
     }
   }
@@ -132,6 +149,7 @@ void UnitGather::release_staging() {
   if (next_.valid()) {
     Gather dropped = next_.get();  // its peers are in it too: every rank's walk announced the same unit
   }
+  side_wait();  // the staged prefetch's copies, which read the staging
   spare_send_ = StagingVector<float>(spare_send_.get_allocator());
   spare_recv_ = StagingVector<float>(spare_recv_.get_allocator());
 }
@@ -154,9 +172,25 @@ const float* UnitGather::gather_on_device(int unit, Buffer<float>& into, void* s
 void UnitGather::grow_unit_buffer() {
   // Allocated by the first step, not with the trainer: a process that only resumes (or a tool) never holds it.
   if (unit_.size() == 0) unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the unit in use, gathered)");
-  // The NCCL transport's prefetch gathers the next unit into a second buffer while the model reads the first.
-  if (nccl_ && prefetch_ != Prefetch::off && next_unit_.size() == 0)
-    next_unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the next unit, prefetched on the device)");
+  // NCCL's prefetch and the staged one gather the next unit into a second buffer while the model reads the first.
+  if (((nccl_ && prefetch_ != Prefetch::off) || land_in_thread_) && next_unit_.size() == 0)
+    next_unit_.reset(ex_, model_.largest_unit(), "FSDP unit buffer (the next unit, prefetched)");
+}
+
+void UnitGather::land(Gather& g, Executor& ex, SideStream* side) {
+  const float* next = g.recv.data();
+  for (const auto& [p0, p1] : g.recv_pieces) {
+    float* dst = g.land + (p0 - g.land_at);
+    const size_t bytes = static_cast<size_t>(p1 - p0) * sizeof(float);
+#if OLMOREF_HAVE_NCCL
+    if (side)
+      side->copy(dst, next, bytes);
+    else
+#endif
+      ex.to_device(dst, next, bytes);
+    next += p1 - p0;
+  }
+  (void)side;
 }
 
 void UnitGather::exchange(Gather& g, Comm& comm) {
@@ -184,13 +218,23 @@ const float* UnitGather::acquire(int unit) {
     Gather g = next_.get();  // rethrows what the thread threw
     if (g.unit == unit) {
       ++hits_;
-      return unpack(g);
+      if (!land_in_thread_) return unpack(g);
+      // The thread landed it in next_unit_ (on a device its copies queued on the side stream, which the model's work
+      // now waits for); the staging is free again once the side stream has read it, which the next user of the
+      // staging waits for (the next prefetch queues behind on the side stream, a gather on the spot waits).
+#if OLMOREF_HAVE_NCCL
+      if (side_) side_->default_waits();
+#endif
+      recycle(g);
+      std::swap(unit_, next_unit_);
+      return unit_at_flat_offsets(unit_.data(), model_.unit_range(unit).first);
     }
     // Announced but not asked for: every rank's walk is the same, so every rank drops it alike.
     recycle(g);
   }
   if (nccl_) return acquire_on_device(unit);
   ++misses_;
+  side_wait();  // a staged prefetch's copies may still read the staging
   Gather g = pack(unit);
   exchange(g, shard_group_);
   return unpack(g);
@@ -234,10 +278,32 @@ void UnitGather::prefetch(int unit) {
     Gather dropped = next_.get();
     recycle(dropped);
   }
-  Gather g = pack(prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit);
+  const int target = prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit;
   Comm* comm = prefetch_comm_.get();
-  next_ = std::async(std::launch::async, [g = std::move(g), comm]() mutable {
+  if (!land_in_thread_) {
+    Gather g = pack(target);
+    next_ = std::async(std::launch::async, [g = std::move(g), comm]() mutable {
+      exchange(g, *comm);
+      return std::move(g);
+    });
+    return;
+  }
+  grow_unit_buffer();
+  int device = -1;
+#if OLMOREF_HAVE_NCCL
+  // On the side stream: the pieces' copies to the host after everything queued so far (the optimizer's writes of the
+  // shard; the kernels that last read next_unit_, the unit before the one just acquired), the landing after them.
+  if (side_) side_->wait_for_default(), device = kernels::current_device();
+#endif
+  Gather g = pack(target, true);
+  g.land = next_unit_.data(), g.land_at = model_.unit_range(target).first;
+  next_ = std::async(std::launch::async, [g = std::move(g), comm, ex = &ex_, side = side_.get(), device]() mutable {
+#if OLMOREF_HAVE_NCCL
+    if (side) kernels::use_device(device), side->synchronize();  // the pieces are on the host
+#endif
+    (void)device;
     exchange(g, *comm);
+    land(g, *ex, side);
     return std::move(g);
   });
 }

@@ -70,6 +70,8 @@ class UnitGather : public ParamGate {
     StagingVector<float> send, recv;  // the executor's staging (page-locked on a device), recycled gather to gather
     std::vector<int64_t> send_counts, recv_counts, send_at;
     std::vector<std::pair<int64_t, int64_t>> recv_pieces;
+    float* land = nullptr;  // the staged prefetch: the buffer the thread lands the unit in (next_unit_), read at
+    int64_t land_at = 0;    // the flat vector's offsets less land_at
   };
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   struct Pieces {
@@ -88,10 +90,16 @@ class UnitGather : public ParamGate {
   const float* gather_on_device(int unit, Buffer<float>& into, void* stream);  // the NCCL transport
   const float* acquire_on_device(int unit);
   void grow_unit_buffer();
-  Gather pack(int unit);                          // the executor's reads: on the calling (main) thread
+  // The executor's reads, on the calling (main) thread: by blocking copies, or (on_side) queued on the side stream.
+  Gather pack(int unit, bool on_side = false);
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
+  struct SideStream;  // kernels::SideStream in a CUDA build (unit_gather.cpp)
+  // The staged prefetch's last leg, on its thread: the received pieces into g.land, by the side stream's asynchronous
+  // copies on a device (device: that thread's CUDA device), else the executor's.
+  static void land(Gather& g, Executor& ex, SideStream* side);
   const float* unpack(Gather& g);                 // into the unit buffer (the executor's writes), then recycled
   void recycle(Gather& g);                        // its staging back to spare_
+  void side_wait();                               // the host waits for the side stream (a device's; else nothing)
 
   const Olmo3& model_;
   const Layout& layout_;
@@ -112,12 +120,17 @@ class UnitGather : public ParamGate {
   std::unique_ptr<Comm> prefetch_comm_;
   std::future<Gather> next_;
   NcclComm* const nccl_;
-  // The NCCL transport's prefetch: the next unit gathered into next_unit_ (the two buffers swap at each hit), on a
-  // stream of its own on a device (side_; none in the host execution), pending_unit_ the unit queued (-1: none).
+  // The prefetch's second unit buffer (NCCL's, and the staged prefetch's on a device executor): the next unit gathered
+  // into next_unit_ (the two buffers swap at each hit), on a stream of its own on a device (side_; none in the host
+  // execution); under NCCL pending_unit_ the unit queued (-1: none).
   Buffer<float> next_unit_;
   int pending_unit_ = -1;
-  struct SideStream;  // kernels::SideStream in a CUDA build (unit_gather.cpp)
   std::unique_ptr<SideStream> side_;
+  // The MPI transport's prefetch on a device executor (cuda, and cuda-host standing in for it): the thread also lands
+  // the unit in next_unit_ (on a device by the side stream, after the pieces' copies to the host on it too), so that
+  // neither the copies over PCIe nor the all-to-all wait on the model's work; the buffers swap at each hit. On cpu the
+  // received unit is copied in at the acquire, into the one unit buffer.
+  const bool land_in_thread_;
   int64_t hits_ = 0, misses_ = 0;
 };
 

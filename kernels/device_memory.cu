@@ -88,6 +88,21 @@ void SideStream::default_waits() {
         "the default stream waiting for the side stream");
 }
 
+void SideStream::copy(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)),
+        "a copy on the side stream");
+}
+void SideStream::synchronize() {
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "waiting for the side stream");
+}
+
+int current_device() {
+  int d = 0;
+  check(cudaGetDevice(&d), "querying this thread's device");
+  return d;
+}
+void use_device(int d) { check(cudaSetDevice(d), "making device " + std::to_string(d) + " this thread's"); }
+
 int64_t device_free_bytes() {
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "querying free memory");

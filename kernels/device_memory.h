@@ -36,6 +36,10 @@ class SideStream {
   void wait_for_default();
   // Work queued on the default stream from now on waits for everything queued on the side stream so far.
   void default_waits();
+  // A copy queued on the side stream (either direction; host memory page-locked, or the copy is not asynchronous), and
+  // a host wait for everything queued on it. Callable from any thread that has made this device current (use_device).
+  void copy(void* dst, const void* src, size_t bytes);
+  void synchronize();
 
  private:
   void* stream_ = nullptr;
@@ -43,6 +47,10 @@ class SideStream {
   void* side_done_ = nullptr;
 };
 
+// This thread's device, and making a device current on another thread (a new thread starts on device 0: without
+// this, its first CUDA call would make a context there).
+int current_device();
+void use_device(int d);
 // The CUDA devices this process sees (0 without a driver or a device; CUDA_VISIBLE_DEVICES applies).
 int visible_device_count();
 // Makes device d this process's (cudaSetDevice: before anything is allocated, so no context lands on device 0) and

@@ -274,8 +274,9 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
   if (L.dp_shard > 1)
     add("FSDP unit buffer", kF32 * p.unit_floats,
         gpu ? "the unit in use on the device (largest unit)" : "the unit in use (largest unit)");
-  if (L.dp_shard > 1 && x.nccl && x.prefetch)
-    add("FSDP next-unit buffer", kF32 * p.unit_floats, "nccl's prefetch: the next unit gathered beside (largest unit)");
+  if (L.dp_shard > 1 && x.prefetch && (x.nccl || device_paths))
+    add("FSDP next-unit buffer", kF32 * p.unit_floats,
+        std::string(x.nccl ? "nccl's" : "the staged") + " prefetch: the next unit gathered beside (largest unit)");
   if (gpu && x.nccl) {
     // NCCL's own device buffers, one set per communicator the trainer makes (world, replicate group, a shard's
     // replicas, EP and CP groups: train/trainer.cpp), at an estimate no run here has measured.

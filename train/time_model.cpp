@@ -320,8 +320,8 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   // another; the node's ranks exchange through
   // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once, for
   // the exchanges `train --transport nccl` moves (dist::kNcclExchanges); the others stay on MPI under it too.
-  // `hideable`: what a prefetch can run under compute, the gathers' links (under MPI not their PCIe staging, which
-  // stays on the main thread with the executor's copies).
+  // `hideable`: what a prefetch can run under compute, the gathers' links, under MPI their PCIe staging too (the
+  // prefetch's thread copies on a side stream of its own: dist::UnitGather::land).
   double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0;
   for (const CollectiveWork& c : w.collectives) {
     double link = 0, between_ranks = 0;
@@ -332,7 +332,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     if (!by_nccl) {
       const double p = static_cast<double>(c.sent() + c.received()) / r.pcie_bytes;
       const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
-      pcie += p, host += h, link = p + h + off, between_ranks = h + off;
+      pcie += p, host += h, link = p + h + off, between_ranks = link;
     } else {
       const double v = static_cast<double>(std::max(c.sent_on_node, c.received_on_node)) / r.nvlink_bytes;
       nvlink += v, link = v + off, between_ranks = link;

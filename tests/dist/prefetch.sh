@@ -3,8 +3,9 @@
 # announces. The model announces the unit it acquires next (ParamGate::prefetch); the gate gathers it on a thread of
 # its own, on its own communicator, while the model works on the unit in hand. Checked:
 #   - the traces (loss, gradient norm, the digest of every parameter's bits, every step) at 2x1, 3x1 (a rank idle in a
-#     round), 2x2, bf16 with recompute at 4x1, a mixture of experts with expert parallelism (tiny-moe, EP 2 at 2x2)
-#     and context parallelism (CP 2 at 4x1, masked), each with the prefetch, with `--no-prefetch` and with the
+#     round), 2x2, on the CUDA executor's host execution at 2x1 and 2x2 (its prefetch lands the unit in a second
+#     buffer), bf16 with recompute at 4x1, a mixture of experts with expert parallelism (tiny-moe, EP 2 at 2x2) and
+#     context parallelism (CP 2 at 4x1, masked), each with the prefetch, with `--no-prefetch` and with the
 #     negative control `--debug-prefetch-other-unit` (every prefetch gathers the wrong unit, so every acquire gathers
 #     again on the spot: the fallback path), all equal to the single process's byte for byte;
 #   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
@@ -87,6 +88,11 @@ single plain "${tiny[@]}"
 check plain 2x1 6 6 "${tiny[@]}"           # 2 rounds a step
 check plain 3x1 6 6 "${tiny[@]}"           # 2 rounds, a rank idle in the second (an idle pass gathers too)
 check plain 2x2 3 6 "${tiny[@]}"
+# The CUDA executor's host execution: its prefetch thread also lands the unit in a second unit buffer (on a device by
+# the side stream's copies, dist::UnitGather::land), the buffers swapping at each hit; a miss waits for it first.
+single cudahost "${tiny[@]}" --executor cuda-host
+check cudahost 2x1 6 6 "${tiny[@]}" --executor cuda-host
+check cudahost 2x2 3 6 "${tiny[@]}" --executor cuda-host
 single bf16 "${bf16[@]}"
 check bf16 4x1 3 6 "${bf16[@]}"
 single moe "${moe[@]}"
