@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/elementwise.h"
 #include "core/op_types.h"

@@ -4,8 +4,9 @@
 
 namespace olmoref::kernels {
 
-// The device grids' blocks one after another, in block order: each its own tiles (and, in the forward, its own scratch rows), as on
-// the device. Shared memory and the blocks' registers on the heap: together they pass 100 KiB.
+// The device grids' blocks one after another, in block order: each its own tiles, heaviest first (and, in the
+// forward, its own scratch rows), as on the device. Shared memory and the blocks' registers on the heap: together they
+// pass 100 KiB.
 void attention_forward_host(const AttentionArgs& a) {
   auto sh = std::make_unique<AttentionForwardShared>();
   HostBlock<AttentionForwardRegs, kAttThreads> blk(*sh);

@@ -306,8 +306,8 @@ namespace {
 AttentionArgs attention_args(const AttentionShape& s) {
   check_attention_parts(s);
   // The kernels hand tiles out by 32-bit ranks (attention_tile_by_rank), and a grid holds under 2^31 blocks.
-  if (s.B * s.H * ((s.T + kAttTile - 1) / kAttTile) >= (int64_t{1} << 31))
-    throw std::invalid_argument("attention: B·H·ceil(T/32) = " + std::to_string(s.B * s.H * ((s.T + kAttTile - 1) / kAttTile)) +
+  if (const int64_t tiles = s.B * s.H * ((s.T + kAttTile - 1) / kAttTile); tiles >= (int64_t{1} << 31))
+    throw std::invalid_argument("attention: B·H·ceil(T/32) = " + std::to_string(tiles) +
                                 " tiles, past the kernels' 2^31; use a smaller train.micro_batch_instances");
   AttentionArgs a;
   a.B = s.B, a.T = s.T, a.H = s.H, a.KV = s.KV, a.hd = s.hd, a.window = s.window, a.scale = s.scale;

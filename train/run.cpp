@@ -443,9 +443,10 @@ void print_comm_report(const Trainer& trainer, dist::Comm& comm, int64_t done) {
   // The MPI transport's host staging of the exchanges (page-locked on a device): made once per step and kept through
   // it, so the count grows with the steps, not with the units.
   if (const Executor::StagingStats& st = trainer.executor().staging_stats(); st.allocations > 0) {
+    const char* kind = trainer.executor().staging_pinned() ? "page-locked" : "pageable";
     std::snprintf(line, sizeof line, "rank %d: exchange staging in %lld steps: %lld blocks made, peak %lld bytes (%s)\n",
                   rank, static_cast<long long>(done), static_cast<long long>(st.allocations),
-                  static_cast<long long>(st.peak_bytes), trainer.executor().staging_pinned() ? "page-locked" : "pageable");
+                  static_cast<long long>(st.peak_bytes), kind);
     text += line;
   }
   for (const auto& [what, bytes] : trainer.bytes_sent_by_what()) {

@@ -49,7 +49,8 @@ staging() {  # staging RUN: every rank made its exchange staging at most 10 time
   counts=$(sed -nE 's/^rank [0-9]+: exchange staging in 3 steps: ([0-9]+) blocks made, .*/\1/p' "$work/$1.log")
   [ -n "$counts" ] || { echo "FAIL: $1: no rank reported its exchange staging"; exit 1; }
   for n in $counts; do
-    [ "$n" -le 30 ] || { echo "FAIL: $1: $n staging blocks made in 3 steps (at most 30: made per step, not per unit)"; exit 1; }
+    [ "$n" -le 30 ] ||
+      { echo "FAIL: $1: $n staging blocks made in 3 steps (at most 30: made per step, not per unit)"; exit 1; }
   done
 }
 bytes() {  # bytes RUN: every rank's bytes per collective, sorted

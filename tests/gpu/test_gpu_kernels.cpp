@@ -4,6 +4,7 @@
 // tests/kernels/real_shape_cases.h whole (CI checks a sample of them on the host). Without a device: SKIPPED, 77.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -409,7 +410,8 @@ std::vector<std::pair<testing::AttentionCase, int64_t>> attention_runs() {
   std::vector<std::pair<testing::AttentionCase, int64_t>> runs;
   for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{3}})
     for (const testing::AttentionCase& c : testing::attention_cases()) runs.emplace_back(c, tile_blocks);
-  for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{64}, kernels::attention_forward_resident_blocks()})
+  const int64_t resident = kernels::attention_forward_resident_blocks();
+  for (const int64_t tile_blocks : {kernels::kAttentionTileBlocks, int64_t{64}, resident})
     for (const testing::AttentionCase& c : testing::long_attention_cases()) runs.emplace_back(c, tile_blocks);
   return runs;
 }
@@ -753,10 +755,9 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device (%s)\n", dev.reason.c_str());
     return 77;
   }
+  const long long resident = kernels::attention_forward_resident_blocks();
   std::printf("device: %s, sm_%d%d, %d SMs; attention forward: %lld blocks at once (%lld per SM)\n", dev.name.c_str(),
-              dev.compute_major, dev.compute_minor, dev.sm_count,
-              static_cast<long long>(kernels::attention_forward_resident_blocks()),
-              static_cast<long long>(kernels::attention_forward_resident_blocks() / (dev.sm_count > 0 ? dev.sm_count : 1)));
+              dev.compute_major, dev.compute_minor, dev.sm_count, resident, resident / std::max(dev.sm_count, 1));
   const std::pair<const char*, int (*)()> families[] = {
       {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
       {"fused_norm", check_fused_norm}, {"split_reductions", check_split_reductions}, {"elementwise", check_elementwise}, {"loss", check_loss},

@@ -1,6 +1,6 @@
-// GPU smoke test: the CUDA target runs one canonical fma chain on the device and must return the CPU
-// reference's bits; the contraction probe; the exchange staging page-locked, with its copy rates. Without a device (this project's CI machines) it prints SKIPPED and exits 77,
-// which meson counts as skipped, never as passed.
+// GPU smoke test: the CUDA target runs one canonical fma chain on the device and must return the CPU reference's
+// bits; the contraction probe; the exchange staging page-locked, with its copy rates. Without a device (this
+// project's CI machines) it prints SKIPPED and exits 77, which meson counts as skipped, never as passed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -110,8 +110,8 @@ static bool staging_check() {
     std::printf("FAILED: a block through the page-locked staging came back changed\n");
     return false;
   }
-  std::printf("OK: exchange staging page-locked; 256 MiB to the device %.1f GB/s pinned vs %.1f pageable, back %.1f GB/s "
-              "pinned vs %.1f pageable\n",
+  std::printf("OK: exchange staging page-locked; 256 MiB to the device %.1f GB/s pinned vs %.1f pageable, back "
+              "%.1f GB/s pinned vs %.1f pageable\n",
               gb / up_pinned, gb / up_pageable, gb / down_pinned, gb / down_pageable);
   return true;
 }

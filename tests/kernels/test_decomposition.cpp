@@ -303,7 +303,8 @@ double forward_imbalance(const kernels::AttentionArgs& a, int64_t blocks, bool i
 }  // namespace
 
 TEST_CASE("attention exact: tiles are handed out heaviest first, each once, and the forward's blocks get even work") {
-  for (const auto& [B, H, T] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {1, 3, 100}, {2, 5, 1100}, {3, 2, 4096}}) {
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {1, 3, 100}, {2, 5, 1100}, {3, 2, 4096}};
+  for (const auto& [B, H, T] : shapes) {
     kernels::AttentionArgs a;
     a.B = B, a.H = H, a.T = T;
     const int64_t tiles = kernels::attention_tiles(a);
