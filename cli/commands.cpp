@@ -240,6 +240,9 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--debug-prefetch-other-unit", o->parallel.debug_prefetch_other_unit,
                   "TEST ONLY: every FSDP prefetch gathers a unit other than the one the model asks for next (each "
                   "unit is then gathered again on the spot); must not change the trace");
+    cmd->add_flag("--debug-prefetch-no-stream-wait", o->parallel.debug_prefetch_no_stream_wait,
+                  "TEST ONLY: the MPI prefetch's acquire on cuda or cuda-host does not wait for the copies on its side "
+                  "stream, so the model may read the next unit before it lands; must change the trace on cuda-host");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");

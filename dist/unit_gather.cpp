@@ -1,7 +1,14 @@
 #include "dist/unit_gather.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #if OLMOREF_HAVE_NCCL
@@ -10,11 +17,102 @@
 
 namespace olmoref::dist {
 
+struct UnitGather::SideStream {
+  virtual ~SideStream() = default;
+  // Work queued from now on waits for everything the executor has queued so far.
+  virtual void wait_for_default() = 0;
+  // The executor's work from now on waits for everything queued here so far.
+  virtual void default_waits() = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;  // the host waits for everything queued here
+  virtual void enter_thread() {}   // on another thread, before its first call
+  virtual void* stream() { return nullptr; }  // a cudaStream_t, for NCCL
+};
+
+namespace {
+
 #if OLMOREF_HAVE_NCCL
-struct UnitGather::SideStream : kernels::SideStream {};
-#else
-struct UnitGather::SideStream {};
+class DeviceSide final : public UnitGather::SideStream {
+ public:
+  DeviceSide() : device_(kernels::current_device()) {}
+  void wait_for_default() override { s_.wait_for_default(); }
+  void default_waits() override { s_.default_waits(); }
+  void copy(void* dst, const void* src, size_t bytes) override { s_.copy(dst, src, bytes); }
+  void synchronize() override { s_.synchronize(); }
+  void enter_thread() override { kernels::use_device(device_); }  // a new thread starts on device 0
+  void* stream() override { return s_.stream(); }
+
+ private:
+  kernels::SideStream s_;
+  int device_;
+};
 #endif
+
+// The host execution's stand-in: the executor's work runs on the calling thread as it is queued, so nothing here waits
+// for it; copies run in order on a worker thread, each after a pause (OLMOREF_TEST_HOST_STREAM_DELAY_US, default 0)
+// that widens the window a missing wait would leave open.
+class HostSide final : public UnitGather::SideStream {
+ public:
+  HostSide() : delay_us_(delay_from_env()), worker_([this] { run(); }) {}
+  ~HostSide() override {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+  void wait_for_default() override {}
+  void default_waits() override { synchronize(); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      queue_.push_back({dst, src, bytes});
+      ++queued_;
+    }
+    wake_.notify_all();
+  }
+  void synchronize() override {
+    std::unique_lock<std::mutex> lock(m_);
+    const uint64_t target = queued_;
+    done_cv_.wait(lock, [&] { return done_ >= target; });
+  }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  static int delay_from_env() {
+    const char* v = std::getenv("OLMOREF_TEST_HOST_STREAM_DELAY_US");
+    return v ? std::atoi(v) : 0;
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, nothing left
+      const Copy c = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+      std::memcpy(c.dst, c.src, c.bytes);
+      lock.lock();
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+  const int delay_us_;
+  std::mutex m_;
+  std::condition_variable wake_, done_cv_;
+  std::deque<Copy> queue_;
+  uint64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread worker_;  // last: started once the rest is made
+};
+
+}  // namespace
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group, Prefetch prefetch, NcclComm* nccl)
@@ -32,11 +130,13 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
         for (const auto& [p0, p1] : from) received += p1 - p0;
       most_received_ = std::max(most_received_, received);
     }
+  // On the device the prefetch runs on a stream of its own (NCCL's groups, or the staged prefetch's copies). The host
+  // execution's staged prefetch copies on a worker thread in its place; its stand-in NCCL moves each group as it is
+  // issued, so there is nothing to order there.
 #if OLMOREF_HAVE_NCCL
-  // On the device the prefetch runs on a stream of its own (NCCL's groups, or the staged prefetch's copies); the host
-  // execution copies as it goes (and its stand-in NCCL moves each group as it is issued), so there is nothing to order.
-  if (prefetch_ != Prefetch::off && ex.name() == "cuda") side_ = std::make_unique<SideStream>();
+  if (prefetch_ != Prefetch::off && ex.name() == "cuda") side_ = std::make_unique<DeviceSide>();
 #endif
+  if (land_in_thread_ && ex.name() == "cuda-host") side_ = std::make_unique<HostSide>();
 }
 
 UnitGather::~UnitGather() {
@@ -47,9 +147,7 @@ UnitGather::~UnitGather() {
 }
 
 void UnitGather::side_wait() {
-#if OLMOREF_HAVE_NCCL
   if (side_) side_->synchronize();
-#endif
 }
 
 // The unit's range [a, b) gathered within the replicate group by one all-to-all: shard s sends rank q the pieces
@@ -119,11 +217,9 @@ UnitGather::Gather UnitGather::pack(int unit, bool on_side) {
       float* dst = g.send.data() + at;
       const float* src = params_.data() + (p0 - layout_.lo());
       const size_t bytes = static_cast<size_t>(p1 - p0) * sizeof(float);
-#if OLMOREF_HAVE_NCCL
       if (on_side && side_)
         side_->copy(dst, src, bytes);
       else
-#endif
         ex_.to_host(dst, src, bytes);
       at += p1 - p0;
     }
@@ -182,15 +278,12 @@ void UnitGather::land(Gather& g, Executor& ex, SideStream* side) {
   for (const auto& [p0, p1] : g.recv_pieces) {
     float* dst = g.land + (p0 - g.land_at);
     const size_t bytes = static_cast<size_t>(p1 - p0) * sizeof(float);
-#if OLMOREF_HAVE_NCCL
     if (side)
       side->copy(dst, next, bytes);
     else
-#endif
       ex.to_device(dst, next, bytes);
     next += p1 - p0;
   }
-  (void)side;
 }
 
 void UnitGather::exchange(Gather& g, Comm& comm) {
@@ -222,9 +315,7 @@ const float* UnitGather::acquire(int unit) {
       // The thread landed it in next_unit_ (on a device its copies queued on the side stream, which the model's work
       // now waits for); the staging is free again once the side stream has read it, which the next user of the
       // staging waits for (the next prefetch queues behind on the side stream, a gather on the spot waits).
-#if OLMOREF_HAVE_NCCL
-      if (side_) side_->default_waits();
-#endif
+      if (side_ && prefetch_ != Prefetch::no_stream_wait) side_->default_waits();
       recycle(g);
       std::swap(unit_, next_unit_);
       return unit_at_flat_offsets(unit_.data(), model_.unit_range(unit).first);
@@ -244,9 +335,7 @@ const float* UnitGather::acquire(int unit) {
 // default stream waits for it either way, so that buffer is whole before the model or the next prefetch touches it.
 const float* UnitGather::acquire_on_device(int unit) {
   if (pending_unit_ >= 0) {
-#if OLMOREF_HAVE_NCCL
     if (side_) side_->default_waits();
-#endif
     const int got = std::exchange(pending_unit_, -1);
     if (got == unit) {
       ++hits_;
@@ -264,11 +353,9 @@ void UnitGather::prefetch(int unit) {
     const int target = prefetch_ == Prefetch::other_unit ? (unit + 1) % model_.n_units() : unit;
     grow_unit_buffer();
     void* stream = nullptr;
-#if OLMOREF_HAVE_NCCL
     // next_unit_ was last read by the kernels of the unit before the one just acquired, all queued by now: the side
     // stream starts after them (and after the optimizer's writes of the shard).
     if (side_) side_->wait_for_default(), stream = side_->stream();
-#endif
     gather_on_device(target, next_unit_, stream);
     pending_unit_ = target;
     return;
@@ -289,19 +376,13 @@ void UnitGather::prefetch(int unit) {
     return;
   }
   grow_unit_buffer();
-  int device = -1;
-#if OLMOREF_HAVE_NCCL
   // On the side stream: the pieces' copies to the host after everything queued so far (the optimizer's writes of the
   // shard; the kernels that last read next_unit_, the unit before the one just acquired), the landing after them.
-  if (side_) side_->wait_for_default(), device = kernels::current_device();
-#endif
+  if (side_) side_->wait_for_default();
   Gather g = pack(target, true);
   g.land = next_unit_.data(), g.land_at = model_.unit_range(target).first;
-  next_ = std::async(std::launch::async, [g = std::move(g), comm, ex = &ex_, side = side_.get(), device]() mutable {
-#if OLMOREF_HAVE_NCCL
-    if (side) kernels::use_device(device), side->synchronize();  // the pieces are on the host
-#endif
-    (void)device;
+  next_ = std::async(std::launch::async, [g = std::move(g), comm, ex = &ex_, side = side_.get()]() mutable {
+    if (side) side->enter_thread(), side->synchronize();  // the pieces are on the host
     exchange(g, *comm);
     land(g, *ex, side);
     return std::move(g);

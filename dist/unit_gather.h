@@ -26,6 +26,9 @@ enum class Prefetch {
   off,         // gather each unit when it is acquired
   on,          // gather the announced unit on a thread of its own, under the model's work on this one
   other_unit,  // TEST ONLY: gather the unit after the announced one, so that every acquire finds the wrong unit
+  // TEST ONLY: the staged prefetch's acquire does not wait for the side stream's copies (dist-prefetch's control of
+  // the host stream: the model then reads the unit before it has landed).
+  no_stream_wait,
 };
 
 class UnitGather : public ParamGate {
@@ -62,6 +65,11 @@ class UnitGather : public ParamGate {
   int64_t prefetch_hits() const { return hits_; }
   int64_t gathers_on_the_spot() const { return misses_; }
 
+  // The prefetch's stream beside the executor's (unit_gather.cpp): a device's (kernels::SideStream) or, for the staged
+  // prefetch in the host execution, a worker thread that runs its copies in order, later than they are queued, so that
+  // CI runs the same waits the device needs and a missing one shows in the bits.
+  struct SideStream;
+
  private:
   // One unit's all-to-all: what this rank sends (its part, packed) and receives (every piece of the unit it reads,
   // recv_pieces: their [begin, end) in the flat vector, shard by shard, back to back in recv).
@@ -93,9 +101,8 @@ class UnitGather : public ParamGate {
   // The executor's reads, on the calling (main) thread: by blocking copies, or (on_side) queued on the side stream.
   Gather pack(int unit, bool on_side = false);
   static void exchange(Gather& g, Comm& comm);    // the all-to-all alone: on either thread
-  struct SideStream;  // kernels::SideStream in a CUDA build (unit_gather.cpp)
   // The staged prefetch's last leg, on its thread: the received pieces into g.land, by the side stream's asynchronous
-  // copies on a device (device: that thread's CUDA device), else the executor's.
+  // copies (a device's, or the host execution's worker), else the executor's.
   static void land(Gather& g, Executor& ex, SideStream* side);
   const float* unpack(Gather& g);                 // into the unit buffer (the executor's writes), then recycled
   void recycle(Gather& g);                        // its staging back to spare_

@@ -206,12 +206,14 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   pieces_ = group_pieces(model_.layout(), groups_, layout_.optimizer_lo(), layout_.optimizer_hi());
   state_digest_ = std::make_unique<StateDigest>(sharded_state(), &pool_);  // its leaves hashed on the step's threads
   if (layout_.dp_shard > 1) {
-    unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_,
-                                                      !par.prefetch_units || (par.transport == dist::Transport::mpi &&
-                                                                              !dist::concurrent_collectives())
-                                                          ? dist::Prefetch::off
-                                                      : par.debug_prefetch_other_unit ? dist::Prefetch::other_unit
-                                                                                      : dist::Prefetch::on,
+    dist::Prefetch prefetch = dist::Prefetch::on;
+    if (!par.prefetch_units || (par.transport == dist::Transport::mpi && !dist::concurrent_collectives()))
+      prefetch = dist::Prefetch::off;
+    else if (par.debug_prefetch_other_unit)
+      prefetch = dist::Prefetch::other_unit;
+    else if (par.debug_prefetch_no_stream_wait)
+      prefetch = dist::Prefetch::no_stream_wait;
+    unit_gather_ = std::make_unique<dist::UnitGather>(model_, layout_, par.ep, *ex_, params_, *shard_comm_, prefetch,
                                                       nccl_shard_.get());
     model_.set_param_gate(unit_gather_.get());
   }

@@ -58,6 +58,7 @@ struct Parallelism {
   // buffer on a stream of its own); no value changes. `train --no-prefetch`.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
+  bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the staged prefetch's acquire skips the side-stream wait
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
   // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL
   // (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.

@@ -8,6 +8,8 @@
 #     context parallelism (CP 2 at 4x1, masked), each with the prefetch, with `--no-prefetch` and with the
 #     negative control `--debug-prefetch-other-unit` (every prefetch gathers the wrong unit, so every acquire gathers
 #     again on the spot: the fallback path), all equal to the single process's byte for byte;
+#   - on cuda-host the side stream's copies run late on a worker thread; the control that skips the acquire's wait for
+#     them (`--debug-prefetch-no-stream-wait`) must change the trace;
 #   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
 #     the head and L blocks backward), of which only the first (the embedding) is gathered on the spot and every other
 #     served by the prefetch; none prefetched with --no-prefetch or the control; the bytes of each collective the
@@ -90,10 +92,18 @@ check plain 2x1 6 6 "${tiny[@]}"           # 2 rounds a step
 check plain 3x1 6 6 "${tiny[@]}"           # 2 rounds, a rank idle in the second (an idle pass gathers too)
 check plain 2x2 3 6 "${tiny[@]}"
 # The CUDA executor's host execution: its prefetch thread also lands the unit in a second unit buffer (on a device by
-# the side stream's copies, dist::UnitGather::land), the buffers swapping at each hit; a miss waits for it first.
+# the side stream's copies, dist::UnitGather::land), the buffers swapping at each hit; a miss waits for it first. Its
+# side stream is a worker thread that runs each copy 200 us after it is queued, so a wait the device needs and the
+# code lacks shows in the bits: the control that skips the acquire's wait must change the trace.
+export OLMOREF_TEST_HOST_STREAM_DELAY_US=200
 single cudahost "${tiny[@]}" --executor cuda-host
 check cudahost 2x1 6 6 "${tiny[@]}" --executor cuda-host
 check cudahost 2x2 3 6 "${tiny[@]}" --executor cuda-host
+ranks cudahost-2x1-no-wait 2x1 "${tiny[@]}" --executor cuda-host --debug-prefetch-no-stream-wait
+cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-no-wait/trace.jsonl" &&
+  { echo "FAIL: the control that skips the side stream's wait kept the trace: the delayed copies are not seen"; exit 1; }
+echo "cudahost 2x1: without the acquire's wait for the side stream the trace changes, as it must"
+unset OLMOREF_TEST_HOST_STREAM_DELAY_US
 single bf16 "${bf16[@]}"
 check bf16 4x1 3 6 "${bf16[@]}"
 single moe "${moe[@]}"
