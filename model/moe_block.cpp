@@ -8,9 +8,9 @@
 // stay on the device. The host keeps only the bookkeeping that is its job: the expert choices top [R, k] (the
 // dispatch plan, the expert loads, the routing digest) and what the fp64 auxiliary losses read (lse [R] and scores
 // [R, E]; E is small next to d, so these are a few floats per row against the d or more an [R, d] tensor moves).
-// Two paths still stage rows on the host (mirror_): expert parallelism over the MPI transport, whose exchange is host
-// memory (model/ep_exchange.cpp; the NCCL transport moves the rows between executor buffers), and the TEST-ONLY
-// unordered-combine negative control.
+// Two paths still stage rows on the host (mirror_, the executor's page-locked staging on a device): expert parallelism
+// over the MPI transport, whose exchange is host memory (model/ep_exchange.cpp; the NCCL transport moves the rows
+// between executor buffers), and the TEST-ONLY unordered-combine negative control.
 #include <stdexcept>
 #include <string>
 
@@ -18,15 +18,18 @@
 
 namespace olmoref {
 
-const float* Olmo3::host_read(const float* src, int64_t n, std::vector<float>& mirror) const {
+// Grown to exactly n (page-locked memory is slow to make; doubling would make more of it than asked).
+const float* Olmo3::host_read(const float* src, int64_t n, StagingVector<float>& mirror) const {
   if (ex_->host_memory()) return src;
+  mirror.reserve(static_cast<size_t>(n));
   mirror.resize(static_cast<size_t>(n));
   ex_->to_host(mirror.data(), src, static_cast<size_t>(n) * sizeof(float));
   return mirror.data();
 }
 
-float* Olmo3::host_target(float* dst, int64_t n, std::vector<float>& mirror) const {
+float* Olmo3::host_target(float* dst, int64_t n, StagingVector<float>& mirror) const {
   if (ex_->host_memory()) return dst;
+  mirror.reserve(static_cast<size_t>(n));
   mirror.resize(static_cast<size_t>(n));
   return mirror.data();
 }

@@ -191,6 +191,10 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
                                 "divide train.seq_len = " + std::to_string(T_) + " (each rank computes seq_len / "
                                 "cp_degree consecutive positions of every instance)");
   Executor& e = *ex_;
+  // The rows the MPI transport's expert and context exchanges stage on the host: the executor's staging.
+  for (StagingVector<float>* v : {&mirror_.xg, &mirror_.ey, &mirror_.ea, &mirror_.f, &mirror_.dy, &mirror_.dxg,
+                                  &mirror_.deg, &mirror_.deu, &mirror_.dh, &cpb_.mine, &cpb_.full, &cpb_.partial_host})
+    *v = StagingVector<float>(StagingAllocator<float>(e, "expert or context rows staged on the host"));
   const RopeTable table = make_rope_table(T_, cfg_.head_dim, cfg_.rope_theta);
   rope_cos_.reset(e, static_cast<int64_t>(table.cos.size()), "RoPE cos table");
   rope_sin_.reset(e, static_cast<int64_t>(table.sin.size()), "RoPE sin table");

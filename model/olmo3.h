@@ -92,12 +92,13 @@ struct BackwardBuffers {
 // Host copies of executor tensors for the MoE paths that stage rows on the host (the expert-parallel exchange, the
 // test-only unordered sums): on a host-memory executor they stay empty (the host reads the tensors themselves).
 // One vector per tensor.
+// The executor's staging (page-locked on a device: Executor::allocate_staging), bound in Olmo3's constructor.
 struct MoEHostMirrors {
-  std::vector<float> xg, ey, ea;     // [S, d], [S, d], [S, h]
-  std::vector<float> f;              // [R, d]   the combined output (unordered negative control)
-  std::vector<float> dy;             // [S, d]
-  std::vector<float> dxg, deg, deu;  // [S, d], [S, h], [S, h]
-  std::vector<float> dh;             // [R, d]   ∂h (unordered negative control)
+  StagingVector<float> xg, ey, ea;     // [S, d], [S, d], [S, h]
+  StagingVector<float> f;              // [R, d]   the combined output (unordered negative control)
+  StagingVector<float> dy;             // [S, d]
+  StagingVector<float> dxg, deg, deu;  // [S, d], [S, h], [S, h]
+  StagingVector<float> dh;             // [R, d]   ∂h (unordered negative control)
 };
 
 // Expert-major rows of a run of experts [first, last): expert first + i's rows are [begin[i], begin[i] + count[i]).
@@ -497,9 +498,9 @@ class Olmo3 {
   void instance_rope_norm_grads(GradientLeaves& grads, int64_t n_inst, int64_t offset, const RopeView& rope, const float* x, const float* w,
                                 const float* inv_rms, float* dy, float* dx, int64_t n_heads);
   // Host access to executor memory: the pointer itself on host-memory executors, else a copy in `mirror`.
-  const float* host_read(const float* src, int64_t n, std::vector<float>& mirror) const;
+  const float* host_read(const float* src, int64_t n, StagingVector<float>& mirror) const;
   // Where the host writes a tensor bound for `dst`: dst itself on host-memory executors, else `mirror` resized.
-  float* host_target(float* dst, int64_t n, std::vector<float>& mirror) const;
+  float* host_target(float* dst, int64_t n, StagingVector<float>& mirror) const;
   // Writes host data back (nothing to do when `host` is the executor memory itself).
   void host_write(float* dst, const float* host, int64_t n) const;
   double moe_lb_coef() const;
@@ -535,7 +536,8 @@ class Olmo3 {
     Buffer<int32_t> positions;
     std::vector<uint32_t> host_tokens;
     std::vector<int32_t> host_positions;
-    std::vector<float> mine, all, full, partial_host;
+    StagingVector<float> mine, full, partial_host;  // cross PCIe: the executor's staging, bound in the constructor
+    std::vector<float> all;
     std::vector<double> terms, all_terms;
     std::vector<unsigned char> bytes;  // gather_host_positions' receive
     std::vector<float> scores, lse;    // whole_instance_rows
