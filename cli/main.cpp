@@ -31,6 +31,14 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const olmoref::dist::AgreedFailure& e) {
+    // Every rank stops here alike (dist/comm.h): each says why, then the job ends without an abort.
+    if (olmoref::dist::launched_by_mpirun())
+      std::fprintf(stderr, "olmoref: rank %d: fatal: %s\n", olmoref::dist::world().rank(), e.what());
+    else
+      std::fprintf(stderr, "olmoref: error: %s\n", e.what());
+    olmoref::dist::finalize();
+    return 3;
   } catch (const std::exception& e) {
     // In a multi-rank job one rank's error must end the whole job, not leave the others waiting.
     if (olmoref::dist::launched_by_mpirun()) olmoref::dist::world().abort(e.what());

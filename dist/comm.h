@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,13 @@ bool concurrent_collectives();
 // MPI_LOCALNRANKS); 1 when started without one.
 int ranks_on_this_node();
 void finalize();  // call once before exit (no-op for LocalComm)
+
+// A failure every rank of the job reaches from the same facts (a refusal judged on gathered data), so each reports it
+// and leaves on its own: main prints it on every rank and finalizes, where aborting on the first rank's word could
+// kill the others before they said why.
+struct AgreedFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Exact sums of per-rank values, added in the canonical rank tree (balanced halving, docs/canonical/step.md).
 double tree_sum(const std::vector<double>& per_rank);

@@ -29,12 +29,12 @@ void check_gpu_sharing(const std::vector<GpuSlot>& slots, bool allow_shared, boo
     for (const GpuSlot* s : sharing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(s->world_rank);
     const GpuSlot& first = *sharing.front();
     if (nccl)
-      throw std::runtime_error(
+      throw AgreedFailure(
           std::to_string(sharing.size()) + " ranks (" + ranks + ") would drive one GPU on " + first.host +
           " (device " + std::to_string(first.device) + ", " + key.second + ") under --transport nccl, and NCCL " +
           "refuses two ranks of a communicator on one GPU: start at most one rank per GPU, or use --transport mpi " +
           "(with --allow-shared-gpu) for checks on one card");
-    throw std::runtime_error(
+    throw AgreedFailure(
         std::to_string(sharing.size()) + " ranks (" + ranks + ") would drive one GPU on " + first.host + " (device " +
         std::to_string(first.device) + ", " + first.name + ", " + key.second + "): " +
         std::to_string(ranks_on_node[key.first]) + " ranks on that node, " + std::to_string(gpus_on_node) +
