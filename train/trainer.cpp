@@ -284,8 +284,7 @@ void Trainer::release_transients() {
   if (layout_.dp_shard == 1) return;
   // FSDP: outside the step a rank keeps only its shards (parameter units were released as used).
   tree_.release();
-  if (owners_) owners_->release();
-  if (unit_gather_) unit_gather_->release_staging();
+  if (owners_) owners_->release();  // the unit gathers' staging went before the optimizer (Trainer::optimizer)
 }
 
 BatchSplit Trainer::batch_split() const {
