@@ -207,7 +207,9 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--no-prefetch", *no_prefetch,
                   "FSDP (dp_shard > 1): gather each unit only when the model reaches it, instead of gathering the "
                   "next one while the model works on this one (the default; over MPI on a thread of its own, over "
-                  "NCCL into a second unit buffer on a stream of its own); the values do not change");
+                  "NCCL into a second unit buffer on a stream of its own); and over MPI on cuda or cuda-host, "
+                  "exchange each unit's gradient to its owners when its backward ends, instead of on a thread under "
+                  "the next unit's backward (the default); the values do not change");
     auto transport = std::make_shared<std::string>("mpi");
     cmd->add_option("--transport", *transport,
                     "Several ranks: how the FSDP gathers, the gradient exchange to the owners, the parameter "
@@ -243,6 +245,10 @@ void register_commands(CLI::App& app) {
     cmd->add_flag("--debug-prefetch-no-stream-wait", o->parallel.debug_prefetch_no_stream_wait,
                   "TEST ONLY: the MPI prefetch's acquire on cuda or cuda-host does not wait for the copies on its side "
                   "stream, so the model may read the next unit before it lands; must change the trace on cuda-host");
+    cmd->add_flag("--debug-exchange-no-wait", o->parallel.debug_exchange_no_wait,
+                  "TEST ONLY: on cuda or cuda-host (--transport mpi, several ranks) the step's reduced gradient is "
+                  "read before the thread that exchanges and adds the last unit's subtrees is waited for; must "
+                  "change the trace with OLMOREF_TEST_EXCHANGE_DELAY_US set");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");

@@ -2,8 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#if OLMOREF_HAVE_NCCL
+#include "kernels/device_memory.h"
+#endif
 
 namespace olmoref::dist {
 
@@ -16,25 +23,49 @@ int64_t longest_unit(const std::vector<std::pair<int64_t, int64_t>>& units) {
 }  // namespace
 
 OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                               std::vector<std::pair<int64_t, int64_t>> units, int chunks, NcclComm* nccl)
+                               std::vector<std::pair<int64_t, int64_t>> units, int chunks, NcclComm* nccl,
+                               ExchangeOverlap overlap)
     : ex_(&ex),
       comm_(&comm),
       nccl_(nccl),
       layout_(layout),
       split_(split),
       units_(std::move(units)),
+      longest_unit_(longest_unit(units_)),
       local_(split.global_instances, layout.total, ex),
       owner_plan_(split.global_instances),
-      send_(StagingAllocator<float>(ex, "gradient subtrees of a unit, cut by owner (sent)")),
-      recv_(StagingAllocator<float>(ex, "every rank's gradient subtrees on a chunk of my slice (received)")),
-      chunks_(chunks > 0 ? chunks : exchange_chunks(layout, units_)) {
+      spare_send_(StagingAllocator<float>(ex, "gradient subtrees of a unit, cut by owner (sent)")),
+      spare_recv_(StagingAllocator<float>(ex, "every rank's gradient subtrees on my slice of a unit (received)")),
+      chunks_(chunks > 0 ? chunks : exchange_chunks(layout, units_)),
+      overlap_(nccl ? ExchangeOverlap::off : overlap) {
   int64_t at = 0;
   for (const auto& [a, b] : units_) {
     if (a != at || b <= a) throw std::logic_error("OwnerReduction: the model's units do not tile the flat vector");
     at = b;
   }
   if (at != layout_.total) throw std::logic_error("OwnerReduction: the model's units do not cover the flat vector");
-  local_.use_windows(longest_unit(units_));
+  local_.use_windows(longest_unit_);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    widest_mine_ = std::max(widest_mine_, piece_floats(u, layout_.rank));
+  filling_.send = StagingVector<float>(spare_send_.get_allocator());
+  flight_.send = StagingVector<float>(spare_send_.get_allocator());
+  filling_.recv = StagingVector<float>(spare_recv_.get_allocator());
+  flight_.recv = StagingVector<float>(spare_recv_.get_allocator());
+  if (overlap_ != ExchangeOverlap::off) {
+    if (ex.name() != "cuda" && ex.name() != "cuda-host")
+      throw std::logic_error("OwnerReduction: the exchange thread drives executor " + ex.name() +
+                             " beside the main thread: only cuda and cuda-host are safe to share so");
+    overlap_comm_ = comm.split(0, comm.rank());
+    if (const char* d = std::getenv("OLMOREF_TEST_EXCHANGE_DELAY_US")) delay_us_ = std::atoll(d);
+#if OLMOREF_HAVE_NCCL
+    if (ex.name() == "cuda") device_ = kernels::current_device();
+#endif
+  }
+}
+
+OwnerReduction::~OwnerReduction() {
+  // A thread in flight reads and writes flight_'s blocks, and its peers are in its all-to-all.
+  if (in_flight_.valid()) in_flight_.wait();
 }
 
 // The slice of `unit` that rank j reduces: the unit ∩ j's optimizer range, as [lo, lo + floats).
@@ -57,7 +88,34 @@ int64_t OwnerReduction::piece_floats(int unit, int rank) const {
 
 int64_t OwnerReduction::chunk_floats(int64_t piece) const { return std::max<int64_t>(1, (piece + chunks_ - 1) / chunks_); }
 
-void OwnerReduction::begin_step() { owner_plan_ = TreePlan(split_.global_instances); }
+void OwnerReduction::begin_step() {
+  owner_plan_ = TreePlan(split_.global_instances);
+  if (overlap_ == ExchangeOverlap::off) return;
+  // The exchange thread adds into the owner slots while the main thread plans the next round: the slots the whole
+  // step needs are made now (the owner plan walked ahead, as begin_round walks it), so no round grows them under it.
+  const int64_t N = split_.global_instances;
+  TreePlan ahead(N);
+  size_t slots = 0;
+  for (int64_t t = 0; t < split_.n_rounds(); ++t)
+    for (int r = 0; r < layout_.world(); ++r)
+      if (const int64_t m = split_.microbatch_of(r, t); m >= 0) {
+        const auto [a, b] = split_.instances_of_microbatch(m);
+        for (const TreeNode& node : maximal_subtrees(N, a, b))
+          slots = std::max(slots, static_cast<size_t>(ahead.feed(node).slot) + 1);
+      }
+  grow_owner_slots(slots);
+}
+
+void OwnerReduction::grow_owner_slots(size_t slots) {
+  const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
+  if (owner_slots_.size() < slots) {
+    if (in_flight_.valid()) throw std::logic_error("OwnerReduction: owner slots grown under the exchange thread");
+    owner_slots_.resize(slots);
+  }
+  for (size_t i = 0; i < owner_slots_.size(); ++i)
+    if (len > 0 && owner_slots_[i].size() != len)
+      owner_slots_[i].reset(*ex_, len, "owner instance-tree slot " + std::to_string(i) + " (the optimizer range)");
+}
 
 GradientLeaves* OwnerReduction::begin_round(int64_t round) {
   const int W = layout_.world();
@@ -73,14 +131,9 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
     nodes_per_rank_[static_cast<size_t>(r)] = static_cast<int>(nodes.size());
     for (size_t q = 0; q < nodes.size(); ++q) feeds_.push_back({r, static_cast<int>(q), owner_plan_.feed(nodes[q])});
   }
-  const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
-  for (const OwnerFeed& f : feeds_) {
-    const size_t need = static_cast<size_t>(f.step.slot) + 1;
-    if (owner_slots_.size() < need) owner_slots_.resize(need);
-  }
-  for (size_t i = 0; i < owner_slots_.size(); ++i)
-    if (len > 0 && owner_slots_[i].size() != len)
-      owner_slots_[i].reset(*ex_, len, "owner instance-tree slot " + std::to_string(i) + " (the optimizer range)");
+  size_t slots = 0;
+  for (const OwnerFeed& f : feeds_) slots = std::max(slots, static_cast<size_t>(f.step.slot) + 1);
+  grow_owner_slots(slots);
 
   const int64_t mine = split_.microbatch_of(layout_.rank, round);
   if (mine < 0) return nullptr;
@@ -97,12 +150,12 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
       for (int64_t x = std::max(off, lo), y = std::min(off + n, lo + floats); x < y;) {
         const int64_t c_lo = (x - lo) / clen * clen, len = std::min(clen, floats - c_lo);
         const int64_t end = std::min(y, lo + c_lo + len);
-        const int64_t at = send_at_[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo);
+        const int64_t at = filling_.send_at[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo);
         const size_t bytes = static_cast<size_t>(end - x) * sizeof(float);
         if (nccl_)
           ex_->copy(send_dev_.data() + at, src + (x - off), bytes);
         else
-          ex_->to_host(send_.data() + at, src + (x - off), bytes);
+          ex_->to_host(filling_.send.data() + at, src + (x - off), bytes);
         x = end;
       }
     }
@@ -118,100 +171,178 @@ void OwnerReduction::unit_backward_begins(int unit) {
   unit_ = unit;
   const auto& u = units_[static_cast<size_t>(unit)];
   const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
-  send_at_.assign(static_cast<size_t>(W) + 1, 0);
-  for (int j = 0; j < W; ++j) send_at_[static_cast<size_t>(j) + 1] = send_at_[static_cast<size_t>(j)] + k * piece_floats(unit, j);
-  send_floats_ = send_at_.back();
-  if (!nccl_)
-    send_.assign(static_cast<size_t>(send_floats_), 0.0f);  // past the capacity: a block of exactly this many
-  else if (send_dev_.size() < send_floats_)
-    send_dev_.reset(*ex_, send_floats_, "gradient subtrees of a unit, cut by owner (sent)");
+  std::vector<int64_t>& send_at = filling_.send_at;
+  send_at.assign(static_cast<size_t>(W) + 1, 0);
+  for (int j = 0; j < W; ++j) send_at[static_cast<size_t>(j) + 1] = send_at[static_cast<size_t>(j)] + k * piece_floats(unit, j);
+  const int64_t floats = send_at.back();
+  if (!nccl_) {
+    // The spare block (the last unit's, or under overlap the one before it: the last is in flight), made at the step's
+    // first unit as long as the longest unit's subtrees need, so later units grow nothing.
+    if (filling_.send.capacity() == 0) filling_.send.swap(spare_send_);
+    if (filling_.send.capacity() < static_cast<size_t>(floats)) {
+      filling_.send = StagingVector<float>(spare_send_.get_allocator());
+      filling_.send.reserve(static_cast<size_t>(k * longest_unit_));
+    }
+    filling_.send.assign(static_cast<size_t>(floats), 0.0f);
+  } else if (send_dev_.size() < floats) {
+    send_dev_.reset(*ex_, floats, "gradient subtrees of a unit, cut by owner (sent)");
+  }
   if (k > 0) local_.set_window(u.first, u.second);
+}
+
+OwnerReduction::ChunkPlan OwnerReduction::chunk_plan(const UnitExchange& e, int c) const {
+  const int W = layout_.world();
+  const int64_t k = e.nodes_per_rank[static_cast<size_t>(layout_.rank)];
+  ChunkPlan p;
+  p.send_counts.resize(static_cast<size_t>(W)), p.send_at.resize(static_cast<size_t>(W));
+  p.recv_counts.resize(static_cast<size_t>(W)), p.recv_at.resize(static_cast<size_t>(W));
+  for (int j = 0; j < W; ++j) {
+    const int64_t floats = piece_floats(e.unit, j), clen = chunk_floats(floats);
+    const int64_t c_lo = std::min(floats, c * clen), len = std::min(clen, floats - c_lo);
+    p.send_counts[static_cast<size_t>(j)] = k * len;
+    p.send_at[static_cast<size_t>(j)] = e.send_at[static_cast<size_t>(j)] + c_lo * k;
+  }
+  const int64_t mine = piece_floats(e.unit, layout_.rank), my_clen = chunk_floats(mine);
+  p.my_lo = std::min(mine, c * my_clen), p.my_len = std::min(my_clen, mine - p.my_lo);
+  for (int r = 0; r < W; ++r) {
+    p.recv_at[static_cast<size_t>(r)] = p.received;
+    p.recv_counts[static_cast<size_t>(r)] = e.nodes_per_rank[static_cast<size_t>(r)] * p.my_len;
+    p.received += p.recv_counts[static_cast<size_t>(r)];
+  }
+  return p;
+}
+
+void OwnerReduction::owner_adds(const UnitExchange& e, int c, const float* recv, bool recv_on_device) {
+  const ChunkPlan p = chunk_plan(e, c);
+  if (p.my_len == 0) return;
+  const int64_t at = owner_piece(layout_, units_[static_cast<size_t>(e.unit)], layout_.rank).first - layout_.optimizer_lo();
+  // The same adds in the same order as in one process.
+  for (const OwnerFeed& f : e.feeds) {
+    const int64_t from = p.recv_at[static_cast<size_t>(f.rank)] + f.index * p.my_len;
+    Buffer<float>& slot = owner_slots_[static_cast<size_t>(f.step.slot)];
+    if (recv_on_device)
+      ex_->copy(slot.data() + at + p.my_lo, recv + from, static_cast<size_t>(p.my_len) * sizeof(float));
+    else
+      slot.upload(recv + from, p.my_len, at + p.my_lo);
+    for (const TreePlan::Merge& mg : f.step.merges)
+      ex_->tree_add(owner_slots_[static_cast<size_t>(mg.dst)].data() + at + p.my_lo,
+                    owner_slots_[static_cast<size_t>(mg.src)].data() + at + p.my_lo, p.my_len);
+  }
 }
 
 void OwnerReduction::unit_backward_done(int unit) {
   if (unit != unit_) throw std::logic_error("OwnerReduction: unit " + std::to_string(unit) + " ended, not begun");
   const auto t0 = std::chrono::steady_clock::now();
-  const int W = layout_.world();
-  const auto& u = units_[static_cast<size_t>(unit)];
-  const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
-  const int64_t mine = piece_floats(unit, layout_.rank), my_clen = chunk_floats(mine);
-  const int64_t at = owner_piece(layout_, u, layout_.rank).first - layout_.optimizer_lo();
-  // One all-to-all per chunk: the owner receives every rank's subtrees on one chunk of its piece at a time, so the
-  // receive blocks are a chunk wide, not the piece.
-  std::vector<int64_t> send_counts(static_cast<size_t>(W)), send_at(static_cast<size_t>(W)),
-      recv_counts(static_cast<size_t>(W)), recv_at(static_cast<size_t>(W) + 1, 0);
-  for (int c = 0; c < chunks_; ++c) {
-    for (int j = 0; j < W; ++j) {
-      const int64_t floats = piece_floats(unit, j), clen = chunk_floats(floats);
-      const int64_t c_lo = std::min(floats, c * clen), len = std::min(clen, floats - c_lo);
-      send_counts[static_cast<size_t>(j)] = k * len;
-      send_at[static_cast<size_t>(j)] = send_at_[static_cast<size_t>(j)] + c_lo * k;
-    }
-    const int64_t my_lo = std::min(mine, c * my_clen), my_len = std::min(my_clen, mine - my_lo);
-    for (int r = 0; r < W; ++r) {
-      recv_counts[static_cast<size_t>(r)] = nodes_per_rank_[static_cast<size_t>(r)] * my_len;
-      recv_at[static_cast<size_t>(r) + 1] = recv_at[static_cast<size_t>(r)] + recv_counts[static_cast<size_t>(r)];
-    }
-    recv_floats_ = std::max(recv_floats_, recv_at.back());
-    const char* what = kOwnerExchange;
-    if (nccl_) {
-      if (recv_dev_.size() < recv_floats_)
-        recv_dev_.reset(*ex_, recv_floats_, "every rank's gradient subtrees on a chunk of my slice (received)");
+  settle();  // under overlap the unit before this one: its adds, and its blocks free for the next unit
+  UnitExchange e = std::move(filling_);
+  filling_ = UnitExchange{};
+  filling_.send = StagingVector<float>(spare_send_.get_allocator());
+  filling_.recv = StagingVector<float>(spare_recv_.get_allocator());
+  e.unit = unit;
+  e.nodes_per_rank = nodes_per_rank_;
+  e.feeds = feeds_;
+  if (nccl_) {
+    // One group per chunk, on the default stream, the adds queued after it.
+    for (int c = 0; c < chunks_; ++c) {
+      const ChunkPlan p = chunk_plan(e, c);
+      if (recv_dev_.size() < p.received)
+        recv_dev_.reset(*ex_, p.received, "every rank's gradient subtrees on a chunk of my slice (received)");
+      const int W = layout_.world();
       ExchangePlan plan(W);
       for (int j = 0; j < W; ++j) {
-        plan.send[static_cast<size_t>(j)].push_back({send_at[static_cast<size_t>(j)], send_counts[static_cast<size_t>(j)]});
-        plan.recv[static_cast<size_t>(j)].push_back({recv_at[static_cast<size_t>(j)], recv_counts[static_cast<size_t>(j)]});
+        plan.send[static_cast<size_t>(j)].push_back({p.send_at[static_cast<size_t>(j)], p.send_counts[static_cast<size_t>(j)]});
+        plan.recv[static_cast<size_t>(j)].push_back({p.recv_at[static_cast<size_t>(j)], p.recv_counts[static_cast<size_t>(j)]});
       }
-      nccl_->exchange(send_dev_.data(), recv_dev_.data(), plan, what);
-    } else {
-      if (recv_.size() < static_cast<size_t>(recv_floats_)) {
-        recv_.reserve(static_cast<size_t>(recv_floats_));  // exactly: growing by doubling would remake pinned memory
-        recv_.resize(static_cast<size_t>(recv_floats_));
-      }
-      comm_->alltoallv(send_.data(), send_counts, recv_.data(), recv_counts, what, &send_at);
+      nccl_->exchange(send_dev_.data(), recv_dev_.data(), plan, kOwnerExchange);
+      note_memory(nullptr);
+      owner_adds(e, c, recv_dev_.data(), true);
     }
-    note_memory();
-    // The owner plan's steps of this round, on this chunk of my slice of the unit: the same adds in the same order
-    // as in one process.
-    if (my_len == 0) continue;
-    for (const OwnerFeed& f : feeds_) {
-      const int64_t from = recv_at[static_cast<size_t>(f.rank)] + f.index * my_len;
-      Buffer<float>& slot = owner_slots_[static_cast<size_t>(f.step.slot)];
-      if (nccl_)
-        ex_->copy(slot.data() + at + my_lo, recv_dev_.data() + from, static_cast<size_t>(my_len) * sizeof(float));
-      else
-        slot.upload(recv_.data() + from, my_len, at + my_lo);
-      for (const TreePlan::Merge& mg : f.step.merges)
-        ex_->tree_add(owner_slots_[static_cast<size_t>(mg.dst)].data() + at + my_lo,
-                      owner_slots_[static_cast<size_t>(mg.src)].data() + at + my_lo, my_len);
+  } else {
+    // The receive block, one chunk wide: each chunk's adds follow its all-to-all.
+    int64_t widest = 0;
+    for (int c = 0; c < chunks_; ++c) widest = std::max(widest, chunk_plan(e, c).received);
+    e.recv.swap(spare_recv_);
+    if (e.recv.capacity() < static_cast<size_t>(widest)) {
+      // Made as long as the round's widest chunk of a unit needs, so later units grow nothing: page-locked memory is
+      // slow to make.
+      int64_t subtrees = 0;
+      for (const int n : e.nodes_per_rank) subtrees += n;
+      e.recv = StagingVector<float>(spare_recv_.get_allocator());
+      e.recv.reserve(static_cast<size_t>(std::max(widest, subtrees * chunk_floats(widest_mine_))));
+    }
+    e.recv.resize(static_cast<size_t>(widest));
+    if (overlap_ != ExchangeOverlap::off) {
+      flight_ = std::move(e);
+      note_memory(nullptr);
+      // The executor's ops on this thread (the blocks' copies to the device and the tree adds) are queued on the
+      // default stream among the main thread's, and touch only this unit's slice of the owner slots, which nothing
+      // else reads before settle().
+      in_flight_ = std::async(std::launch::async, [this] {
+#if OLMOREF_HAVE_NCCL
+        if (device_ >= 0) kernels::use_device(device_);  // a new thread starts on device 0
+#endif
+        if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+        for (int c = 0; c < chunks_; ++c) {
+          const ChunkPlan p = chunk_plan(flight_, c);
+          overlap_comm_->alltoallv(flight_.send.data(), p.send_counts, flight_.recv.data(), p.recv_counts,
+                                   kOwnerExchange, &p.send_at);
+          owner_adds(flight_, c, flight_.recv.data(), false);  // its copy to the device returns once done
+        }
+      });
+    } else {
+      for (int c = 0; c < chunks_; ++c) {
+        const ChunkPlan p = chunk_plan(e, c);
+        comm_->alltoallv(e.send.data(), p.send_counts, e.recv.data(), p.recv_counts, kOwnerExchange, &p.send_at);
+        note_memory(&e);
+        owner_adds(e, c, e.recv.data(), false);
+      }
+      spare_send_.swap(e.send), spare_recv_.swap(e.recv);
     }
   }
   unit_ = -1;
   exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void OwnerReduction::settle() {
+  if (!in_flight_.valid()) return;
+  in_flight_.get();  // rethrows what the thread threw
+  spare_send_.swap(flight_.send), spare_recv_.swap(flight_.recv);
+  flight_.send.clear(), flight_.recv.clear();
+  flight_.unit = -1;
+}
+
 void OwnerReduction::finish(float* shard_out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (overlap_ != ExchangeOverlap::no_wait) settle();  // the last unit's adds
+  exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::vector<TreeNode>& left = owner_plan_.stack();
   if (left.size() != 1 || left[0] != TreeNode{0, split_.global_instances})
     throw std::logic_error("OwnerReduction: the step's tree is not complete at the owner");
   const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
   if (len > 0) ex_->copy(shard_out, owner_slots_[0].data(), static_cast<size_t>(len) * sizeof(float));
+  settle();
 }
 
 void OwnerReduction::release() {
+  settle();
   local_.release();
   std::vector<Buffer<float>>().swap(owner_slots_);
-  StagingVector<float>(send_.get_allocator()).swap(send_);
-  StagingVector<float>(recv_.get_allocator()).swap(recv_);
+  for (StagingVector<float>* v : {&filling_.send, &spare_send_, &flight_.send})
+    StagingVector<float>(v->get_allocator()).swap(*v);
+  for (StagingVector<float>* v : {&filling_.recv, &spare_recv_, &flight_.recv})
+    StagingVector<float>(v->get_allocator()).swap(*v);
   send_dev_.free(), recv_dev_.free();
-  send_floats_ = recv_floats_ = 0;
 }
 
-void OwnerReduction::note_memory() {
+void OwnerReduction::note_memory(const UnitExchange* in_hand) {
   const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
   const int64_t local = local_.peak_slots() * local_.slot_floats();
   const int64_t owner = static_cast<int64_t>(owner_slots_.size()) * len;
-  const int64_t send = send_floats_, recv = recv_floats_;
+  // The exchange's blocks as made (their capacity): NCCL's on the device, else the staging, wherever it is now.
+  int64_t send = send_dev_.size(), recv = recv_dev_.size();
+  for (const UnitExchange* e : std::initializer_list<const UnitExchange*>{&filling_, &flight_, in_hand})
+    if (e) send += static_cast<int64_t>(e->send.capacity()), recv += static_cast<int64_t>(e->recv.capacity());
+  send += static_cast<int64_t>(spare_send_.capacity()), recv += static_cast<int64_t>(spare_recv_.capacity());
   peak_floats_ = std::max(peak_floats_, local + owner + send + recv);
   // One gradient value held: a local slot (a unit), an owner slot (the optimizer range), one block sent or received
   // (a unit's slice). The receive buffer holds every rank's blocks side by side; none of them is longer than a unit.

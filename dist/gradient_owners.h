@@ -15,10 +15,13 @@
 //   recv blocks  Σ_r k_r · (u ∩ n/W) / C      every rank's subtrees on a chunk of my slice (host; C chunks, one
 //                                            all-to-all each: exchange_chunks)
 //   owner slots  (ceil(log2 N) + 1) · n/W     the step's pending nodes on my optimizer range
+// Under ExchangeOverlap::on the unit in flight keeps its send blocks while the next unit fills others: send 2·k·u.
 // No gradient value held is ever the flat vector's length.
 #pragma once
 
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -39,14 +42,32 @@ constexpr int kMaxExchangeChunks = 16;
 constexpr int64_t kExchangeChunkFloats = int64_t{1} << 20;
 int exchange_chunks(const Layout& layout, const std::vector<std::pair<int64_t, int64_t>>& units);
 
+// When the MPI transport's exchange of a unit runs (OwnerReduction, nccl == nullptr).
+enum class ExchangeOverlap {
+  off,  // when the unit's backward ends, its all-to-alls and then the owners' adds, chunk by chunk
+  // on a thread of its own under the next unit's backward: the all-to-alls (on a duplicate of the communicator, so
+  // they never interleave with the main thread's collectives) and the owners' adds, chunk by chunk, the executor's
+  // ops queued among the main thread's (executors cuda and cuda-host only, whose ops share no state); waited for when
+  // the next unit's backward ends or the step's tree is finished. The adds of a unit touch only its slice of the
+  // owner slots and keep their order, so no bit changes.
+  on,
+  // TEST ONLY: finish() reads the root before it waits for the last unit's thread (dist-prefetch's control).
+  no_wait,
+};
+
 class OwnerReduction final : public UnitGradientSink {
  public:
   // units: the model's units [begin, end) (Olmo3::unit_range), which tile the flat vector. chunks: the exchange's
   // chunk count, 0 for exchange_chunks() (tests force others; any count gives the same bits). nccl (comm's ranks, or
   // nullptr): the send and receive blocks live in the executor's memory and NCCL moves them (the same blocks, the same
-  // plan); else they live on the host and comm moves them.
+  // plan); else they live on the host and comm moves them, at the end of each unit's backward or (overlap, which needs
+  // MPI_THREAD_MULTIPLE: dist::concurrent_collectives) under the next unit's. Collective over comm.
   OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
-                 std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0, NcclComm* nccl = nullptr);
+                 std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0, NcclComm* nccl = nullptr,
+                 ExchangeOverlap overlap = ExchangeOverlap::off);
+  ~OwnerReduction() override;
+  OwnerReduction(const OwnerReduction&) = delete;
+  OwnerReduction& operator=(const OwnerReduction&) = delete;
 
   // Starts a step: the owner plan restarts at instance 0.
   void begin_step();
@@ -59,14 +80,17 @@ class OwnerReduction final : public UnitGradientSink {
   void finish(float* shard_out);
   // Frees every buffer (a sharded run keeps none between steps).
   void release();
+  // What the exchange thread's communicator sent (merged into the trainer's --report-comm figures); nullptr without
+  // one.
+  const Comm* overlap_comm() const { return overlap_comm_.get(); }
 
   // The most gradient floats this rank held at once (local slots, send and receive blocks, owner slots) and the
   // longest single gradient value among them (a slot, or one block sent or received): what the memory model
   // predicts and tests/dist checks.
   int64_t peak_floats() const { return peak_floats_; }
   int64_t longest_buffer() const { return longest_buffer_; }
-  // Wall seconds spent in the per-unit exchanges and the owners' adds, over the run (the exchange's share of the
-  // step time: bench/hsdp_bench.sh).
+  // Wall seconds the main thread spent in the per-unit exchanges and the owners' adds, over the run (the exchange's
+  // share of the step time: bench/hsdp_bench.sh); under overlap, waiting for the thread and the adds.
   double exchange_seconds() const { return exchange_seconds_; }
 
  private:
@@ -74,9 +98,30 @@ class OwnerReduction final : public UnitGradientSink {
     int rank, index;      // subtree `index` of rank `rank`'s micro-batch in this round
     TreePlan::Step step;  // where the owner plan puts it and the adds that follow
   };
+  // One unit's exchange, from its backward's first emitted value to the owners' last add: what the MPI transport's
+  // thread needs and owns (the round's geometry is copied, since the next round replans before the adds run).
+  struct UnitExchange {
+    int unit = -1;
+    std::vector<int> nodes_per_rank;  // how many subtrees each rank sends (0: idle in the round)
+    std::vector<OwnerFeed> feeds;     // the round's owner steps, in rank then subtree order
+    std::vector<int64_t> send_at;     // where owner j's blocks start in send; [W] = send's extent
+    // The MPI transport's blocks, in the executor's staging (page-locked on a device); recv one chunk at a time.
+    StagingVector<float> send, recv;
+  };
+  // Chunk c of a unit's exchange: per rank what goes out (count, offset in send) and comes in (count, offset in the
+  // chunk's receive block); my piece's [lo, lo + len) of the chunk.
+  struct ChunkPlan {
+    std::vector<int64_t> send_counts, send_at, recv_counts, recv_at;
+    int64_t received = 0, my_lo = 0, my_len = 0;
+  };
+  ChunkPlan chunk_plan(const UnitExchange& e, int c) const;
   int64_t piece_floats(int unit, int rank) const;  // |unit ∩ rank's optimizer range|
   int64_t chunk_floats(int64_t piece) const;       // a piece is exchanged in chunks_ chunks of this many floats
-  void note_memory();
+  // The owner plan's steps of e's round on chunk c of my slice of its unit, reading the chunk's blocks at recv.
+  void owner_adds(const UnitExchange& e, int c, const float* recv, bool recv_on_device);
+  void settle();  // the exchange in flight, if any, waited for; its blocks kept for the next
+  void grow_owner_slots(size_t slots);  // at least `slots` owner slots, each the optimizer range
+  void note_memory(const UnitExchange* in_hand);  // in_hand: an exchange held outside the members, or nullptr
 
   Executor* ex_;
   Comm* comm_;
@@ -84,20 +129,30 @@ class OwnerReduction final : public UnitGradientSink {
   Layout layout_;
   BatchSplit split_;
   std::vector<std::pair<int64_t, int64_t>> units_;
+  int64_t longest_unit_ = 0;
+  int64_t widest_mine_ = 0;  // the most floats of one unit in my optimizer range
   GradientTree local_;
   TreePlan owner_plan_;
   std::vector<Buffer<float>> owner_slots_;  // [max_slots][optimizer range]
   std::vector<int> nodes_per_rank_;         // this round: how many subtrees each rank sends (0: idle)
   std::vector<OwnerFeed> feeds_;            // this round's owner steps, in rank then subtree order
-  std::vector<int64_t> send_at_;            // this unit: where owner j's blocks start in send_
-  // The MPI transport's blocks: the executor's staging (page-locked on a device), kept through the step.
-  StagingVector<float> send_, recv_;
+  UnitExchange filling_;                    // the unit whose backward runs: its subtrees go into filling_.send
+  // The MPI transport's blocks between exchanges, kept with their capacity through the step (page-locked memory is
+  // slow to make): made once a step as long as the longest unit needs.
+  StagingVector<float> spare_send_, spare_recv_;
   Buffer<float> send_dev_, recv_dev_;   // the NCCL transport's (executor memory), grown to the largest so far
-  int64_t send_floats_ = 0, recv_floats_ = 0;  // the blocks' extent now (either transport)
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
   int chunks_;  // exchange_chunks()
+  const ExchangeOverlap overlap_;
+  int64_t delay_us_ = 0;  // TEST ONLY (OLMOREF_TEST_EXCHANGE_DELAY_US): the thread's pause before its all-to-alls
+  int device_ = -1;       // executor cuda: the rank's device, made current on the thread
   int64_t peak_floats_ = 0, longest_buffer_ = 0;
   double exchange_seconds_ = 0.0;
+  // Under overlap: the exchange in flight (its unit's blocks and geometry) and its thread, which runs on
+  // overlap_comm_; declared last, so that a thread still running is waited for before what it uses goes.
+  std::unique_ptr<Comm> overlap_comm_;
+  UnitExchange flight_;
+  std::future<void> in_flight_;
 };
 
 }  // namespace olmoref::dist

@@ -86,8 +86,11 @@ struct RankParts {
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
 
+// overlap: the owners' exchange on a thread of its own (dist::ExchangeOverlap::on: MPI with the prefetch on a device
+// executor), whose unit keeps its send blocks while the next unit's subtrees fill a second set.
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
-                     const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int64_t exchange_chunks) {
+                     const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int64_t exchange_chunks,
+                     bool overlap) {
   RankParts p;
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, L.world(),
                          static_cast<int>(cfg.train.cp_degree)};
@@ -134,7 +137,7 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
     }
     p.local_floats = p.local_slots * widest_unit;
     p.owner_floats = p.owner_slots * p.optimizer_floats;
-    p.send_floats = most_sent * widest_unit;
+    p.send_floats = (overlap ? 2 : 1) * most_sent * widest_unit;
     // dist::OwnerReduction exchanges a unit in chunks of every owner's piece, one all-to-all each.
     p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + exchange_chunks - 1) / exchange_chunks);
   }
@@ -153,16 +156,22 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
 }
 
 
+std::string send_blocks_why(bool overlap) {
+  return overlap ? "a unit's finished subtrees, cut by owner, and the unit's before in flight: 2 x k x largest unit"
+                 : "a unit's finished subtrees, cut by owner: k x largest unit";
+}
+std::string recv_blocks_why() { return "every rank's subtrees on a chunk of my slice of a unit"; }
+
 // The rank whose parts that differ between ranks (state held, slots, exchange blocks, FSDP gathers) weigh most; the
 // first of them. `rank` receives its index.
 RankParts fullest_rank(const TrainConfig& cfg, dist::Layout L, const dist::StatePlacement& P, bool host_state,
-                       const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int& rank) {
+                       const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, bool overlap, int& rank) {
   RankParts fullest;
   int64_t fullest_floats = -1;
   const int64_t chunks = dist::exchange_chunks(L, units);
   for (int r = 0; r < L.world(); ++r) {
     L.rank = r;
-    const RankParts p = rank_parts(cfg, L, P, host_state, units, ep, chunks);
+    const RankParts p = rank_parts(cfg, L, P, host_state, units, ep, chunks, overlap);
     const int64_t floats = p.state_floats + 3 * p.optimizer_floats + p.gradient_floats() +
                            std::max(p.gather_floats, p.param_gather_floats) + p.unit_floats;
     if (floats > fullest_floats) fullest_floats = floats, fullest = p, rank = r;
@@ -191,6 +200,7 @@ struct Shapes {
   bool gpu = false, device_paths = false, ep = false;
   bool nccl = false;  // MemoryPlacement::transport
   bool prefetch = true;
+  bool overlap = false;  // the owners' exchange on a thread (rank_parts)
   ParamLayout layout;
   dist::Layout L;
   RankParts p;
@@ -226,7 +236,8 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
                                expert_spans(x.layout, m));
   x.drops_any = P.drops_any();
   const auto units = fsdp_unit_ranges(m, x.layout);
-  x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.rank);
+  x.overlap = x.prefetch && x.device_paths && !x.nccl && W > 1;
+  x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.overlap, x.rank);
   x.L.rank = x.rank;
   x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
   x.mm = olmo3_memory(m, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
@@ -267,8 +278,8 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
     add("owner tree slots", kF32 * p.owner_floats,
         std::to_string(p.owner_slots) + " slots of the optimizer range (<= ceil(log2 N) + 1): params / W each");
     if (!gpu || x.nccl) {  // in the executor's memory: the host's, or under nccl the device's
-      add("unit send blocks", kF32 * p.send_floats, "a unit's finished subtrees, cut by owner: k x largest unit");
-      add("unit receive blocks", kF32 * p.recv_floats, "every rank's subtrees on a chunk of my slice of a unit");
+      add("unit send blocks", kF32 * p.send_floats, send_blocks_why(x.overlap));
+      add("unit receive blocks", kF32 * p.recv_floats, recv_blocks_why());
     }
   }
   if (L.dp_shard > 1)
@@ -412,10 +423,8 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     };
     // Under nccl none of it: the exchanges move between device buffers.
     if (L.world() > 1 && !x.nccl) {
-      add("unit send blocks", kF32 * p.send_floats,
-          "a unit's finished subtrees, cut by owner: k x largest unit (page-locked)");
-      add("unit receive blocks", kF32 * p.recv_floats,
-          "every rank's subtrees on a chunk of my slice of a unit (page-locked)");
+      add("unit send blocks", kF32 * p.send_floats, send_blocks_why(x.overlap) + " (page-locked)");
+      add("unit receive blocks", kF32 * p.recv_floats, recv_blocks_why() + " (page-locked)");
     }
     const MemoryPart transient = largest_transient(p, false);
     if (!x.nccl) add(transient.name, transient.bytes, transient.why + " (host staging, page-locked)");

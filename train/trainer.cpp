@@ -169,8 +169,20 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
     for (int u = 0; u < model_.n_units(); ++u) units.push_back(model_.unit_range(u));
-    owners_ = std::make_unique<dist::OwnerReduction>(*ex_, *comm_, layout_, batch_split(), std::move(units),
-                                                     par.debug_exchange_chunks, nccl_world_.get());
+    // The exchange thread pays where the main thread mostly waits for a device, and it drives the executor beside the
+    // main thread, which only the kernel executors allow (on cpu the step's threads share a pool, and the all-to-all
+    // would take a core from them); --profile-ops's timing wrapper counts one thread's ops.
+    const bool overlap = par.prefetch_units && par.transport == dist::Transport::mpi && !par.profile_ops &&
+                         (ex_->name() == "cuda" || ex_->name() == "cuda-host") && dist::concurrent_collectives();
+    if (par.debug_exchange_no_wait && !overlap)
+      throw std::invalid_argument("--debug-exchange-no-wait is a control of the owners' exchange thread, which runs with "
+                                  "several ranks, --transport mpi, --executor cuda or cuda-host, without --no-prefetch "
+                                  "or --profile-ops");
+    owners_ = std::make_unique<dist::OwnerReduction>(
+        *ex_, *comm_, layout_, batch_split(), std::move(units), par.debug_exchange_chunks, nccl_world_.get(),
+        !overlap                       ? dist::ExchangeOverlap::off
+        : par.debug_exchange_no_wait ? dist::ExchangeOverlap::no_wait
+                                       : dist::ExchangeOverlap::on);
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));
@@ -617,6 +629,8 @@ std::map<std::string, uint64_t> Trainer::bytes_sent_by_what() const {
       for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   if (const auto* prefetched = unit_gather_ ? unit_gather_->prefetch_bytes_by_what() : nullptr)
     for (const auto& [what, bytes] : *prefetched) all[what] += bytes;
+  if (const dist::Comm* c = owners_ ? owners_->overlap_comm() : nullptr)
+    for (const auto& [what, bytes] : c->bytes_sent_by_what()) all[what] += bytes;
   for (const dist::NcclComm* c :
        {nccl_world_.get(), nccl_shard_.get(), nccl_replica_.get(), nccl_ep_.get(), nccl_cp_.get()})
     if (c)

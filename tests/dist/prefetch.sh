@@ -10,14 +10,17 @@
 #     again on the spot: the fallback path), all equal to the single process's byte for byte;
 #   - on cuda-host the side stream's copies run late on a worker thread; the control that skips the acquire's wait for
 #     them (`--debug-prefetch-no-stream-wait`) must change the trace;
+#   - on cuda-host the owners' gradient exchange and adds run on a thread of their own (with the prefetch, over MPI on
+#     a device executor): 20 ms late they keep the traces at 2x1 and 2x2, and the control that reads the reduced
+#     gradient before the last unit's thread ends (`--debug-exchange-no-wait`) must change the trace;
 #   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
 #     the head and L blocks backward), of which only the first (the embedding) is gathered on the spot and every other
 #     served by the prefetch; none prefetched with --no-prefetch or the control; the bytes of each collective the
 #     same with and without the prefetch (what `olmoref config --time` predicts);
 #   - the exchanges' host staging (Executor::allocate_staging: page-locked on a device, slow to make) is made a few
 #     times a step, never per unit: at most 10 blocks a step on every rank in every run (the unit gather's two, the
-#     owners' send and receive blocks as they grow, the replicas' two), where a block per gather would be 2 per unit
-#     acquired (2 x 11 a pass of tiny).
+#     owners' send and receive blocks, two send blocks under the exchange thread, the replicas' two), where a block per
+#     gather would be 2 per unit acquired (2 x 11 a pass of tiny).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
@@ -103,7 +106,20 @@ ranks cudahost-2x1-no-wait 2x1 "${tiny[@]}" --executor cuda-host --debug-prefetc
 cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-no-wait/trace.jsonl" &&
   { echo "FAIL: the control that skips the side stream's wait kept the trace: the delayed copies are not seen"; exit 1; }
 echo "cudahost 2x1: without the acquire's wait for the side stream the trace changes, as it must"
-unset OLMOREF_TEST_HOST_STREAM_DELAY_US
+# The owners' exchange thread (dist::ExchangeOverlap, on with the prefetch over MPI on a device executor: the runs above
+# took it, --no-prefetch not): a unit's all-to-alls and the owners' adds under the next unit's backward, waited for when
+# that one ends. Each thread pausing 20 ms before its all-to-alls keeps the trace (at 2x2 in 3 chunks a unit); the
+# control that reads the step's reduced gradient before the last unit's thread is waited for (its adds follow its
+# start at once) must change the trace.
+export OLMOREF_TEST_EXCHANGE_DELAY_US=20000
+ranks cudahost-2x1-exchange-late 2x1 "${tiny[@]}" --executor cuda-host
+ranks cudahost-2x2-exchange-late 2x2 "${tiny[@]}" --executor cuda-host --debug-exchange-chunks 3
+for layout in 2x1 2x2; do same cudahost "cudahost-$layout-exchange-late"; done
+ranks cudahost-2x1-exchange-no-wait 2x1 "${tiny[@]}" --executor cuda-host --debug-exchange-no-wait
+cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-exchange-no-wait/trace.jsonl" &&
+  { echo "FAIL: the control that reads the reduced gradient before the exchange thread ends kept the trace"; exit 1; }
+echo "cudahost 2x1 and 2x2: the owners' exchange thread 20 ms late keeps the trace; the gradient read before it ends changes it"
+unset OLMOREF_TEST_HOST_STREAM_DELAY_US OLMOREF_TEST_EXCHANGE_DELAY_US
 single bf16 "${bf16[@]}"
 check bf16 4x1 3 6 "${bf16[@]}"
 single moe "${moe[@]}"
