@@ -61,38 +61,6 @@ for layout in 3x1 2x2; do
   run_layout "$layout-chunks" "$layout" "${cfg[@]}" --debug-exchange-chunks 5
   same single "$layout-chunks" "fp32 layout $layout, the gradient exchanged in 5 chunks per unit"
 done
-# The tree at the owners: no rank ever holds a full-length gradient, and what a rank holds for the gradient is at
-# most ceil(log2 N) + 1 slices of its optimizer range plus one unit's local slots and exchange blocks
-# (docs/canonical/step.md). The bound is computed here from the config's shapes, not taken from the trainer.
-python3 - "$work" "$SRC/configs/tiny.toml" <<'PY' || { echo "gradient buffers at the owners exceed their bound"; exit 1; }
-import math, re, sys, tomllib
-m = tomllib.load(open(sys.argv[2], "rb"))["model"]
-d, V, F, H = m["d_model"], m["vocab_size"], m["ffn_hidden"], m["n_heads"]
-unit = max(V * d + d, 4 * d * d + 3 * d * F + 4 * d)  # the head, or a block (q, k, v, o at most d x d; norms)
-N = 12
-for name, mb in [(l, 2) for l in ("2x1", "1x2", "3x1", "1x3", "4x1", "5x1", "6x1", "2x2", "3x2", "2x3")] + \
-                [(l + "-mb1", 1) for l in ("8x1", "5x1", "3x2")]:
-    S, R = (int(x) for x in name.split("-")[0].split("x"))
-    W = S * R
-    lines = re.findall(r"gradient buffers peak ([0-9.]+) MiB, longest ([0-9.]+) MiB \(the flat vector ([0-9.]+) MiB\)",
-                       open(f"{sys.argv[1]}/{name}.log").read())
-    if len(lines) != W:
-        sys.exit(f"{name}: {len(lines)} ranks reported gradient buffers, want {W}")
-    for peak, longest, flat in ((float(a), float(b), float(c)) for a, b, c in lines):
-        n = flat * (1 << 20) / 4
-        chunks = math.ceil(n / 65536)
-        ostride = math.ceil(math.ceil(chunks / S) / R) * 65536
-        k = 2 * math.ceil(math.log2(mb)) if mb > 1 else 1  # maximal subtrees of one micro-batch
-        local = (math.ceil(math.log2(mb)) + 1) * unit
-        bound = (math.ceil(math.log2(N)) + 1) * ostride + local + k * unit + W * k * min(unit, ostride)
-        if longest >= flat:
-            sys.exit(f"{name}: a gradient value of {longest} MiB held, the flat vector's length ({flat} MiB)")
-        if peak * (1 << 20) / 4 > bound * 1.001:
-            sys.exit(f"{name}: gradient buffers peak at {peak} MiB, over the bound {bound * 4 / (1 << 20):.4f} MiB")
-    print(f"owners' tree at {name}: longest gradient value held {max(float(b) for _, b, _ in lines):.3f} MiB of a "
-          f"{flat:.3f} MiB vector; peak {max(float(a) for a, _, _ in lines):.3f} MiB per rank (bound "
-          f"{bound * 4 / (1 << 20):.3f})")
-PY
 # T5 x T3: data-parallel ranks on the CUDA executor's host execution (device-memory code paths: staged
 # all-to-all blocks, the owners' tree on the executor, FSDP units copied into a unit-sized device buffer) equal the CPU's
 # single process. cuda-host costs about 0.5 s of CPU a step, so these runs stop after step 3, one step past the
@@ -109,6 +77,42 @@ done
 # working copy into another, both read at the flat vector's offsets.
 run_layout "2x1-bf16-cuda-host" 2x1 "${cfg[@]}" "${bf16[@]}" --executor cuda-host --stop-after 3
 same_start single-bf16 "2x1-bf16-cuda-host" "bf16 layout 2x1 on cuda-host (micro-batch 2)"
+# The tree at the owners: no rank ever holds a full-length gradient, and what a rank holds for the gradient is at
+# most ceil(log2 N) + 1 slices of its optimizer range plus one unit's local slots and exchange blocks
+# (docs/canonical/step.md). The bound is computed here from the config's shapes, not taken from the trainer.
+python3 - "$work" "$SRC/configs/tiny.toml" <<'PY' || { echo "gradient buffers at the owners exceed their bound"; exit 1; }
+import math, re, sys, tomllib
+m = tomllib.load(open(sys.argv[2], "rb"))["model"]
+d, V, F, H = m["d_model"], m["vocab_size"], m["ffn_hidden"], m["n_heads"]
+unit = max(V * d + d, 4 * d * d + 3 * d * F + 4 * d)  # the head, or a block (q, k, v, o at most d x d; norms)
+N = 12
+# The cuda-host runs exchange on a thread (dist::ExchangeOverlap): their unit in flight keeps its send blocks while
+# the next unit fills a second set.
+later = [(l + "-cuda-host", 2) for l in ("1x2", "1x3", "2x1", "3x2")]
+for name, mb in [(l, 2) for l in ("2x1", "1x2", "3x1", "1x3", "4x1", "5x1", "6x1", "2x2", "3x2", "2x3")] + \
+                [(l + "-mb1", 1) for l in ("8x1", "5x1", "3x2")] + later:
+    S, R = (int(x) for x in name.split("-")[0].split("x"))
+    W = S * R
+    lines = re.findall(r"gradient buffers peak ([0-9.]+) MiB, longest ([0-9.]+) MiB \(the flat vector ([0-9.]+) MiB\)",
+                       open(f"{sys.argv[1]}/{name}.log").read())
+    if len(lines) != W:
+        sys.exit(f"{name}: {len(lines)} ranks reported gradient buffers, want {W}")
+    for peak, longest, flat in ((float(a), float(b), float(c)) for a, b, c in lines):
+        n = flat * (1 << 20) / 4
+        chunks = math.ceil(n / 65536)
+        ostride = math.ceil(math.ceil(chunks / S) / R) * 65536
+        k = 2 * math.ceil(math.log2(mb)) if mb > 1 else 1  # maximal subtrees of one micro-batch
+        local = (math.ceil(math.log2(mb)) + 1) * unit
+        sends = 2 if name.endswith("cuda-host") else 1
+        bound = (math.ceil(math.log2(N)) + 1) * ostride + local + sends * k * unit + W * k * min(unit, ostride)
+        if longest >= flat:
+            sys.exit(f"{name}: a gradient value of {longest} MiB held, the flat vector's length ({flat} MiB)")
+        if peak * (1 << 20) / 4 > bound * 1.001:
+            sys.exit(f"{name}: gradient buffers peak at {peak} MiB, over the bound {bound * 4 / (1 << 20):.4f} MiB")
+    print(f"owners' tree at {name}: longest gradient value held {max(float(b) for _, b, _ in lines):.3f} MiB of a "
+          f"{flat:.3f} MiB vector; peak {max(float(a) for a, _, _ in lines):.3f} MiB per rank (bound "
+          f"{bound * 4 / (1 << 20):.3f})")
+PY
 # Audit logs after a resume at fewer ranks: the 2-rank logs lose their records past the checkpoint, and all the
 # directory's logs together hold exactly the uninterrupted run's records (step, instance, tokens).
 cp -r "$work/2x1" "$work/audit-2x1"  # the 2x1 run above is this run (the same command): not trained twice
