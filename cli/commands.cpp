@@ -243,8 +243,9 @@ void register_commands(CLI::App& app) {
                   "TEST ONLY: every FSDP prefetch gathers a unit other than the one the model asks for next (each "
                   "unit is then gathered again on the spot); must not change the trace");
     cmd->add_flag("--debug-prefetch-no-stream-wait", o->parallel.debug_prefetch_no_stream_wait,
-                  "TEST ONLY: the MPI prefetch's acquire on cuda or cuda-host does not wait for the copies on its side "
-                  "stream, so the model may read the next unit before it lands; must change the trace on cuda-host");
+                  "TEST ONLY: the prefetch's acquire on cuda or cuda-host does not wait for its side stream (the MPI "
+                  "transport's copies, NCCL's groups), so the model may read the next unit before it lands; must "
+                  "change the trace on cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US set");
     cmd->add_flag("--debug-exchange-no-wait", o->parallel.debug_exchange_no_wait,
                   "TEST ONLY: on cuda or cuda-host (--transport mpi, several ranks) the step's reduced gradient is "
                   "read before the thread that exchanges and adds the last unit's subtrees is waited for; must "

@@ -64,6 +64,10 @@ struct NcclApi {
   ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
   const char* (*error_string)(ncclResult_t) = nullptr;
   const char* (*last_error)(ncclComm_t) = nullptr;  // NCCL 2.13 and later; may be absent
+  // The stand-in's host streams (standin_stream_create).
+  void* (*stream_create)() = nullptr;
+  void (*stream_synchronize)(void*) = nullptr;
+  void (*stream_destroy)(void*) = nullptr;
 };
 
 const NcclApi& nccl_api() {
@@ -96,6 +100,11 @@ const NcclApi& nccl_api() {
     load(a.error_string, "ncclGetErrorString");
     load(a.last_error, "ncclGetLastError", false);
     a.standin = dlsym(a.library, "olmoref_nccl_standin") != nullptr;
+    if (a.standin) {
+      load(a.stream_create, "olmoref_nccl_standin_stream_create");
+      load(a.stream_synchronize, "olmoref_nccl_standin_stream_synchronize");
+      load(a.stream_destroy, "olmoref_nccl_standin_stream_destroy");
+    }
     return a;
   }();
   return api;
@@ -120,6 +129,10 @@ void check(ncclResult_t r, ncclComm_t comm, const std::string& what) {
 }
 
 }  // namespace
+
+void* standin_stream_create() { return nccl_api().standin ? nccl_api().stream_create() : nullptr; }
+void standin_stream_synchronize(void* stream) { nccl_api().stream_synchronize(stream); }
+void standin_stream_destroy(void* stream) { nccl_api().stream_destroy(stream); }
 
 struct NcclComm::Handle {
   ncclComm_t comm = nullptr;
@@ -174,6 +187,10 @@ void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<
 }
 
 #else
+
+void* standin_stream_create() { return nullptr; }
+void standin_stream_synchronize(void*) {}
+void standin_stream_destroy(void*) {}
 
 struct NcclComm::Handle {};
 

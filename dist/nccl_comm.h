@@ -62,6 +62,14 @@ std::vector<std::vector<NcclOp>> nccl_rounds(const ExchangePlan& plan, int rank,
 // Whether this build can move data by NCCL (a CUDA build with the toolkit's NCCL).
 bool nccl_built();
 
+// The host execution's side stream under the tests' stand-in NCCL (tests/dist/nccl_standin.cpp): groups queued on it
+// run later, in order, on a worker thread, so that a wait the device needs and the code lacks shows in cuda-host's
+// bits. create: nullptr unless the NCCL loaded is the stand-in; synchronize: the host waits for what is queued;
+// destroy: after running it.
+void* standin_stream_create();
+void standin_stream_synchronize(void* stream);
+void standin_stream_destroy(void* stream);
+
 class NcclComm {
  public:
   // Collective over `group`: its rank 0 makes NCCL's unique id and the group's MPI communicator hands it out. Every

@@ -8,6 +8,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 
@@ -112,6 +113,25 @@ class HostSide final : public UnitGather::SideStream {
   std::thread worker_;  // last: started once the rest is made
 };
 
+// The host execution under the tests' stand-in NCCL: NCCL's prefetch queues its groups on a stream of the stand-in,
+// which runs them later on a worker thread (OLMOREF_TEST_HOST_STREAM_DELAY_US after each is queued), as a device's
+// side stream would; the executor's work has run by the time it is queued, so nothing here waits for it.
+class StandinSide final : public UnitGather::SideStream {
+ public:
+  StandinSide() : s_(standin_stream_create()) {
+    if (!s_) throw std::logic_error("UnitGather: NCCL on cuda-host without the stand-in NCCL's streams");
+  }
+  ~StandinSide() override { standin_stream_destroy(s_); }
+  void wait_for_default() override {}
+  void default_waits() override { synchronize(); }
+  void copy(void*, const void*, size_t) override { throw std::logic_error("StandinSide: NCCL's groups only"); }
+  void synchronize() override { standin_stream_synchronize(s_); }
+  void* stream() override { return s_; }
+
+ private:
+  void* s_;
+};
+
 }  // namespace
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
@@ -131,12 +151,13 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
       most_received_ = std::max(most_received_, received);
     }
   // On the device the prefetch runs on a stream of its own (NCCL's groups, or the staged prefetch's copies). The host
-  // execution's staged prefetch copies on a worker thread in its place; its stand-in NCCL moves each group as it is
-  // issued, so there is nothing to order there.
+  // execution's staged prefetch copies on a worker thread in its place, and NCCL's prefetch queues its groups on a
+  // stream of the tests' stand-in NCCL, which runs them on a worker thread.
 #if OLMOREF_HAVE_NCCL
   if (prefetch_ != Prefetch::off && ex.name() == "cuda") side_ = std::make_unique<DeviceSide>();
 #endif
   if (land_in_thread_ && ex.name() == "cuda-host") side_ = std::make_unique<HostSide>();
+  if (nccl_ && prefetch_ != Prefetch::off && ex.name() == "cuda-host") side_ = std::make_unique<StandinSide>();
 }
 
 UnitGather::~UnitGather() {
@@ -335,7 +356,7 @@ const float* UnitGather::acquire(int unit) {
 // default stream waits for it either way, so that buffer is whole before the model or the next prefetch touches it.
 const float* UnitGather::acquire_on_device(int unit) {
   if (pending_unit_ >= 0) {
-    if (side_) side_->default_waits();
+    if (side_ && prefetch_ != Prefetch::no_stream_wait) side_->default_waits();
     const int got = std::exchange(pending_unit_, -1);
     if (got == unit) {
       ++hits_;

@@ -26,8 +26,9 @@ enum class Prefetch {
   off,         // gather each unit when it is acquired
   on,          // gather the announced unit on a thread of its own, under the model's work on this one
   other_unit,  // TEST ONLY: gather the unit after the announced one, so that every acquire finds the wrong unit
-  // TEST ONLY: the staged prefetch's acquire does not wait for the side stream's copies (dist-prefetch's control of
-  // the host stream: the model then reads the unit before it has landed).
+  // TEST ONLY: the acquire of a prefetched unit does not wait for the side stream (the staged prefetch's copies, or
+  // NCCL's groups): the model then reads the unit before it has landed (dist-prefetch's and dist-nccl-transport's
+  // control of the host execution's side streams).
   no_stream_wait,
 };
 

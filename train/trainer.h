@@ -60,7 +60,7 @@ struct Parallelism {
   // ExchangeOverlap::on). No value changes. `train --no-prefetch` turns both off.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
-  bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the staged prefetch's acquire skips the side-stream wait
+  bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the prefetch's acquire skips the side-stream wait
   bool debug_exchange_no_wait = false;  // TEST ONLY: the root is read before the last unit's exchange thread ends
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
   // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL

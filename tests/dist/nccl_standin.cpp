@@ -11,15 +11,30 @@
 // line, "ranks R me M send b0 b1 .. recv b0 b1 ..". An MPI-transport run and an NCCL-transport run of the same
 // configuration must then write the same lines: the NCCL groups stand exactly where the MPI collectives they replace
 // stood, with the same bytes to and from every peer. OLMOREF_NCCL_STANDIN_LOG=DIR: DIR/rank<world rank>.log.
+//
+// Streams: cuda-host runs the executor's work on the calling thread as it is queued, so a group on the default stream
+// moves its data before ncclGroupEnd returns. A group on a stream made by olmoref_nccl_standin_stream_create (the
+// prefetch's side stream in the host execution, dist/unit_gather.cpp) runs later, in order, on that stream's worker
+// thread, each group after a pause of OLMOREF_TEST_HOST_STREAM_DELAY_US, until olmoref_nccl_standin_stream_synchronize:
+// as on a device, a wait the code lacks then shows in the bits. A communicator's groups still run in the order issued,
+// whatever their streams (NCCL serializes the operations of a communicator): a group on the default stream first waits
+// for the communicator's groups queued on a worker.
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #include <mpi.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" int olmoref_nccl_standin() { return 1; }
@@ -34,7 +49,70 @@ struct Op {
   void* buf;
   size_t bytes;
   int peer;
+  cudaStream_t stream;
 };
+
+// A stream of the host execution: groups queued on it run in order on its worker thread, each after a pause.
+class HostStream {
+ public:
+  HostStream() : delay_us_(delay_from_env()), worker_([this] { run(); }) {}
+  ~HostStream() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+  void queue(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      tasks_.push_back(std::move(task));
+      ++queued_;
+    }
+    wake_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(m_);
+    const uint64_t target = queued_;
+    done_cv_.wait(lock, [&] { return done_ >= target; });
+  }
+
+ private:
+  static int delay_from_env() {
+    const char* v = std::getenv("OLMOREF_TEST_HOST_STREAM_DELAY_US");
+    return v ? std::atoi(v) : 0;
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopped, nothing left
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+      task();
+      lock.lock();
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+  const int delay_us_;
+  std::mutex m_;
+  std::condition_variable wake_, done_cv_;
+  std::deque<std::function<void()>> tasks_;
+  uint64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread worker_;  // last: started once the rest is made
+};
+
+std::mutex streams_m;
+std::set<cudaStream_t> host_streams;  // the streams made by olmoref_nccl_standin_stream_create
+bool is_host_stream(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(streams_m);
+  return host_streams.count(s) > 0;
+}
 
 int world_rank() {
   int r = 0;
@@ -62,6 +140,8 @@ FILE* open_log(const char* suffix) {
 void log_line(int ranks, int me, const std::vector<uint64_t>& sent, const std::vector<uint64_t>& received,
               int nccl_comm = -1, size_t nccl_ops = 0) {
   const bool nccl = nccl_comm >= 0;
+  static std::mutex log_m;  // groups on a host stream log from its worker thread
+  std::lock_guard<std::mutex> lock(log_m);
   static FILE* log = open_log(".log");
   static FILE* nccl_log = nccl ? open_log(".nccl") : nullptr;
   if (nccl && !nccl_log) nccl_log = open_log(".nccl");
@@ -104,15 +184,19 @@ struct ncclComm {
   int rank = 0, size = 1, tag = 0, joined = 0;
   std::vector<int> world;  // group rank -> world rank
   std::vector<Op> ops;
+  // Groups queued on host streams and not yet run (NCCL runs a communicator's operations in the order issued).
+  std::mutex m;
+  std::condition_variable idle;
+  int queued = 0;
 };
 
 namespace {
-void run_ops(ncclComm_t c) {
+void move_data(ncclComm_t c, const std::vector<Op>& ops) {
   std::vector<MPI_Request> reqs;
   std::vector<uint64_t> sent(static_cast<size_t>(c->size), 0), received(sent.size(), 0);
   // Receives first, so that every send finds its match posted; a pair's messages keep their order (one tag).
   for (int pass = 0; pass < 2; ++pass)
-    for (const Op& op : c->ops) {
+    for (const Op& op : ops) {
       if (op.send != (pass == 1)) continue;
       if (op.bytes > static_cast<size_t>(INT32_MAX)) fail("a message over 2 GiB");
       MPI_Request r;
@@ -127,8 +211,32 @@ void run_ops(ncclComm_t c) {
       reqs.push_back(r);
     }
   PMPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-  log_line(c->size, c->rank, sent, received, c->joined, c->ops.size());
-  c->ops.clear();
+  log_line(c->size, c->rank, sent, received, c->joined, ops.size());
+}
+
+// The group's operations, now or on their stream's worker (olmoref issues a group on one stream).
+void run_ops(ncclComm_t c) {
+  std::vector<Op> ops;
+  ops.swap(c->ops);
+  const cudaStream_t stream = ops.empty() ? nullptr : ops.front().stream;
+  for (const Op& op : ops)
+    if (op.stream != stream) fail("a group spans two streams");
+  if (!is_host_stream(stream)) {
+    std::unique_lock<std::mutex> lock(c->m);
+    c->idle.wait(lock, [c] { return c->queued == 0; });
+    lock.unlock();
+    move_data(c, ops);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(c->m);
+    ++c->queued;
+  }
+  reinterpret_cast<HostStream*>(stream)->queue([c, ops = std::move(ops)] {
+    move_data(c, ops);
+    std::lock_guard<std::mutex> lock(c->m);
+    if (--c->queued == 0) c->idle.notify_all();
+  });
 }
 
 ncclResult_t enqueue(ncclComm_t c, Op op) {
@@ -189,6 +297,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  {
+    std::unique_lock<std::mutex> lock(comm->m);
+    comm->idle.wait(lock, [comm] { return comm->queued == 0; });
+  }
   delete comm;
   return ncclSuccess;
 }
@@ -219,12 +331,29 @@ ncclResult_t ncclGroupEnd() {
   return ncclSuccess;
 }
 
-ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
-  return enqueue(comm, {true, const_cast<void*>(buf), count * static_cast<size_t>(type_size(type)), peer});
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return enqueue(comm, {true, const_cast<void*>(buf), count * static_cast<size_t>(type_size(type)), peer, stream});
 }
 
-ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
-  return enqueue(comm, {false, buf, count * static_cast<size_t>(type_size(type)), peer});
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue(comm, {false, buf, count * static_cast<size_t>(type_size(type)), peer, stream});
+}
+
+// The host execution's side streams (dist/unit_gather.cpp finds these by name in the NCCL library it loaded).
+void* olmoref_nccl_standin_stream_create() {
+  auto* s = new HostStream;
+  std::lock_guard<std::mutex> lock(streams_m);
+  host_streams.insert(reinterpret_cast<cudaStream_t>(s));
+  return s;
+}
+void olmoref_nccl_standin_stream_synchronize(void* s) { static_cast<HostStream*>(s)->synchronize(); }
+void olmoref_nccl_standin_stream_destroy(void* s) {
+  {
+    std::lock_guard<std::mutex> lock(streams_m);
+    host_streams.erase(reinterpret_cast<cudaStream_t>(s));
+  }
+  delete static_cast<HostStream*>(s);  // runs what is queued first
 }
 
 // The MPI transport's exchanges, recorded like the groups above (olmoref's MpiComm starts them non-blocking).

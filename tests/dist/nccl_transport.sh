@@ -14,7 +14,9 @@
 #     lines in the NCCL run as in the MPI run; NCCL carried the FSDP gathers, the owners' exchange, (2x2) the
 #     parameter all-gather and (EP) the expert rows; `--report-comm`'s bytes per collective the same;
 #   - NCCL's prefetch (the default; a second unit buffer, a stream of its own on a device): the same traces and the
-#     same exchanges (sorted), every acquire but each pass's first served by it; its control all on the spot;
+#     same exchanges (sorted), every acquire but each pass's first served by it; its control all on the spot; its
+#     groups run 200 us late on the stand-in's side stream, and the control whose acquire skips the wait for that
+#     stream (--debug-prefetch-no-stream-wait) changes the trace;
 #   - NCCL groups cut under a limit of 2 operations (--debug-nccl-group-ops; NCCL's own is 2048): the same traces;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
@@ -155,9 +157,17 @@ gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
   sed -nE 's/^rank ([0-9]+): FSDP unit gathers in [0-9]+ steps: ([0-9]+) prefetched, ([0-9]+) on the spot$/\1 \2 \3/p' \
     "$work/$1.log" | sort -n | cut -d' ' -f2-
 }
+# The stand-in runs the prefetch's groups on a worker thread of its side stream, each 200 us after it is queued (as a
+# device's stream would run them later), so every wait the device needs runs here: the control whose acquire does not
+# wait for the side stream must change the trace.
+export OLMOREF_TEST_HOST_STREAM_DELAY_US=200
 # tiny: 4 blocks (6 units); 3 steps of 2 rounds at 2x1, of 1 round at 2x2.
 prefetch_check tiny 2x1 6 6 "${tiny[@]}"
 prefetch_check tiny 2x2 3 6 "${tiny[@]}"
+ranks tiny-2x1-pf-no-wait 2x1 "${tiny[@]}" --transport nccl --debug-prefetch-no-stream-wait
+cmp -s "$work/tiny/trace.jsonl" "$work/tiny-2x1-pf-no-wait/trace.jsonl" &&
+  { echo "FAIL: NCCL's prefetch without the acquire's wait for its side stream kept the trace: the late groups unseen"; exit 1; }
+echo "tiny 2x1: NCCL's prefetch without the acquire's wait for its side stream changes the trace, as it must"
 # Context parallelism (CP 2): attention's gathers of positions and the chains' partials by NCCL too (the small host-side
 # gathers stay on MPI: the same lines in both runs); masked, so that documents cut the instances.
 masked=("${tiny[@]}" --set data.eos_id=511 --set data.document_masking=true --set train.seq_len=48)
