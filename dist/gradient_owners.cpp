@@ -233,7 +233,7 @@ void OwnerReduction::owner_adds(const UnitExchange& e, int c, const float* recv,
 void OwnerReduction::unit_backward_done(int unit) {
   if (unit != unit_) throw std::logic_error("OwnerReduction: unit " + std::to_string(unit) + " ended, not begun");
   const auto t0 = std::chrono::steady_clock::now();
-  settle();  // under overlap the unit before this one: its adds, and its blocks free for the next unit
+  settle();  // under overlap the thread of the unit before this one, so that its blocks serve the next unit
   UnitExchange e = std::move(filling_);
   filling_ = UnitExchange{};
   filling_.send = StagingVector<float>(spare_send_.get_allocator());

@@ -361,7 +361,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     t.seconds -= hidden;
     t.parts.push_back({"unit gathers under compute", -hidden});
     if (mpi) {
-      // The last unit's exchange beside the gathers, under the same compute: what is left of it.
+      // Each unit's exchange runs beside the next unit's gather, under the same compute: in what the gathers leave.
       const double under = std::min(exchange, gemm + attention - hidden);
       t.seconds -= under;
       t.parts.push_back({"owners' exchange under compute", -under});
