@@ -1,16 +1,12 @@
 #include "dist/unit_gather.h"
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <future>
-#include <mutex>
 #include <stdexcept>
-#include <thread>
 #include <utility>
+
+#include "core/delayed_worker.h"
 
 #if OLMOREF_HAVE_NCCL
 #include "kernels/device_memory.h"
@@ -54,63 +50,15 @@ class DeviceSide final : public UnitGather::SideStream {
 // that widens the window a missing wait would leave open.
 class HostSide final : public UnitGather::SideStream {
  public:
-  HostSide() : delay_us_(delay_from_env()), worker_([this] { run(); }) {}
-  ~HostSide() override {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    worker_.join();
-  }
   void wait_for_default() override {}
   void default_waits() override { synchronize(); }
   void copy(void* dst, const void* src, size_t bytes) override {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      queue_.push_back({dst, src, bytes});
-      ++queued_;
-    }
-    wake_.notify_all();
+    worker_.queue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   }
-  void synchronize() override {
-    std::unique_lock<std::mutex> lock(m_);
-    const uint64_t target = queued_;
-    done_cv_.wait(lock, [&] { return done_ >= target; });
-  }
+  void synchronize() override { worker_.synchronize(); }
 
  private:
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
-  static int delay_from_env() {
-    const char* v = std::getenv("OLMOREF_TEST_HOST_STREAM_DELAY_US");
-    return v ? std::atoi(v) : 0;
-  }
-  void run() {
-    std::unique_lock<std::mutex> lock(m_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopped, nothing left
-      const Copy c = queue_.front();
-      queue_.pop_front();
-      lock.unlock();
-      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
-      std::memcpy(c.dst, c.src, c.bytes);
-      lock.lock();
-      ++done_;
-      done_cv_.notify_all();
-    }
-  }
-  const int delay_us_;
-  std::mutex m_;
-  std::condition_variable wake_, done_cv_;
-  std::deque<Copy> queue_;
-  uint64_t queued_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::thread worker_;  // last: started once the rest is made
+  DelayedWorker worker_;
 };
 
 // The host execution under the tests' stand-in NCCL: NCCL's prefetch queues its groups on a stream of the stand-in,

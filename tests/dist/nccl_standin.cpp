@@ -23,19 +23,17 @@
 #include <mpi.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "core/delayed_worker.h"
 
 extern "C" int olmoref_nccl_standin() { return 1; }
 
@@ -53,59 +51,7 @@ struct Op {
 };
 
 // A stream of the host execution: groups queued on it run in order on its worker thread, each after a pause.
-class HostStream {
- public:
-  HostStream() : delay_us_(delay_from_env()), worker_([this] { run(); }) {}
-  ~HostStream() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    worker_.join();
-  }
-  void queue(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      tasks_.push_back(std::move(task));
-      ++queued_;
-    }
-    wake_.notify_all();
-  }
-  void synchronize() {
-    std::unique_lock<std::mutex> lock(m_);
-    const uint64_t target = queued_;
-    done_cv_.wait(lock, [&] { return done_ >= target; });
-  }
-
- private:
-  static int delay_from_env() {
-    const char* v = std::getenv("OLMOREF_TEST_HOST_STREAM_DELAY_US");
-    return v ? std::atoi(v) : 0;
-  }
-  void run() {
-    std::unique_lock<std::mutex> lock(m_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopped, nothing left
-      std::function<void()> task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
-      task();
-      lock.lock();
-      ++done_;
-      done_cv_.notify_all();
-    }
-  }
-  const int delay_us_;
-  std::mutex m_;
-  std::condition_variable wake_, done_cv_;
-  std::deque<std::function<void()>> tasks_;
-  uint64_t queued_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::thread worker_;  // last: started once the rest is made
-};
+using HostStream = olmoref::DelayedWorker;
 
 std::mutex streams_m;
 std::set<cudaStream_t> host_streams;  // the streams made by olmoref_nccl_standin_stream_create
