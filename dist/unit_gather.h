@@ -66,9 +66,10 @@ class UnitGather : public ParamGate {
   int64_t prefetch_hits() const { return hits_; }
   int64_t gathers_on_the_spot() const { return misses_; }
 
-  // The prefetch's stream beside the executor's (unit_gather.cpp): a device's (kernels::SideStream) or, for the staged
-  // prefetch in the host execution, a worker thread that runs its copies in order, later than they are queued, so that
-  // CI runs the same waits the device needs and a missing one shows in the bits.
+  // The prefetch's stream beside the executor's (unit_gather.cpp): a device's (kernels::SideStream) or, in the host
+  // execution, a worker thread that runs the staged prefetch's copies or (under the tests' stand-in NCCL) NCCL's groups
+  // in order, later than they are queued (core/delayed_worker.h), so that CI runs the same waits the device needs and a
+  // missing one shows in the bits.
   struct SideStream;
 
  private:
