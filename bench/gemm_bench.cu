@@ -7,7 +7,9 @@
 // products at R = micro_batch_instances x seq_len rows — forward Y[R, out] = X·Wᵀ, input gradient dX[R, in] = dY·W,
 // weight gradient dW[out, in] = dYᵀ·X — with ref/gemm.h's layouts (tests/kernels/gemm_cases.h). Each shape prints
 // and appends to BENCH_JSON (a JSON array, the format of bench/gpu_bench.sh's rows; rewritten after every shape so a
-// run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak.
+// run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak;
+// also the kernel's registers and blocks an SM on this device, and its time held to one block an SM (dynamic shared
+// memory it never touches: the same grid and bits), so a row says what the second block buys.
 // --dry-run builds and prints the shape list without touching a device (the dry run of tools/gpu_check.sh).
 //
 // cuBLAS is loaded at run time (dlopen): libcublasLt alone is 541 MB, far past the 64 MiB a device call carries
@@ -196,19 +198,27 @@ std::string json_number(double x) {
 }
 
 // Times shape s both ways on the operand buffers a, b, c; prints its line and returns its bench.json row.
-std::string bench_shape(const Shape& s, const Cublas& cublas, float* a, float* b, float* c) {
-  const double exact = seconds_per_call([&] { kernels::gemm_exact_device(testing::gemm_args(s.gemm, a, b, c)); });
+std::string bench_shape(const Shape& s, const kernels::GemmDeviceFit& fit, const Cublas& cublas, float* a, float* b,
+                        float* c) {
+  const kernels::GemmArgs args = testing::gemm_args(s.gemm, a, b, c);
+  const double exact = seconds_per_call([&] { kernels::gemm_exact_device(args); });
   const double exact_tflops = s.flops() / exact / 1e12;
+  // The same kernel held to one block an SM: what the second block buys, where the kernel has two.
+  const double one = fit.blocks_per_sm > 1 ? seconds_per_call([&] { kernels::gemm_exact_device_one_block_per_sm(args); })
+                                           : exact;
   std::ostringstream row;
   row << " {\"bench\": \"gemm\", \"config\": \"" << s.config << "\", \"product\": \"" << s.product
       << "\", \"M\": " << s.gemm.M << ", \"N\": " << s.gemm.N << ", \"K\": " << s.gemm.K
       << ", \"peak_tflops\": " << json_number(kFp32PeakTflops) << ", \"exact_seconds\": " << json_number(exact)
       << ", \"exact_tflops\": " << json_number(exact_tflops)
-      << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops);
+      << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops)
+      << ", \"exact_registers\": " << fit.registers << ", \"exact_blocks_per_sm\": " << fit.blocks_per_sm
+      << ", \"exact_one_block_per_sm_seconds\": " << json_number(one)
+      << ", \"exact_over_one_block_per_sm\": " << json_number(one / exact);
   char line[256];
-  std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%)",
+  std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%, %.2fx 1 block/SM)",
                 s.config.c_str(), s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K,
-                exact_tflops, 100 * exact_tflops / kFp32PeakTflops);
+                exact_tflops, 100 * exact_tflops / kFp32PeakTflops, one / exact);
   std::string text = line;
   if (cublas.missing.empty()) {
     const double peer = seconds_per_call([&] { cublas.run(s.gemm, a, b, c); });
@@ -272,8 +282,11 @@ int main(int argc, char** argv) {
     check_cuda(cudaDeviceSynchronize(), "fill");
     const Cublas cublas;
     if (!cublas.missing.empty()) std::printf("gemm_bench: cuBLAS column left out: %s\n", cublas.missing.c_str());
+    const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit();
+    std::printf("gemm_bench: gemm_exact_kernel %d registers, %d blocks an SM (of %d threads)\n", fit.registers,
+                fit.blocks_per_sm, kernels::kGemmThreads);
     for (const Shape& s : shapes) {
-      const std::string row = bench_shape(s, cublas, a, b, c);
+      const std::string row = bench_shape(s, fit, cublas, a, b, c);
       if (!out.empty()) append_row(out, row);
     }
     cudaFree(a), cudaFree(b), cudaFree(c);

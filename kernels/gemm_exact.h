@@ -87,6 +87,7 @@ struct GemmShared {
 struct GemmRegs {
   float acc[kGemmTM][kGemmTN];  // one chain per output
   float next_a[kGemmStaged], next_b[kGemmStaged];  // the next slab's elements, in flight during this slab's fmas
+  int64_t a_at, b_at;  // the walk's offsets into A and B (gemm_staged_walk): element 0 of the next slab to fetch
 };
 
 // A thread's row (or column) i in [0, 8) of the tile.
@@ -102,51 +103,56 @@ OLMOREF_HD inline void gemm_load4(const float* p, float* out) {
 #endif
 }
 
-// Element e in [0, BK·BM) of a slab as (kk, i): consecutive threads walk the operand's unit-stride direction, so
-// the global loads coalesce whether the tile's k or its rows/columns are contiguous in memory.
-OLMOREF_HD inline void gemm_slab_coords(int e, bool k_contiguous, int& kk, int& i) {
-  if (k_contiguous) kk = e % kGemmBK, i = e / kGemmBK;
-  else kk = e / kGemmBM, i = e % kGemmBM;
+// Thread t's staged elements of a slab: element s in [0, kGemmStaged) is e = t + s·256 of the slab's BK·BM, taken as
+// (kk, i) so that consecutive threads walk the operand's unit-stride direction and the global loads coalesce whether
+// the tile's k or its rows/columns are contiguous in memory. With k contiguous (kk = e % BK, i = e / BK) a thread keeps
+// its kk and steps 32 rows; otherwise (kk = e / BM, i = e % BM) it keeps its row and steps 2 k. So a thread's elements
+// are one base address and one step apart, the same in every slab.
+struct GemmStagedWalk {
+  int kk0, i0;  // element 0
+  int dkk, di;  // from element s to s + 1
+};
+OLMOREF_HD inline GemmStagedWalk gemm_staged_walk(int t, bool k_contiguous) {
+  if (k_contiguous) return {t % kGemmBK, t / kGemmBK, 0, kGemmThreads / kGemmBK};
+  return {t / kGemmBM, t % kGemmBM, kGemmThreads / kGemmBM, 0};
 }
 
-// Thread t's staged elements of the slab at k0 (kn valid k), from global memory. Past the matrix: 0, never read
-// into a chain (the chains stop at kn, rows and columns past the matrix are never stored). A whole slab of an
-// interior tile (every row, column and k inside the matrix: the same for every thread of the block, so no lane
-// diverges) loads without the bounds tests, the same elements.
-OLMOREF_HD inline void gemm_fetch_slab(const GemmArgs& g, int64_t row0, int64_t col0, int64_t k0, int kn, int t,
-                                       GemmRegs& r) {
+// Where thread t's walk starts in A and B for the tile at (row0, col0): the slab at k = 0.
+OLMOREF_HD inline void gemm_fetch_start(const GemmArgs& g, int64_t row0, int64_t col0, int t, GemmRegs& r) {
+  const GemmStagedWalk wa = gemm_staged_walk(t, g.a_col == 1), wb = gemm_staged_walk(t, g.b_row == 1);
+  r.a_at = (row0 + wa.i0) * g.a_row + wa.kk0 * g.a_col;
+  r.b_at = wb.kk0 * g.b_row + (col0 + wb.i0) * g.b_col;
+}
+
+// Thread t's staged elements of the next slab (kn valid k), from global memory; the walk then moves on one slab.
+// Past the matrix: 0, never read into a chain (the chains stop at kn, rows and columns past the matrix are never
+// stored). A whole slab of an interior tile (every row, column and k inside the matrix: the same for every thread of
+// the block, so no lane diverges) loads without the bounds tests, the same elements. An element's address is the
+// walk's offset plus s steps, not a 64-bit product per element: that took the kernel from 180 registers to 125
+// (kernels/gemm_exact.cu), under the 128 of two blocks an SM.
+OLMOREF_HD inline void gemm_fetch_slab(const GemmArgs& g, int64_t row0, int64_t col0, int kn, int t, GemmRegs& r) {
+  const GemmStagedWalk wa = gemm_staged_walk(t, g.a_col == 1), wb = gemm_staged_walk(t, g.b_row == 1);
+  const int64_t a_at = r.a_at, a_step = wa.di * g.a_row + wa.dkk * g.a_col;
+  const int64_t b_at = r.b_at, b_step = wb.dkk * g.b_row + wb.di * g.b_col;
+  r.a_at += kGemmBK * g.a_col, r.b_at += kGemmBK * g.b_row;
   if (kn == kGemmBK && row0 + kGemmBM <= g.M && col0 + kGemmBN <= g.N) {
     OLMOREF_UNROLL
-    for (int s = 0; s < kGemmStaged; ++s) {
-      const int e = t + s * kGemmThreads;
-      int kk, i;
-      gemm_slab_coords(e, g.a_col == 1, kk, i);
-      r.next_a[s] = g.A[(row0 + i) * g.a_row + (k0 + kk) * g.a_col];
-      gemm_slab_coords(e, g.b_row == 1, kk, i);
-      r.next_b[s] = g.B[(k0 + kk) * g.b_row + (col0 + i) * g.b_col];
-    }
+    for (int s = 0; s < kGemmStaged; ++s) r.next_a[s] = g.A[a_at + s * a_step], r.next_b[s] = g.B[b_at + s * b_step];
     return;
   }
   OLMOREF_UNROLL
   for (int s = 0; s < kGemmStaged; ++s) {
-    const int e = t + s * kGemmThreads;
-    int kk, i;
-    gemm_slab_coords(e, g.a_col == 1, kk, i);
-    r.next_a[s] = kk < kn && row0 + i < g.M ? g.A[(row0 + i) * g.a_row + (k0 + kk) * g.a_col] : 0.0f;
-    gemm_slab_coords(e, g.b_row == 1, kk, i);
-    r.next_b[s] = kk < kn && col0 + i < g.N ? g.B[(k0 + kk) * g.b_row + (col0 + i) * g.b_col] : 0.0f;
+    r.next_a[s] = wa.kk0 + s * wa.dkk < kn && row0 + wa.i0 + s * wa.di < g.M ? g.A[a_at + s * a_step] : 0.0f;
+    r.next_b[s] = wb.kk0 + s * wb.dkk < kn && col0 + wb.i0 + s * wb.di < g.N ? g.B[b_at + s * b_step] : 0.0f;
   }
 }
 
 OLMOREF_HD inline void gemm_store_slab(const GemmArgs& g, GemmShared& sh, int buf, int t, const GemmRegs& r) {
+  const GemmStagedWalk wa = gemm_staged_walk(t, g.a_col == 1), wb = gemm_staged_walk(t, g.b_row == 1);
   OLMOREF_UNROLL
   for (int s = 0; s < kGemmStaged; ++s) {
-    const int e = t + s * kGemmThreads;
-    int kk, i;
-    gemm_slab_coords(e, g.a_col == 1, kk, i);
-    sh.a[buf][kk][i] = r.next_a[s];
-    gemm_slab_coords(e, g.b_row == 1, kk, i);
-    sh.b[buf][kk][i] = r.next_b[s];
+    sh.a[buf][wa.kk0 + s * wa.dkk][wa.i0 + s * wa.di] = r.next_a[s];
+    sh.b[buf][wb.kk0 + s * wb.dkk][wb.i0 + s * wb.di] = r.next_b[s];
   }
 }
 
@@ -169,7 +175,8 @@ OLMOREF_HD void gemm_exact_block(Block& blk, GemmShared& sh, const GemmArgs& g, 
         r.acc[i][j] = g.accumulate && row < g.M && col < g.N ? g.C[row * g.ldc + col] : 0.0f;
       }
     if (slabs > 0) {
-      gemm_fetch_slab(g, row0, col0, 0, slab_len(0), t, r);
+      gemm_fetch_start(g, row0, col0, t, r);
+      gemm_fetch_slab(g, row0, col0, slab_len(0), t, r);
       gemm_store_slab(g, sh, 0, t, r);
     }
   });
@@ -177,7 +184,7 @@ OLMOREF_HD void gemm_exact_block(Block& blk, GemmShared& sh, const GemmArgs& g, 
     const int buf = static_cast<int>(s & 1), kn = slab_len(s);
     const bool more = s + 1 < slabs;
     blk.phase([&](int t, GemmRegs& r) {
-      if (more) gemm_fetch_slab(g, row0, col0, (s + 1) * kGemmBK, slab_len(s + 1), t, r);
+      if (more) gemm_fetch_slab(g, row0, col0, slab_len(s + 1), t, r);
       const int tr = (t / tcols) * kGemmRun, tc = (t % tcols) * kGemmRun;
 #if !defined(__CUDA_ARCH__)
       if (g.debug_split_k) {  // TEST ONLY (host): the slab's chains start fresh and are added afterwards
@@ -227,6 +234,18 @@ void gemm_exact_host(const GemmArgs& g);
 
 // The CUDA launch on device pointers (kernels/gemm_exact.cu); only with a CUDA build.
 void gemm_exact_device(const GemmArgs& g);
+
+// What the device makes of the kernel (only with a CUDA build): ptxas's registers a thread and the blocks an SM holds
+// at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor), for bench/gemm_bench's rows and tests/gpu's check that the
+// second block an SM is there.
+struct GemmDeviceFit {
+  int registers = 0, blocks_per_sm = 0;
+};
+GemmDeviceFit gemm_exact_device_fit();
+
+// BENCH ONLY: the same kernel, the same grid and the same bits, launched with dynamic shared memory it never touches,
+// enough that an SM holds one block: what bench/gemm_bench measures the second block against.
+void gemm_exact_device_one_block_per_sm(const GemmArgs& g);
 
 // Only the listed blocks (bi, bj) of the grid, each as gemm_exact_host computes it: blocks are independent, so a
 // sample of a real shape's tiles is checked on the host in seconds where the whole grid would take hours.

@@ -69,21 +69,36 @@ int check_gemm() {
     const kernels::GemmArgs h = testing::gemm_args(c, o.a.data(), o.b.data(), want.data());
     gemm_reference(h.M, h.N, h.K, MatView{h.A, h.a_row, h.a_col}, MatView{h.B, h.b_row, h.b_col}, want.data(), h.ldc,
                    h.accumulate);
-    float *da = to_device(o.a), *db = to_device(o.b), *dc = to_device(o.c);
-    kernels::gemm_exact_device(testing::gemm_args(c, da, db, dc));
-    std::vector<float> got(o.c.size());
-    const cudaError_t err = cudaDeviceSynchronize();
-    check_cuda(cudaMemcpy(got.data(), dc, got.size() * sizeof(float), cudaMemcpyDeviceToHost), __LINE__);
-    cudaFree(da);
-    cudaFree(db);
-    cudaFree(dc);
-    if (err != cudaSuccess || std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) != 0) {
-      std::printf("FAILED gemm M=%lld N=%lld K=%lld layout %d accumulate %d (%s)\n", (long long)c.M, (long long)c.N,
-                  (long long)c.K, c.layout, c.accumulate, cudaGetErrorString(err));
-      ++failed;
+    // As the executor launches it, and as bench/gemm_bench's one-block-an-SM column does (its timing means nothing
+    // unless it computes the same).
+    for (const bool one_block : {false, true}) {
+      float *da = to_device(o.a), *db = to_device(o.b), *dc = to_device(o.c);
+      const kernels::GemmArgs g = testing::gemm_args(c, da, db, dc);
+      one_block ? kernels::gemm_exact_device_one_block_per_sm(g) : kernels::gemm_exact_device(g);
+      std::vector<float> got(o.c.size());
+      const cudaError_t err = cudaDeviceSynchronize();
+      check_cuda(cudaMemcpy(got.data(), dc, got.size() * sizeof(float), cudaMemcpyDeviceToHost), __LINE__);
+      cudaFree(da);
+      cudaFree(db);
+      cudaFree(dc);
+      if (err != cudaSuccess || std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) != 0) {
+        std::printf("FAILED gemm%s M=%lld N=%lld K=%lld layout %d accumulate %d (%s)\n",
+                    one_block ? " (one block an SM)" : "", (long long)c.M, (long long)c.N, (long long)c.K, c.layout,
+                    c.accumulate, cudaGetErrorString(err));
+        ++failed;
+      }
     }
   }
-  std::printf("gemm exact: %d of %d cases bitwise equal\n", n - failed, n);
+  std::printf("gemm exact: %d of %d launches bitwise equal (each case as launched and held to one block an SM)\n",
+              2 * n - failed, 2 * n);
+  // The kernel is written for two blocks an SM (kernels/gemm_exact.cu: 125 registers under __launch_bounds__(256, 2));
+  // a device or toolkit that gives it fewer has lost half its resident warps without a wrong bit to show it.
+  const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit();
+  std::printf("gemm exact: %d registers, %d blocks an SM\n", fit.registers, fit.blocks_per_sm);
+  if (fit.blocks_per_sm < 2) {
+    std::printf("FAILED gemm: %d block(s) an SM where the kernel is bounded to 2\n", fit.blocks_per_sm);
+    ++failed;
+  }
   return failed;
 }
 
