@@ -20,15 +20,16 @@ __global__ void __launch_bounds__(kAttThreads, 2) attention_forward_kernel(Atten
   DeviceBlock<AttentionForwardRegs, kAttThreads> blk;
   attention_forward_block(blk, sh, a, blockIdx.x, gridDim.x);
 }
-// sm_90 (nvcc 13.0, -Xptxas -v): left to itself the query kernel takes 171 registers, one block per SM; capped at 128
-// for two (__launch_bounds__(256, 2)) it spills nothing. The key kernel capped alike spills 8 bytes, so it keeps its
-// 171 until a device measures which is faster.
+// sm_90 (nvcc 13.0, -Xptxas -v): left to themselves the backward's kernels take 171 registers, one block per SM;
+// capped at 128 for two (__launch_bounds__(256, 2)) neither spills. The key kernel did spill 8 bytes while its dk/dv
+// loop asked attention_in_band per (query, key) in 64 bits; it now takes the query's band start once per query
+// (the same predicate), and fits.
 __global__ void __launch_bounds__(kAttThreads, 2) attention_backward_query_kernel(AttentionArgs a) {
   __shared__ AttentionBackwardShared sh;
   DeviceBlock<AttentionBackwardRegs, kAttThreads> blk;
   attention_backward_query_tile(blk, sh, a, attention_tile_by_rank(a, blockIdx.x, true));
 }
-__global__ void __launch_bounds__(kAttThreads) attention_backward_key_kernel(AttentionArgs a) {
+__global__ void __launch_bounds__(kAttThreads, 2) attention_backward_key_kernel(AttentionArgs a) {
   __shared__ AttentionBackwardShared sh;
   DeviceBlock<AttentionBackwardRegs, kAttThreads> blk;
   attention_backward_key_tile(blk, sh, a, attention_tile_by_rank(a, blockIdx.x, false));

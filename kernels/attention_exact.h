@@ -560,10 +560,13 @@ OLMOREF_HD void attention_backward_key_tile(Block& blk, AttentionBackwardShared&
           float qd[kAttPerDim], dod[kAttPerDim];
           OLMOREF_UNROLL
           for (int v = 0; v < kAttPerDim; ++v) qd[v] = sh.a[c][l + 32 * v], dod[v] = sh.b[c][l + 32 * v];
+          // attention_in_band(a, at.b, i, j0 + key), with the band's start taken once per query: keys j0 + lo ..
+          // i are query i's (asked per key in 64 bits, the kernel spilled at two blocks an SM).
+          const int64_t lo = attention_band_lo(a, at.b, i) - j0;
           OLMOREF_UNROLL
           for (int u = 0; u < kAttPer; ++u) {
             const int key = w + kAttWarps * u;
-            if (key >= at.n || !attention_in_band(a, at.b, i, j0 + key)) continue;
+            if (key >= at.n || j0 + key > i || key < lo) continue;
             const float ds = sh.ds[c][key], p = sh.p[c][key];
             OLMOREF_UNROLL
             for (int v = 0; v < kAttPerDim; ++v) {

@@ -3,8 +3,8 @@
 #
 #   bash ptxas_budget.sh SOURCE_ROOT NVCC [NVCC_ARGS...] -- KERNEL.cu...
 #
-# The kernels' speed rests on their register budgets: the GEMM, the attention forward and the backward's query kernel
-# are bounded to two blocks an SM (__launch_bounds__(256, 2): 128 registers), and ptxas meets a bound by spilling to local
+# The kernels' speed rests on their register budgets: the GEMM and the attention forward and backward kernels are
+# bounded to two blocks an SM (__launch_bounds__(256, 2): 128 registers), and ptxas meets a bound by spilling to local
 # memory without a word at build time. A spill changes no bit, so no bitwise test sees it; this one does, with the
 # toolkit CI and the device build share (nvcc 13.0). Prints each kernel's registers, shared memory and spills; fails
 # naming any kernel that spills. Its control: the planted spill of tests/kernels/ptxas_spill_control.cu must be
