@@ -24,12 +24,15 @@ rows=()
 failed=0
 : > "$out/bench.txt"
 # Rewrites bench.json from the rows so far (called after every run, so a run cut short still leaves the rows
-# before it) and prints the newest row's line.
+# before it) and prints the newest row's line. Rows another bench wrote there first (bench/gemm_bench's, in
+# tools/gpu_check.sh's bench step) are kept ahead of this script's, which say "bench": "train".
 write_rows() {
   printf '%s\n' "${rows[@]}" | python3 -c '
-import json, sys
+import json, os, sys
 rows = [json.loads(l) for l in sys.stdin if l.strip()]
 out = []
+if os.path.exists(sys.argv[1]):
+    out = [r for r in json.load(open(sys.argv[1])) if r.get("bench") != "train"]
 for r in rows:
     t = r["tokens_per_second_each"]
     if t:
@@ -76,7 +79,7 @@ err, name, precision, flops, peak = sys.argv[1], sys.argv[2], sys.argv[3], float
 lines = [m for m in (re.match(r"step\s+(\d+)/\d+ .* (\d+) tok/s  step ([0-9.]+) s  digest ([0-9.]+) s", l) for l in open(err))
          if m and int(m.group(1)) > 1]
 tps = [float(m.group(2)) for m in lines]
-print(json.dumps({"config": name, "precision": precision, "steps_timed": len(tps), "tokens_per_second_each": tps,
+print(json.dumps({"bench": "train", "config": name, "precision": precision, "steps_timed": len(tps), "tokens_per_second_each": tps,
                   "step_seconds_each": [float(m.group(3)) for m in lines],
                   "digest_seconds_each": [float(m.group(4)) for m in lines], "flops_per_token": flops, "peak_tflops": peak}))
 PY

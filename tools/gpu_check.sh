@@ -21,9 +21,11 @@
 #                  names its kernel), the real-step shapes whole (tests/kernels/real_shape_cases.h); the dry run
 #                  takes a sample of those through test_real_shapes;
 #       bench      bench/gemm_bench first (the cheapest figure): the exact GEMM and cublasSgemm on each of the step's
-#                  GEMM shapes, a row each (the dry run prints the shape list: `gemm_bench --dry-run`); the step-time
+#                  GEMM shapes, a row each, with the kernel held to one block an SM beside it (the dry run prints
+#                  the shape list: `gemm_bench --dry-run`); the step-time
 #                  model for the 7B at 8x1 at that measured rate (`olmoref config --time --bench`); then
-#                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended as each run ends;
+#                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended after gemm_bench's
+#                  as each run ends;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one, intra-document masking equal to the CPU;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
@@ -48,6 +50,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 : > "$out/summary.txt"
 : > "$out/checks.log"
+rm -f "$out/bench.json"  # the bench step's benches append to it: a rerun into the same folder starts it afresh
 if [ -n "${GPU_CHECK_BINARIES:-}" ]; then  # a build folder to use as it is (the suite's dry run: the build under test)
   bin_root=$(cd "$GPU_CHECK_BINARIES" && pwd)
 elif [ -x gpu-carry/olmoref ]; then

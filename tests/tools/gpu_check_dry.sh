@@ -6,7 +6,8 @@
 #      size limit (with the repository, 64 MiB; a planted 5 here) is refused, naming its largest files;
 #   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
 #      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
-#      '_', '-'); summary.json lists the steps in order; bench.json has a row per run; the kernels step checked the
+#      '_', '-'); summary.json lists the steps in order; bench.json has a row per run (and gpu_bench.sh keeps the
+#      gemm_bench rows written before its own); the kernels step checked the
 #      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list and
 #      printed the step-time model (config --time);
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
@@ -68,7 +69,7 @@ s = json.load(open(f"{d}/summary.json"))
 assert [r["check"] for r in s] == steps, s
 assert all(r["exit"] == 0 for r in s), s
 b = json.load(open(f"{d}/bench.json"))
-assert [(r["config"], r["precision"]) for r in b] == [("tiny", "fp32"), ("tiny", "bf16")], b
+assert [(r["bench"], r["config"], r["precision"]) for r in b] == [("train", "tiny", "fp32"), ("train", "tiny", "bf16")], b
 assert all(r["tokens_per_second"] > 0 for r in b), b
 # The step time with and without the parameter digest, from the progress lines' own timings.
 assert all(r["steps_timed"] > 0 and len(r["digest_seconds_each"]) == r["steps_timed"] for r in b), b
@@ -86,6 +87,22 @@ bench_log = log[log.index("===== bench "):log.index("===== training ")]
 assert "step time at 8x1, 8 ranks per node" in bench_log and "  step  " in bench_log, \
     "the bench step did not print the step-time model"
 print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
+PY
+
+# On the device gemm_bench writes its rows to bench.json first, then gpu_bench.sh adds the training runs': they must
+# keep gemm_bench's (they once rewrote the file from their own rows alone). A gemm row as gemm_bench writes it, then
+# gpu_bench.sh on the tiny config as the dry run runs it.
+mkdir -p "$work/merge"
+echo '[ {"bench": "gemm", "config": "olmo3-1b", "product": "lm_head forward", "exact_seconds": 0.05, "exact_tflops": 20}
+]' > "$work/merge/bench.json"
+BENCH_EXECUTOR=cuda-host BENCH_CONFIGS=configs/tiny.toml BENCH_STEPS=2 bash bench/gpu_bench.sh "$work/merge" "$BUILD/olmoref" \
+  > "$work/merge.log" 2>&1 || { cat "$work/merge.log"; echo "FAIL: gpu_bench.sh after a gemm row"; exit 1; }
+python3 - "$work/merge/bench.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+assert [r["bench"] for r in b] == ["gemm", "train", "train"], [r.get("bench") for r in b]
+assert b[0]["product"] == "lm_head forward" and b[0]["exact_tflops"] == 20, b[0]
+print("gpu_bench.sh keeps the gemm rows before its own")
 PY
 
 echo "== 3. planted failures"
