@@ -11,7 +11,7 @@ namespace olmoref {
 class Olmo3::IdleSteps final : public Olmo3::PassSteps {
  public:
   IdleSteps(Olmo3& model, const float* params) : PassSteps(false), m_(model), params_(params) {}
-  // Forward, and backward's recompute under full checkpointing: the same exchange again.
+  // Forward, and backward's recompute of a recomputed block: the same exchange again.
   void block_forward(int64_t l) override {
     if (m_.ep_now_) m_.ep_forward(m_.reading(params_), block(l), l, nullptr, nullptr, nullptr, nullptr);
   }

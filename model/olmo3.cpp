@@ -96,17 +96,32 @@ void Olmo3::round_act(float* x, int64_t n) const {
   if (precision_ == Precision::bf16) ex_->round_bf16(x, n);
 }
 
-ActivationCheckpointing parse_activation_checkpointing(const std::string& mode) {
-  if (mode == "none") return ActivationCheckpointing::none;
-  if (mode == "full") return ActivationCheckpointing::full;
-  throw std::invalid_argument("config key 'train.activation_checkpointing' is \"" + mode +
-                              "\"; it must be \"none\" (keep every block's activations) or \"full\" (keep each "
-                              "block's input and recompute the block in backward: same bits, less memory)");
+std::string activation_checkpointing_modes() {
+  return "it must be \"none\" (keep every block's activations), \"full\" (keep each block's input and recompute the "
+         "block in backward: same bits, less memory) or \"selected_blocks\" (recompute blocks 0, n, 2n, ... for "
+         "train.activation_checkpointing_block_interval = n, keep the others': same bits, memory between the two)";
+}
+
+ActivationCheckpointing parse_activation_checkpointing(const std::string& mode, int64_t block_interval) {
+  const bool selected = mode == "selected_blocks";
+  if (mode != "none" && mode != "full" && !selected)
+    throw std::invalid_argument("config key 'train.activation_checkpointing' is \"" + mode + "\"; " +
+                                activation_checkpointing_modes());
+  if (selected && block_interval < 1)
+    throw std::invalid_argument("config key 'train.activation_checkpointing_block_interval' is " +
+                                std::to_string(block_interval) + "; train.activation_checkpointing = \"selected_blocks\" "
+                                "needs it >= 1 (blocks 0, n, 2n, ... are recomputed, as OLMo-core's block_interval)");
+  if (!selected && block_interval != 0)
+    throw std::invalid_argument("config key 'train.activation_checkpointing_block_interval' is " +
+                                std::to_string(block_interval) + " with train.activation_checkpointing = \"" + mode +
+                                "\": it applies to \"selected_blocks\" only; remove it or set that mode");
+  if (selected) return ActivationCheckpointing::selected_blocks(block_interval);
+  return mode == "full" ? ActivationCheckpointing::full() : ActivationCheckpointing::none();
 }
 
 namespace {
 
-// Every executor buffer of LayerActs but x: the block's work, one set under full checkpointing (bind_block_work).
+// Every executor buffer of LayerActs but x: the block's work, one set the recomputed blocks share (bind_block_work).
 constexpr Buffer<float> LayerActs::*kBlockWork[] = {
     &LayerActs::q_raw, &LayerActs::k_raw, &LayerActs::q_rms, &LayerActs::k_rms, &LayerActs::q,
     &LayerActs::k, &LayerActs::v, &LayerActs::att, &LayerActs::att_max, &LayerActs::att_sum,
@@ -215,9 +230,15 @@ Olmo3::Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Preci
   for (size_t l = 0; l < acts_.size(); ++l) {
     const std::string at = " of block " + std::to_string(l);
     acts_[l].x.reset(e, R * d, "activation x" + at);
-    if (checkpointing_ == ActivationCheckpointing::none || l == 0)
+    // A block that keeps its activations has its own set; the recomputed blocks (block 0 is one whenever any is)
+    // share one, made at block 0 (bind_block_work moves it).
+    const bool recomputed = checkpointing_.recomputes(static_cast<int64_t>(l));
+    if (!recomputed || l == 0)
       allocate_block_work(e, cfg_, acts_[l], B_, T_, L_,
-                          checkpointing_ == ActivationCheckpointing::none ? at : " (every block's, recomputed)");
+                          !recomputed ? at
+                          : checkpointing_.mode == ActivationCheckpointing::Mode::full
+                              ? " (every block's, recomputed)"
+                              : " (the recomputed blocks', in turn)");
   }
   x_final_.reset(e, R * d, "final block output");
   final_rms_.reset(e, R, "final norm statistics");
@@ -253,7 +274,7 @@ int64_t head_chunk_rows(int64_t vocab_size, int64_t seq_len) {
 }
 
 void Olmo3::bind_block_work(int64_t layer) {
-  if (checkpointing_ == ActivationCheckpointing::none || work_at_ == layer) return;
+  if (!checkpointing_.recomputes(layer) || work_at_ == layer) return;
   LayerActs &from = acts_[static_cast<size_t>(work_at_)], &to = acts_[static_cast<size_t>(layer)];
   for (const auto member : kBlockWork) to.*member = std::move(from.*member);
   for (const auto member : kBlockWorkIndices) to.*member = std::move(from.*member);
@@ -280,8 +301,9 @@ ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t B, int64_t T, Precision
     if (kernel_scratch) ffn += 5 * S + R * E + R + S;
   }
   const int64_t block_work = R * (3 * d + 3 * qd + 3 * kd + 5) + ffn + 2 * stats;  // all but the input x [R, d]
-  const int64_t kept_blocks = checkpointing == ActivationCheckpointing::full ? std::min<int64_t>(1, cfg.n_layers)
-                                                                             : cfg.n_layers;
+  // Sets of block work: each block's that keeps its activations, and one the recomputed blocks share.
+  const int64_t recomputed = checkpointing.recomputed_blocks(cfg.n_layers);
+  const int64_t kept_blocks = cfg.n_layers - recomputed + (recomputed > 0 ? 1 : 0);
   ModelMemory m;
   m.activations = f32 * (cfg.n_layers * R * d + kept_blocks * block_work);
   // dx, dhn, df, dao [R, d]; datt, dq, dq_raw [R, qd]; dk, dk_raw, dv [R, kd]; the feed-forward's
@@ -418,7 +440,7 @@ void Olmo3::walk_training_pass(PassSteps& steps) {
   for (int64_t l = cfg_.n_layers - 1; l >= 0; --l) {
     // Gathered again for backward, as FSDP does; the embedding's backward reads no parameter (unit 0: none next).
     use_unit(static_cast<int>(l) + 1, steps.working_copy, l > 0 ? static_cast<int>(l) : -1);
-    if (checkpointing_ == ActivationCheckpointing::full) {
+    if (checkpointing_.recomputes(l)) {
       recomputing_ = true;
       steps.block_forward(l);  // the block's activations again, the same bits (and exchanges) as forward's
       recomputing_ = false;

@@ -34,9 +34,10 @@ struct MoERouteTensors {
   float* weight = nullptr;
 };
 
-// Activations kept from forward for backward, sized for one micro-batch shape (B instances × T). Under full
-// activation checkpointing only x is every block's own; the executor buffers after it are one set that moves from
-// block to block (kBlockWork in model/olmo3.cpp lists them: a new executor buffer here belongs in that list).
+// Activations kept from forward for backward, sized for one micro-batch shape (B instances × T). Of a block that
+// activation checkpointing recomputes only x is its own; the executor buffers after it are one set that moves from
+// recomputed block to recomputed block (kBlockWork in model/olmo3.cpp lists them: a new executor buffer here belongs
+// in that list).
 struct LayerActs {
   Buffer<float> x;                 // [R, d]   block input
   Buffer<float> q_raw, k_raw;      // [R, qd], [R, kd]  projections before QK-norm
@@ -198,13 +199,36 @@ class ContextExchange {
   virtual void recv_prev_on_device(float* partial, int64_t n);
 };
 
-// OLMo-core's activation_checkpointing mode (train.activation_checkpointing). none: backward reads every block's
-// activations as forward left them. full: forward keeps each block's input x [R, d] only, and each block's backward
-// first runs the block's forward again with the same ops on the same x, so every bit of every gradient is the same;
-// the other activations are one set of buffers that every block reuses (L times less activation memory).
-enum class ActivationCheckpointing { none, full };
-// "none" | "full"; anything else throws std::invalid_argument naming train.activation_checkpointing.
-ActivationCheckpointing parse_activation_checkpointing(const std::string& mode);
+// OLMo-core's activation checkpointing (train.activation_checkpointing, its mode; for selected_blocks also
+// train.activation_checkpointing_block_interval). A recomputed block keeps only its input x [R, d] from forward, and
+// its backward first runs the block's forward again with the same ops on the same x, so every bit of every gradient
+// is the same; the recomputed blocks' other activations are one set of buffers they take in turn. none: no block is
+// recomputed (backward reads every block's activations as forward left them); full: every block (L times less
+// activation memory); selected_blocks: blocks l with l % block_interval == 0, as OLMo-core wraps them, the others
+// keeping their own sets (what memory allows of the recompute's time back: docs/memory.md).
+struct ActivationCheckpointing {
+  enum class Mode { none, full, selected_blocks };
+  Mode mode = Mode::none;
+  int64_t block_interval = 0;  // selected_blocks only, >= 1
+
+  static ActivationCheckpointing none() { return {}; }
+  static ActivationCheckpointing full() { return {Mode::full, 0}; }
+  static ActivationCheckpointing selected_blocks(int64_t interval) { return {Mode::selected_blocks, interval}; }
+  bool recomputes(int64_t block) const {
+    return mode == Mode::full || (mode == Mode::selected_blocks && block % block_interval == 0);
+  }
+  // Of blocks 0 .. n_layers - 1.
+  int64_t recomputed_blocks(int64_t n_layers) const {
+    if (mode == Mode::none) return 0;
+    if (mode == Mode::full) return n_layers;
+    return (n_layers + block_interval - 1) / block_interval;
+  }
+};
+// What train.activation_checkpointing may be, for the refusals that name it: "it must be ...".
+std::string activation_checkpointing_modes();
+// "none" | "full" | "selected_blocks" (with block_interval >= 1; 0 elsewhere); anything else throws
+// std::invalid_argument naming the key.
+ActivationCheckpointing parse_activation_checkpointing(const std::string& mode, int64_t block_interval = 0);
 
 // Bytes a model of this shape allocates on its executor, by part (docs/memory.md). Mirrors the constructor and
 // forward_backward; used to refuse a run before it allocates anything.
@@ -227,10 +251,10 @@ int64_t head_chunk_rows(int64_t vocab_size, int64_t seq_len);
 // context_parallel: the ranks one instance's positions are split over (each holds seq_len / context_parallel rows
 // of activations, and one layer's whole-instance attention tensors).
 ModelMemory olmo3_memory(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
-                         bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+                         bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none(),
                          int64_t context_parallel = 1);
 int64_t olmo3_memory_bytes(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision,
-                           bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+                           bool kernel_scratch, ActivationCheckpointing checkpointing = ActivationCheckpointing::none(),
                            int64_t context_parallel = 1);
 
 // FSDP's units of the flat vector, for the model (Olmo3::unit_range, unit_reads) and for the models of memory and
@@ -253,7 +277,7 @@ class Olmo3 {
   // checkpointing: what forward keeps for backward (ActivationCheckpointing); never changes a bit.
   // context_parallel: the group size of set_context_exchange (1: none); it must divide seq_len.
   Olmo3(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Precision precision = Precision::fp32,
-        Executor* ex = nullptr, ActivationCheckpointing checkpointing = ActivationCheckpointing::none,
+        Executor* ex = nullptr, ActivationCheckpointing checkpointing = ActivationCheckpointing::none(),
         int64_t context_parallel = 1);
   Executor& executor() { return *ex_; }
 
@@ -343,8 +367,8 @@ class Olmo3 {
   void documents_of(const uint32_t* host_tokens, int64_t n_instances);
 
   // A pass over the units has one order, the walk's (model/olmo3.cpp). Forward: the embedding, blocks 0..L-1, the
-  // head. A training pass goes on with the loss, then backward: the head, blocks L-1..0 (each first recomputed
-  // under full checkpointing), the embedding. The walk gathers each unit around its steps (FSDP: use_unit,
+  // head. A training pass goes on with the loss, then backward: the head, blocks L-1..0 (first recomputed where
+  // activation checkpointing says so), the embedding. The walk gathers each unit around its steps (FSDP: use_unit,
   // drop_unit), holds the expert exchange for a training pass and marks the recompute; the steps do the work.
   // ComputeSteps (olmo3.cpp) runs the model; IdleSteps (model/idle_pass.cpp) only the exchanges, so a rank without
   // instances makes the same collectives in the same order.
@@ -392,12 +416,13 @@ class Olmo3 {
   void head_backward(const PassInputs& in);
   void embedding_backward(const PassInputs& in);
   // Block l from its input acts_[l].x [R, d] to the next block's input (x_final_ after the last), its activations
-  // in acts_[l]; forward and, under full checkpointing, backward's recompute run this same code.
+  // in acts_[l]; forward and, for a recomputed block, backward's recompute run this same code.
   void block_forward(const float* params, int64_t layer, int64_t n_instances);
   // Block l's backward from ∂(its output) in bw_.dx to ∂(its input) there, its leaves to `grads`.
   void block_backward(const float* params, int64_t layer, int64_t n_instances, int64_t global_n_targets,
                       GradientLeaves& grads);
-  // Full checkpointing: moves the one set of block buffers to acts_[layer] (kBlockWork); none: nothing to do.
+  // A recomputed block: moves the recomputed blocks' one set of block buffers to acts_[layer] (kBlockWork); a block
+  // that keeps its activations has its own set: nothing to do.
   void bind_block_work(int64_t layer);
   // The parameters the forward and backward read: `params` itself in fp32, its bf16 copy in bf16.
   const float* working_params(const float* params);
@@ -509,8 +534,8 @@ class Olmo3 {
   ModelConfig cfg_;
   Precision precision_ = Precision::fp32;
   float z_loss_ = 1e-5f;  // the op takes fp32; (float)1e-5 is 1e-5f, so the default's bits are those of old
-  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::none;
-  int64_t work_at_ = 0;       // full checkpointing: the block whose acts_ entry holds the block buffers now
+  ActivationCheckpointing checkpointing_;
+  int64_t work_at_ = 0;       // the recomputed block whose acts_ entry holds their one set of block buffers now
   // True while backward recomputes a block's forward: what forward counts once per step (the expert load, the
   // auxiliary losses, the routing digest) was counted by the first forward (model/moe_block.cpp).
   bool recomputing_ = false;

@@ -21,9 +21,11 @@ struct TrainLoopConfig {
   double z_loss = 1e-5;
   std::string precision = "fp32";      // fp32, or bf16 (the Olmo 3 recipe: docs/canonical/bf16.md)
   std::string executor = "cpu";        // cpu | cuda | cuda-host (core/executor.h); every one gives the same bits
-  // OLMo-core's name: "none", or "full" (each block's forward again in its backward; model/olmo3.h
-  // ActivationCheckpointing). Same bits either way, so a resume may change it.
+  // OLMo-core's names: "none", "full" (each block's forward again in its backward; model/olmo3.h
+  // ActivationCheckpointing) or "selected_blocks" (blocks 0, n, 2n, ... for activation_checkpointing_block_interval
+  // = n, OLMo-core's block_interval). Same bits in every mode, so a resume may change them.
   std::string activation_checkpointing = "none";
+  int64_t activation_checkpointing_block_interval = 0;
   // Context parallelism (OLMo-core's TransformerContextParallelConfig.llama3 degree): groups of cp_degree consecutive
   // ranks each compute seq_len / cp_degree positions of every instance of a micro-batch. Same bits at every degree, so
   // a resume may change it.

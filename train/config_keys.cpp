@@ -8,6 +8,8 @@
 #include <variant>
 #include <vector>
 
+#include "model/olmo3.h"
+
 namespace olmoref::config_keys {
 
 void fail(const std::string& origin, const std::string& msg) { throw std::invalid_argument(origin + ": " + msg); }
@@ -427,10 +429,20 @@ const std::vector<Key>& keys() {
       {"train", "activation_checkpointing", field([](auto& c) -> auto& { return c.train.activation_checkpointing; }),
        Written::unless_default, Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
          const std::string& m = c.train.activation_checkpointing;
-         return m == "none" || m == "full"
-                    ? ""
-                    : "is \"" + m + "\"; it must be \"none\" (keep every block's activations) or \"full\" (keep each "
-                      "block's input and recompute the block in backward: same bits, less memory)";
+         return m == "none" || m == "full" || m == "selected_blocks" ? "" : "is \"" + m + "\"; " + activation_checkpointing_modes();
+       }},
+      // Which blocks selected_blocks recomputes (OLMo-core's block_interval): blocks 0, n, 2n, ... Never changes a bit,
+      // like the mode.
+      {"train", "activation_checkpointing_block_interval",
+       field([](auto& c) -> auto& { return c.train.activation_checkpointing_block_interval; }), Written::unless_default,
+       Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
+         const int64_t n = c.train.activation_checkpointing_block_interval;
+         if (c.train.activation_checkpointing == "selected_blocks")
+           return n >= 1 ? "" : "is " + std::to_string(n) + "; train.activation_checkpointing = \"selected_blocks\" needs "
+                                "it >= 1 (blocks 0, n, 2n, ... are recomputed, as OLMo-core's block_interval)";
+         return n == 0 ? "" : "is " + std::to_string(n) + " with train.activation_checkpointing = \"" +
+                                  c.train.activation_checkpointing + "\": it applies to \"selected_blocks\" only; remove "
+                                  "it or set that mode";
        }},
       // Never changes a bit (docs/canonical/context_parallel.md): hashed at its default and written only when set, so
       // a checkpoint resumes at any degree.

@@ -206,7 +206,7 @@ struct Shapes {
   RankParts p;
   int rank = 0;
   ModelMemory mm;
-  ActivationCheckpointing ac = ActivationCheckpointing::none;
+  ActivationCheckpointing ac;
   bool drops_any = false;  // expert-resident state: a writer receives the experts it lacks
   int64_t largest_tensor = 0;
 };
@@ -239,7 +239,8 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
   x.overlap = x.prefetch && x.device_paths && !x.nccl && W > 1;
   x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.overlap, x.rank);
   x.L.rank = x.rank;
-  x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing);
+  x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing,
+                                       cfg.train.activation_checkpointing_block_interval);
   x.mm = olmo3_memory(m, cfg.train.micro_batch_instances, cfg.train.seq_len, parse_precision(cfg.train.precision),
                       x.device_paths, x.ac, cfg.train.cp_degree);
   for (const ParamInfo& info : x.layout.params) x.largest_tensor = std::max(x.largest_tensor, info.numel);
@@ -261,8 +262,12 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
   auto add = [&](const std::string& name, int64_t bytes, const std::string& why) {
     if (bytes > 0) out.push_back({name, bytes, why});
   };
-  const std::string recompute = x.ac == ActivationCheckpointing::full ? "each block's input x [R, d] plus one block's set"
-                                                                      : "every block's set (recompute off)";
+  const int64_t recomputed = x.ac.recomputed_blocks(m.n_layers);
+  const std::string recompute =
+      recomputed == m.n_layers ? "each block's input x [R, d] plus one block's set"
+      : recomputed == 0        ? "every block's set (recompute off)"
+                               : "the sets of the " + std::to_string(m.n_layers - recomputed) + " blocks not recomputed, the " +
+                          std::to_string(recomputed) + " recomputed blocks' inputs x [R, d] and one set they share";
   const std::string held = ep && !device_paths ? " (of the experts, those its group runs or its optimizer range holds)" : "";
   add("parameters", kF32 * p.state_floats, "fp32 master shard: params / dp_shard" + held);
   add("AdamW moments", 2 * kF32 * p.optimizer_floats,
@@ -549,7 +554,12 @@ std::string memory_table(const TrainConfig& cfg, const MemoryPlacement& where, c
                 "tokens, activation_checkpointing %s; the fullest rank is %d\n",
                 m.device ? "GPU" : "host", exec.c_str(), where.dp_shard, where.dp_replicate, where.ep,
                 static_cast<long long>(cfg.train.micro_batch_instances), static_cast<long long>(cfg.train.seq_len),
-                cfg.train.activation_checkpointing.c_str(), m.rank);
+                (cfg.train.activation_checkpointing +
+                 (cfg.train.activation_checkpointing_block_interval > 0
+                      ? " (block_interval " + std::to_string(cfg.train.activation_checkpointing_block_interval) + ")"
+                      : std::string()))
+                    .c_str(),
+                m.rank);
   s += line;
   for (const MemoryPart& p : m.parts) {
     std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", p.name.c_str(), gib_text(static_cast<double>(p.bytes)).c_str(),
@@ -581,9 +591,30 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
       break;
     }
   }
+  // Recompute: the fewest blocks recomputed that fit (selected_blocks at the largest interval, OLMo-core's
+  // block_interval), else every block; fewer than the run recomputes now would not fit either.
+  const int64_t L = cfg.model.n_layers;
+  const int64_t now = parse_activation_checkpointing(cfg.train.activation_checkpointing,
+                                                     cfg.train.activation_checkpointing_block_interval)
+                          .recomputed_blocks(L);
+  bool recompute_noted = false;
+  for (int64_t n = L; n >= 2 && !recompute_noted; --n) {
+    const int64_t recomputed = (L + n - 1) / n;
+    if (recomputed <= now || (n < L && recomputed == (L + n) / (n + 1))) continue;  // the same count at a larger n
+    TrainConfig c = cfg;
+    c.train.activation_checkpointing = "selected_blocks";
+    c.train.activation_checkpointing_block_interval = n;
+    if (const int64_t peak = peak_of(c, where); peak >= 0 && peak <= available) {
+      note("train.activation_checkpointing=\"selected_blocks\" with train.activation_checkpointing_block_interval=" +
+               std::to_string(n) + " (recomputes " + std::to_string(recomputed) + " of " + std::to_string(L) + " blocks)",
+           peak);
+      recompute_noted = true;
+    }
+  }
   TrainConfig full = cfg;
   full.train.activation_checkpointing = "full";
-  if (cfg.train.activation_checkpointing != "full")
+  full.train.activation_checkpointing_block_interval = 0;
+  if (!recompute_noted && now < L)
     if (const int64_t peak = peak_of(full, where); peak >= 0 && peak <= available)
       note("train.activation_checkpointing=\"full\"", peak);
   // Context parallelism splits the activations, which no dp_shard does (docs/memory.md).

@@ -49,11 +49,13 @@ TokenMatmuls token_matmuls(const ModelConfig& m) {
 
 // One rank's attention FLOPs per instance when its part is the positions [index·T/cp, (index+1)·T/cp) (context
 // parallelism; cp 1: the whole instance), as ProfiledExecutor counts a call over that part: forward over its queries,
-// backward's dq half over its queries and its dk, dv half over its keys.
+// backward's dq half over its queries and its dk, dv half over its keys; recompute, the forward of the blocks that
+// activation checkpointing recomputes.
 struct PartAttention {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, recompute = 0;
 };
-PartAttention attention_flops_of_part(const ModelConfig& m, int64_t T, int64_t cp, int64_t index) {
+PartAttention attention_flops_of_part(const ModelConfig& m, int64_t T, int64_t cp, int64_t index,
+                                      const ActivationCheckpointing& ac) {
   PartAttention a;
   const int64_t L = T / cp, p0 = index * L;
   const double hd = static_cast<double>(m.head_dim);
@@ -62,6 +64,7 @@ PartAttention attention_flops_of_part(const ModelConfig& m, int64_t T, int64_t c
     const double queries = attention_query_pairs(s, p0, p0 + L), keys = attention_key_pairs(s, p0, p0 + L);
     a.forward += 4.0 * queries * hd;
     a.backward += 4.0 * (queries + keys) * hd;
+    if (ac.recomputes(l)) a.recompute += 4.0 * queries * hd;
   }
   return a;
 }
@@ -172,7 +175,10 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
   const BatchSplit split{cfg.train.global_batch_instances, cfg.train.micro_batch_instances, W, cp};
   split.validate();
   const int64_t N = split.global_instances, T = cfg.train.seq_len;
-  const bool recompute = parse_activation_checkpointing(cfg.train.activation_checkpointing) == ActivationCheckpointing::full;
+  const ActivationCheckpointing ac = parse_activation_checkpointing(cfg.train.activation_checkpointing,
+                                                                    cfg.train.activation_checkpointing_block_interval);
+  // The share of the blocks recomputed: the blocks' GEMMs, their exchanges (context parallelism, experts) are alike.
+  const double recompute = static_cast<double>(ac.recomputed_blocks(m.n_layers)) / static_cast<double>(m.n_layers);
   const Ranges units = fsdp_unit_ranges(m, layout);
   const TokenMatmuls mm = token_matmuls(m);
 
@@ -205,10 +211,10 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
     w.tokens = computed * (T / cp);  // the rows it computes: its part of every instance of its group's micro-batches
     const double tokens = static_cast<double>(w.tokens);
     // Forward, then backward's input and weight gradients (two products of the forward's size), then a recompute of
-    // the blocks' forward.
-    w.gemm_flops = 2 * tokens * (mm.blocks + mm.head) * 3 + (recompute ? 2 * tokens * mm.blocks : 0);
-    const PartAttention attn = attention_flops_of_part(m, T, cp, me % cp);
-    w.attention_flops = static_cast<double>(computed) * (attn.forward + attn.backward + (recompute ? attn.forward : 0));
+    // the recomputed blocks' forward.
+    w.gemm_flops = 2 * tokens * (mm.blocks + mm.head) * 3 + recompute * 2 * tokens * mm.blocks;
+    const PartAttention attn = attention_flops_of_part(m, T, cp, me % cp, ac);
+    w.attention_flops = static_cast<double>(computed) * (attn.forward + attn.backward + attn.recompute);
 
     const int64_t n = layout.total, opt = L.optimizer_hi() - L.optimizer_lo(), shard = L.hi() - L.lo();
     // AdamW reads p, g, m, v and writes p, m, v; the norm reads g and the clip rewrites it; each tree add reads two
@@ -267,7 +273,7 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       // the head gathers the loss's fp64 row terms (ce, z) [L]. Each rank's part goes to every other rank of the group.
       const int64_t L = T / cp, qd = m.q_dim(), kd = m.kv_dim();
       const int64_t forward = 4 * L * (2 * kd + 2 * m.n_heads), backward = 4 * L * (3 * qd + 2 * kd);
-      const int64_t per_instance = m.n_layers * (forward * (recompute ? 2 : 1) + backward) + 16 * L;
+      const int64_t per_instance = (m.n_layers + ac.recomputed_blocks(m.n_layers)) * forward + m.n_layers * backward + 16 * L;
       CollectiveWork gathers{"context parallelism: all-gather positions"};
       const int first = me - me % cp;
       for (int peer = first; peer < first + cp; ++peer) {
@@ -291,7 +297,7 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       CollectiveWork c{"all-to-all of expert rows"};
       c.exact = false;
       const double d = static_cast<double>(m.d_model), h = static_cast<double>(m.moe.hidden);
-      const double per_row = (2 * d + h) * (recompute ? 2 : 1) + (2 * d + 2 * h);
+      const double per_row = (2 * d + h) * (1 + recompute) + (2 * d + 2 * h);
       const double rows = tokens * static_cast<double>(m.moe.top_k) * static_cast<double>(m.n_layers);
       const int first = me - me % ep;
       for (int peer = first; peer < first + ep; ++peer) {

@@ -3,10 +3,14 @@
 # traces' runs with it still equal golden/traces/*.jsonl byte for byte, and dense and MoE runs at several layouts,
 # micro-batch sizes, fp32 and bf16, on cpu and cuda-host, under FSDP (the unit gathered again for the recompute)
 # and expert parallelism (the recomputed MoE forward exchanges its rows again, idle passes included), write the
-# trace of the same run without it; a checkpoint written without it resumes with it.
+# trace of the same run without it; a checkpoint written without it resumes with it. Recomputing only some blocks
+# (selected_blocks: blocks 0, n, 2n, ...; the others keep their activations, the recomputed ones share one set) does
+# too: dense at block_interval 3 and 2 on cpu, cuda-host and 2x1, MoE under EP 2, and a resume full -> selected.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 full=(--set 'train.activation_checkpointing="full"')
+sel2=(--set 'train.activation_checkpointing="selected_blocks"' --set train.activation_checkpointing_block_interval=2)
+sel3=(--set 'train.activation_checkpointing="selected_blocks"' --set train.activation_checkpointing_block_interval=3)
 
 # The golden traces, through a binary that adds the key to every `train`: check.sh compares with the committed
 # traces (exit 77: the demo corpus cannot be built here, the tiny and MoE traces were still compared). small-fp32 is
@@ -61,6 +65,15 @@ for spec in 2x1 3x2 1x2; do
 done
 layout dense-2x1-bf16-host 2x1 "${dense[@]}" "${full[@]}" "${bf16[@]}" --set train.micro_batch_instances=2 --executor cuda-host
 same dense-bf16 dense-2x1-bf16-host
+# Some blocks recomputed (tiny has 4: blocks 0 and 3 at block_interval 3, 0 and 2 at 2, sharing one set of buffers
+# while 1 and 2, or 1 and 3, keep their own): fp32 on cpu, bf16 on cuda-host, and FSDP at 2x1.
+"$BIN" train "${dense[@]}" "${sel3[@]}" --set train.micro_batch_instances=5 --out "$work/dense-fp32-sel3"
+same dense-fp32 dense-fp32-sel3
+"$BIN" train "${dense[@]}" "${bf16[@]}" "${sel2[@]}" --set train.micro_batch_instances=2 --executor cuda-host \
+  --out "$work/dense-bf16-sel2-host"
+same dense-bf16 dense-bf16-sel2-host
+layout dense-2x1-sel2 2x1 "${dense[@]}" "${sel2[@]}" --set train.micro_batch_instances=2
+same dense-fp32 dense-2x1-sel2
 # The audit logs say which instances each step consumed: with recompute (same micro-batches), the same records.
 cmp "$work/dense-fp32/audit.jsonl" "$work/dense-fp32-host/audit.jsonl" || { echo "FAIL: audit log differs"; exit 1; }
 
@@ -69,6 +82,11 @@ cmp "$work/dense-fp32/audit.jsonl" "$work/dense-fp32-host/audit.jsonl" || { echo
   --set train.global_batch_instances=4 --steps 4 --at 2 --threads 1 --resume-set 'train.activation_checkpointing="full"' \
   > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; echo "FAIL: none -> full resume"; exit 1; }
 echo "resume none -> full: identical"
+"$BIN" resume-check --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens.u16\"]" \
+  --set train.global_batch_instances=4 --steps 4 --at 2 --threads 1 "${full[@]}" \
+  --resume-set 'train.activation_checkpointing="selected_blocks"' --resume-set train.activation_checkpointing_block_interval=3 \
+  > "$work/resume-sel.log" 2>&1 || { cat "$work/resume-sel.log"; echo "FAIL: full -> selected_blocks resume"; exit 1; }
+echo "resume full -> selected_blocks: identical"
 
 # Mixture of experts (tiny-moe): the expert load, auxiliary losses and routing digest in the trace are counted once.
 moe=(--config "$SRC/configs/tiny-moe.toml" --set "data.train_files=[\"$work/tokens.u16\"]" --steps 3 --threads 1 --quiet)
@@ -81,6 +99,8 @@ same moe moe-host
 # their experts in an idle pass, which must exchange the recomputed forward's rows too).
 layout moe-2x1 2x1 "${moe[@]}" "${full[@]}"
 same moe moe-2x1
+layout moe-ep2x1-2-sel2 2x1 "${moe[@]}" "${sel2[@]}" --ep 2
+same moe moe-ep2x1-2-sel2
 for spec in 2x1:2 3x1:3 2x2:4; do
   l=${spec%:*} ep=${spec#*:}
   layout "moe-ep$l-$ep" "$l" "${moe[@]}" "${full[@]}" --ep "$ep"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The memory model (train/memory_model.h, `olmoref config --layout`) against what a run takes: a small dense model
-# at 1x1 and 2x1 (mpirun), with and without activation recompute, and at 2x1 with context parallelism 2 (each rank
+# at 1x1 and 2x1 (mpirun), with and without activation recompute, at 1x1 recomputing every other block
+# (selected_blocks, block_interval 2: between the two), and at 2x1 with context parallelism 2 (each rank
 # half of every instance's rows, plus one layer's whole-instance attention tensors); every rank's peak resident memory
 # (VmHWM, `train --report-memory`) must be within 15 % of the fullest rank's prediction, recompute and context
 # parallelism must each lower both, and a run that cannot fit is refused before anything is written, naming its
@@ -17,15 +18,19 @@ shape=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tokens
        --set model.ffn_hidden=1024 --set train.seq_len=256 --set train.micro_batch_instances=2
        --set train.global_batch_instances=4)
 summary=""
-for ac in none full; do
+for ac in none full sel2; do
+  mode=(--set "train.activation_checkpointing=\"$ac\"")
+  [ $ac = sel2 ] && mode=(--set 'train.activation_checkpointing="selected_blocks"'
+                          --set train.activation_checkpointing_block_interval=2)
   for layout in 1x1 2x1 2x1cp2; do
     s=${layout%x*} cp=1
     [ "$layout" = 2x1cp2 ] && cp=2
-    [ "$layout" = 2x1cp2 ] && [ $ac = full ] && continue  # recompute's own point is made above; CP's at none
-    predicted=$("$BIN" config "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" --layout "${layout%cp2}" \
+    [ "$layout" = 2x1cp2 ] && [ $ac != none ] && continue  # recompute's own point is made above; CP's at none
+    [ "$layout" != 1x1 ] && [ $ac = sel2 ] && continue      # its point needs one layout; the layouts' are made above
+    predicted=$("$BIN" config "${shape[@]}" "${mode[@]}" --layout "${layout%cp2}" \
                 --cp $cp | sed -n 's/.*peak .*(\([0-9]*\) bytes).*/\1/p')
     [ -n "$predicted" ] || { echo "FAIL: config --layout printed no peak"; exit 1; }
-    "${MPIRUN[@]}" -np "$s" "$BIN" train "${shape[@]}" --set "train.activation_checkpointing=\"$ac\"" \
+    "${MPIRUN[@]}" -np "$s" "$BIN" train "${shape[@]}" "${mode[@]}" \
       --steps 1 --threads 1 --quiet --dp-shard "$s" --cp $cp --report-memory --out "$work/$ac-$layout" \
       2> "$work/$ac-$layout.log" || { cat "$work/$ac-$layout.log"; echo "FAIL: $ac $layout"; exit 1; }
     measured=$(sed -n 's/^memory: rank [0-9]* peak resident (VmHWM) \([0-9]*\) bytes.*/\1/p' "$work/$ac-$layout.log" | sort -n | tail -1)
@@ -48,6 +53,9 @@ for layout in ("1x1", "2x1"):
     for i, what in enumerate(("measured", "predicted")):
         assert by[("full", layout)][i] < by[("none", layout)][i], (layout, what, by)
 print("recompute lowers the peak at 1x1 and 2x1, measured and predicted")
+for i, what in enumerate(("measured", "predicted")):
+    assert by[("full", "1x1")][i] < by[("sel2", "1x1")][i] < by[("none", "1x1")][i], ("selected_blocks", what, by)
+print("recomputing every other block (selected_blocks, block_interval 2): between full and none, measured and predicted")
 for i, what in enumerate(("measured", "predicted")):
     assert by[("none", "2x1cp2")][i] < by[("none", "2x1")][i], ("cp", what, by)
 print("context parallelism 2 lowers the peak at 2x1, measured and predicted")

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/olmo3.h"
 #include "tests/common/test_util.h"
 #include "train/batch_source.h"
 #include "train/config.h"
@@ -119,19 +120,44 @@ TEST_CASE("train.cp_degree: written only when set, never in the resume hash, bad
   refused({"train.cp_degree=" + std::to_string(T + 1)}, "does not divide train.seq_len");
 }
 
-TEST_CASE("train.activation_checkpointing takes none or full; anything else names the key and both values") {
+TEST_CASE("train.activation_checkpointing takes none, full or selected_blocks with its interval; anything else names "
+          "the key and the values") {
   CHECK(parse_config_text(kValid, "t").train.activation_checkpointing == "none");
   CHECK(parse_config_text(kValid, "t", {"train.activation_checkpointing=full"}).train.activation_checkpointing == "full");
-  try {
-    parse_config_text(kValid, "run.toml", {"train.activation_checkpointing=selected"});
-    FAIL("accepted activation_checkpointing = selected");
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    CHECK_MESSAGE(msg.find("run.toml") != std::string::npos, msg);
-    CHECK_MESSAGE(msg.find("train.activation_checkpointing") != std::string::npos, msg);
-    CHECK_MESSAGE(msg.find("\"none\"") != std::string::npos, msg);
-    CHECK_MESSAGE(msg.find("\"full\"") != std::string::npos, msg);
-  }
+  const TrainConfig sel = parse_config_text(
+      kValid, "t", {"train.activation_checkpointing=selected_blocks", "train.activation_checkpointing_block_interval=3"});
+  CHECK(sel.train.activation_checkpointing == "selected_blocks");
+  CHECK(sel.train.activation_checkpointing_block_interval == 3);
+  // Written back when set (a resolved config reads as it was run), and not at all when not.
+  CHECK(sel.to_toml().find("activation_checkpointing_block_interval = 3") != std::string::npos);
+  CHECK(parse_config_text(kValid, "t").to_toml().find("activation_checkpointing") == std::string::npos);
+  // OLMo-core's selection: blocks 0, n, 2n, ...
+  const ActivationCheckpointing ac = parse_activation_checkpointing("selected_blocks", 3);
+  CHECK(ac.recomputes(0));
+  CHECK(!ac.recomputes(1));
+  CHECK(!ac.recomputes(2));
+  CHECK(ac.recomputes(3));
+  CHECK(ac.recomputed_blocks(32) == 11);
+  CHECK(ActivationCheckpointing::full().recomputed_blocks(32) == 32);
+  CHECK(ActivationCheckpointing::none().recomputed_blocks(32) == 0);
+  auto refused = [](const std::vector<std::string>& sets, const std::vector<std::string>& wants) {
+    try {
+      parse_config_text(kValid, "run.toml", sets);
+      FAIL("accepted " << sets.front());
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      CHECK_MESSAGE(msg.find("run.toml") != std::string::npos, msg);
+      for (const std::string& want : wants) CHECK_MESSAGE(msg.find(want) != std::string::npos, msg);
+    }
+  };
+  refused({"train.activation_checkpointing=selected"},
+          {"train.activation_checkpointing", "\"none\"", "\"full\"", "\"selected_blocks\""});
+  refused({"train.activation_checkpointing=selected_blocks"},
+          {"train.activation_checkpointing_block_interval", ">= 1"});
+  refused({"train.activation_checkpointing=selected_blocks", "train.activation_checkpointing_block_interval=0"},
+          {"train.activation_checkpointing_block_interval", ">= 1"});
+  refused({"train.activation_checkpointing=full", "train.activation_checkpointing_block_interval=2"},
+          {"train.activation_checkpointing_block_interval", "\"selected_blocks\" only"});
 }
 
 TEST_CASE("model.rope_scaling: YaRN on the full-attention layers, its keys refused without it, bad values named") {
@@ -433,10 +459,31 @@ TEST_CASE("the memory model: recompute, ranks and the alternatives it offers com
     CHECK(part(*m, "owner tree slots") <= 9 * (n / W + 65536) * 4);
   }
   CHECK(full_8.largest().name == "owner tree slots");
-  // What would fit a budget between the two: recompute, named with its peak.
-  const int64_t budget = (full_8.peak() + none_8.peak()) / 2;
+  // What would fit a budget between the two: the fewest blocks recomputed that fit (selected_blocks at the largest
+  // block_interval whose peak is within it), named with its peak. Just above full's peak no selection fits (one
+  // recomputed block fewer keeps a block's set): full.
+  auto selected = [&](int64_t interval) {
+    TrainConfig c = none;
+    c.train.activation_checkpointing = "selected_blocks";
+    c.train.activation_checkpointing_block_interval = interval;
+    return predict_rank_memory(c, gpu8).peak();
+  };
+  // A budget that block_interval 4 (8 of 32 recomputed) fits with a MiB to spare.
+  const int64_t budget = selected(4) + (1 << 20);
+  int64_t named = 0;
+  for (int64_t interval = 32; interval >= 2 && named == 0; --interval)
+    if (selected(interval) <= budget) named = interval;
+  REQUIRE(named == 4);
+  CHECK(selected(named) > full_8.peak());
+  CHECK(selected(named) < none_8.peak());
   const std::string fits = memory_alternatives(none, gpu8, budget);
-  CHECK_MESSAGE(fits.find("train.activation_checkpointing=\"full\"") != std::string::npos, fits);
+  CHECK_MESSAGE(fits.find("train.activation_checkpointing=\"selected_blocks\" with "
+                          "train.activation_checkpointing_block_interval=" + std::to_string(named) + " (recomputes ") !=
+                    std::string::npos,
+                fits);
+  const std::string tight = memory_alternatives(none, gpu8, full_8.peak() + (1 << 20));
+  CHECK_MESSAGE(tight.find("train.activation_checkpointing=\"full\"") != std::string::npos, tight);
+  CHECK(tight.find("selected_blocks") == std::string::npos);
   CHECK(memory_alternatives(none, gpu8, 1 << 20).empty());  // 1 MiB: nothing does
 }
 

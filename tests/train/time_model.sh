@@ -17,7 +17,8 @@
 #      3x1 (an idle rank in the second round), 2x2 (the replicas' updated parameters), micro-batch 1 (more
 #      subtrees), tiny-moe at 2x1 with EP 2 (each rank gathers only its own experts), and context parallelism (CP 2 at
 #      2x1, CP 2 beside replicas at 2x2 with recompute: the gathers of positions and the chains' partials); and the
-#      FLOPs equal what `train --profile-ops` counts (dense, MoE, with activation recompute, and rank 0 of a CP group:
+#      FLOPs equal what `train --profile-ops` counts (dense, MoE, with activation recompute of every block or of
+#      blocks 0 and 2 (selected_blocks, by hand in 1 too), and rank 0 of a CP group:
 #      its part of every instance).
 #   3. A gemm_bench bench.json sets the GEMM rate (FLOPs over seconds); bad input is refused naming the flag.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -37,6 +38,14 @@ line() { awk -v name="$1" 'index($0, "  " name) == 1 { for (i = 1; i <= NF; ++i)
 [ "$(line 'attention ' "$work/hand.txt")" = 29442048 ] || { cat "$work/hand.txt"; fail "tiny's attention FLOPs"; }
 grep -Eq '^  GEMM +1 +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "GEMM at its own rate is not 1 s"; }
 grep -Eq '^  attention +1 +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt"; fail "attention at its own rate is not 1 s"; }
+# Recomputing blocks 0 and 2 (selected_blocks, block_interval 2) adds their forward: GEMM 2 x 98,304 FLOP a token
+# (2 x (64·64 + 2 x 64·32 + 64·64 + 3 x 64·192)) x 512 tokens = 100,663,296; attention 2 x 904 keys (both 16-wide
+# windows) x 8 instances x 4 heads x 4 x 16 = 3,702,784.
+"$BIN" config "${tiny[@]}" --layout 1x1 --time --set 'train.activation_checkpointing="selected_blocks"' \
+  --set train.activation_checkpointing_block_interval=2 > "$work/hand-selected.txt"
+[ "$(line 'GEMM (forward' "$work/hand-selected.txt")" = 805306368 ] &&
+  [ "$(line 'attention ' "$work/hand-selected.txt")" = 33144832 ] ||
+  { cat "$work/hand-selected.txt"; fail "tiny's FLOPs recomputing blocks 0 and 2"; }
 "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 > "$work/hand2.txt"
 [ "$(line 'gather parameters of a unit' "$work/hand2.txt")" = 2883584 ] ||
   { cat "$work/hand2.txt"; fail "tiny 2x1 rank 0's unit gathers"; }
@@ -165,6 +174,8 @@ RUN=() TRAIN=() LAYOUT=1x1
 flops dense "${tiny[@]}"
 flops dense-recompute "${tiny[@]}" --set 'train.activation_checkpointing="full"'
 flops moe-recompute --config "$SRC/configs/tiny-moe.toml" "${data[@]}" --set 'train.activation_checkpointing="full"'
+flops dense-selected "${tiny[@]}" --set 'train.activation_checkpointing="selected_blocks"' \
+  --set train.activation_checkpointing_block_interval=2
 # Rank 0 of a CP group (the profile is the lead's): the first quarter of every instance's queries and keys.
 RUN=("${MPIRUN[@]}" -np 4) TRAIN=(--dp-shard 4) LAYOUT=4x1
 flops cp4-rank0 "${tiny[@]}" --set 'train.activation_checkpointing="full"' --set train.cp_degree=4
