@@ -12,8 +12,14 @@ configure() {  # meson's output only when it fails: its ERROR line names what is
   local log
   log=$("$@" 2>&1) || { echo "$log" | tail -n 20 >&2; echo "build.sh: $* failed" >&2; exit 1; }
 }
+if [ -f build/build.ninja ] && command -v nvcc > /dev/null && [ ! -f build/olmoref-native.ini ]; then
+  # Configured before tools/meson_setup.sh (or by hand): its .cu objects track no header. Configured afresh, once.
+  echo "build.sh: build/ was configured without tools/meson_setup.sh's nvcc (no header dependencies for .cu files):" \
+       "configuring it afresh" >&2
+  rm -rf build
+fi
 if [ ! -f build/build.ninja ]; then
-  configure meson setup build --buildtype=release "-Dcuda=$cuda"
+  configure bash tools/meson_setup.sh build --buildtype=release "-Dcuda=$cuda"
 elif [ "$(meson introspect build --buildoptions |
          python3 -c 'import json, sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "cuda"))')" \
        != "$cuda" ]; then

@@ -43,8 +43,11 @@ libs_of() {  # libs_of FILE...: "name path" of each library the loader resolves 
 fill() {
   if [ -z "$build" ]; then
     build=build-gpu
+    # A build-gpu/ configured before tools/meson_setup.sh tracks no header of a .cu: configured afresh, once.
+    [ -f build-gpu/olmoref-native.ini ] || rm -rf build-gpu
     [ -f build-gpu/build.ninja ] ||
-      meson setup build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled -Dcuda=enabled > /dev/null
+      bash tools/meson_setup.sh build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled -Dcuda=enabled \
+        > /dev/null
     ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke bench/gemm_bench > /dev/null
   fi
   rm -rf "$carry"

@@ -3,7 +3,8 @@
 #   - the golden traces (golden/traces/check.sh with --executor cuda: tiny and small, fp32 and bf16, and the
 #     mixture-of-experts tiny-moe-fp32 (its routing on the host, its experts on the device GEMMs), every byte);
 #   - tests/cli/executors.sh on the device: the tiny golden traces, and a checkpoint continued cpu -> cuda -> cpu;
-#   - T0 on the GPU (two runs, identical) and two MPI processes (dp_replicate 2) sharing the GPU equal to one,
+#   - T0 on the GPU (two runs, identical; a third recomputing blocks 0 and 2, identical) and two MPI processes
+#     (dp_replicate 2) sharing the GPU equal to one,
 #     also at dp_shard 2 (FSDP units through the device view), and tiny-moe at dp_shard 2 with expert parallelism
 #     (--ep 2) equal to one process, also under DDP (dp_replicate 2, expert-resident state).
 #   - NCCL's exchange (train --transport nccl) on the device, in a group of one rank (test_gpu_smoke --nccl);
@@ -53,10 +54,13 @@ run=(--config configs/tiny.toml --steps 50 --stop-after 6 --set "data.train_file
 # (cuda-host) gives them one stand-in GPU, so the same command lines pass the same check there.
 mpi=(mpirun --oversubscribe --bind-to none -np 2)
 [ "$ex" = cuda ] || mpi+=(-x OLMOREF_TEST_FAKE_GPUS=1)
+# Activation recompute of blocks 0 and 2 (selected_blocks): their one set of device buffers moves between them.
 "$BIN" train "${run[@]}" --out "$work/single" && "$BIN" train "${run[@]}" --out "$work/again" &&
+  "$BIN" train "${run[@]}" --set 'train.activation_checkpointing="selected_blocks"' \
+    --set train.activation_checkpointing_block_interval=2 --out "$work/recompute" &&
   "${mpi[@]}" "$BIN" train "${run[@]}" --allow-shared-gpu --dp-replicate 2 --out "$work/ddp" &&
   "${mpi[@]}" "$BIN" train "${run[@]}" --allow-shared-gpu --dp-shard 2 --out "$work/fsdp" || failed=1
-for r in again ddp fsdp; do
+for r in again recompute ddp fsdp; do
   if cmp "$work/single/trace.jsonl" "$work/$r/trace.jsonl"; then echo "$r: identical to the single run"
   else echo "FAILED: $r differs from the single run"; failed=1; fi
 done
