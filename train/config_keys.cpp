@@ -429,7 +429,8 @@ const std::vector<Key>& keys() {
       {"train", "activation_checkpointing", field([](auto& c) -> auto& { return c.train.activation_checkpointing; }),
        Written::unless_default, Resume::neutral, nullptr, [](const TrainConfig& c) -> Why {
          const std::string& m = c.train.activation_checkpointing;
-         return m == "none" || m == "full" || m == "selected_blocks" ? "" : "is \"" + m + "\"; " + activation_checkpointing_modes();
+         if (m == "none" || m == "full" || m == "selected_blocks") return "";
+         return "is \"" + m + "\"; " + activation_checkpointing_modes();
        }},
       // Which blocks selected_blocks recomputes (OLMo-core's block_interval): blocks 0, n, 2n, ... Never changes a bit,
       // like the mode.

@@ -263,11 +263,13 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
     if (bytes > 0) out.push_back({name, bytes, why});
   };
   const int64_t recomputed = x.ac.recomputed_blocks(m.n_layers);
-  const std::string recompute =
-      recomputed == m.n_layers ? "each block's input x [R, d] plus one block's set"
-      : recomputed == 0        ? "every block's set (recompute off)"
-                               : "the sets of the " + std::to_string(m.n_layers - recomputed) + " blocks not recomputed, the " +
-                          std::to_string(recomputed) + " recomputed blocks' inputs x [R, d] and one set they share";
+  std::string recompute = "every block's set (recompute off)";
+  if (recomputed == m.n_layers) {
+    recompute = "each block's input x [R, d] plus one block's set";
+  } else if (recomputed > 0) {
+    recompute = "the sets of the " + std::to_string(m.n_layers - recomputed) + " blocks not recomputed, the " +
+                std::to_string(recomputed) + " recomputed blocks' inputs x [R, d] and one set they share";
+  }
   const std::string held = ep && !device_paths ? " (of the experts, those its group runs or its optimizer range holds)" : "";
   add("parameters", kF32 * p.state_floats, "fp32 master shard: params / dp_shard" + held);
   add("AdamW moments", 2 * kF32 * p.optimizer_floats,

@@ -273,7 +273,8 @@ std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlac
       // the head gathers the loss's fp64 row terms (ce, z) [L]. Each rank's part goes to every other rank of the group.
       const int64_t L = T / cp, qd = m.q_dim(), kd = m.kv_dim();
       const int64_t forward = 4 * L * (2 * kd + 2 * m.n_heads), backward = 4 * L * (3 * qd + 2 * kd);
-      const int64_t per_instance = (m.n_layers + ac.recomputed_blocks(m.n_layers)) * forward + m.n_layers * backward + 16 * L;
+      const int64_t per_instance =
+          (m.n_layers + ac.recomputed_blocks(m.n_layers)) * forward + m.n_layers * backward + 16 * L;
       CollectiveWork gathers{"context parallelism: all-gather positions"};
       const int first = me - me % cp;
       for (int peer = first; peer < first + cp; ++peer) {
