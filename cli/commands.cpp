@@ -571,7 +571,10 @@ void register_commands(CLI::App& app) {
         std::printf("%s", memory_table(c, w, predict_rank_memory(c, w)).c_str());
         const int per_node = *ranks_per_node > 0 ? *ranks_per_node : std::min(8, w.dp_shard * w.dp_replicate);
         std::printf("%s", host_memory_table(c, w, predict_host_memory(c, w), per_node).c_str());
-        if (*time) std::printf("%s", time_table(c, w, per_node, device, *rank).c_str());
+        if (*time) {
+          std::printf("%s", time_table(c, w, per_node, device, *rank).c_str());
+          std::printf("%s", recompute_table(c, w, per_node, device).c_str());
+        }
       } else if (where->ep > 1 || *cp > 0 || !where->executor.empty() || *ranks_per_node > 0 || *dataset_tokens >= 0 ||
                  where->transport != "mpi") {
         throw std::invalid_argument("--ep, --cp, --executor, --transport, --ranks-per-node and --dataset-tokens describe a --layout: add "

@@ -455,4 +455,51 @@ std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int
   return out;
 }
 
+std::string recompute_table(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node,
+                            const DeviceRates& rates) {
+  const int64_t L = cfg.model.n_layers;
+  struct Row {
+    std::string mode;
+    int64_t interval = 0;
+  };
+  std::vector<Row> rows{{"full", 0}};
+  int64_t last = L;  // recomputed blocks of the row before
+  for (const int64_t n : {2, 3, 4, 6, 8, 16}) {
+    const int64_t recomputed = (L + n - 1) / n;
+    if (n > L || recomputed == last) continue;
+    rows.push_back({"selected_blocks", n});
+    last = recomputed;
+  }
+  rows.push_back({"none", 0});
+  const std::string column = where.transport == "nccl" ? (where.prefetch ? "nccl+prefetch" : "nccl")
+                                                       : (where.prefetch ? "mpi+prefetch" : "mpi");
+  std::string out;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "\nrecompute at %dx%d (train.activation_checkpointing; the same bits in every row): the fullest rank's "
+                "%s peak, the step over %s at these rates\n",
+                where.dp_shard, where.dp_replicate, predict_rank_memory(cfg, where).device ? "GPU" : "host",
+                column.c_str());
+  out += line;
+  for (const Row& row : rows) {
+    TrainConfig c = cfg;
+    c.train.activation_checkpointing = row.mode;
+    c.train.activation_checkpointing_block_interval = row.interval;
+    const int64_t recomputed =
+        parse_activation_checkpointing(row.mode, row.interval).recomputed_blocks(L);
+    double step = 0;
+    for (const StepWork& w : predict_step_work(c, where, ranks_per_node))
+      step = std::max(step, predict_step_time(w, rates, column).seconds);
+    const bool current = row.mode == cfg.train.activation_checkpointing &&
+                         row.interval == cfg.train.activation_checkpointing_block_interval;
+    const std::string name = row.interval > 0 ? row.mode + ", block_interval " + std::to_string(row.interval) : row.mode;
+    const std::string blocks = std::to_string(recomputed) + " of " + std::to_string(L) + " blocks recomputed";
+    std::snprintf(line, sizeof line, "  %-36s %-28s %12s %12.6g s%s\n", name.c_str(), blocks.c_str(),
+                  gib_text(static_cast<double>(predict_rank_memory(c, where).peak())).c_str(), step,
+                  current ? "  (this config)" : "");
+    out += line;
+  }
+  return out;
+}
+
 }  // namespace olmoref

@@ -87,4 +87,10 @@ StepTime predict_step_time(const StepWork& work, const DeviceRates& rates, const
 std::string time_table(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node,
                        const DeviceRates& rates, int rank = -1);
 
+// What activation recompute costs and saves at this layout (`config --time`): for full, selected_blocks at a few
+// block_intervals (each recomputing a different number of blocks) and none, the fullest rank's peak (memory_table's)
+// and the step of the slowest rank over the run's transport with the prefetch. Every row trains the same bits.
+std::string recompute_table(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node,
+                            const DeviceRates& rates);
+
 }  // namespace olmoref

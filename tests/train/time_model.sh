@@ -12,7 +12,9 @@
 #        (49,376 each) and 15,712 of block 4; in each of the 2 rounds it sends that to rank 1 once for the embedding
 #        (forward) and twice for each block (forward, backward): (2·32,768 + 4·(3·49,376 + 15,712)) x 4 bytes =
 #        2,883,584 bytes a step;
-#      - at rates set to those FLOPs per second, GEMM and attention take 1 s each.
+#      - at rates set to those FLOPs per second, GEMM and attention take 1 s each;
+#      - recomputing blocks 0 and 2 (selected_blocks, block_interval 2) adds their forward; the recompute table lists
+#        full, block_interval 2 and 4, none, each row as `config --time` at that setting.
 #   2. Every exact collective's bytes, rank by rank, equal what `train --report-comm` counts in 2 steps (÷ 2) at 2x1,
 #      3x1 (an idle rank in the second round), 2x2 (the replicas' updated parameters), micro-batch 1 (more
 #      subtrees), tiny-moe at 2x1 with EP 2 (each rank gathers only its own experts), and context parallelism (CP 2 at
@@ -46,6 +48,25 @@ grep -Eq '^  attention +1 +1 +1 +1$' "$work/hand.txt" || { cat "$work/hand.txt";
 [ "$(line 'GEMM (forward' "$work/hand-selected.txt")" = 805306368 ] &&
   [ "$(line 'attention ' "$work/hand-selected.txt")" = 33144832 ] ||
   { cat "$work/hand-selected.txt"; fail "tiny's FLOPs recomputing blocks 0 and 2"; }
+# The recompute table (`config --time`'s last part): full, selected_blocks at block_interval 2 (blocks 0, 2) and 4
+# (block 0), none, in that order; each row's peak and step those of `config --time` at that setting (the step over
+# mpi+prefetch; tiny at 1x1 is one rank).
+"$BIN" config "${tiny[@]}" --layout 1x1 --time > "$work/recompute.txt"
+sed -n '/^recompute at 1x1/,$p' "$work/recompute.txt" | tail -n +2 > "$work/recompute-rows.txt"
+[ "$(grep -o '[0-9]* of 4 blocks recomputed' "$work/recompute-rows.txt" | cut -d' ' -f1 | tr '\n' ' ')" = "4 2 1 0 " ] ||
+  { cat "$work/recompute.txt"; fail "the recompute table's rows"; }
+while read -r mode interval; do
+  set_mode=(--set "train.activation_checkpointing=\"$mode\"")
+  [ "$interval" = 0 ] || set_mode+=(--set "train.activation_checkpointing_block_interval=$interval")
+  "$BIN" config "${tiny[@]}" --layout 1x1 --time "${set_mode[@]}" > "$work/row.txt"
+  name=$mode; [ "$interval" = 0 ] || name="$mode, block_interval $interval"
+  row=$(awk -v name="$name" 'substr($0, 3, length(name)) == name && substr($0, 3 + length(name), 1) == " "' "$work/recompute-rows.txt")
+  peak=$(sed -n 's/^  peak  *\([0-9.]* [KMG]iB\) .*/\1/p' "$work/row.txt" | head -1)
+  step=$(sed -n '/seconds per step/,$p' "$work/row.txt" | awk '$1 == "step" {print $3; exit}')  # mpi+prefetch
+  [[ "$row" == *" $peak "* && "$row" == *" $step s"* ]] ||
+    { echo "row: $row"; cat "$work/row.txt"; fail "recompute table row $name: peak $peak, step $step"; }
+done <<< $'full 0\nselected_blocks 2\nselected_blocks 4\nnone 0'
+echo "recompute table: full, block_interval 2 and 4, none, each as config --time at that setting"
 "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 > "$work/hand2.txt"
 [ "$(line 'gather parameters of a unit' "$work/hand2.txt")" = 2883584 ] ||
   { cat "$work/hand2.txt"; fail "tiny 2x1 rank 0's unit gathers"; }
