@@ -9,7 +9,9 @@
 // and appends to BENCH_JSON (a JSON array, the format of bench/gpu_bench.sh's rows; rewritten after every shape so a
 // run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak;
 // also the kernel's registers and blocks an SM on this device, and its time held to one block an SM (dynamic shared
-// memory it never touches: the same grid and bits), so a row says what the second block buys.
+// memory it never touches: the same grid and bits), so a row says what the second block buys. Held so, the SM also
+// gives more of its L1 to shared memory; the GEMM reads each operand element once per block into shared memory, so
+// little should ride on it, but the ratio is an upper bound on occupancy's share.
 // --dry-run builds and prints the shape list without touching a device (the dry run of tools/gpu_check.sh).
 //
 // cuBLAS is loaded at run time (dlopen): libcublasLt alone is 541 MB, far past the 64 MiB a device call carries
