@@ -89,5 +89,28 @@ PY
   "$bin" train --config "$config" --executor "$executor" --steps 2 --set "data.train_files=[\"$work/tokens.u32\"]" --set data.dtype=\"u32\" \
     --out "$work/$name-profile" --no-checkpoint --quiet --profile-ops 2> "$work/$name-profile.err" || true
   { echo "== $name fp32, per-op time (--profile-ops, 2 steps)"; sed -n '/^per-op time/,$p' "$work/$name-profile.err"; } >> "$out/bench.txt"
+  # The profile's attention and GEMM seconds and FLOPs as a bench.json row ("bench": "profile"): `olmoref config
+  # --time --bench` takes the exact attention's rate from these rows (gemm_bench measures no attention).
+  python3 - "$work/$name-profile.err" "$out/bench.json" "$name" <<'PY' || { echo "$name: no per-op table to record"; failed=1; }
+import json, os, sys
+err, path, name = sys.argv[1:]
+lines = open(err).read().split("per-op time", 1)[1].splitlines()[2:]
+sums = {"attention": [0.0, 0.0], "gemm": [0.0, 0.0]}
+for l in lines:
+    f = l.split()
+    if len(f) < 6 or not f[-1].isdigit():
+        continue
+    kind = "attention" if f[0].startswith("attention_") else "gemm" if f[0].startswith("matmul") else None
+    if kind:
+        sums[kind][0] += float(f[2])  # seconds (op, calls, seconds, share, GFLOP/s, FLOP)
+        sums[kind][1] += float(f[-1])
+assert sums["attention"][0] > 0 and sums["gemm"][0] > 0, sums
+rows = json.load(open(path)) if os.path.exists(path) else []
+rows.append({"bench": "profile", "config": name, "precision": "fp32", "steps": 2,
+             "attention_seconds": sums["attention"][0], "attention_flops": sums["attention"][1],
+             "gemm_seconds": sums["gemm"][0], "gemm_flops": sums["gemm"][1]})
+json.dump(rows, open(path + ".tmp", "w"), indent=1)
+os.replace(path + ".tmp", path)
+PY
 done
 exit $failed

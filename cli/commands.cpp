@@ -543,7 +543,7 @@ void register_commands(CLI::App& app) {
         ->check(CLI::IsMember({"h100", "h200"}));
     cmd->add_option("--rate", *rates, "With --time: override a rate, KEY=VALUE (gemm_tflops, attention_tflops, "
                     "hbm_gbps, nvlink_gbps, pcie_gbps, host_copy_gbps, network_gbps; repeatable)");
-    cmd->add_option("--bench", *bench, "With --time: the exact GEMM's rate from gemm_bench's bench.json (a device run)");
+    cmd->add_option("--bench", *bench, "With --time: the exact GEMM's and attention's rates from a device run's bench.json (gemm_bench, gpu_bench.sh)");
     cmd->add_option("--rank", *rank, "With --time: this rank's work instead of the slowest rank's")
         ->check(CLI::NonNegativeNumber);
     cmd->callback([=] {
@@ -558,7 +558,7 @@ void register_commands(CLI::App& app) {
       DeviceRates device;
       if (*time) {  // every rate checked before anything prints
         device = device_rates(*gpu);
-        if (!bench->empty()) gemm_rate_from_bench(device, *bench);
+        if (!bench->empty()) rates_from_bench(device, *bench);
         for (const std::string& r : *rates) set_rate(device, r);
       }
       print_config_summary(c);

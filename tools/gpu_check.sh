@@ -25,7 +25,8 @@
 #                  the shape list: `gemm_bench --dry-run`); the step-time
 #                  model for the 7B at 8x1 at that measured rate (`olmoref config --time --bench`); then
 #                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended after gemm_bench's
-#                  as each run ends;
+#                  as each run ends, and each config's --profile-ops seconds of attention and GEMMs as a row; the
+#                  step-time model again, its attention at the rate those rows measure;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one, intra-document masking equal to the CPU;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
@@ -207,6 +208,10 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
   "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
     "${measured[@]}" | sed -n '/^step time/,$p' || rc=$?
   bash bench/gpu_bench.sh "$out" "$bin_root/olmoref" || rc=$?
+  # Again with the attention's rate from gpu_bench.sh's --profile-ops rows too (in the dry run, the host execution's).
+  echo "== the step-time model at the measured GEMM and attention rates"
+  "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
+    --bench "$out/bench.json" | sed -n '/^step time/,$p' || rc=$?
   return $rc
 }
 racecheck() {

@@ -135,29 +135,50 @@ void set_rate(DeviceRates& rates, const std::string& key_value) {
   rates.notes.push_back("--rate " + key_value);
 }
 
-void gemm_rate_from_bench(DeviceRates& rates, const std::string& bench_json) {
+void rates_from_bench(DeviceRates& rates, const std::string& bench_json) {
   std::ifstream in(bench_json);
-  if (!in) throw std::runtime_error(bench_json + ": cannot read (gemm_bench --out writes it)");
+  if (!in) throw std::runtime_error(bench_json + ": cannot read (gemm_bench --out and bench/gpu_bench.sh write it)");
   nlohmann::json rows;
   try {
     rows = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
     throw std::runtime_error(bench_json + ": not JSON (" + e.what() + ")");
   }
-  double flops = 0, seconds = 0;
+  // Each rate is FLOPs over seconds summed over its rows, so a row weighs by its time.
+  double gemm_flops = 0, gemm_seconds = 0, attention_flops = 0, attention_seconds = 0;
+  int profiles = 0;
+  auto number = [](const nlohmann::json& row, const char* key) {
+    return row.contains(key) && row[key].is_number() ? row[key].get<double>() : 0.0;
+  };
   if (rows.is_array())
     for (const auto& row : rows) {
-      if (!row.is_object() || !row.contains("exact_seconds") || !row.contains("exact_tflops")) continue;
-      const double s = row["exact_seconds"].get<double>();
-      flops += row["exact_tflops"].get<double>() * 1e12 * s;
-      seconds += s;
+      if (!row.is_object()) continue;
+      if (const double s = number(row, "exact_seconds"); s > 0 && number(row, "exact_tflops") > 0) {
+        gemm_flops += number(row, "exact_tflops") * 1e12 * s;  // a gemm_bench row
+        gemm_seconds += s;
+      }
+      if (row.value("bench", "") == "profile" && number(row, "attention_seconds") > 0) {
+        attention_flops += number(row, "attention_flops");  // a --profile-ops run of bench/gpu_bench.sh
+        attention_seconds += number(row, "attention_seconds");
+        ++profiles;
+      }
     }
-  if (!(seconds > 0))
-    throw std::runtime_error(bench_json + ": no gemm_bench rows (objects with exact_seconds and exact_tflops)");
-  rates.gemm_flops = flops / seconds;
+  if (!(gemm_seconds > 0) && !(attention_seconds > 0))
+    throw std::runtime_error(bench_json + ": no gemm_bench rows (objects with exact_seconds and exact_tflops) and no "
+                             "bench/gpu_bench.sh profile rows (\"bench\": \"profile\" with attention_seconds)");
   char note[320];
-  std::snprintf(note, sizeof note, "exact GEMM %.2f TFLOP/s measured: %s", rates.gemm_flops / 1e12, bench_json.c_str());
-  rates.notes.push_back(note);
+  if (gemm_seconds > 0) {
+    rates.gemm_flops = gemm_flops / gemm_seconds;
+    std::snprintf(note, sizeof note, "exact GEMM %.2f TFLOP/s measured: %s", rates.gemm_flops / 1e12,
+                  bench_json.c_str());
+    rates.notes.push_back(note);
+  }
+  if (attention_seconds > 0 && attention_flops > 0) {
+    rates.attention_flops = attention_flops / attention_seconds;
+    std::snprintf(note, sizeof note, "exact attention %.2f TFLOP/s measured (--profile-ops of %d config(s)): %s",
+                  rates.attention_flops / 1e12, profiles, bench_json.c_str());
+    rates.notes.push_back(note);
+  }
 }
 
 std::vector<StepWork> predict_step_work(const TrainConfig& cfg, const MemoryPlacement& where, int ranks_per_node) {

@@ -38,9 +38,11 @@ DeviceRates device_rates(const std::string& gpu);
 // --rate KEY=VALUE: gemm_tflops, attention_tflops, hbm_gbps, nvlink_gbps, pcie_gbps, host_copy_gbps, network_gbps
 // (GB = 1e9 bytes). Throws std::invalid_argument naming the key and the keys there are.
 void set_rate(DeviceRates& rates, const std::string& key_value);
-// The exact GEMM's rate measured by bench/gemm_bench.cu (its --out file, a JSON array of shapes): the rows' FLOPs
-// over their exact_seconds, so each shape weighs by its time. Throws std::runtime_error naming the file.
-void gemm_rate_from_bench(DeviceRates& rates, const std::string& bench_json);
+// Rates measured on a device, from tools/gpu_check.sh's bench.json (a JSON array): the exact GEMM's from
+// bench/gemm_bench.cu's rows (FLOPs over exact_seconds, so each shape weighs by its time), the exact attention's from
+// bench/gpu_bench.sh's profile rows (its --profile-ops runs' attention FLOPs over their seconds). A rate without rows
+// stays as it was. Throws std::runtime_error naming the file when it has neither.
+void rates_from_bench(DeviceRates& rates, const std::string& bench_json);
 
 // One collective's bytes per step on one rank. `what` is the name the trainer gives it (dist::Comm's `what`).
 struct CollectiveWork {

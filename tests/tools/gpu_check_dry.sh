@@ -6,8 +6,9 @@
 #      size limit (with the repository, 64 MiB; a planted 5 here) is refused, naming its largest files;
 #   2. `gpu_check.sh --dry-run` runs every step end to end with the kernels' host execution (executor cuda-host) and
 #      passes; what lands in OUT keeps the device tool's limits (at most 8 files; names of letters, digits, '.',
-#      '_', '-'); summary.json lists the steps in order; bench.json has a row per run (and gpu_bench.sh keeps the
-#      gemm_bench rows written before its own); the kernels step checked the
+#      '_', '-'); summary.json lists the steps in order; bench.json has a row per run and the profile's (and
+#      gpu_bench.sh keeps the gemm_bench rows written before its own); the second step-time model takes the
+#      profile's attention rate; the kernels step checked the
 #      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list and
 #      printed the step-time model (config --time);
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
@@ -69,7 +70,12 @@ s = json.load(open(f"{d}/summary.json"))
 assert [r["check"] for r in s] == steps, s
 assert all(r["exit"] == 0 for r in s), s
 b = json.load(open(f"{d}/bench.json"))
+profile = [r for r in b if r["bench"] == "profile"]
+b = [r for r in b if r["bench"] != "profile"]
 assert [(r["bench"], r["config"], r["precision"]) for r in b] == [("train", "tiny", "fp32"), ("train", "tiny", "bf16")], b
+assert [(r["config"], r["precision"]) for r in profile] == [("tiny", "fp32")], profile
+profile = profile[0]
+assert profile["attention_seconds"] > 0 and profile["attention_flops"] > 0 and profile["gemm_flops"] > 0, profile
 assert all(r["tokens_per_second"] > 0 for r in b), b
 # The step time with and without the parameter digest, from the progress lines' own timings.
 assert all(r["steps_timed"] > 0 and len(r["digest_seconds_each"]) == r["steps_timed"] for r in b), b
@@ -86,6 +92,8 @@ if "gemm_bench: not run" not in log:
 bench_log = log[log.index("===== bench "):log.index("===== training ")]
 assert "step time at 8x1, 8 ranks per node" in bench_log and "  step  " in bench_log, \
     "the bench step did not print the step-time model"
+assert "exact attention " in bench_log.split("== the step-time model at the measured GEMM and attention rates")[1], \
+    "the bench step's second step-time model did not take the profile's attention rate"
 print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
 PY
 
@@ -100,7 +108,7 @@ BENCH_EXECUTOR=cuda-host BENCH_CONFIGS=configs/tiny.toml BENCH_STEPS=2 bash benc
 python3 - "$work/merge/bench.json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
-assert [r["bench"] for r in b] == ["gemm", "train", "train"], [r.get("bench") for r in b]
+assert [r["bench"] for r in b] == ["gemm", "train", "train", "profile"], [r.get("bench") for r in b]
 assert b[0]["product"] == "lm_head forward" and b[0]["exact_tflops"] == 20, b[0]
 print("gpu_bench.sh keeps the gemm rows before its own")
 PY
@@ -127,7 +135,7 @@ log = open(f"{d}/checks.log").read()
 assert "planted failure (GPU_CHECK_PLANT=training)" in log
 assert log.index("===== kernels ") < log.index("[doctest] Status: SUCCESS") < log.index("===== training "), \
     "the kernels' log before the failure"
-assert len(json.load(open(f"{d}/bench.json"))) == 2, "the bench rows before the failure"
+assert len(json.load(open(f"{d}/bench.json"))) == 3, "the bench rows before the failure (two runs, a profile)"
 print("planted training failure: the logs before it came back and the steps after it ran; no compute-sanitizer: "
       "memcheck and racecheck not run (126), not counted as failures")
 PY

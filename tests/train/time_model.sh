@@ -22,7 +22,8 @@
 #      FLOPs equal what `train --profile-ops` counts (dense, MoE, with activation recompute of every block or of
 #      blocks 0 and 2 (selected_blocks, by hand in 1 too), and rank 0 of a CP group:
 #      its part of every instance).
-#   3. A gemm_bench bench.json sets the GEMM rate (FLOPs over seconds); bad input is refused naming the flag.
+#   3. A bench.json sets the GEMM rate from gemm_bench's rows and the attention's from gpu_bench.sh's profile rows
+#      (FLOPs over seconds); bad input is refused naming the flag.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -207,6 +208,15 @@ echo '[{"exact_seconds": 1, "exact_tflops": 10}, {"exact_seconds": 3, "exact_tfl
 "$BIN" config "${tiny[@]}" --layout 2x1 --time --bench "$work/bench.json" > "$work/bench.txt"
 grep -q "exact GEMM 25.00 TFLOP/s measured: $work/bench.json" "$work/bench.txt" ||
   { cat "$work/bench.txt"; fail "bench.json: (10·1 + 30·3) / 4 = 25 TFLOP/s"; }
+# bench/gpu_bench.sh's profile rows set the attention's rate: (2e12 + 6e12) FLOP over (1 + 3) s = 2 TFLOP/s, so
+# tiny's 29,442,048 attention FLOPs take 1.4721e-05 s; the GEMM's stays the data sheet's where no gemm_bench row is.
+echo '[{"bench": "profile", "config": "a", "attention_seconds": 1, "attention_flops": 2e12, "gemm_seconds": 9},
+       {"bench": "profile", "config": "b", "attention_seconds": 3, "attention_flops": 6e12},
+       {"bench": "train", "config": "a", "tokens_per_second": 5}]' > "$work/profile.json"
+"$BIN" config "${tiny[@]}" --layout 1x1 --time --bench "$work/profile.json" > "$work/profile.txt"
+grep -q "exact attention 2.00 TFLOP/s measured (--profile-ops of 2 config(s)): $work/profile.json" "$work/profile.txt" &&
+  grep -Eq '^  attention +1.4721e-05 ' "$work/profile.txt" && ! grep -q "exact GEMM" "$work/profile.txt" ||
+  { cat "$work/profile.txt"; fail "profile rows: attention at 2 TFLOP/s, GEMM at the data sheet's"; }
 refused() {  # refused WHAT-THE-MESSAGE-SAYS ARGS...
   local want=$1
   shift
@@ -221,5 +231,6 @@ refused "must be positive" --layout 2x1 --time --rate pcie_gbps=0
 refused "cannot read" --layout 2x1 --time --bench "$work/none.json"
 refused "ranks 0..1" --layout 2x1 --time --rank 2
 echo '{"rows": []}' > "$work/empty.json"
-refused "no gemm_bench rows" --layout 2x1 --time --bench "$work/empty.json"
+refused "no gemm_bench rows (objects with exact_seconds and exact_tflops) and no" --layout 2x1 --time \
+  --bench "$work/empty.json"
 echo "OK"
