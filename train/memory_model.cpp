@@ -601,8 +601,9 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
                           .recomputed_blocks(L);
   bool recompute_noted = false;
   for (int64_t n = L; n >= 2 && !recompute_noted; --n) {
-    const int64_t recomputed = (L + n - 1) / n;
-    if (recomputed <= now || (n < L && recomputed == (L + n) / (n + 1))) continue;  // the same count at a larger n
+    const int64_t recomputed = ActivationCheckpointing::selected_blocks(n).recomputed_blocks(L);
+    const bool same_as_larger = n < L && recomputed == ActivationCheckpointing::selected_blocks(n + 1).recomputed_blocks(L);
+    if (recomputed <= now || same_as_larger) continue;  // tried already at the larger n
     TrainConfig c = cfg;
     c.train.activation_checkpointing = "selected_blocks";
     c.train.activation_checkpointing_block_interval = n;

@@ -486,7 +486,7 @@ std::string recompute_table(const TrainConfig& cfg, const MemoryPlacement& where
   std::vector<Row> rows{{"full", 0}};
   int64_t last = L;  // recomputed blocks of the row before
   for (const int64_t n : {2, 3, 4, 6, 8, 16}) {
-    const int64_t recomputed = (L + n - 1) / n;
+    const int64_t recomputed = ActivationCheckpointing::selected_blocks(n).recomputed_blocks(L);
     if (n > L || recomputed == last) continue;
     rows.push_back({"selected_blocks", n});
     last = recomputed;
