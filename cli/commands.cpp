@@ -247,9 +247,13 @@ void register_commands(CLI::App& app) {
                   "transport's copies, NCCL's groups), so the model may read the next unit before it lands; must "
                   "change the trace on cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US set");
     cmd->add_flag("--debug-exchange-no-wait", o->parallel.debug_exchange_no_wait,
-                  "TEST ONLY: on cuda or cuda-host (--transport mpi, several ranks) the step's reduced gradient is "
-                  "read before the thread that exchanges and adds the last unit's subtrees is waited for; must "
-                  "change the trace with OLMOREF_TEST_EXCHANGE_DELAY_US set");
+                  "TEST ONLY: on cuda or cuda-host (several ranks) the step's reduced gradient is read before the "
+                  "last unit's overlapped exchange to its owners and their adds (MPI: its thread; NCCL: its side "
+                  "stream) are waited for; must change the trace");
+    cmd->add_flag("--debug-exchange-no-stream-wait", o->parallel.debug_exchange_no_stream_wait,
+                  "TEST ONLY: with --transport nccl on cuda or cuda-host (several ranks) the owners' adds of a unit do "
+                  "not wait for the side stream its groups run on; must change the trace on cuda-host with "
+                  "OLMOREF_TEST_HOST_STREAM_DELAY_US set");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");

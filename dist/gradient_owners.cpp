@@ -37,7 +37,7 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
       spare_send_(StagingAllocator<float>(ex, "gradient subtrees of a unit, cut by owner (sent)")),
       spare_recv_(StagingAllocator<float>(ex, "every rank's gradient subtrees on my slice of a unit (received)")),
       chunks_(chunks > 0 ? chunks : exchange_chunks(layout, units_)),
-      overlap_(nccl ? ExchangeOverlap::off : overlap) {
+      overlap_(overlap) {
   int64_t at = 0;
   for (const auto& [a, b] : units_) {
     if (a != at || b <= a) throw std::logic_error("OwnerReduction: the model's units do not tile the flat vector");
@@ -51,7 +51,11 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
   flight_.send = StagingVector<float>(spare_send_.get_allocator());
   filling_.recv = StagingVector<float>(spare_recv_.get_allocator());
   flight_.recv = StagingVector<float>(spare_recv_.get_allocator());
-  if (overlap_ != ExchangeOverlap::off) {
+  if (overlap_ == ExchangeOverlap::no_stream_wait && !nccl_)
+    throw std::logic_error("OwnerReduction: no_stream_wait is a control of NCCL's side stream");
+  if (overlap_ != ExchangeOverlap::off && nccl_) {
+    side_ = make_side_stream(ex, SideWork::nccl_groups);
+  } else if (overlap_ != ExchangeOverlap::off) {
     if (ex.name() != "cuda" && ex.name() != "cuda-host")
       throw std::logic_error("OwnerReduction: the exchange thread drives executor " + ex.name() +
                              " beside the main thread: only cuda and cuda-host are safe to share so");
@@ -64,8 +68,10 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
 }
 
 OwnerReduction::~OwnerReduction() {
-  // A thread in flight reads and writes flight_'s blocks, and its peers are in its all-to-all.
+  // A thread in flight reads and writes flight_'s blocks, and its peers are in its all-to-all; so do NCCL's groups on
+  // the side stream with the device blocks.
   if (in_flight_.valid()) in_flight_.wait();
+  if (side_) side_->synchronize();
 }
 
 // The slice of `unit` that rank j reduces: the unit ∩ j's optimizer range, as [lo, lo + floats).
@@ -104,12 +110,38 @@ void OwnerReduction::begin_step() {
           slots = std::max(slots, static_cast<size_t>(ahead.feed(node).slot) + 1);
       }
   grow_owner_slots(slots);
+  if (nccl_) size_device_blocks();
+}
+
+// Over NCCL under overlap a unit's groups and adds read its send block and the receive block while the next unit's
+// backward runs: both are made for the step's largest unit and round before the first unit is in flight, so none is
+// made anew under the side stream's work.
+void OwnerReduction::size_device_blocks() {
+  int64_t most_sent = 0, most_received = 0;
+  for (int64_t t = 0; t < split_.n_rounds(); ++t) {
+    int64_t received = 0;
+    for (int r = 0; r < layout_.world(); ++r)
+      if (const int64_t m = split_.microbatch_of(r, t); m >= 0) {
+        const auto [a, b] = split_.instances_of_microbatch(m);
+        const auto k = static_cast<int64_t>(maximal_subtrees(split_.global_instances, a, b).size());
+        received += k;
+        if (r == layout_.rank) most_sent = std::max(most_sent, k);
+      }
+    most_received = std::max(most_received, received);
+  }
+  const int64_t send = most_sent * longest_unit_, recv = most_received * chunk_floats(widest_mine_);
+  if (send_dev_.size() < send) send_dev_.reset(*ex_, send, "gradient subtrees of a unit, cut by owner (sent)");
+  if (send_dev_flight_.size() < send)
+    send_dev_flight_.reset(*ex_, send, "gradient subtrees of the unit before, cut by owner (sent, in flight)");
+  if (recv_dev_.size() < recv)
+    recv_dev_.reset(*ex_, recv, "every rank's gradient subtrees on a chunk of my slice (received)");
 }
 
 void OwnerReduction::grow_owner_slots(size_t slots) {
   const int64_t len = layout_.optimizer_hi() - layout_.optimizer_lo();
   if (owner_slots_.size() < slots) {
-    if (in_flight_.valid()) throw std::logic_error("OwnerReduction: owner slots grown under the exchange thread");
+    if (in_flight_.valid() || device_in_flight_)
+      throw std::logic_error("OwnerReduction: owner slots grown under the exchange in flight");
     owner_slots_.resize(slots);
   }
   for (size_t i = 0; i < owner_slots_.size(); ++i)
@@ -185,6 +217,7 @@ void OwnerReduction::unit_backward_begins(int unit) {
     }
     filling_.send.assign(static_cast<size_t>(floats), 0.0f);
   } else if (send_dev_.size() < floats) {
+    if (side_) throw std::logic_error("OwnerReduction: the send block grown under NCCL's overlap (size_device_blocks)");
     send_dev_.reset(*ex_, floats, "gradient subtrees of a unit, cut by owner (sent)");
   }
   if (k > 0) local_.set_window(u.first, u.second);
@@ -212,6 +245,18 @@ OwnerReduction::ChunkPlan OwnerReduction::chunk_plan(const UnitExchange& e, int 
   return p;
 }
 
+// A chunk's all-to-all as NCCL's plan: one piece to and from each rank, at the chunk's offsets in the send block and
+// the receive block.
+ExchangePlan OwnerReduction::nccl_plan(const ChunkPlan& p) const {
+  const int W = layout_.world();
+  ExchangePlan plan(W);
+  for (size_t j = 0; j < static_cast<size_t>(W); ++j) {
+    plan.send[j].push_back({p.send_at[j], p.send_counts[j]});
+    plan.recv[j].push_back({p.recv_at[j], p.recv_counts[j]});
+  }
+  return plan;
+}
+
 void OwnerReduction::owner_adds(const UnitExchange& e, int c, const float* recv, bool recv_on_device) {
   const ChunkPlan p = chunk_plan(e, c);
   if (p.my_len == 0) return;
@@ -233,7 +278,9 @@ void OwnerReduction::owner_adds(const UnitExchange& e, int c, const float* recv,
 void OwnerReduction::unit_backward_done(int unit) {
   if (unit != unit_) throw std::logic_error("OwnerReduction: unit " + std::to_string(unit) + " ended, not begun");
   const auto t0 = std::chrono::steady_clock::now();
-  settle();  // under overlap the thread of the unit before this one, so that its blocks serve the next unit
+  // Under overlap over MPI the thread of the unit before this one, so that its blocks serve the next unit (over NCCL
+  // exchange_on_side orders the side stream's work itself).
+  if (!side_) settle();
   UnitExchange e = std::move(filling_);
   filling_ = UnitExchange{};
   filling_.send = StagingVector<float>(spare_send_.get_allocator());
@@ -241,19 +288,15 @@ void OwnerReduction::unit_backward_done(int unit) {
   e.unit = unit;
   e.nodes_per_rank = nodes_per_rank_;
   e.feeds = feeds_;
-  if (nccl_) {
+  if (nccl_ && side_) {
+    exchange_on_side(std::move(e));
+  } else if (nccl_) {
     // One group per chunk, on the default stream, the adds queued after it.
     for (int c = 0; c < chunks_; ++c) {
       const ChunkPlan p = chunk_plan(e, c);
       if (recv_dev_.size() < p.received)
         recv_dev_.reset(*ex_, p.received, "every rank's gradient subtrees on a chunk of my slice (received)");
-      const int W = layout_.world();
-      ExchangePlan plan(W);
-      for (int j = 0; j < W; ++j) {
-        plan.send[static_cast<size_t>(j)].push_back({p.send_at[static_cast<size_t>(j)], p.send_counts[static_cast<size_t>(j)]});
-        plan.recv[static_cast<size_t>(j)].push_back({p.recv_at[static_cast<size_t>(j)], p.recv_counts[static_cast<size_t>(j)]});
-      }
-      nccl_->exchange(send_dev_.data(), recv_dev_.data(), plan, kOwnerExchange);
+      nccl_->exchange(send_dev_.data(), recv_dev_.data(), nccl_plan(p), kOwnerExchange);
       note_memory(nullptr);
       owner_adds(e, c, recv_dev_.data(), true);
     }
@@ -303,7 +346,40 @@ void OwnerReduction::unit_backward_done(int unit) {
   exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void OwnerReduction::exchange_on_side(UnitExchange&& e) {
+  // The unit before's groups and adds read the other send block, which the next unit's backward fills: the executor
+  // waits for them first (but in the TEST ONLY control).
+  if (device_in_flight_ && overlap_ != ExchangeOverlap::no_stream_wait) side_->default_waits();
+  // This unit's work starts after everything the executor has queued: the backward's copies into its send block.
+  side_->wait_for_default();
+  // Chunk by chunk, a group and then the owners' adds, in stream order: the next chunk's group overwrites the receive
+  // block only after the adds that read it. The adds' geometry is the round's (copied: the next round replans).
+  auto geometry = std::make_shared<UnitExchange>();
+  geometry->unit = e.unit;
+  geometry->nodes_per_rank = std::move(e.nodes_per_rank);
+  geometry->feeds = std::move(e.feeds);
+  geometry->send_at = std::move(e.send_at);
+  for (int c = 0; c < chunks_; ++c) {
+    const ChunkPlan p = chunk_plan(*geometry, c);
+    if (p.received > recv_dev_.size())
+      throw std::logic_error("OwnerReduction: the receive block is shorter than a chunk (size_device_blocks)");
+    nccl_->exchange(send_dev_.data(), recv_dev_.data(), nccl_plan(p), kOwnerExchange, side_->stream());
+    side_->run([this, geometry, c] { owner_adds(*geometry, c, recv_dev_.data(), true); });
+  }
+  device_in_flight_ = true;
+  // The next unit's subtrees go to the other block while this unit's groups read this one.
+  std::swap(send_dev_, send_dev_flight_);
+  note_memory(nullptr);
+}
+
 void OwnerReduction::settle() {
+  if (device_in_flight_) {
+    // NCCL's groups and the owners' adds of the unit in flight: the executor waits for them (but in the TEST ONLY
+    // control).
+    if (overlap_ != ExchangeOverlap::no_stream_wait) side_->default_waits();
+    device_in_flight_ = false;
+    return;
+  }
   if (!in_flight_.valid()) return;
   in_flight_.get();  // rethrows what the thread threw
   spare_send_.swap(flight_.send), spare_recv_.swap(flight_.recv);
@@ -325,13 +401,14 @@ void OwnerReduction::finish(float* shard_out) {
 
 void OwnerReduction::release() {
   settle();
+  if (side_) side_->synchronize();  // the side stream's groups and adds read and write what goes below
   local_.release();
   std::vector<Buffer<float>>().swap(owner_slots_);
   for (StagingVector<float>* v : {&filling_.send, &spare_send_, &flight_.send})
     StagingVector<float>(v->get_allocator()).swap(*v);
   for (StagingVector<float>* v : {&filling_.recv, &spare_recv_, &flight_.recv})
     StagingVector<float>(v->get_allocator()).swap(*v);
-  send_dev_.free(), recv_dev_.free();
+  send_dev_.free(), recv_dev_.free(), send_dev_flight_.free();
 }
 
 void OwnerReduction::note_memory(const UnitExchange* in_hand) {
@@ -339,7 +416,7 @@ void OwnerReduction::note_memory(const UnitExchange* in_hand) {
   const int64_t local = local_.peak_slots() * local_.slot_floats();
   const int64_t owner = static_cast<int64_t>(owner_slots_.size()) * len;
   // The exchange's blocks as made (their capacity): NCCL's on the device, else the staging, wherever it is now.
-  int64_t send = send_dev_.size(), recv = recv_dev_.size();
+  int64_t send = send_dev_.size() + send_dev_flight_.size(), recv = recv_dev_.size();
   for (const UnitExchange* e : std::initializer_list<const UnitExchange*>{&filling_, &flight_, in_hand})
     if (e) send += static_cast<int64_t>(e->send.capacity()), recv += static_cast<int64_t>(e->recv.capacity());
   send += static_cast<int64_t>(spare_send_.capacity()), recv += static_cast<int64_t>(spare_recv_.capacity());

@@ -30,6 +30,7 @@
 #include "dist/comm.h"
 #include "dist/layout.h"
 #include "dist/nccl_comm.h"
+#include "dist/side_stream.h"
 #include "model/gradient_tree.h"
 #include "model/olmo3.h"
 
@@ -42,17 +43,23 @@ constexpr int kMaxExchangeChunks = 16;
 constexpr int64_t kExchangeChunkFloats = int64_t{1} << 20;
 int exchange_chunks(const Layout& layout, const std::vector<std::pair<int64_t, int64_t>>& units);
 
-// When the MPI transport's exchange of a unit runs (OwnerReduction, nccl == nullptr).
+// When a unit's exchange runs (OwnerReduction).
 enum class ExchangeOverlap {
-  off,  // when the unit's backward ends, its all-to-alls and then the owners' adds, chunk by chunk
-  // on a thread of its own under the next unit's backward: the all-to-alls (on a duplicate of the communicator, so
-  // they never interleave with the main thread's collectives) and the owners' adds, chunk by chunk, the executor's
-  // ops queued among the main thread's (executors cuda and cuda-host only, whose ops share no state); waited for when
-  // the next unit's backward ends or the step's tree is finished. The adds of a unit touch only its slice of the
-  // owner slots and keep their order, so no bit changes.
+  off,  // when the unit's backward ends, its all-to-alls (NCCL's groups) and then the owners' adds, chunk by chunk
+  // under the next unit's backward (executors cuda and cuda-host only). MPI: on a thread of its own, the all-to-alls
+  // (on a duplicate of the communicator, so they never interleave with the main thread's collectives) and the owners'
+  // adds, chunk by chunk, the executor's ops queued among the main thread's (these executors' ops share no state);
+  // waited for when the next unit's backward ends or the step's tree is finished. NCCL: on a side stream
+  // (dist/side_stream.h), after the backward that wrote the unit's send block, chunk by chunk its group and then the
+  // owners' adds (the executor's ops queued there: SideStream::run); the next unit's subtrees fill a second send
+  // block meanwhile, and when that unit's backward ends (or the step's tree is finished) the executor waits for the
+  // side stream. The adds of a unit touch only its slice of the owner slots and keep their order, so no bit changes.
   on,
-  // TEST ONLY: finish() reads the root before it waits for the last unit's thread (dist-prefetch's control).
+  // TEST ONLY: finish() reads the root before it waits for the last unit's exchange (dist-prefetch's control).
   no_wait,
+  // TEST ONLY, NCCL: the owners' adds are queued without the executor's wait for the side stream's groups
+  // (dist-nccl-transport's control: the stand-in runs those groups late).
+  no_stream_wait,
 };
 
 class OwnerReduction final : public UnitGradientSink {
@@ -60,8 +67,8 @@ class OwnerReduction final : public UnitGradientSink {
   // units: the model's units [begin, end) (Olmo3::unit_range), which tile the flat vector. chunks: the exchange's
   // chunk count, 0 for exchange_chunks() (tests force others; any count gives the same bits). nccl (comm's ranks, or
   // nullptr): the send and receive blocks live in the executor's memory and NCCL moves them (the same blocks, the same
-  // plan); else they live on the host and comm moves them, at the end of each unit's backward or (overlap, which needs
-  // MPI_THREAD_MULTIPLE: dist::concurrent_collectives) under the next unit's. Collective over comm.
+  // plan); else they live on the host and comm moves them. Either at the end of each unit's backward or (overlap; over
+  // MPI it needs MPI_THREAD_MULTIPLE: dist::concurrent_collectives) under the next unit's. Collective over comm.
   OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, const BatchSplit& split,
                  std::vector<std::pair<int64_t, int64_t>> units, int chunks = 0, NcclComm* nccl = nullptr,
                  ExchangeOverlap overlap = ExchangeOverlap::off);
@@ -115,11 +122,15 @@ class OwnerReduction final : public UnitGradientSink {
     int64_t received = 0, my_lo = 0, my_len = 0;
   };
   ChunkPlan chunk_plan(const UnitExchange& e, int c) const;
+  ExchangePlan nccl_plan(const ChunkPlan& p) const;
   int64_t piece_floats(int unit, int rank) const;  // |unit ∩ rank's optimizer range|
   int64_t chunk_floats(int64_t piece) const;       // a piece is exchanged in chunks_ chunks of this many floats
   // The owner plan's steps of e's round on chunk c of my slice of its unit, reading the chunk's blocks at recv.
   void owner_adds(const UnitExchange& e, int c, const float* recv, bool recv_on_device);
-  void settle();  // the exchange in flight, if any, waited for; its blocks kept for the next
+  void settle();  // the exchange in flight, if any, waited for (over NCCL: its adds queued); its blocks kept
+  // NCCL under overlap: e's groups and adds queued on the side stream, after the unit before's.
+  void exchange_on_side(UnitExchange&& e);
+  void size_device_blocks();  // NCCL under overlap: the step's send and receive blocks, made before any is in flight
   void grow_owner_slots(size_t slots);  // at least `slots` owner slots, each the optimizer range
   void note_memory(const UnitExchange* in_hand);  // in_hand: an exchange held outside the members, or nullptr
 
@@ -141,6 +152,11 @@ class OwnerReduction final : public UnitGradientSink {
   // slow to make): made once a step as long as the longest unit needs.
   StagingVector<float> spare_send_, spare_recv_;
   Buffer<float> send_dev_, recv_dev_;   // the NCCL transport's (executor memory), grown to the largest so far
+  // NCCL under overlap: the send block of the unit whose groups are in flight (send_dev_ is the filling unit's), and
+  // whether one is; the stream its groups and adds run on.
+  Buffer<float> send_dev_flight_;
+  bool device_in_flight_ = false;
+  std::unique_ptr<SideStream> side_;
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
   int chunks_;  // exchange_chunks()
   const ExchangeOverlap overlap_;

@@ -68,6 +68,7 @@ struct NcclApi {
   void* (*stream_create)() = nullptr;
   void (*stream_synchronize)(void*) = nullptr;
   void (*stream_destroy)(void*) = nullptr;
+  void (*stream_queue)(void*, void (*)(void*), void*) = nullptr;
 };
 
 const NcclApi& nccl_api() {
@@ -104,6 +105,7 @@ const NcclApi& nccl_api() {
       load(a.stream_create, "olmoref_nccl_standin_stream_create");
       load(a.stream_synchronize, "olmoref_nccl_standin_stream_synchronize");
       load(a.stream_destroy, "olmoref_nccl_standin_stream_destroy");
+      load(a.stream_queue, "olmoref_nccl_standin_stream_queue");
     }
     return a;
   }();
@@ -133,6 +135,7 @@ void check(ncclResult_t r, ncclComm_t comm, const std::string& what) {
 void* standin_stream_create() { return nccl_api().standin ? nccl_api().stream_create() : nullptr; }
 void standin_stream_synchronize(void* stream) { nccl_api().stream_synchronize(stream); }
 void standin_stream_destroy(void* stream) { nccl_api().stream_destroy(stream); }
+void standin_stream_queue(void* stream, void (*task)(void*), void* arg) { nccl_api().stream_queue(stream, task, arg); }
 
 struct NcclComm::Handle {
   ncclComm_t comm = nullptr;
@@ -191,6 +194,7 @@ void NcclComm::exchange(const std::vector<const float*>& src, const std::vector<
 void* standin_stream_create() { return nullptr; }
 void standin_stream_synchronize(void*) {}
 void standin_stream_destroy(void*) {}
+void standin_stream_queue(void*, void (*)(void*), void*) {}
 
 struct NcclComm::Handle {};
 

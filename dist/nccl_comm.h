@@ -65,10 +65,12 @@ bool nccl_built();
 // The host execution's side stream under the tests' stand-in NCCL (tests/dist/nccl_standin.cpp): groups queued on it
 // run later, in order, on a worker thread, so that a wait the device needs and the code lacks shows in cuda-host's
 // bits. create: nullptr unless the NCCL loaded is the stand-in; synchronize: the host waits for what is queued;
-// destroy: after running it.
+// destroy: after running it; queue: task(arg) runs there in order with the groups (the executor's ops on the side
+// stream: dist::SideStream::run).
 void* standin_stream_create();
 void standin_stream_synchronize(void* stream);
 void standin_stream_destroy(void* stream);
+void standin_stream_queue(void* stream, void (*task)(void*), void* arg);
 
 class NcclComm {
  public:

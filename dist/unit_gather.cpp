@@ -6,81 +6,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "core/delayed_worker.h"
-
-#if OLMOREF_HAVE_NCCL
-#include "kernels/device_memory.h"
-#endif
-
 namespace olmoref::dist {
-
-struct UnitGather::SideStream {
-  virtual ~SideStream() = default;
-  // Work queued from now on waits for everything the executor has queued so far.
-  virtual void wait_for_default() = 0;
-  // The executor's work from now on waits for everything queued here so far.
-  virtual void default_waits() = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  virtual void synchronize() = 0;  // the host waits for everything queued here
-  virtual void enter_thread() {}   // on another thread, before its first call
-  virtual void* stream() { return nullptr; }  // a cudaStream_t, for NCCL
-};
-
-namespace {
-
-#if OLMOREF_HAVE_NCCL
-class DeviceSide final : public UnitGather::SideStream {
- public:
-  DeviceSide() : device_(kernels::current_device()) {}
-  void wait_for_default() override { s_.wait_for_default(); }
-  void default_waits() override { s_.default_waits(); }
-  void copy(void* dst, const void* src, size_t bytes) override { s_.copy(dst, src, bytes); }
-  void synchronize() override { s_.synchronize(); }
-  void enter_thread() override { kernels::use_device(device_); }  // a new thread starts on device 0
-  void* stream() override { return s_.stream(); }
-
- private:
-  kernels::SideStream s_;
-  int device_;
-};
-#endif
-
-// The host execution's stand-in: the executor's work runs on the calling thread as it is queued, so nothing here waits
-// for it; copies run in order on a worker thread, each after a pause (OLMOREF_TEST_HOST_STREAM_DELAY_US, default 0)
-// that widens the window a missing wait would leave open.
-class HostSide final : public UnitGather::SideStream {
- public:
-  void wait_for_default() override {}
-  void default_waits() override { synchronize(); }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    worker_.queue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
-  }
-  void synchronize() override { worker_.synchronize(); }
-
- private:
-  DelayedWorker worker_;
-};
-
-// The host execution under the tests' stand-in NCCL: NCCL's prefetch queues its groups on a stream of the stand-in,
-// which runs them later on a worker thread (OLMOREF_TEST_HOST_STREAM_DELAY_US after each is queued), as a device's
-// side stream would; the executor's work has run by the time it is queued, so nothing here waits for it.
-class StandinSide final : public UnitGather::SideStream {
- public:
-  StandinSide() : s_(standin_stream_create()) {
-    if (!s_) throw std::logic_error("UnitGather: NCCL on cuda-host without the stand-in NCCL's streams");
-  }
-  ~StandinSide() override { standin_stream_destroy(s_); }
-  void wait_for_default() override {}
-  void default_waits() override { synchronize(); }
-  void copy(void*, const void*, size_t) override { throw std::logic_error("StandinSide: NCCL's groups only"); }
-  void synchronize() override { standin_stream_synchronize(s_); }
-  void* stream() override { return s_; }
-
- private:
-  void* s_;
-};
-
-}  // namespace
 
 UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executor& ex, const Buffer<float>& params,
                        Comm& shard_group, Prefetch prefetch, NcclComm* nccl)
@@ -101,11 +27,8 @@ UnitGather::UnitGather(const Olmo3& model, const Layout& layout, int ep, Executo
   // On the device the prefetch runs on a stream of its own (NCCL's groups, or the staged prefetch's copies). The host
   // execution's staged prefetch copies on a worker thread in its place, and NCCL's prefetch queues its groups on a
   // stream of the tests' stand-in NCCL, which runs them on a worker thread.
-#if OLMOREF_HAVE_NCCL
-  if (prefetch_ != Prefetch::off && ex.name() == "cuda") side_ = std::make_unique<DeviceSide>();
-#endif
-  if (land_in_thread_ && ex.name() == "cuda-host") side_ = std::make_unique<HostSide>();
-  if (nccl_ && prefetch_ != Prefetch::off && ex.name() == "cuda-host") side_ = std::make_unique<StandinSide>();
+  if (prefetch_ != Prefetch::off && (ex.name() == "cuda" || ex.name() == "cuda-host"))
+    side_ = make_side_stream(ex, nccl_ ? SideWork::nccl_groups : SideWork::copies);
 }
 
 UnitGather::~UnitGather() {

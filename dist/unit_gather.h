@@ -17,6 +17,7 @@
 #include "dist/comm.h"
 #include "dist/layout.h"
 #include "dist/nccl_comm.h"
+#include "dist/side_stream.h"
 #include "model/olmo3.h"
 
 namespace olmoref::dist {
@@ -66,11 +67,6 @@ class UnitGather : public ParamGate {
   int64_t prefetch_hits() const { return hits_; }
   int64_t gathers_on_the_spot() const { return misses_; }
 
-  // The prefetch's stream beside the executor's (unit_gather.cpp): a device's (kernels::SideStream) or, in the host
-  // execution, a worker thread that runs the staged prefetch's copies or (under the tests' stand-in NCCL) NCCL's groups
-  // in order, later than they are queued (core/delayed_worker.h), so that CI runs the same waits the device needs and a
-  // missing one shows in the bits.
-  struct SideStream;
 
  private:
   // One unit's all-to-all: what this rank sends (its part, packed) and receives (every piece of the unit it reads,
@@ -130,8 +126,8 @@ class UnitGather : public ParamGate {
   std::future<Gather> next_;
   NcclComm* const nccl_;
   // The prefetch's second unit buffer (NCCL's, and the staged prefetch's on a device executor): the next unit gathered
-  // into next_unit_ (the two buffers swap at each hit), on a stream of its own on a device (side_; none in the host
-  // execution); under NCCL pending_unit_ the unit queued (-1: none).
+  // into next_unit_ (the two buffers swap at each hit), on a stream of its own (side_: dist/side_stream.h, a device's
+  // or the host execution's worker); under NCCL pending_unit_ the unit queued (-1: none).
   Buffer<float> next_unit_;
   int pending_unit_ = -1;
   std::unique_ptr<SideStream> side_;

@@ -5,6 +5,7 @@
 
 #include "kernels/launch.cuh"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -40,37 +41,80 @@ __global__ void attention_group_sum_kernel(AttentionArgs a, int64_t n) {
 }
 }  // namespace
 
-void attention_backward_device(const AttentionArgs& a) {
+namespace {
+
+// The held launches' dynamic shared memory (0: as built), asked once per process (one device per process).
+struct HeldShared {
+  size_t forward = 0, query = 0, key = 0;
+};
+const HeldShared& held_shared() {
+  static const HeldShared held = [] {
+    HeldShared h;
+    h.forward = one_block_per_sm_shared_bytes(attention_forward_kernel, sizeof(AttentionForwardShared), kAttThreads,
+                                              "attention_forward_kernel");
+    h.query = one_block_per_sm_shared_bytes(attention_backward_query_kernel, sizeof(AttentionBackwardShared),
+                                            kAttThreads, "attention_backward_query_kernel");
+    h.key = one_block_per_sm_shared_bytes(attention_backward_key_kernel, sizeof(AttentionBackwardShared), kAttThreads,
+                                          "attention_backward_key_kernel");
+    return h;
+  }();
+  return held;
+}
+
+int device_sms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    throw std::runtime_error("attention: cannot read the device's SM count");
+  return sms;
+}
+
+void backward(const AttentionArgs& a, const HeldShared& shared) {
   const int64_t tiles = attention_tiles(a), n = a.B * a.T * a.KV * a.hd;
   if (tiles == 0) return;
-  attention_backward_query_kernel<<<static_cast<unsigned>(tiles), kAttThreads>>>(a);
+  attention_backward_query_kernel<<<static_cast<unsigned>(tiles), kAttThreads, shared.query, current_stream()>>>(a);
   check_launch("attention_backward_query_kernel");
-  attention_backward_key_kernel<<<static_cast<unsigned>(tiles), kAttThreads>>>(a);
+  attention_backward_key_kernel<<<static_cast<unsigned>(tiles), kAttThreads, shared.key, current_stream()>>>(a);
   check_launch("attention_backward_key_kernel");
-  attention_group_sum_kernel<<<element_blocks(n), kElementThreads>>>(a, n);
+  attention_group_sum_kernel<<<element_blocks(n), kElementThreads, 0, current_stream()>>>(a, n);
   check_launch("attention_group_sum_kernel");
 }
+
+void forward(const AttentionArgs& a, size_t shared) {
+  if (attention_tiles(a) == 0) return;
+  const auto blocks = static_cast<unsigned>(attention_forward_blocks(a));
+  attention_forward_kernel<<<blocks, kAttThreads, shared, current_stream()>>>(a);
+  check_launch("attention_forward_kernel");
+}
+
+}  // namespace
+
+void attention_backward_device(const AttentionArgs& a) { backward(a, HeldShared{}); }
 
 int64_t attention_forward_resident_blocks() {
   // One device per process (kernels::select_device runs before the first kernel), so it is asked once.
   static const int64_t resident = [] {
-    auto check = [](cudaError_t err, const char* what) {
-      if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-    };
-    int device = 0, sms = 0, per_sm = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SM count)");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_forward_kernel, kAttThreads, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention_forward_kernel)");
-    return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    const KernelFit fit = kernel_fit(attention_forward_kernel, kAttThreads, "attention_forward_kernel");
+    return static_cast<int64_t>(device_sms()) * (fit.blocks_per_sm > 0 ? fit.blocks_per_sm : 1);
   }();
   return resident;
 }
 
-void attention_forward_device(const AttentionArgs& a) {
-  if (attention_tiles(a) == 0) return;
-  attention_forward_kernel<<<static_cast<unsigned>(attention_forward_blocks(a)), kAttThreads>>>(a);
-  check_launch("attention_forward_kernel");
+void attention_forward_device(const AttentionArgs& a) { forward(a, 0); }
+
+AttentionDeviceFit attention_device_fit() {
+  const KernelFit f = kernel_fit(attention_forward_kernel, kAttThreads, "attention_forward_kernel");
+  const KernelFit q = kernel_fit(attention_backward_query_kernel, kAttThreads, "attention_backward_query_kernel");
+  const KernelFit k = kernel_fit(attention_backward_key_kernel, kAttThreads, "attention_backward_key_kernel");
+  return {f.registers, f.blocks_per_sm, q.registers, q.blocks_per_sm, k.registers, k.blocks_per_sm};
 }
+
+void attention_forward_device_one_block_per_sm(const AttentionArgs& a) {
+  AttentionArgs held = a;
+  held.tile_blocks = std::min<int64_t>(a.tile_blocks, device_sms());  // one wave of one block an SM
+  forward(held, held_shared().forward);
+}
+
+void attention_backward_device_one_block_per_sm(const AttentionArgs& a) { backward(a, held_shared()); }
 
 }  // namespace olmoref::kernels

@@ -608,4 +608,18 @@ void attention_forward_device(const AttentionArgs& a);
 // one wave. CUDA builds only.
 int64_t attention_forward_resident_blocks();
 
+// What the device makes of the three tile kernels (CUDA builds only): registers a thread and blocks an SM, for
+// bench/attention_bench's rows and tests/gpu's check that the second block an SM is there.
+struct AttentionDeviceFit {
+  int forward_registers = 0, forward_blocks_per_sm = 0;
+  int query_registers = 0, query_blocks_per_sm = 0;  // the backward's query kernel
+  int key_registers = 0, key_blocks_per_sm = 0;      // and its key kernel
+};
+AttentionDeviceFit attention_device_fit();
+// BENCH ONLY: the same kernels and bits held to one block an SM (dynamic shared memory they never touch:
+// one_block_per_sm_shared_bytes), the forward's grid capped at the SMs so that it still runs in one wave: what
+// bench/attention_bench measures the second block against.
+void attention_forward_device_one_block_per_sm(const AttentionArgs& a);
+void attention_backward_device_one_block_per_sm(const AttentionArgs& a);
+
 }  // namespace olmoref::kernels

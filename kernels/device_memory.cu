@@ -50,16 +50,34 @@ bool is_pinned(const void* p) {
   }
   return a.type == cudaMemoryTypeHost;
 }
+namespace {
+thread_local cudaStream_t this_thread_stream = nullptr;  // StreamScope's; nullptr: the legacy default stream
+}  // namespace
+
+cudaStream_t current_stream() { return this_thread_stream; }
+void* StreamScope::current() { return this_thread_stream; }
+StreamScope::StreamScope(void* stream) : previous_(this_thread_stream) {
+  this_thread_stream = static_cast<cudaStream_t>(stream);
+}
+StreamScope::~StreamScope() { this_thread_stream = static_cast<cudaStream_t>(previous_); }
+
+// On the default stream as before (cudaMemcpy: a copy with the host returns once done); inside a StreamScope on its
+// stream, a copy with the host waited for there.
 void device_to_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device-to-device copy");
+  if (!this_thread_stream) return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "device-to-device copy");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, this_thread_stream), "device-to-device copy");
 }
 void host_to_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "host-to-device copy");
+  if (!this_thread_stream) return check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "host-to-device copy");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, this_thread_stream), "host-to-device copy");
+  check(cudaStreamSynchronize(this_thread_stream), "host-to-device copy");
 }
 void device_to_host(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "device-to-host copy");
+  if (!this_thread_stream) return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "device-to-host copy");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, this_thread_stream), "device-to-host copy");
+  check(cudaStreamSynchronize(this_thread_stream), "device-to-host copy");
 }
-void device_zero(void* dst, size_t bytes) { check(cudaMemset(dst, 0, bytes), "memset"); }
+void device_zero(void* dst, size_t bytes) { check(cudaMemsetAsync(dst, 0, bytes, this_thread_stream), "memset"); }
 void device_synchronize(const char* after) { check(cudaDeviceSynchronize(), std::string("after ") + after); }
 
 SideStream::SideStream() {

@@ -47,6 +47,21 @@ class SideStream {
   void* side_done_ = nullptr;
 };
 
+// While it lives, the calling thread's kernels, device-to-device copies and zeroing go to `stream` (a cudaStream_t)
+// instead of the default stream, and its copies to and from the host wait for that stream: how executor ops are
+// queued on a side stream (dist::SideStream::run). Scopes nest; each thread has its own.
+class StreamScope {
+ public:
+  static void* current();  // this thread's innermost scope's stream; nullptr outside any (the default stream)
+  explicit StreamScope(void* stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  void* previous_;
+};
+
 // This thread's device, and making a device current on another thread (a new thread starts on device 0: without
 // this, its first CUDA call would make a context there).
 int current_device();

@@ -18,7 +18,7 @@ __global__ void elementwise_kernel(Op op, int64_t n) {
 template <class Op>
 void launch(const Op& op, int64_t n, const char* name) {
   if (n <= 0) return;
-  elementwise_kernel<<<element_blocks(n), kElementThreads>>>(op, n);
+  elementwise_kernel<<<element_blocks(n), kElementThreads, 0, current_stream()>>>(op, n);
   check_launch(name);
 }
 

@@ -22,17 +22,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_exact_kernel(GemmArgs g)
 
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_exact: ") + what + ": " + cudaGetErrorString(err));
-}
-
 void launch(const GemmArgs& g, size_t unused_shared_bytes) {
   if (g.debug_split_k)  // the kernel compiles the split out (#if !defined(__CUDA_ARCH__)): refused, never ignored
     throw std::invalid_argument("gemm_exact_device: debug_split_k is a host-only negative control (cuda-host)");
   if (g.M == 0 || g.N == 0) return;
   const dim3 grid(static_cast<unsigned>(gemm_grid_cols(g.N)), static_cast<unsigned>(gemm_grid_rows(g.M)));
   if (gemm_grid_rows(g.M) > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");
-  gemm_exact_kernel<<<grid, kGemmThreads, unused_shared_bytes>>>(g);
+  gemm_exact_kernel<<<grid, kGemmThreads, unused_shared_bytes, current_stream()>>>(g);
   check_launch("gemm_exact_kernel");
 }
 
@@ -41,34 +37,14 @@ void launch(const GemmArgs& g, size_t unused_shared_bytes) {
 void gemm_exact_device(const GemmArgs& g) { launch(g, 0); }
 
 GemmDeviceFit gemm_exact_device_fit() {
-  cudaFuncAttributes attributes{};
-  check(cudaFuncGetAttributes(&attributes, gemm_exact_kernel), "cudaFuncGetAttributes");
-  GemmDeviceFit fit;
-  fit.registers = attributes.numRegs;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.blocks_per_sm, gemm_exact_kernel, kGemmThreads, 0),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return fit;
+  const KernelFit fit = kernel_fit(gemm_exact_kernel, kGemmThreads, "gemm_exact_kernel");
+  return {fit.registers, fit.blocks_per_sm};
 }
 
 void gemm_exact_device_one_block_per_sm(const GemmArgs& g) {
-  // Asked once per process (one device per process); the attribute allows the launch past the 48 KiB default.
-  static const size_t unused = [] {
-    int device = 0, per_sm = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-          "cudaDeviceGetAttribute(shared memory per SM)");
-    // More than half the SM's shared memory with the static 16.5 KiB: a second block does not fit beside it.
-    const size_t bytes = static_cast<size_t>(per_sm) / 2 + 1 - sizeof(GemmShared) + 1024;
-    check(cudaFuncSetAttribute(gemm_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-          "cudaFuncSetAttribute(max dynamic shared memory)");
-    int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_exact_kernel, kGemmThreads, bytes),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (blocks != 1)
-      throw std::runtime_error("gemm_exact_device_one_block_per_sm: " + std::to_string(bytes) +
-                               " bytes of dynamic shared memory leave " + std::to_string(blocks) + " blocks an SM, not 1");
-    return bytes;
-  }();
+  // Asked once per process (one device per process).
+  static const size_t unused =
+      one_block_per_sm_shared_bytes(gemm_exact_kernel, sizeof(GemmShared), kGemmThreads, "gemm_exact_kernel");
   launch(g, unused);
 }
 

@@ -40,22 +40,22 @@ __global__ void __launch_bounds__(32) zero_count_chunk_kernel(ZeroCountArgs a) {
 
 void cross_entropy_device(const LossArgs& a) {
   if (a.R == 0) return;
-  cross_entropy_row_kernel<<<static_cast<unsigned>(a.R), 32>>>(a);
+  cross_entropy_row_kernel<<<static_cast<unsigned>(a.R), 32, 0, current_stream()>>>(a);
   check_launch("cross_entropy_row_kernel");
   if (!a.ce_total) return;
-  loss_totals_kernel<<<static_cast<unsigned>(a.R / a.T), 32>>>(a);
+  loss_totals_kernel<<<static_cast<unsigned>(a.R / a.T), 32, 0, current_stream()>>>(a);
   check_launch("loss_totals_kernel");
 }
 
 void grad_norm_chunks_device(const NormChunkArgs& a) {
   if (a.n == 0) return;
-  grad_norm_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32>>>(a);
+  grad_norm_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32, 0, current_stream()>>>(a);
   check_launch("grad_norm_chunk_kernel");
 }
 
 void zero_count_chunks_device(const ZeroCountArgs& a) {
   if (a.n == 0) return;
-  zero_count_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32>>>(a);
+  zero_count_chunk_kernel<<<static_cast<unsigned>((a.n + a.chunk - 1) / a.chunk), 32, 0, current_stream()>>>(a);
   check_launch("zero_count_chunk_kernel");
 }
 

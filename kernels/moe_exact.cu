@@ -31,19 +31,19 @@ __global__ void __launch_bounds__(kRowThreads) moe_router_backward_kernel(MoERou
 
 void moe_route_device(const MoERouteArgs& a) {
   if (a.R == 0) return;
-  moe_route_kernel<<<static_cast<unsigned>(a.R), kRowThreads>>>(a);
+  moe_route_kernel<<<static_cast<unsigned>(a.R), kRowThreads, 0, current_stream()>>>(a);
   check_launch("moe_route_kernel");
 }
 
 void moe_combine_backward_device(const MoECombineBackwardArgs& a) {
   if (a.plan.R == 0) return;
-  moe_combine_backward_kernel<<<static_cast<unsigned>(a.plan.R), kRowThreads>>>(a);
+  moe_combine_backward_kernel<<<static_cast<unsigned>(a.plan.R), kRowThreads, 0, current_stream()>>>(a);
   check_launch("moe_combine_backward_kernel");
 }
 
 void moe_router_backward_device(const MoERouterBackwardArgs& a) {
   if (a.in.R == 0) return;
-  moe_router_backward_kernel<<<static_cast<unsigned>(a.in.R), kRowThreads>>>(a);
+  moe_router_backward_kernel<<<static_cast<unsigned>(a.in.R), kRowThreads, 0, current_stream()>>>(a);
   check_launch("moe_router_backward_kernel");
 }
 

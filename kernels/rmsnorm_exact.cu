@@ -36,15 +36,16 @@ __global__ void __launch_bounds__(kColumnThreads) rmsnorm_weight_grad_kernel(Rms
 
 void rmsnorm_forward_device(const RmsNormArgs& a) {
   if (a.R == 0) return;
-  rmsnorm_forward_kernel<<<static_cast<unsigned>(a.R), kRowThreads>>>(a);
+  rmsnorm_forward_kernel<<<static_cast<unsigned>(a.R), kRowThreads, 0, current_stream()>>>(a);
   check_launch("rmsnorm_forward_kernel");
 }
 
 void rmsnorm_backward_device(const RmsNormArgs& a) {
   if (a.R == 0) return;
-  rmsnorm_backward_kernel<<<static_cast<unsigned>(a.R), kRowThreads>>>(a);
+  rmsnorm_backward_kernel<<<static_cast<unsigned>(a.R), kRowThreads, 0, current_stream()>>>(a);
   check_launch("rmsnorm_backward_kernel");
-  rmsnorm_weight_grad_kernel<<<static_cast<unsigned>((a.n + kColumnThreads - 1) / kColumnThreads), kColumnThreads>>>(a);
+  const auto column_blocks = static_cast<unsigned>((a.n + kColumnThreads - 1) / kColumnThreads);
+  rmsnorm_weight_grad_kernel<<<column_blocks, kColumnThreads, 0, current_stream()>>>(a);
   check_launch("rmsnorm_weight_grad_kernel");
 }
 

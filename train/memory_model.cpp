@@ -86,7 +86,7 @@ struct RankParts {
   int64_t param_gather_floats = 0;              // the updated parameters' all-gather among replicas
 };
 
-// overlap: the owners' exchange on a thread of its own (dist::ExchangeOverlap::on: MPI with the prefetch on a device
+// overlap: the owners' exchange under the next unit's backward (dist::ExchangeOverlap::on: the prefetch on a device
 // executor), whose unit keeps its send blocks while the next unit's subtrees fill a second set.
 RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::StatePlacement& P, bool host_state,
                      const std::vector<std::pair<int64_t, int64_t>>& units, bool ep, int64_t exchange_chunks,
@@ -200,7 +200,7 @@ struct Shapes {
   bool gpu = false, device_paths = false, ep = false;
   bool nccl = false;  // MemoryPlacement::transport
   bool prefetch = true;
-  bool overlap = false;  // the owners' exchange on a thread (rank_parts)
+  bool overlap = false;  // the owners' exchange under the next unit's backward (rank_parts)
   ParamLayout layout;
   dist::Layout L;
   RankParts p;
@@ -236,7 +236,7 @@ Shapes shapes_of(const TrainConfig& cfg, const MemoryPlacement& where) {
                                expert_spans(x.layout, m));
   x.drops_any = P.drops_any();
   const auto units = fsdp_unit_ranges(m, x.layout);
-  x.overlap = x.prefetch && x.device_paths && !x.nccl && W > 1;
+  x.overlap = x.prefetch && x.device_paths && W > 1;
   x.p = fullest_rank(cfg, x.L, P, !x.device_paths, units, x.ep, x.overlap, x.rank);
   x.L.rank = x.rank;
   x.ac = parse_activation_checkpointing(cfg.train.activation_checkpointing,

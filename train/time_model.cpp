@@ -349,10 +349,11 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   // shared memory; the network carries the rest. NCCL: NVLink on the node, the network off it, each way at once, for
   // the exchanges `train --transport nccl` moves (dist::kNcclExchanges); the others stay on MPI under it too.
   // `hideable`: what a prefetch can run under compute, the gathers' links, under MPI their PCIe staging too (the
-  // prefetch's thread copies on a side stream of its own: dist::UnitGather::land); and under MPI the owners' exchange
-  // between the ranks (its thread's all-to-alls under the next unit's backward: dist::ExchangeOverlap), not its PCIe
-  // staging: the subtrees' copies to the host are the backward's, and the thread's copies back to the device run on
-  // the default stream, between the backward's kernels.
+  // prefetch's thread copies on a side stream of its own: dist::UnitGather::land); and the owners' exchange under the
+  // next unit's backward (dist::ExchangeOverlap): under NCCL its links (its groups on a side stream), under MPI its
+  // copies between the ranks and the network (its thread's all-to-alls), not its PCIe staging: the subtrees' copies
+  // to the host are the backward's, and the thread's copies back to the device run on the default stream, between the
+  // backward's kernels.
   double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0, exchange = 0;
   for (const CollectiveWork& c : w.collectives) {
     double link = 0, between_ranks = 0;
@@ -371,6 +372,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     } else {
       const double v = static_cast<double>(std::max(c.sent_on_node, c.received_on_node)) / r.nvlink_bytes;
       nvlink += v, link = v + off, between_ranks = link;
+      if (c.what == dist::kOwnerExchange) exchange += link;
     }
     (c.gather ? gathers : others) += link;
     if (c.gather) hideable += between_ranks;
@@ -388,12 +390,10 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
     const double hidden = std::min(hideable, gemm + attention);
     t.seconds -= hidden;
     t.parts.push_back({"unit gathers under compute", -hidden});
-    if (mpi) {
-      // Each unit's exchange runs beside the next unit's gather, under the same compute: in what the gathers leave.
-      const double under = std::min(exchange, gemm + attention - hidden);
-      t.seconds -= under;
-      t.parts.push_back({"owners' exchange under compute", -under});
-    }
+    // Each unit's exchange runs beside the next unit's gather, under the same compute: in what the gathers leave.
+    const double under = std::min(exchange, gemm + attention - hidden);
+    t.seconds -= under;
+    t.parts.push_back({"owners' exchange under compute", -under});
   }
   const auto largest = std::max_element(t.parts.begin(), t.parts.end(),
                                         [](const TimePart& a, const TimePart& b) { return a.seconds < b.seconds; });

@@ -172,20 +172,26 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
   if (layout_.world() > 1 && !par.debug_float_allreduce) {
     std::vector<std::pair<int64_t, int64_t>> units;
     for (int u = 0; u < model_.n_units(); ++u) units.push_back(model_.unit_range(u));
-    // The exchange thread pays where the main thread mostly waits for a device, and it drives the executor beside the
-    // main thread, which only the kernel executors allow (on cpu the step's threads share a pool, and the all-to-all
-    // would take a core from them); --profile-ops's timing wrapper counts one thread's ops.
-    const bool overlap = par.prefetch_units && par.transport == dist::Transport::mpi && !par.profile_ops &&
-                         (ex_->name() == "cuda" || ex_->name() == "cuda-host") && dist::concurrent_collectives();
-    if (par.debug_exchange_no_wait && !overlap)
-      throw std::invalid_argument("--debug-exchange-no-wait is a control of the owners' exchange thread, which runs with "
-                                  "several ranks, --transport mpi, --executor cuda or cuda-host, without --no-prefetch "
-                                  "or --profile-ops");
+    // The overlapped exchange pays where the host mostly waits for a device. Over MPI its thread drives the executor
+    // beside the main thread, which only the kernel executors allow (on cpu the step's threads share a pool, and the
+    // all-to-all would take a core from them); over NCCL its groups run on a side stream of a kernel executor.
+    // --profile-ops's timing wrapper counts one thread's ops and times each op to its end.
+    const bool kernel_executor = ex_->name() == "cuda" || ex_->name() == "cuda-host";
+    const bool overlap = par.prefetch_units && !par.profile_ops && kernel_executor &&
+                         (par.transport == dist::Transport::nccl || dist::concurrent_collectives());
+    if ((par.debug_exchange_no_wait || par.debug_exchange_no_stream_wait) && !overlap)
+      throw std::invalid_argument("--debug-exchange-no-wait and --debug-exchange-no-stream-wait are controls of the "
+                                  "owners' overlapped exchange, which runs with several ranks, --executor cuda or "
+                                  "cuda-host, without --no-prefetch or --profile-ops");
+    if (par.debug_exchange_no_stream_wait && par.transport != dist::Transport::nccl)
+      throw std::invalid_argument("--debug-exchange-no-stream-wait is a control of NCCL's side stream: add --transport "
+                                  "nccl");
     owners_ = std::make_unique<dist::OwnerReduction>(
         *ex_, *comm_, layout_, batch_split(), std::move(units), par.debug_exchange_chunks, nccl_world_.get(),
-        !overlap                       ? dist::ExchangeOverlap::off
-        : par.debug_exchange_no_wait ? dist::ExchangeOverlap::no_wait
-                                       : dist::ExchangeOverlap::on);
+        !overlap                              ? dist::ExchangeOverlap::off
+        : par.debug_exchange_no_wait        ? dist::ExchangeOverlap::no_wait
+        : par.debug_exchange_no_stream_wait ? dist::ExchangeOverlap::no_stream_wait
+                                              : dist::ExchangeOverlap::on);
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,
                                     expert_spans(model_.layout(), cfg_.model));

@@ -55,13 +55,14 @@ struct Parallelism {
   bool profile_ops = false;  // time every executor op (model/profiled_executor.h); no value changes
   // FSDP (dp_shard > 1): gather the unit the model announces next while it works on this one (dist::UnitGather: over
   // MPI on a thread of its own, where the MPI library allows concurrent collectives; over NCCL into a second unit
-  // buffer on a stream of its own); and several ranks over MPI on a device executor (cuda, cuda-host): each unit's
-  // gradient exchange to its owners on a thread of its own under the next unit's backward (dist::OwnerReduction,
-  // ExchangeOverlap::on). No value changes. `train --no-prefetch` turns both off.
+  // buffer on a stream of its own); and several ranks on a device executor (cuda, cuda-host): each unit's gradient
+  // exchange to its owners under the next unit's backward (dist::OwnerReduction, ExchangeOverlap::on: over MPI on a
+  // thread of its own, over NCCL on a side stream). No value changes. `train --no-prefetch` turns both off.
   bool prefetch_units = true;
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
   bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the prefetch's acquire skips the side-stream wait
-  bool debug_exchange_no_wait = false;  // TEST ONLY: the root is read before the last unit's exchange thread ends
+  bool debug_exchange_no_wait = false;  // TEST ONLY: the root is read before the last unit's exchange ends
+  bool debug_exchange_no_stream_wait = false;  // TEST ONLY: NCCL: the owners' adds skip the wait for the side stream
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
   // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL
   // (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.

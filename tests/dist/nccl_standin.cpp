@@ -82,9 +82,10 @@ FILE* open_log(const char* suffix) {
 
 // Every exchange into DIR/rank<r>.log; NCCL's groups also into DIR/rank<r>.nccl (which shows the path was taken),
 // there after "comm K " (K: the communicators this process had joined before this one, so 0 is its first) and
-// followed by " ops N" (the group's sends and receives).
+// followed by " stream side" (a stream of olmoref_nccl_standin_stream_create: the prefetch's, the owners' exchange's)
+// or " stream default", then " ops N" (the group's sends and receives).
 void log_line(int ranks, int me, const std::vector<uint64_t>& sent, const std::vector<uint64_t>& received,
-              int nccl_comm = -1, size_t nccl_ops = 0) {
+              int nccl_comm = -1, size_t nccl_ops = 0, bool on_side = false) {
   const bool nccl = nccl_comm >= 0;
   static std::mutex log_m;  // groups on a host stream log from its worker thread
   std::lock_guard<std::mutex> lock(log_m);
@@ -105,7 +106,8 @@ void log_line(int ranks, int me, const std::vector<uint64_t>& sent, const std::v
   for (FILE* f : {log, nccl ? nccl_log : nullptr})
     if (f) {
       if (f == nccl_log)
-        std::fprintf(f, "comm %d %s ops %zu\n", nccl_comm, line.c_str(), nccl_ops);
+        std::fprintf(f, "comm %d %s stream %s ops %zu\n", nccl_comm, line.c_str(), on_side ? "side" : "default",
+                     nccl_ops);
       else
         std::fprintf(f, "%s\n", line.c_str());
       std::fflush(f);
@@ -137,7 +139,7 @@ struct ncclComm {
 };
 
 namespace {
-void move_data(ncclComm_t c, const std::vector<Op>& ops) {
+void move_data(ncclComm_t c, const std::vector<Op>& ops, bool on_side) {
   std::vector<MPI_Request> reqs;
   std::vector<uint64_t> sent(static_cast<size_t>(c->size), 0), received(sent.size(), 0);
   // Receives first, so that every send finds its match posted; a pair's messages keep their order (one tag).
@@ -157,7 +159,7 @@ void move_data(ncclComm_t c, const std::vector<Op>& ops) {
       reqs.push_back(r);
     }
   PMPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-  log_line(c->size, c->rank, sent, received, c->joined, ops.size());
+  log_line(c->size, c->rank, sent, received, c->joined, ops.size(), on_side);
 }
 
 // The group's operations, now or on their stream's worker (olmoref issues a group on one stream).
@@ -171,7 +173,7 @@ void run_ops(ncclComm_t c) {
     std::unique_lock<std::mutex> lock(c->m);
     c->idle.wait(lock, [c] { return c->queued == 0; });
     lock.unlock();
-    move_data(c, ops);
+    move_data(c, ops, false);
     return;
   }
   {
@@ -179,7 +181,7 @@ void run_ops(ncclComm_t c) {
     ++c->queued;
   }
   reinterpret_cast<HostStream*>(stream)->queue([c, ops = std::move(ops)] {
-    move_data(c, ops);
+    move_data(c, ops, true);
     std::lock_guard<std::mutex> lock(c->m);
     if (--c->queued == 0) c->idle.notify_all();
   });
@@ -286,7 +288,7 @@ ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, nc
   return enqueue(comm, {false, buf, count * static_cast<size_t>(type_size(type)), peer, stream});
 }
 
-// The host execution's side streams (dist/unit_gather.cpp finds these by name in the NCCL library it loaded).
+// The host execution's side streams (dist/nccl_comm.cpp finds these by name in the NCCL library it loaded).
 void* olmoref_nccl_standin_stream_create() {
   auto* s = new HostStream;
   std::lock_guard<std::mutex> lock(streams_m);
@@ -294,6 +296,10 @@ void* olmoref_nccl_standin_stream_create() {
   return s;
 }
 void olmoref_nccl_standin_stream_synchronize(void* s) { static_cast<HostStream*>(s)->synchronize(); }
+// Host work in order with the stream's groups (olmoref's executor ops queued on its side stream).
+void olmoref_nccl_standin_stream_queue(void* s, void (*task)(void*), void* arg) {
+  static_cast<HostStream*>(s)->queue([task, arg] { task(arg); });
+}
 void olmoref_nccl_standin_stream_destroy(void* s) {
   {
     std::lock_guard<std::mutex> lock(streams_m);

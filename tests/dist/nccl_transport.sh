@@ -17,6 +17,11 @@
 #     same exchanges (sorted), every acquire but each pass's first served by it; its control all on the spot; its
 #     groups run 200 us late on the stand-in's side stream, and the control whose acquire skips the wait for that
 #     stream (--debug-prefetch-no-stream-wait) changes the trace;
+#   - the owners' exchange under the next unit's backward (on with the prefetch: dist::ExchangeOverlap): every group
+#     of the world communicator on a side stream (on the default one without the prefetch), the owners' adds queued
+#     after them there, 200 us late; the same traces (also in 3 chunks a unit); the controls whose executor does not
+#     wait for that stream (--debug-exchange-no-stream-wait) or reads the reduced gradient before it
+#     (--debug-exchange-no-wait) change the trace;
 #   - NCCL groups cut under a limit of 2 operations (--debug-nccl-group-ops; NCCL's own is 2048): the same traces;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
@@ -71,6 +76,8 @@ check() {
   ranks "$name-$layout-nccl" "$layout" "$@" --transport nccl --no-prefetch
   same_trace "$name" "$name-$layout-mpi"
   same_trace "$name" "$name-$layout-nccl"
+  ! grep -q " stream side " "$work/$name-$layout-nccl.plan/"rank*.nccl ||
+    { echo "FAIL: $name $layout: with --no-prefetch a group ran on a side stream"; exit 1; }
   same_plan "$name-$layout-mpi" "$name-$layout-nccl" "$world" || {
     diff "$work/$name-$layout-mpi.plan/rank0.log" "$work/$name-$layout-nccl.plan/rank0.log" | head -20
     echo "FAIL: $name $layout: the NCCL run's exchanges differ from the MPI run's"; exit 1; }
@@ -133,9 +140,9 @@ split_check tiny-2x2-split 2x2 tiny "${tiny[@]}"
 # device) while the model works on this one. The same trace; the same exchanges as the MPI run, in another order (a
 # unit's gather now comes before the work on the one in hand); per training pass of L blocks 2L + 3 acquires, all but
 # the embedding's served by the prefetch; and its control, which prefetches the wrong unit, every acquire on the spot.
-prefetch_check() {  # prefetch_check NAME SxR PASSES UNITS ARGS...
-  local name=$1 layout=$2 passes=$3 units=$4 world=$((${2%x*} * ${2#*x}))
-  shift 4
+prefetch_check() {  # prefetch_check NAME SxR PASSES UNITS WORLD_COMM ARGS... (WORLD_COMM: the world's number)
+  local name=$1 layout=$2 passes=$3 units=$4 world_comm=$5 world=$((${2%x*} * ${2#*x}))
+  shift 5
   ranks "$name-$layout-pf" "$layout" "$@" --transport nccl
   ranks "$name-$layout-pf-other" "$layout" "$@" --transport nccl --debug-prefetch-other-unit
   same_trace "$name" "$name-$layout-pf"
@@ -151,7 +158,16 @@ prefetch_check() {  # prefetch_check NAME SxR PASSES UNITS ARGS...
     { gathers "$name-$layout-pf"; echo "FAIL: $name $layout: want per rank ${want_on%%$'\n'*} (prefetched, on the spot)"; exit 1; }
   [ "$(gathers "$name-$layout-pf-other")" = "${want_off%$'\n'}" ] ||
     { gathers "$name-$layout-pf-other"; echo "FAIL: $name $layout: the control: want per rank 0 $acquires"; exit 1; }
-  echo "$name $layout: NCCL's prefetch: the same trace and exchanges; per rank $((acquires - passes)) of $acquires gathers prefetched; the control's all on the spot"
+  # The owners' exchange, the world communicator's only work: every group on the side stream, on every rank.
+  local groups on_side on_default
+  groups=$(cat "$work/$name-$layout-pf.plan"/rank*.nccl | grep "^comm $world_comm ranks " || true)
+  on_side=$(grep -c " stream side " <<< "$groups" || true)
+  on_default=$(grep -c " stream default " <<< "$groups" || true)
+  [ "$on_side" -gt 0 ] && [ "$on_default" = 0 ] ||
+    { echo "FAIL: $name $layout: the owners' exchange: $on_side groups on the side stream, $on_default on the default"
+      exit 1; }
+  echo "$name $layout: NCCL's prefetch: the same trace and exchanges; per rank $((acquires - passes)) of $acquires" \
+       "gathers prefetched; the control's all on the spot; the owners' exchange's $on_side groups on the side stream"
 }
 gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
   sed -nE 's/^rank ([0-9]+): FSDP unit gathers in [0-9]+ steps: ([0-9]+) prefetched, ([0-9]+) on the spot$/\1 \2 \3/p' \
@@ -162,12 +178,23 @@ gathers() {  # gathers RUN: "P S" per rank, rank order (prefetched, on the spot)
 # wait for the side stream must change the trace.
 export OLMOREF_TEST_HOST_STREAM_DELAY_US=200
 # tiny: 4 blocks (6 units); 3 steps of 2 rounds at 2x1, of 1 round at 2x2.
-prefetch_check tiny 2x1 6 6 "${tiny[@]}"
-prefetch_check tiny 2x2 3 6 "${tiny[@]}"
+prefetch_check tiny 2x1 6 6 0 "${tiny[@]}"
+prefetch_check tiny 2x2 3 6 0 "${tiny[@]}"
 ranks tiny-2x1-pf-no-wait 2x1 "${tiny[@]}" --transport nccl --debug-prefetch-no-stream-wait
 cmp -s "$work/tiny/trace.jsonl" "$work/tiny-2x1-pf-no-wait/trace.jsonl" &&
   { echo "FAIL: NCCL's prefetch without the acquire's wait for its side stream kept the trace: the late groups unseen"; exit 1; }
 echo "tiny 2x1: NCCL's prefetch without the acquire's wait for its side stream changes the trace, as it must"
+# The owners' exchange on its side stream: in 3 chunks a unit (a group and its adds per chunk, through one receive
+# block) the same trace; its controls change it.
+ranks tiny-2x2-exchange-chunks 2x2 "${tiny[@]}" --transport nccl --debug-exchange-chunks 3
+same_trace tiny tiny-2x2-exchange-chunks
+for control in --debug-exchange-no-stream-wait --debug-exchange-no-wait; do
+  ranks "tiny-2x1$control" 2x1 "${tiny[@]}" --transport nccl "$control"
+  cmp -s "$work/tiny/trace.jsonl" "$work/tiny-2x1$control/trace.jsonl" &&
+    { echo "FAIL: the owners' exchange on its side stream: the control $control kept the trace"; exit 1; }
+done
+echo "tiny 2x2: the owners' exchange on its side stream in 3 chunks a unit keeps the trace; without the executor's" \
+     "wait for that stream, or with the gradient read before it, the trace changes, as it must"
 # Context parallelism (CP 2): attention's gathers of positions and the chains' partials by NCCL too (the small host-side
 # gathers stay on MPI: the same lines in both runs); masked, so that documents cut the instances.
 masked=("${tiny[@]}" --set data.eos_id=511 --set data.document_masking=true --set train.seq_len=48)
@@ -185,7 +212,7 @@ done
 echo "moe 2x2: NCCL groups per communicator on every rank: $counts (the expert rows, the world, replicate group, replicas)"
 comms_check moe-2x2-nccl 2x2 "${moe[@]}" --ep 2
 split_check moe-2x2-split 2x2 moe "${moe[@]}" --ep 2
-prefetch_check moe 2x2 3 6 "${moe[@]}" --ep 2
+prefetch_check moe 2x2 3 6 1 "${moe[@]}" --ep 2
 # An idle rank beside a busy one in an EP group: 5 micro-batches on 4 ranks, so in the second round rank 1 runs the
 # idle pass in the EP group (0, 1), moving no rows of its own and receiving its experts' rows from rank 0.
 moe5=("${moe[@]}" --set train.global_batch_instances=10)

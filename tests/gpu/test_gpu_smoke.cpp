@@ -44,8 +44,8 @@ static int nccl_check() {
   dist::ExchangePlan plan(1);
   plan.send[0] = {{5, 100}, {0, 5}, {105, n - 105}};
   plan.recv[0] = {{0, 100}, {100, 5}, {105, n - 105}};
-  const auto check_dst = [&](float factor, const char* how) {
-    dst.download(got.data(), n);
+  const auto check_buffer = [&](Buffer<float>& out, float factor, const char* how) {
+    out.download(got.data(), n);
     int64_t wrong = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t from = i < 100 ? i + 5 : i < 105 ? i - 100 : i;
@@ -59,6 +59,7 @@ static int nccl_check() {
       std::printf("OK: NCCL moved %lld floats %s as the plan says\n", static_cast<long long>(n), how);
     return wrong == 0;
   };
+  const auto check_dst = [&](float factor, const char* how) { return check_buffer(dst, factor, how); };
   nccl->exchange(src.data(), dst.data(), plan, "NCCL check");
   if (!check_dst(2.0f, "on the default stream, after the kernel that wrote them")) return 1;
   // NCCL's own device memory for one communicator and its first exchange (the memory model's estimate,
@@ -73,7 +74,21 @@ static int nccl_check() {
   side.wait_for_default();
   nccl->exchange(src.data(), dst.data(), plan, "NCCL check (side stream)", side.stream());
   side.default_waits();
-  return check_dst(4.0f, "on a side stream ordered by events") ? 0 : 1;
+  if (!check_dst(4.0f, "on a side stream ordered by events")) return 1;
+  // The owners' exchange under overlap (dist::OwnerReduction): the group and then the executor's ops on the side
+  // stream (kernels::StreamScope: a copy and a tree add there, reading what the group wrote), the default stream
+  // waiting for all of it before the download. sum = dst + dst, exact.
+  Buffer<float> sum(*ex, n, "NCCL check: the adds' destination");
+  ex->scale(src.data(), 2.0f, n);
+  side.wait_for_default();
+  nccl->exchange(src.data(), dst.data(), plan, "NCCL check (side stream, then adds)", side.stream());
+  {
+    const kernels::StreamScope on_side(side.stream());
+    ex->copy(sum.data(), dst.data(), static_cast<size_t>(n) * sizeof(float));
+    ex->tree_add(sum.data(), dst.data(), n);
+  }
+  side.default_waits();
+  return check_buffer(sum, 16.0f, "on a side stream, then added there by the executor's ops") ? 0 : 1;
 }
 
 // The MPI transport's staging (Executor::allocate_staging) on the device executor: page-locked host memory, through
