@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/device_bench.cuh"
 #include "kernels/gemm_exact.h"
 #include "tests/kernels/gemm_cases.h"
 #include "train/config.h"
@@ -42,13 +43,12 @@ namespace {
 
 using namespace olmoref;
 
-// NVIDIA H200 SXM datasheet (nvidia.com/en-us/data-center/h200, "FP32: 67 TFLOPS"): dense fp32 on the CUDA cores,
-// the ceiling of both an exact FFMA chain and cublasSgemm without TF32. bench/gpu_bench.sh uses the same figure.
-constexpr double kFp32PeakTflops = 67.0;
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_bench: ") + what + ": " + cudaGetErrorString(err));
-}
+using bench::append_row;
+using bench::check_cuda;
+using bench::fill;
+using bench::json_number;
+using bench::kFp32PeakTflops;
+using bench::seconds_per_call;
 
 struct Shape {
   std::string config, product;
@@ -147,57 +147,6 @@ struct Cublas {
     if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("gemm_bench: cublasSgemm failed, status " + std::to_string(int(s)));
   }
 };
-
-__global__ void fill(float* x, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = scale * float(int(i % 13) - 6);
-}
-
-// Seconds per call: one warm-up call, then repeats until 0.2 s or 20 calls have passed (at least 2).
-template <class Call>
-double seconds_per_call(Call&& call) {
-  cudaEvent_t start, stop;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  call();
-  check_cuda(cudaDeviceSynchronize(), "warm-up call");
-  int calls = 0;
-  float ms = 0.0f;
-  check_cuda(cudaEventRecord(start), "cudaEventRecord");
-  while (calls < 2 || (ms < 200.0f && calls < 20)) {
-    call();
-    ++calls;
-    check_cuda(cudaEventRecord(stop), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "a timed call");
-    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / 1e3 / calls;
-}
-
-// Appends one row to the JSON array in `path` (created when missing), through a temporary file and a rename.
-void append_row(const std::string& path, const std::string& row) {
-  std::string text;
-  if (std::ifstream in(path); in) text.assign(std::istreambuf_iterator<char>(in), {});
-  const size_t close = text.rfind(']');
-  if (close == std::string::npos || text.find('[') > close) {
-    text = "[\n" + row + "\n]\n";
-  } else {
-    text.resize(close);
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-    text += (text.back() == '[' ? "\n" : ",\n") + row + "\n]\n";
-  }
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << text;
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("gemm_bench: cannot write " + path);
-}
-
-std::string json_number(double x) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.6g", x);
-  return s;
-}
 
 // Times shape s both ways on the operand buffers a, b, c; prints its line and returns its bench.json row.
 std::string bench_shape(const Shape& s, const kernels::GemmDeviceFit& fit, const Cublas& cublas, float* a, float* b,

@@ -2,7 +2,7 @@
 # tools/gpu_carry.sh — builds what a bare device machine runs tools/gpu_check.sh with, into one folder, gpu-carry/
 # (ignored by git; the device call names it: `carry: ["gpu-carry"]`, then `bash tools/gpu_check.sh`):
 #
-#   gpu-carry/olmoref, gpu-carry/tests/gpu/test_gpu_{kernels,smoke}, gpu-carry/bench/gemm_bench
+#   gpu-carry/olmoref, gpu-carry/tests/gpu/test_gpu_{kernels,smoke}, gpu-carry/bench/{gemm,attention}_bench
 #       built in build-gpu/ for an explicit x86-64 level (cpu_isa=x86-64-v3, AVX2: any x86 server of the last ten
 #       years), so a binary built here cannot stop with an illegal instruction there; results are bitwise the same
 #       for every level (tier T4);
@@ -48,7 +48,8 @@ fill() {
     [ -f build-gpu/build.ninja ] ||
       bash tools/meson_setup.sh build-gpu --buildtype=release -Dcpu_isa=x86-64-v3 -Dbenchmarks=disabled -Dcuda=enabled \
         > /dev/null
-    ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke bench/gemm_bench > /dev/null
+    ninja -C build-gpu olmoref tests/gpu/test_gpu_kernels tests/gpu/test_gpu_smoke bench/gemm_bench \
+      bench/attention_bench > /dev/null
   fi
   rm -rf "$carry"
   mkdir -p "$carry/tests/gpu" "$carry/bench" "$carry/lib" "$carry/mpi"
@@ -57,7 +58,9 @@ fill() {
   for t in test_gpu_kernels test_gpu_smoke; do
     [ -x "$build/tests/gpu/$t" ] && cp "$build/tests/gpu/$t" "$carry/tests/gpu/"
   done
-  [ -x "$build/bench/gemm_bench" ] && cp "$build/bench/gemm_bench" "$carry/bench/"
+  for t in gemm_bench attention_bench; do
+    [ -x "$build/bench/$t" ] && cp "$build/bench/$t" "$carry/bench/"
+  done
   libs_of "$carry/olmoref" "$carry"/tests/gpu/* "$carry"/bench/* | while read -r name path; do cp -L "$path" "$carry/lib/$name"; done
 
   # Open MPI: the packages whose libmpi the binaries link, every file but docs, Java and static libraries.

@@ -26,7 +26,9 @@
 #                  model for the 7B at 8x1 at that measured rate (`olmoref config --time --bench`); then
 #                  bench/gpu_bench.sh: olmo3-100m, then olmo3-1b, a bench.json row appended after gemm_bench's
 #                  as each run ends, and each config's --profile-ops seconds of attention and GEMMs as a row; the
-#                  step-time model again, its attention at the rate those rows measure;
+#                  step-time model again, its attention at the rate those rows measure; last bench/attention_bench:
+#                  the exact attention's forward and backward on the step's attention shapes (100m, 1b, 7b), as
+#                  launched and held to one block an SM, a row each (the dry run: `attention_bench --dry-run`);
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one, intra-document masking equal to the CPU;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
@@ -132,7 +134,7 @@ preflight() {
   [ "$GPU_EXECUTOR" = cuda ] || echo "dry run: no device; the kernels run on the host (executor $GPU_EXECUTOR)"
   uname -m; nproc; head -n 30 /proc/cpuinfo | grep -m 1 "model name" || true
   local b missing=0
-  for b in "$bin_root/olmoref" "$bin_root"/tests/gpu/test_gpu_* "$bin_root/bench/gemm_bench"; do
+  for b in "$bin_root/olmoref" "$bin_root"/tests/gpu/test_gpu_* "$bin_root"/bench/{gemm,attention}_bench; do
     [ -f "$b" ] && [ -x "$b" ] || continue
     # The loader's own trace (what ldd prints, without needing ldd): a library it cannot find is "not found".
     local libs
@@ -184,7 +186,7 @@ memcheck() {
   return $rc
 }
 bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the cheapest figure; then training throughput
-  local rc=0 gemm_bench=$bin_root/bench/gemm_bench
+  local rc=0 gemm_bench=$bin_root/bench/gemm_bench attention_bench=$bin_root/bench/attention_bench
   # Timings with the launches back to back: a wait after every kernel is for finding faults (the kernels step).
   export OLMOREF_CUDA_SYNC_LAUNCHES=0
   if [ ! -x "$gemm_bench" ]; then
@@ -212,6 +214,15 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
   echo "== the step-time model at the measured GEMM and attention rates"
   "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
     --bench "$out/bench.json" | sed -n '/^step time/,$p' || rc=$?
+  # Last, what is only an A/B: the exact attention as launched and held to one block an SM
+  # (bench/attention_bench.cu), a few seconds.
+  if [ ! -x "$attention_bench" ]; then
+    echo "attention_bench: not run: $attention_bench is missing (a build without CUDA)"
+  elif [ "$dry" = 1 ]; then
+    "$attention_bench" --dry-run || rc=$?
+  else
+    "$attention_bench" --out "$out/bench.json" || rc=$?
+  fi
   return $rc
 }
 racecheck() {

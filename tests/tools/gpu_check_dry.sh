@@ -9,8 +9,8 @@
 #      '_', '-'); summary.json lists the steps in order; bench.json has a row per run and the profile's (and
 #      gpu_bench.sh keeps the gemm_bench rows written before its own); the second step-time model takes the
 #      profile's attention rate; the kernels step checked the
-#      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's shape list and
-#      printed the step-time model (config --time);
+#      real-step shapes (a sample, through the host execution) and the bench step built gemm_bench's and
+#      attention_bench's shape lists and printed the step-time model (config --time);
 #   3. a planted failure in a middle step (training) still returns the logs of the steps before it, and the steps
 #      after it still run (a planted run's kernels step is the decomposition alone: part 2 ran the kernels); a
 #      planted failure in the preflight stops the script at once, saying why;
@@ -89,6 +89,10 @@ for case in ("gemm 2048x8192x2048", "lm_head dW [100352, 2048]", "attention T 20
     assert f"real shape {case}" in kernels_log, f"the kernels step did not check the real shape {case}"
 if "gemm_bench: not run" not in log:
     assert "gemm_bench --dry-run: 24 shapes" in log, "the bench step did not build gemm_bench's shape list"
+if "attention_bench: not run" not in log:
+    # Each of olmo3-100m, -1b and -7b: its sliding window and full causal.
+    assert "attention_bench --dry-run: 6 shapes" in log, "the bench step did not build attention_bench's shape list"
+    assert "olmo3-7b    sliding window 4096 " in log, "attention_bench's shapes lack the 7B's sliding window"
 bench_log = log[log.index("===== bench "):log.index("===== training ")]
 assert "step time at 8x1, 8 ranks per node" in bench_log and "  step  " in bench_log, \
     "the bench step did not print the step-time model"
