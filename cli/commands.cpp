@@ -251,9 +251,10 @@ void register_commands(CLI::App& app) {
                   "last unit's overlapped exchange to its owners and their adds (MPI: its thread; NCCL: its side "
                   "stream) are waited for; must change the trace");
     cmd->add_flag("--debug-exchange-no-stream-wait", o->parallel.debug_exchange_no_stream_wait,
-                  "TEST ONLY: with --transport nccl on cuda or cuda-host (several ranks) the owners' adds of a unit do "
-                  "not wait for the side stream its groups run on; must change the trace on cuda-host with "
-                  "OLMOREF_TEST_HOST_STREAM_DELAY_US set");
+                  "TEST ONLY: on cuda or cuda-host (several ranks) nothing waits for the side stream of the owners' "
+                  "overlapped exchange (NCCL: its groups and adds; MPI: the adds before the next all-to-all refills "
+                  "their receive block); must change the trace on cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US "
+                  "set");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");

@@ -51,14 +51,13 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
   flight_.send = StagingVector<float>(spare_send_.get_allocator());
   filling_.recv = StagingVector<float>(spare_recv_.get_allocator());
   flight_.recv = StagingVector<float>(spare_recv_.get_allocator());
-  if (overlap_ == ExchangeOverlap::no_stream_wait && !nccl_)
-    throw std::logic_error("OwnerReduction: no_stream_wait is a control of NCCL's side stream");
+  if (overlap_ != ExchangeOverlap::off && ex.name() != "cuda" && ex.name() != "cuda-host")
+    throw std::logic_error("OwnerReduction: the overlapped exchange drives executor " + ex.name() +
+                           " beside the main thread: only cuda and cuda-host are safe to share so");
   if (overlap_ != ExchangeOverlap::off && nccl_) {
     side_ = make_side_stream(ex, SideWork::nccl_groups);
   } else if (overlap_ != ExchangeOverlap::off) {
-    if (ex.name() != "cuda" && ex.name() != "cuda-host")
-      throw std::logic_error("OwnerReduction: the exchange thread drives executor " + ex.name() +
-                             " beside the main thread: only cuda and cuda-host are safe to share so");
+    side_ = make_side_stream(ex, SideWork::copies);
     overlap_comm_ = comm.split(0, comm.rank());
     if (const char* d = std::getenv("OLMOREF_TEST_EXCHANGE_DELAY_US")) delay_us_ = std::atoll(d);
 #if OLMOREF_HAVE_NCCL
@@ -280,7 +279,7 @@ void OwnerReduction::unit_backward_done(int unit) {
   const auto t0 = std::chrono::steady_clock::now();
   // Under overlap over MPI the thread of the unit before this one, so that its blocks serve the next unit (over NCCL
   // exchange_on_side orders the side stream's work itself).
-  if (!side_) settle();
+  if (!nccl_) settle();
   UnitExchange e = std::move(filling_);
   filling_ = UnitExchange{};
   filling_.send = StagingVector<float>(spare_send_.get_allocator());
@@ -289,7 +288,7 @@ void OwnerReduction::unit_backward_done(int unit) {
   e.nodes_per_rank = nodes_per_rank_;
   e.feeds = feeds_;
   if (nccl_ && side_) {
-    exchange_on_side(std::move(e));
+    exchange_on_side(e);
   } else if (nccl_) {
     // One group per chunk, on the default stream, the adds queued after it.
     for (int c = 0; c < chunks_; ++c) {
@@ -317,19 +316,22 @@ void OwnerReduction::unit_backward_done(int unit) {
     if (overlap_ != ExchangeOverlap::off) {
       flight_ = std::move(e);
       note_memory(nullptr);
-      // The executor's ops on this thread (the blocks' copies to the device and the tree adds) are queued on the
-      // default stream among the main thread's, and touch only this unit's slice of the owner slots, which nothing
-      // else reads before settle().
-      in_flight_ = std::async(std::launch::async, [this] {
+      // The executor's ops of the adds (the blocks' copies to the device and the tree adds) run on a side stream of
+      // their own, beside the main thread's on the default stream, and touch only this unit's slice of the owner
+      // slots, which nothing else reads before settle().
+      in_flight_ = std::async(std::launch::async, [this, geometry = geometry_of(flight_)] {
 #if OLMOREF_HAVE_NCCL
         if (device_ >= 0) kernels::use_device(device_);  // a new thread starts on device 0
 #endif
         if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+        const float* recv = flight_.recv.data();
         for (int c = 0; c < chunks_; ++c) {
           const ChunkPlan p = chunk_plan(flight_, c);
           overlap_comm_->alltoallv(flight_.send.data(), p.send_counts, flight_.recv.data(), p.recv_counts,
                                    kOwnerExchange, &p.send_at);
-          owner_adds(flight_, c, flight_.recv.data(), false);  // its copy to the device returns once done
+          side_->run([this, geometry, c, recv] { owner_adds(*geometry, c, recv, false); });
+          // The next chunk's all-to-all refills the receive block they read (but in the TEST ONLY control).
+          if (overlap_ != ExchangeOverlap::no_stream_wait) side_->synchronize();
         }
       });
     } else {
@@ -346,19 +348,23 @@ void OwnerReduction::unit_backward_done(int unit) {
   exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void OwnerReduction::exchange_on_side(UnitExchange&& e) {
+// The adds' geometry of a unit's exchange, for the side stream's work, which may outlive the members (the next round
+// replans; under the TEST ONLY no_stream_wait nothing waits for that work).
+std::shared_ptr<const OwnerReduction::UnitExchange> OwnerReduction::geometry_of(const UnitExchange& e) {
+  auto g = std::make_shared<UnitExchange>();
+  g->unit = e.unit, g->nodes_per_rank = e.nodes_per_rank, g->feeds = e.feeds, g->send_at = e.send_at;
+  return g;
+}
+
+void OwnerReduction::exchange_on_side(const UnitExchange& e) {
   // The unit before's groups and adds read the other send block, which the next unit's backward fills: the executor
   // waits for them first (but in the TEST ONLY control).
   if (device_in_flight_ && overlap_ != ExchangeOverlap::no_stream_wait) side_->default_waits();
   // This unit's work starts after everything the executor has queued: the backward's copies into its send block.
   side_->wait_for_default();
   // Chunk by chunk, a group and then the owners' adds, in stream order: the next chunk's group overwrites the receive
-  // block only after the adds that read it. The adds' geometry is the round's (copied: the next round replans).
-  auto geometry = std::make_shared<UnitExchange>();
-  geometry->unit = e.unit;
-  geometry->nodes_per_rank = std::move(e.nodes_per_rank);
-  geometry->feeds = std::move(e.feeds);
-  geometry->send_at = std::move(e.send_at);
+  // block only after the adds that read it.
+  const std::shared_ptr<const UnitExchange> geometry = geometry_of(e);
   for (int c = 0; c < chunks_; ++c) {
     const ChunkPlan p = chunk_plan(*geometry, c);
     if (p.received > recv_dev_.size())
@@ -381,7 +387,7 @@ void OwnerReduction::settle() {
     return;
   }
   if (!in_flight_.valid()) return;
-  in_flight_.get();  // rethrows what the thread threw
+  in_flight_.get();  // rethrows what the thread threw (which waited for its side stream, but in the TEST ONLY control)
   spare_send_.swap(flight_.send), spare_recv_.swap(flight_.recv);
   flight_.send.clear(), flight_.recv.clear();
   flight_.unit = -1;

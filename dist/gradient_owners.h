@@ -48,8 +48,10 @@ enum class ExchangeOverlap {
   off,  // when the unit's backward ends, its all-to-alls (NCCL's groups) and then the owners' adds, chunk by chunk
   // under the next unit's backward (executors cuda and cuda-host only). MPI: on a thread of its own, the all-to-alls
   // (on a duplicate of the communicator, so they never interleave with the main thread's collectives) and the owners'
-  // adds, chunk by chunk, the executor's ops queued among the main thread's (these executors' ops share no state);
-  // waited for when the next unit's backward ends or the step's tree is finished. NCCL: on a side stream
+  // adds, chunk by chunk, the adds' executor ops (copies to the device, tree adds) on a side stream
+  // (dist/side_stream.h; these executors' ops share no state between threads) that the thread waits for before the
+  // next chunk refills the receive block; the thread is waited for when the next unit's backward ends or the step's
+  // tree is finished. NCCL: on a side stream
   // (dist/side_stream.h), after the backward that wrote the unit's send block, chunk by chunk its group and then the
   // owners' adds (the executor's ops queued there: SideStream::run); the next unit's subtrees fill a second send
   // block meanwhile, and when that unit's backward ends (or the step's tree is finished) the executor waits for the
@@ -57,8 +59,9 @@ enum class ExchangeOverlap {
   on,
   // TEST ONLY: finish() reads the root before it waits for the last unit's exchange (dist-prefetch's control).
   no_wait,
-  // TEST ONLY, NCCL: the owners' adds are queued without the executor's wait for the side stream's groups
-  // (dist-nccl-transport's control: the stand-in runs those groups late).
+  // TEST ONLY: nothing waits for the side stream: over NCCL the executor for the groups and adds, over MPI the thread
+  // for its adds before the next all-to-all refills their receive block (dist-nccl-transport's and dist-prefetch's
+  // controls: the host execution runs that stream's work late).
   no_stream_wait,
 };
 
@@ -129,7 +132,8 @@ class OwnerReduction final : public UnitGradientSink {
   void owner_adds(const UnitExchange& e, int c, const float* recv, bool recv_on_device);
   void settle();  // the exchange in flight, if any, waited for (over NCCL: its adds queued); its blocks kept
   // NCCL under overlap: e's groups and adds queued on the side stream, after the unit before's.
-  void exchange_on_side(UnitExchange&& e);
+  void exchange_on_side(const UnitExchange& e);
+  static std::shared_ptr<const UnitExchange> geometry_of(const UnitExchange& e);
   void size_device_blocks();  // NCCL under overlap: the step's send and receive blocks, made before any is in flight
   void grow_owner_slots(size_t slots);  // at least `slots` owner slots, each the optimizer range
   void note_memory(const UnitExchange* in_hand);  // in_hand: an exchange held outside the members, or nullptr
@@ -153,7 +157,7 @@ class OwnerReduction final : public UnitGradientSink {
   StagingVector<float> spare_send_, spare_recv_;
   Buffer<float> send_dev_, recv_dev_;   // the NCCL transport's (executor memory), grown to the largest so far
   // NCCL under overlap: the send block of the unit whose groups are in flight (send_dev_ is the filling unit's), and
-  // whether one is; the stream its groups and adds run on.
+  // whether one is. Under overlap the stream the adds run on (and over NCCL the groups).
   Buffer<float> send_dev_flight_;
   bool device_in_flight_ = false;
   std::unique_ptr<SideStream> side_;

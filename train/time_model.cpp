@@ -351,9 +351,8 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   // `hideable`: what a prefetch can run under compute, the gathers' links, under MPI their PCIe staging too (the
   // prefetch's thread copies on a side stream of its own: dist::UnitGather::land); and the owners' exchange under the
   // next unit's backward (dist::ExchangeOverlap): under NCCL its links (its groups on a side stream), under MPI its
-  // copies between the ranks and the network (its thread's all-to-alls), not its PCIe staging: the subtrees' copies
-  // to the host are the backward's, and the thread's copies back to the device run on the default stream, between the
-  // backward's kernels.
+  // copies between the ranks, the network (its thread's all-to-alls) and the copies of what it received back to the
+  // device (on the thread's side stream), not the subtrees' copies to the host, which are the backward's.
   double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0, exchange = 0;
   for (const CollectiveWork& c : w.collectives) {
     double link = 0, between_ranks = 0;
@@ -366,7 +365,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
       const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
       pcie += p, host += h, link = p + h + off, between_ranks = link;
       if (c.what == dist::kOwnerExchange) {
-        exchange += h + off;
+        exchange += h + off + static_cast<double>(c.received()) / r.pcie_bytes;
         between_ranks = 0;  // hidden as the exchange thread's share, not the gathers'
       }
     } else {

@@ -183,9 +183,6 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
       throw std::invalid_argument("--debug-exchange-no-wait and --debug-exchange-no-stream-wait are controls of the "
                                   "owners' overlapped exchange, which runs with several ranks, --executor cuda or "
                                   "cuda-host, without --no-prefetch or --profile-ops");
-    if (par.debug_exchange_no_stream_wait && par.transport != dist::Transport::nccl)
-      throw std::invalid_argument("--debug-exchange-no-stream-wait is a control of NCCL's side stream: add --transport "
-                                  "nccl");
     owners_ = std::make_unique<dist::OwnerReduction>(
         *ex_, *comm_, layout_, batch_split(), std::move(units), par.debug_exchange_chunks, nccl_world_.get(),
         !overlap                              ? dist::ExchangeOverlap::off

@@ -62,7 +62,7 @@ struct Parallelism {
   bool debug_prefetch_other_unit = false;  // TEST ONLY: every prefetch gathers a unit other than the one asked next
   bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the prefetch's acquire skips the side-stream wait
   bool debug_exchange_no_wait = false;  // TEST ONLY: the root is read before the last unit's exchange ends
-  bool debug_exchange_no_stream_wait = false;  // TEST ONLY: NCCL: the owners' adds skip the wait for the side stream
+  bool debug_exchange_no_stream_wait = false;  // TEST ONLY: nothing waits for the owners' exchange's side stream
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
   // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL
   // (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.

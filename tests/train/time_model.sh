@@ -71,21 +71,25 @@ echo "recompute table: full, block_interval 2 and 4, none, each as config --time
 "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 > "$work/hand2.txt"
 [ "$(line 'gather parameters of a unit' "$work/hand2.txt")" = 2883584 ] ||
   { cat "$work/hand2.txt"; fail "tiny 2x1 rank 0's unit gathers"; }
-# The prefetch (mpi+prefetch, train's default, and nccl+prefetch) hides the unit gathers' links up to the compute,
-# not their PCIe staging: rank 0's gathers, 2883584 bytes sent on its node, at 0.002883584 GB/s (host copies and
-# NVLink alike) take 1 s; its compute (half of tiny's FLOPs at the rates of case 1: 0.5 + 0.5 s) hides them whole,
-# and at twice those rates (0.25 + 0.25 s) half of them.
+# The prefetch (mpi+prefetch, train's default, and nccl+prefetch) hides the unit gathers' links up to the compute:
+# rank 0's gathers, 2883584 bytes sent on its node, at 0.002883584 GB/s (host copies and NVLink alike) take 1 s; its
+# compute (half of tiny's FLOPs at the rates of case 1: 0.5 + 0.5 s) hides them whole, and at twice those rates
+# (0.25 + 0.25 s) half of them. Under MPI their PCIe staging too (its thread's copies on a side stream): nothing at
+# 1000 GB/s; at 0.1572864 GB/s (case 4) the gathers' 2883584 + 1063936 bytes add 0.0251 s.
 # The owners' exchange under the next unit's backward then hides, in what compute is left, under MPI the exchange's
-# copies between the ranks (531,968 bytes sent on the node: 0.184482 s; not its PCIe staging), under NCCL its NVLink
-# time (each direction at once: the larger, 1,572,864 bytes received, 0.545455 s): none in those two cases, all of it
-# at half case 1's rates (2 s of compute, 1 s of it under the gathers).
-for spec in 1:0.000704643072:0.000029442048:-1:-0:-0 2:0.001409286144:0.000058884096:-0.5:-0:-0 \
-  3:0.000352321536:0.000014721024:-1:-0.184482:-0.545455; do
-  IFS=: read -r n gemm att hidden exchange nccl_exchange <<< "$spec"
+# copies between the ranks (531,968 bytes sent on the node: 0.184482 s) and its thread's copies of what it received
+# back to the device (1,572,864 bytes: 1.6 us at 1000 GB/s, 0.01 s in case 4; not the subtrees' copies to the host,
+# which are the backward's), under NCCL its NVLink time (each direction at once: the larger, the 1,572,864 bytes
+# received, 0.545455 s): none in cases 1 and 2, all of it at half case 1's rates (2 s of compute, 1 s of it under the
+# gathers).
+for spec in 1:0.000704643072:0.000029442048:1000:-1:-1:-0:-0 2:0.001409286144:0.000058884096:1000:-0.5:-0.5:-0:-0 \
+  3:0.000352321536:0.000014721024:1000:-1:-1:-0.184483:-0.545455 \
+  4:0.000352321536:0.000014721024:0.1572864:-1.0251:-1:-0.194482:-0.545455; do
+  IFS=: read -r n gemm att pcie hidden nccl_hidden exchange nccl_exchange <<< "$spec"
   "$BIN" config "${tiny[@]}" --layout 2x1 --time --rank 0 --rate gemm_tflops="$gemm" --rate attention_tflops="$att" \
-    --rate host_copy_gbps=0.002883584 --rate nvlink_gbps=0.002883584 --rate pcie_gbps=1000 > "$work/prefetch$n.txt"
-  grep -Eq "^  unit gathers under compute +- +$hidden +- +$hidden\$" "$work/prefetch$n.txt" ||
-    { cat "$work/prefetch$n.txt"; fail "the prefetch hides $hidden s: want '-  $hidden  -  $hidden'"; }
+    --rate host_copy_gbps=0.002883584 --rate nvlink_gbps=0.002883584 --rate pcie_gbps="$pcie" > "$work/prefetch$n.txt"
+  grep -Eq "^  unit gathers under compute +- +$hidden +- +$nccl_hidden\$" "$work/prefetch$n.txt" ||
+    { cat "$work/prefetch$n.txt"; fail "the prefetch hides $hidden s (mpi), $nccl_hidden s (nccl)"; }
   grep -Eq "^  owners' exchange under compute +- +$exchange +- +$nccl_exchange\$" "$work/prefetch$n.txt" ||
     { cat "$work/prefetch$n.txt"; fail "the owners' exchange hides $exchange s (mpi), $nccl_exchange s (nccl)"; }
   grep -Eq '^  host copies between ranks +1\.1' "$work/prefetch$n.txt" ||
