@@ -318,7 +318,9 @@ void OwnerReduction::unit_backward_done(int unit) {
       note_memory(nullptr);
       // The executor's ops of the adds (the blocks' copies to the device and the tree adds) run on a side stream of
       // their own, beside the main thread's on the default stream, and touch only this unit's slice of the owner
-      // slots, which nothing else reads before settle().
+      // slots, which nothing else reads before settle(). They start after what the executor has queued so far (the
+      // owner slots' zeroing at the step's start among it): a device's side stream is not ordered otherwise.
+      side_->wait_for_default();
       in_flight_ = std::async(std::launch::async, [this, geometry = geometry_of(flight_)] {
 #if OLMOREF_HAVE_NCCL
         if (device_ >= 0) kernels::use_device(device_);  // a new thread starts on device 0
