@@ -620,6 +620,15 @@ std::string memory_alternatives(const TrainConfig& cfg, const MemoryPlacement& w
   if (!recompute_noted && now < L)
     if (const int64_t peak = peak_of(full, where); peak >= 0 && peak <= available)
       note("train.activation_checkpointing=\"full\"", peak);
+  // Without the prefetch: no second FSDP unit buffer, no second set of the exchange's send blocks; the gathers and the
+  // owners' exchange then wait for the compute (config --time's mpi and nccl columns).
+  if (where.prefetch) {
+    MemoryPlacement w = where;
+    w.prefetch = false;
+    if (const int64_t peak = peak_of(cfg, w); peak >= 0 && peak <= available && peak < peak_of(cfg, where))
+      note("train --no-prefetch (slower: the FSDP gathers and the owners' exchange no longer run under the compute)",
+           peak);
+  }
   // Context parallelism splits the activations, which no dp_shard does (docs/memory.md).
   for (int64_t n = cfg.train.cp_degree * 2; n <= where.dp_shard * where.dp_replicate; n *= 2) {
     TrainConfig c = cfg;

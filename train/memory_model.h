@@ -21,7 +21,9 @@ struct MemoryPlacement {
   // "mpi" or "nccl" (train --transport): under nccl the owners' exchange blocks and the parameter all-gather live in
   // the executor's memory and an FSDP gather stages nothing on the host.
   std::string transport = "mpi";
-  bool prefetch = true;  // train's default (--no-prefetch); under nccl it holds a second FSDP unit buffer
+  // train's default (--no-prefetch): on the kernel executors a second FSDP unit buffer and the owners' exchange's
+  // second set of send blocks (its unit in flight under the next unit's backward)
+  bool prefetch = true;
   int threads = 0;       // worker threads per rank (train --threads); 0: this machine's cores, as train's default
   int64_t dataset_instances = -1;  // -1: counted from the config's data files (none when they cannot be read)
 };

@@ -481,6 +481,17 @@ TEST_CASE("the memory model: recompute, ranks and the alternatives it offers com
   CHECK_MESSAGE(tight.find("train.activation_checkpointing=\"full\"") != std::string::npos, tight);
   CHECK(tight.find("selected_blocks") == std::string::npos);
   CHECK(memory_alternatives(none, gpu8, 1 << 20).empty());  // 1 MiB: nothing does
+  // Without the prefetch, under nccl, the next unit's buffer and the exchange's second send block leave the device
+  // (the head, V·d + d, the largest unit, each; one subtree a micro-batch of 2): a budget just over that peak names
+  // train --no-prefetch, and one under it does not.
+  MemoryPlacement nccl8 = gpu8;
+  nccl8.transport = "nccl";
+  MemoryPlacement no_prefetch = nccl8;
+  no_prefetch.prefetch = false;
+  const int64_t with = predict_rank_memory(c7, nccl8).peak(), without = predict_rank_memory(c7, no_prefetch).peak();
+  CHECK(with - without == 2 * head * 4);
+  CHECK(memory_alternatives(c7, nccl8, without + (1 << 20)).find("train --no-prefetch") != std::string::npos);
+  CHECK(memory_alternatives(c7, nccl8, without - (1 << 20)).find("train --no-prefetch") == std::string::npos);
 }
 
 TEST_CASE("step lists: the steps in the order given; a malformed item refused, naming the option and the item") {
