@@ -19,9 +19,9 @@
 #     stream (--debug-prefetch-no-stream-wait) changes the trace;
 #   - the owners' exchange under the next unit's backward (on with the prefetch: dist::ExchangeOverlap): every group
 #     of the world communicator on a side stream (on the default one without the prefetch), the owners' adds queued
-#     after them there, 200 us late; the same traces (also in 3 chunks a unit); the controls whose executor does not
-#     wait for that stream (--debug-exchange-no-stream-wait) or reads the reduced gradient before it
-#     (--debug-exchange-no-wait) change the trace;
+#     after them there, 200 us late; the same traces (also in 3 chunks a unit, and beside CP 2's groups); the controls
+#     whose executor does not wait for that stream (--debug-exchange-no-stream-wait) or reads the reduced gradient
+#     before it (--debug-exchange-no-wait) change the trace;
 #   - NCCL groups cut under a limit of 2 operations (--debug-nccl-group-ops; NCCL's own is 2048): the same traces;
 #   - a control: the NCCL run with the owners' exchange in other chunks (--debug-exchange-chunks) keeps the traces and
 #     fails the plan check, so the check sees a plan that differs;
@@ -200,6 +200,15 @@ echo "tiny 2x2: the owners' exchange on its side stream in 3 chunks a unit keeps
 masked=("${tiny[@]}" --set data.eos_id=511 --set data.document_masking=true --set train.seq_len=48)
 single masked "${masked[@]}"
 check masked 2x1 "${masked[@]}" --cp 2
+# With the prefetch and its overlapped owners' exchange beside context parallelism's groups (the CP group is the
+# first communicator, the world the second): the same trace, every owners' exchange group on the side stream (200 us
+# late, as above).
+ranks masked-2x1-pf 2x1 "${masked[@]}" --cp 2 --transport nccl
+same_trace masked masked-2x1-pf
+grep -q "^comm 1 ranks .* stream side " "$work/masked-2x1-pf.plan/rank0.nccl" &&
+  ! grep -q "^comm 1 ranks .* stream default " "$work/masked-2x1-pf.plan/rank0.nccl" ||
+  { echo "FAIL: masked 2x1 CP 2: the owners' exchange did not run on its side stream"; exit 1; }
+echo "masked 2x1 CP 2: with the prefetch and the owners' exchange on its side stream, the same trace"
 single moe "${moe[@]}"
 check moe 2x2 "${moe[@]}" --ep 2
 # Communicators in the order the trainer makes them: the EP group, the world, the replicate group, the replicas.
