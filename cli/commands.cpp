@@ -563,7 +563,7 @@ void register_commands(CLI::App& app) {
       DeviceRates device;
       if (*time) {  // every rate checked before anything prints
         device = device_rates(*gpu);
-        if (!bench->empty()) rates_from_bench(device, *bench);
+        if (!bench->empty()) rates_from_bench(device, *bench, &c.model, c.train.seq_len);
         for (const std::string& r : *rates) set_rate(device, r);
       }
       print_config_summary(c);

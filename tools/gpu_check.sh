@@ -28,7 +28,8 @@
 #                  as each run ends, and each config's --profile-ops seconds of attention and GEMMs as a row; the
 #                  step-time model again, its attention at the rate those rows measure; last bench/attention_bench:
 #                  the exact attention's forward and backward on the step's attention shapes (100m, 1b, 7b), as
-#                  launched and held to one block an SM, a row each (the dry run: `attention_bench --dry-run`);
+#                  launched and held to one block an SM, a row each (the dry run: `attention_bench --dry-run`),
+#                  and the model a third time, its attention at the 7B's own rate from those rows;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one, intra-document masking equal to the CPU;
 #       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
@@ -214,8 +215,9 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
   echo "== the step-time model at the measured GEMM and attention rates"
   "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
     --bench "$out/bench.json" | sed -n '/^step time/,$p' || rc=$?
-  # Last, what is only an A/B: the exact attention as launched and held to one block an SM
-  # (bench/attention_bench.cu), a few seconds.
+  # Last, a few seconds: the exact attention as launched and held to one block an SM (bench/attention_bench.cu), at
+  # the 7B's shapes among others; then the model a third time, its attention at the rate of those (the dry run writes
+  # no rows: the profile's rate again).
   if [ ! -x "$attention_bench" ]; then
     echo "attention_bench: not run: $attention_bench is missing (a build without CUDA)"
   elif [ "$dry" = 1 ]; then
@@ -223,6 +225,9 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
   else
     "$attention_bench" --out "$out/bench.json" || rc=$?
   fi
+  echo "== the step-time model at the 7B's own attention rate"
+  "$bin_root/olmoref" config --config configs/olmo3-7b.toml --layout 8x1 --executor cuda --time --gpu "$gpu" \
+    --bench "$out/bench.json" | sed -n '/^step time/,$p' || rc=$?
   return $rc
 }
 racecheck() {

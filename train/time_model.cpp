@@ -135,7 +135,7 @@ void set_rate(DeviceRates& rates, const std::string& key_value) {
   rates.notes.push_back("--rate " + key_value);
 }
 
-void rates_from_bench(DeviceRates& rates, const std::string& bench_json) {
+void rates_from_bench(DeviceRates& rates, const std::string& bench_json, const ModelConfig* model, int64_t seq_len) {
   std::ifstream in(bench_json);
   if (!in) throw std::runtime_error(bench_json + ": cannot read (gemm_bench --out and bench/gpu_bench.sh write it)");
   nlohmann::json rows;
@@ -147,6 +147,14 @@ void rates_from_bench(DeviceRates& rates, const std::string& bench_json) {
   // Each rate is FLOPs over seconds summed over its rows, so a row weighs by its time.
   double gemm_flops = 0, gemm_seconds = 0, attention_flops = 0, attention_seconds = 0;
   int profiles = 0;
+  // attention_bench's rows at the model's shapes: window -> (layers with it, FLOPs, seconds of one such layer).
+  struct WindowRate {
+    int64_t layers = 0;
+    double flops = 0, seconds = 0;
+  };
+  std::map<int64_t, WindowRate> windows;
+  if (model)
+    for (int64_t l = 0; l < model->n_layers; ++l) ++windows[model->window(l)].layers;
   auto number = [](const nlohmann::json& row, const char* key) {
     return row.contains(key) && row[key].is_number() ? row[key].get<double>() : 0.0;
   };
@@ -157,15 +165,34 @@ void rates_from_bench(DeviceRates& rates, const std::string& bench_json) {
         gemm_flops += number(row, "exact_tflops") * 1e12 * s;  // a gemm_bench row
         gemm_seconds += s;
       }
+      if (model && row.value("bench", "") == "attention" && number(row, "T") == static_cast<double>(seq_len) &&
+          number(row, "H") == static_cast<double>(model->n_heads) &&
+          number(row, "KV") == static_cast<double>(model->n_kv_heads) &&
+          number(row, "hd") == static_cast<double>(model->head_dim)) {
+        const double seconds = number(row, "forward_seconds") + number(row, "backward_seconds");
+        const auto w = windows.find(static_cast<int64_t>(number(row, "window")));
+        if (w != windows.end() && seconds > 0) {
+          w->second.flops = number(row, "forward_flops") + number(row, "backward_flops");
+          w->second.seconds = seconds;
+        }
+      }
       if (row.value("bench", "") == "profile" && number(row, "attention_seconds") > 0) {
         attention_flops += number(row, "attention_flops");  // a --profile-ops run of bench/gpu_bench.sh
         attention_seconds += number(row, "attention_seconds");
         ++profiles;
       }
     }
-  if (!(gemm_seconds > 0) && !(attention_seconds > 0))
-    throw std::runtime_error(bench_json + ": no gemm_bench rows (objects with exact_seconds and exact_tflops) and no "
-                             "bench/gpu_bench.sh profile rows (\"bench\": \"profile\" with attention_seconds)");
+  double shaped_flops = 0, shaped_seconds = 0;  // the model's layers at attention_bench's rates
+  bool every_window = model != nullptr;
+  for (const auto& [window, r] : windows) {
+    every_window = every_window && r.seconds > 0 && r.flops > 0;
+    shaped_flops += static_cast<double>(r.layers) * r.flops;
+    shaped_seconds += static_cast<double>(r.layers) * r.seconds;
+  }
+  if (!(gemm_seconds > 0) && !(attention_seconds > 0) && !every_window)
+    throw std::runtime_error(bench_json + ": no gemm_bench rows (objects with exact_seconds and exact_tflops), no "
+                             "attention_bench rows at this model's shapes and no bench/gpu_bench.sh profile rows "
+                             "(\"bench\": \"profile\" with attention_seconds)");
   char note[320];
   if (gemm_seconds > 0) {
     rates.gemm_flops = gemm_flops / gemm_seconds;
@@ -173,7 +200,14 @@ void rates_from_bench(DeviceRates& rates, const std::string& bench_json) {
                   bench_json.c_str());
     rates.notes.push_back(note);
   }
-  if (attention_seconds > 0 && attention_flops > 0) {
+  if (every_window) {
+    rates.attention_flops = shaped_flops / shaped_seconds;
+    std::snprintf(note, sizeof note,
+                  "exact attention %.2f TFLOP/s measured (attention_bench at this model's shapes, %zu window(s), "
+                  "weighed by its layers): %s",
+                  rates.attention_flops / 1e12, windows.size(), bench_json.c_str());
+    rates.notes.push_back(note);
+  } else if (attention_seconds > 0 && attention_flops > 0) {
     rates.attention_flops = attention_flops / attention_seconds;
     std::snprintf(note, sizeof note, "exact attention %.2f TFLOP/s measured (--profile-ops of %d config(s)): %s",
                   rates.attention_flops / 1e12, profiles, bench_json.c_str());

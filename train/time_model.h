@@ -40,9 +40,12 @@ DeviceRates device_rates(const std::string& gpu);
 void set_rate(DeviceRates& rates, const std::string& key_value);
 // Rates measured on a device, from tools/gpu_check.sh's bench.json (a JSON array): the exact GEMM's from
 // bench/gemm_bench.cu's rows (FLOPs over exact_seconds, so each shape weighs by its time), the exact attention's from
+// bench/attention_bench.cu's rows at the attention shapes of `model` (when given, and every window its layers use has
+// a row at seq_len: its forward and backward as launched, each row weighed by the layers with its window), else from
 // bench/gpu_bench.sh's profile rows (its --profile-ops runs' attention FLOPs over their seconds). A rate without rows
-// stays as it was. Throws std::runtime_error naming the file when it has neither.
-void rates_from_bench(DeviceRates& rates, const std::string& bench_json);
+// stays as it was. Throws std::runtime_error naming the file when it has neither a GEMM nor an attention row.
+void rates_from_bench(DeviceRates& rates, const std::string& bench_json, const ModelConfig* model = nullptr,
+                      int64_t seq_len = 0);
 
 // One collective's bytes per step on one rank. `what` is the name the trainer gives it (dist::Comm's `what`).
 struct CollectiveWork {

@@ -98,6 +98,8 @@ assert "step time at 8x1, 8 ranks per node" in bench_log and "  step  " in bench
     "the bench step did not print the step-time model"
 assert "exact attention " in bench_log.split("== the step-time model at the measured GEMM and attention rates")[1], \
     "the bench step's second step-time model did not take the profile's attention rate"
+third = bench_log.split("== the step-time model at the 7B's own attention rate")
+assert len(third) == 2 and "step time at 8x1" in third[1], "the bench step did not print the model a third time"
 print("dry run: every step passed;", ", ".join(f"{r['check']} {r['seconds']}s" for r in s))
 PY
 

@@ -22,8 +22,9 @@
 #      FLOPs equal what `train --profile-ops` counts (dense, MoE, with activation recompute of every block or of
 #      blocks 0 and 2 (selected_blocks, by hand in 1 too), and rank 0 of a CP group:
 #      its part of every instance).
-#   3. A bench.json sets the GEMM rate from gemm_bench's rows and the attention's from gpu_bench.sh's profile rows
-#      (FLOPs over seconds); bad input is refused naming the flag.
+#   3. A bench.json sets the GEMM rate from gemm_bench's rows and the attention's from attention_bench's rows at the
+#      model's shapes (weighed by its layers), else from gpu_bench.sh's profile rows (FLOPs over seconds); bad input
+#      is refused naming the flag.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -222,6 +223,26 @@ echo '[{"bench": "profile", "config": "a", "attention_seconds": 1, "attention_fl
 grep -q "exact attention 2.00 TFLOP/s measured (--profile-ops of 2 config(s)): $work/profile.json" "$work/profile.txt" &&
   grep -Eq '^  attention +1.4721e-05 ' "$work/profile.txt" && ! grep -q "exact GEMM" "$work/profile.txt" ||
   { cat "$work/profile.txt"; fail "profile rows: attention at 2 TFLOP/s, GEMM at the data sheet's"; }
+# bench/attention_bench's rows at the model's own attention shapes win over the profile's: tiny (T 64, H 4, KV 2,
+# hd 16) has 3 layers of window 16 and one full-causal; per layer (1e12 + 2e12) FLOP in (1 + 1) s and (2e12 + 4e12) in
+# (1 + 2) s, weighed 3:1: 15e12 / 9 s = 1.67 TFLOP/s, so tiny's 29,442,048 attention FLOPs take 1.76652e-05 s. A row
+# at another shape counts for nothing; without the full-causal row the profile's rate stands.
+window_row='{"bench": "attention", "config": "tiny", "T": 64, "H": 4, "KV": 2, "hd": 16, "window": 16,
+  "forward_flops": 1e12, "backward_flops": 2e12, "forward_seconds": 1, "backward_seconds": 1}'
+full_row='{"bench": "attention", "config": "tiny", "T": 64, "H": 4, "KV": 2, "hd": 16, "window": 0,
+  "forward_flops": 2e12, "backward_flops": 4e12, "forward_seconds": 1, "backward_seconds": 2}'
+other_row='{"bench": "attention", "config": "big", "T": 2048, "H": 4, "KV": 2, "hd": 16, "window": 0,
+  "forward_flops": 1e15, "backward_flops": 1e15, "forward_seconds": 1, "backward_seconds": 1}'
+profile_row='{"bench": "profile", "config": "a", "attention_seconds": 1, "attention_flops": 2e12}'
+echo "[$window_row, $full_row, $other_row, $profile_row]" > "$work/attention.json"
+"$BIN" config "${tiny[@]}" --layout 1x1 --time --bench "$work/attention.json" > "$work/attention.txt"
+grep -q "exact attention 1.67 TFLOP/s measured (attention_bench at this model's shapes, 2 window(s)" \
+  "$work/attention.txt" && grep -Eq '^  attention +1.76652e-05 ' "$work/attention.txt" ||
+  { cat "$work/attention.txt"; fail "attention_bench rows: 15e12 FLOP over 9 s weighed by tiny's layers"; }
+echo "[$window_row, $other_row, $profile_row]" > "$work/attention-partial.json"
+"$BIN" config "${tiny[@]}" --layout 1x1 --time --bench "$work/attention-partial.json" > "$work/attention-partial.txt"
+grep -q "exact attention 2.00 TFLOP/s measured (--profile-ops of 1 config(s))" "$work/attention-partial.txt" ||
+  { cat "$work/attention-partial.txt"; fail "without a row for every window the profile's attention rate stands"; }
 refused() {  # refused WHAT-THE-MESSAGE-SAYS ARGS...
   local want=$1
   shift
@@ -236,6 +257,6 @@ refused "must be positive" --layout 2x1 --time --rate pcie_gbps=0
 refused "cannot read" --layout 2x1 --time --bench "$work/none.json"
 refused "ranks 0..1" --layout 2x1 --time --rank 2
 echo '{"rows": []}' > "$work/empty.json"
-refused "no gemm_bench rows (objects with exact_seconds and exact_tflops) and no" --layout 2x1 --time \
+refused "no gemm_bench rows (objects with exact_seconds and exact_tflops), no attention_bench rows" --layout 2x1 --time \
   --bench "$work/empty.json"
 echo "OK"
