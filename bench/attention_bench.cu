@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <set>
 #include <sstream>
 #include <string>
@@ -120,28 +119,14 @@ std::string bench_shape(const Shape& s, const kernels::AttentionDeviceFit& fit, 
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  bool dry = false;
-  std::string out;
-  std::vector<std::string> configs;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--dry-run") == 0) {
-      dry = true;
-    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      out = argv[++i];
-    } else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: attention_bench [--dry-run] [--out BENCH_JSON] [CONFIG.toml...]; unknown argument %s\n",
-                   argv[i]);
-      return 2;
-    } else {
-      configs.push_back(argv[i]);
-    }
-  }
-  if (configs.empty()) configs = {"configs/olmo3-100m.toml", "configs/olmo3-1b.toml", "configs/olmo3-7b.toml"};
+  bench::Args args;
+  const std::vector<std::string> defaults = {"configs/olmo3-100m.toml", "configs/olmo3-1b.toml", "configs/olmo3-7b.toml"};
+  if (!bench::parse_args(argc, argv, "attention_bench", defaults, args)) return 2;
   try {
     std::vector<Shape> shapes;
-    for (const std::string& c : configs)
+    for (const std::string& c : args.configs)
       for (Shape& s : step_shapes(c)) shapes.push_back(std::move(s));
-    if (dry) {
+    if (args.dry) {
       std::printf("attention_bench --dry-run: %zu shapes, no device used\n", shapes.size());
       for (const Shape& s : shapes)
         std::printf("  %-11s %-22s B %lld T %5lld H %2lld KV %2lld hd %3lld  forward %.1f GFLOP, backward %.1f GFLOP\n",
@@ -168,7 +153,7 @@ int main(int argc, char** argv) {
                 fit.key_registers, fit.key_blocks_per_sm);
     for (const Shape& s : shapes) {
       const std::string row = bench_shape(s, fit, b);
-      if (!out.empty()) bench::append_row(out, row);
+      if (!args.out.empty()) bench::append_row(args.out, row);
     }
   } catch (const std::exception& e) {
     std::printf("attention_bench: FAILED: %s\n", e.what());

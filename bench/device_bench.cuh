@@ -7,10 +7,13 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace olmoref::bench {
 
@@ -63,6 +66,31 @@ inline void append_row(const std::string& path, const std::string& row) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("bench: cannot write " + path);
 }
 
+// The device benches' command line: NAME [--dry-run] [--out BENCH_JSON] [CONFIG.toml...], the defaults when no
+// config is named. False (after printing the usage to stderr) on an unknown argument.
+struct Args {
+  bool dry = false;
+  std::string out;
+  std::vector<std::string> configs;
+};
+inline bool parse_args(int argc, char** argv, const char* name, std::vector<std::string> defaults, Args& args) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dry-run") == 0) {
+      args.dry = true;
+    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+      args.out = argv[++i];
+    } else if (argv[i][0] == '-') {
+      std::fprintf(stderr, "usage: %s [--dry-run] [--out BENCH_JSON] [CONFIG.toml...]; unknown argument %s\n", name,
+                   argv[i]);
+      return false;
+    } else {
+      args.configs.push_back(argv[i]);
+    }
+  }
+  if (args.configs.empty()) args.configs = std::move(defaults);
+  return true;
+}
+
 inline std::string json_number(double x) {
   char s[32];
   std::snprintf(s, sizeof s, "%.6g", x);
@@ -70,7 +98,7 @@ inline std::string json_number(double x) {
 }
 
 // Operands of small integers times `scale`: exact in fp32, the same on every run.
-__global__ inline void fill(float* x, int64_t n, float scale) {
+static __global__ void fill(float* x, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = scale * float(int(i % 13) - 6);
 }

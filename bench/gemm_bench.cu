@@ -23,12 +23,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -192,27 +188,14 @@ std::string bench_shape(const Shape& s, const kernels::GemmDeviceFit& fit, const
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  bool dry = false;
-  std::string out;
-  std::vector<std::string> configs;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--dry-run") == 0) {
-      dry = true;
-    } else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
-      out = argv[++i];
-    } else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: gemm_bench [--dry-run] [--out BENCH_JSON] [CONFIG.toml...]; unknown argument %s\n", argv[i]);
-      return 2;
-    } else {
-      configs.push_back(argv[i]);
-    }
-  }
-  if (configs.empty()) configs = {"configs/olmo3-100m.toml", "configs/olmo3-1b.toml"};
+  bench::Args args;
+  if (!bench::parse_args(argc, argv, "gemm_bench", {"configs/olmo3-100m.toml", "configs/olmo3-1b.toml"}, args))
+    return 2;
   try {
     std::vector<Shape> shapes;
-    for (const std::string& c : configs)
+    for (const std::string& c : args.configs)
       for (Shape& s : step_shapes(c)) shapes.push_back(std::move(s));
-    if (dry) {
+    if (args.dry) {
       std::printf("gemm_bench --dry-run: %zu shapes, no device used\n", shapes.size());
       for (const Shape& s : shapes)
         std::printf("  %-11s %-28s M %6lld N %6lld K %6lld  %.1f GFLOP\n", s.config.c_str(), s.product.c_str(),
@@ -238,7 +221,7 @@ int main(int argc, char** argv) {
                 fit.blocks_per_sm, kernels::kGemmThreads);
     for (const Shape& s : shapes) {
       const std::string row = bench_shape(s, fit, cublas, a, b, c);
-      if (!out.empty()) append_row(out, row);
+      if (!args.out.empty()) append_row(args.out, row);
     }
     cudaFree(a), cudaFree(b), cudaFree(c);
   } catch (const std::exception& e) {

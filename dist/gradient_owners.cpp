@@ -96,38 +96,31 @@ int64_t OwnerReduction::chunk_floats(int64_t piece) const { return std::max<int6
 void OwnerReduction::begin_step() {
   owner_plan_ = TreePlan(split_.global_instances);
   if (overlap_ == ExchangeOverlap::off) return;
-  // The exchange thread adds into the owner slots while the main thread plans the next round: the slots the whole
-  // step needs are made now (the owner plan walked ahead, as begin_round walks it), so no round grows them under it.
+  // The overlapped exchange adds into the owner slots while the main thread plans the next round: the slots the whole
+  // step needs are made now (the owner plan walked ahead, as begin_round walks it), so no round grows them under it;
+  // so are NCCL's device blocks, for the step's largest unit and round (a unit's groups and adds read them while the
+  // next unit's backward runs).
   const int64_t N = split_.global_instances;
   TreePlan ahead(N);
   size_t slots = 0;
-  for (int64_t t = 0; t < split_.n_rounds(); ++t)
-    for (int r = 0; r < layout_.world(); ++r)
-      if (const int64_t m = split_.microbatch_of(r, t); m >= 0) {
-        const auto [a, b] = split_.instances_of_microbatch(m);
-        for (const TreeNode& node : maximal_subtrees(N, a, b))
-          slots = std::max(slots, static_cast<size_t>(ahead.feed(node).slot) + 1);
-      }
-  grow_owner_slots(slots);
-  if (nccl_) size_device_blocks();
-}
-
-// Over NCCL under overlap a unit's groups and adds read its send block and the receive block while the next unit's
-// backward runs: both are made for the step's largest unit and round before the first unit is in flight, so none is
-// made anew under the side stream's work.
-void OwnerReduction::size_device_blocks() {
-  int64_t most_sent = 0, most_received = 0;
+  int64_t most_sent = 0, most_received = 0;  // subtrees: this rank's in a round, every rank's in a round
   for (int64_t t = 0; t < split_.n_rounds(); ++t) {
     int64_t received = 0;
     for (int r = 0; r < layout_.world(); ++r)
       if (const int64_t m = split_.microbatch_of(r, t); m >= 0) {
         const auto [a, b] = split_.instances_of_microbatch(m);
-        const auto k = static_cast<int64_t>(maximal_subtrees(split_.global_instances, a, b).size());
-        received += k;
-        if (r == layout_.rank) most_sent = std::max(most_sent, k);
+        const std::vector<TreeNode> nodes = maximal_subtrees(N, a, b);
+        for (const TreeNode& node : nodes) slots = std::max(slots, static_cast<size_t>(ahead.feed(node).slot) + 1);
+        received += static_cast<int64_t>(nodes.size());
+        if (r == layout_.rank) most_sent = std::max(most_sent, static_cast<int64_t>(nodes.size()));
       }
     most_received = std::max(most_received, received);
   }
+  grow_owner_slots(slots);
+  if (nccl_) size_device_blocks(most_sent, most_received);
+}
+
+void OwnerReduction::size_device_blocks(int64_t most_sent, int64_t most_received) {
   const int64_t send = most_sent * longest_unit_, recv = most_received * chunk_floats(widest_mine_);
   if (send_dev_.size() < send) send_dev_.reset(*ex_, send, "gradient subtrees of a unit, cut by owner (sent)");
   if (send_dev_flight_.size() < send)

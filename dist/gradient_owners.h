@@ -134,7 +134,9 @@ class OwnerReduction final : public UnitGradientSink {
   // NCCL under overlap: e's groups and adds queued on the side stream, after the unit before's.
   void exchange_on_side(const UnitExchange& e);
   static std::shared_ptr<const UnitExchange> geometry_of(const UnitExchange& e);
-  void size_device_blocks();  // NCCL under overlap: the step's send and receive blocks, made before any is in flight
+  // NCCL under overlap: the step's send and receive blocks, made before any is in flight (most_sent: the most subtrees
+  // this rank sends in a round; most_received: the most every rank sends in one).
+  void size_device_blocks(int64_t most_sent, int64_t most_received);
   void grow_owner_slots(size_t slots);  // at least `slots` owner slots, each the optimizer range
   void note_memory(const UnitExchange* in_hand);  // in_hand: an exchange held outside the members, or nullptr
 
