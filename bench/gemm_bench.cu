@@ -8,8 +8,9 @@
 // weight gradient dW[out, in] = dYᵀ·X — with ref/gemm.h's layouts (tests/kernels/gemm_cases.h). Each shape prints
 // and appends to BENCH_JSON (a JSON array, the format of bench/gpu_bench.sh's rows; rewritten after every shape so a
 // run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak;
-// also the kernel's registers and blocks an SM on this device, and its time held to one block an SM (dynamic shared
-// memory it never touches: the same grid and bits), so a row says what the second block buys. Held so, the SM also
+// also the tiling the device picks for the shape (kernels::gemm_pick_tiling) and the other tiling's time on it, so a row
+// says whether the pick was right; the kernel's registers and blocks an SM on this device, and its time held to one
+// block an SM (dynamic shared memory it never touches: the same grid and bits), so a row says what the second block buys. Held so, the SM also
 // gives more of its L1 to shared memory; the GEMM reads each operand element once per block into shared memory, so
 // little should ride on it, but the ratio is an upper bound on occupancy's share.
 // --dry-run builds and prints the shape list without touching a device (the dry run of tools/gpu_check.sh).
@@ -145,27 +146,39 @@ struct Cublas {
 };
 
 // Times shape s both ways on the operand buffers a, b, c; prints its line and returns its bench.json row.
-std::string bench_shape(const Shape& s, const kernels::GemmDeviceFit& fit, const Cublas& cublas, float* a, float* b,
-                        float* c) {
+std::string bench_shape(const Shape& s, int sms, const Cublas& cublas, float* a, float* b, float* c) {
   const kernels::GemmArgs args = testing::gemm_args(s.gemm, a, b, c);
+  // As the executor launches it: the tiling this device's SMs pick for the shape (kernels::gemm_pick_tiling).
+  const kernels::GemmTiling tiling = kernels::gemm_pick_tiling(s.gemm.M, s.gemm.N, sms);
+  const kernels::GemmTiling other =
+      tiling == kernels::GemmTiling::tile64 ? kernels::GemmTiling::tile128 : kernels::GemmTiling::tile64;
+  const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit(tiling);
   const double exact = seconds_per_call([&] { kernels::gemm_exact_device(args); });
   const double exact_tflops = s.flops() / exact / 1e12;
-  // The same kernel held to one block an SM: what the second block buys, where the kernel has two.
-  const double one = fit.blocks_per_sm > 1 ? seconds_per_call([&] { kernels::gemm_exact_device_one_block_per_sm(args); })
-                                           : exact;
+  // The other tile on the same shape: whether the pick was right here.
+  const double other_seconds = seconds_per_call([&] { kernels::gemm_exact_device(args, other); });
+  // The same kernel held to one block an SM: what the blocks past the first buy, where the kernel has several.
+  const double one = fit.blocks_per_sm > 1
+                         ? seconds_per_call([&] { kernels::gemm_exact_device_one_block_per_sm(args, tiling); })
+                         : exact;
   std::ostringstream row;
   row << " {\"bench\": \"gemm\", \"config\": \"" << s.config << "\", \"product\": \"" << s.product
       << "\", \"M\": " << s.gemm.M << ", \"N\": " << s.gemm.N << ", \"K\": " << s.gemm.K
       << ", \"peak_tflops\": " << json_number(kFp32PeakTflops) << ", \"exact_seconds\": " << json_number(exact)
       << ", \"exact_tflops\": " << json_number(exact_tflops)
       << ", \"exact_share_of_fp32_peak\": " << json_number(exact_tflops / kFp32PeakTflops)
+      << ", \"exact_tiling\": \"" << kernels::gemm_tiling_name(tiling) << "\", \"other_tiling\": \""
+      << kernels::gemm_tiling_name(other) << "\", \"other_tiling_seconds\": " << json_number(other_seconds)
+      << ", \"other_tiling_over_exact\": " << json_number(other_seconds / exact)
       << ", \"exact_registers\": " << fit.registers << ", \"exact_blocks_per_sm\": " << fit.blocks_per_sm
       << ", \"exact_one_block_per_sm_seconds\": " << json_number(one)
       << ", \"exact_over_one_block_per_sm\": " << json_number(one / exact);
-  char line[256];
-  std::snprintf(line, sizeof line, "%-11s %-28s %6lld x %6lld x %6lld  exact %6.2f TFLOP/s (%4.1f%%, %.2fx 1 block/SM)",
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "%-11s %-28s %6lld x %6lld x %6lld  exact %s %6.2f TFLOP/s (%4.1f%%, %.2fx 1 block/SM, %s %.2fx)",
                 s.config.c_str(), s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K,
-                exact_tflops, 100 * exact_tflops / kFp32PeakTflops, one / exact);
+                kernels::gemm_tiling_name(tiling), exact_tflops, 100 * exact_tflops / kFp32PeakTflops, one / exact,
+                kernels::gemm_tiling_name(other), other_seconds / exact);
   std::string text = line;
   if (cublas.missing.empty()) {
     const double peer = seconds_per_call([&] { cublas.run(s.gemm, a, b, c); });
@@ -198,8 +211,10 @@ int main(int argc, char** argv) {
     if (args.dry) {
       std::printf("gemm_bench --dry-run: %zu shapes, no device used\n", shapes.size());
       for (const Shape& s : shapes)
-        std::printf("  %-11s %-28s M %6lld N %6lld K %6lld  %.1f GFLOP\n", s.config.c_str(), s.product.c_str(),
-                    (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K, s.flops() / 1e9);
+        std::printf("  %-11s %-28s M %6lld N %6lld K %6lld  %.1f GFLOP  %s at %d SMs\n", s.config.c_str(),
+                    s.product.c_str(), (long long)s.gemm.M, (long long)s.gemm.N, (long long)s.gemm.K, s.flops() / 1e9,
+                    kernels::gemm_tiling_name(kernels::gemm_pick_tiling(s.gemm.M, s.gemm.N, kernels::kGemmHostSms)),
+                    kernels::kGemmHostSms);
       return 0;
     }
     int64_t a_max = 0, b_max = 0, c_max = 0;
@@ -216,11 +231,16 @@ int main(int argc, char** argv) {
     check_cuda(cudaDeviceSynchronize(), "fill");
     const Cublas cublas;
     if (!cublas.missing.empty()) std::printf("gemm_bench: cuBLAS column left out: %s\n", cublas.missing.c_str());
-    const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit();
-    std::printf("gemm_bench: gemm_exact_kernel %d registers, %d blocks an SM (of %d threads)\n", fit.registers,
-                fit.blocks_per_sm, kernels::kGemmThreads);
+    int device = 0, sms = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SMs)");
+    for (const kernels::GemmTiling t : {kernels::GemmTiling::tile128, kernels::GemmTiling::tile64}) {
+      const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit(t);
+      std::printf("gemm_bench: gemm_exact_kernel %s: %d registers, %d blocks an SM of %d (256 threads a block)\n",
+                  kernels::gemm_tiling_name(t), fit.registers, fit.blocks_per_sm, sms);
+    }
     for (const Shape& s : shapes) {
-      const std::string row = bench_shape(s, fit, cublas, a, b, c);
+      const std::string row = bench_shape(s, sms, cublas, a, b, c);
       if (!args.out.empty()) append_row(args.out, row);
     }
     cudaFree(a), cudaFree(b), cudaFree(c);

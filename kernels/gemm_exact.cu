@@ -10,42 +10,88 @@
 
 namespace olmoref::kernels {
 
-// sm_90 (nvcc 13.0, -Xptxas -v; kernels-ptxas-budget prints it): 125 registers, no stack, no spills, 16.5 KiB of
-// shared memory, so two blocks an SM (16 warps), one's slab barrier under the other's fmas. It was 180 registers and
-// one block an SM while each staged element's address was its own 64-bit product (gemm_fetch_slab's walk replaced
-// them). The bound keeps it there: a change that needs more registers shows as a spill in kernels-ptxas-budget.
-__global__ void __launch_bounds__(kGemmThreads, 2) gemm_exact_kernel(GemmArgs g) {
-  __shared__ GemmShared sh;
-  DeviceBlock<GemmRegs, kGemmThreads> blk;
-  gemm_exact_block(blk, sh, g, blockIdx.y, blockIdx.x);
+// One kernel per tile shape, each bounded to the blocks an SM it is built for (kernels-ptxas-budget prints both; a
+// change that needs more registers shows there as a spill).
+// GemmTile128, sm_90 (nvcc 13.0, -Xptxas -v): 125 registers, no stack, no spills, 16.5 KiB of shared memory, so two
+// blocks an SM (16 warps), one's slab barrier under the other's fmas. It was 180 registers and one block an SM while
+// each staged element's address was its own 64-bit product (gemm_fetch_slab's walk replaced them).
+// GemmTile64: 108 registers, 8.5 KiB of shared memory, 16 chains a thread; two blocks an SM as well. Its registers are
+// mostly not the chains (the walk's 64-bit offsets, the row and column bounds, the epilogue's operands): bounded to
+// three blocks an SM (85 registers) or four (64) ptxas spills (kernels-ptxas-budget fails), so the small tile buys
+// blocks for more SMs, not more warps on each.
+template <class Tile, int kBlocksPerSm>
+__global__ void __launch_bounds__(Tile::threads, kBlocksPerSm) gemm_exact_kernel(GemmArgs g) {
+  __shared__ typename Tile::Shared sh;
+  DeviceBlock<typename Tile::Regs, Tile::threads> blk;
+  gemm_exact_block<Tile>(blk, sh, g, blockIdx.y, blockIdx.x);
 }
 
 namespace {
 
-void launch(const GemmArgs& g, size_t unused_shared_bytes) {
+template <class Tile>
+struct Kernel;
+template <>
+struct Kernel<GemmTile128> {
+  static constexpr auto* fn = gemm_exact_kernel<GemmTile128, 2>;
+  static constexpr const char* name = "gemm_exact_kernel<GemmTile128>";
+};
+template <>
+struct Kernel<GemmTile64> {
+  static constexpr auto* fn = gemm_exact_kernel<GemmTile64, 2>;
+  static constexpr const char* name = "gemm_exact_kernel<GemmTile64>";
+};
+
+template <class Tile>
+void launch(const GemmArgs& g, GemmTiling tiling, size_t unused_shared_bytes) {
   if (g.debug_split_k)  // the kernel compiles the split out (#if !defined(__CUDA_ARCH__)): refused, never ignored
     throw std::invalid_argument("gemm_exact_device: debug_split_k is a host-only negative control (cuda-host)");
   if (g.M == 0 || g.N == 0) return;
-  const dim3 grid(static_cast<unsigned>(gemm_grid_cols(g.N)), static_cast<unsigned>(gemm_grid_rows(g.M)));
-  if (gemm_grid_rows(g.M) > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");
-  gemm_exact_kernel<<<grid, kGemmThreads, unused_shared_bytes, current_stream()>>>(g);
-  check_launch("gemm_exact_kernel");
+  const int64_t rows = gemm_grid_rows(g.M, tiling), cols = gemm_grid_cols(g.N, tiling);
+  if (rows > 65535) throw std::invalid_argument("gemm_exact_device: M too large for one launch");
+  const dim3 grid(static_cast<unsigned>(cols), static_cast<unsigned>(rows));
+  Kernel<Tile>::fn<<<grid, Tile::threads, unused_shared_bytes, current_stream()>>>(g);
+  check_launch(Kernel<Tile>::name);
+}
+
+// Asked once per process and tile (one device per process).
+template <class Tile>
+size_t held_shared_bytes() {
+  static const size_t unused = one_block_per_sm_shared_bytes(Kernel<Tile>::fn, sizeof(typename Tile::Shared),
+                                                             Tile::threads, Kernel<Tile>::name);
+  return unused;
+}
+
+// The SMs of this process's device (the rank's: kernels::select_device), asked once.
+int device_sms() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_exact_device: the device's SMs: ") + cudaGetErrorString(err));
+    return count;
+  }();
+  return sms;
 }
 
 }  // namespace
 
-void gemm_exact_device(const GemmArgs& g) { launch(g, 0); }
+void gemm_exact_device(const GemmArgs& g) { gemm_exact_device(g, gemm_pick_tiling(g.M, g.N, device_sms())); }
 
-GemmDeviceFit gemm_exact_device_fit() {
-  const KernelFit fit = kernel_fit(gemm_exact_kernel, kGemmThreads, "gemm_exact_kernel");
+void gemm_exact_device(const GemmArgs& g, GemmTiling tiling) {
+  if (tiling == GemmTiling::tile64) launch<GemmTile64>(g, tiling, 0);
+  else launch<GemmTile128>(g, tiling, 0);
+}
+
+GemmDeviceFit gemm_exact_device_fit(GemmTiling tiling) {
+  const KernelFit fit = tiling == GemmTiling::tile64
+                            ? kernel_fit(Kernel<GemmTile64>::fn, GemmTile64::threads, Kernel<GemmTile64>::name)
+                            : kernel_fit(Kernel<GemmTile128>::fn, GemmTile128::threads, Kernel<GemmTile128>::name);
   return {fit.registers, fit.blocks_per_sm};
 }
 
-void gemm_exact_device_one_block_per_sm(const GemmArgs& g) {
-  // Asked once per process (one device per process).
-  static const size_t unused =
-      one_block_per_sm_shared_bytes(gemm_exact_kernel, sizeof(GemmShared), kGemmThreads, "gemm_exact_kernel");
-  launch(g, unused);
+void gemm_exact_device_one_block_per_sm(const GemmArgs& g, GemmTiling tiling) {
+  if (tiling == GemmTiling::tile64) launch<GemmTile64>(g, tiling, held_shared_bytes<GemmTile64>());
+  else launch<GemmTile128>(g, tiling, held_shared_bytes<GemmTile128>());
 }
 
 }  // namespace olmoref::kernels

@@ -63,19 +63,31 @@ T* to_device(const std::vector<T>& v) {
 }
 
 int check_gemm() {
-  int failed = 0, n = 0;
+  using kernels::GemmTiling;
+  int failed = 0, n = 0, launches = 0, device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), __LINE__);
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), __LINE__);
   for (const testing::GemmCase& c : testing::gemm_cases()) {
     const testing::GemmOperands o = testing::gemm_operands(c, static_cast<uint32_t>(17 + n++));
     std::vector<float> want = o.c;
     const kernels::GemmArgs h = testing::gemm_args(c, o.a.data(), o.b.data(), want.data());
     gemm_reference(h.M, h.N, h.K, MatView{h.A, h.a_row, h.a_col}, MatView{h.B, h.b_row, h.b_col}, want.data(), h.ldc,
                    h.accumulate);
-    // As the executor launches it, and as bench/gemm_bench's one-block-an-SM column does (its timing means nothing
-    // unless it computes the same).
-    for (const bool one_block : {false, true}) {
+    // As the executor launches it (the tiling this device's SMs pick: kernels::gemm_pick_tiling), in the other tiling,
+    // and each tiling held to one block an SM as bench/gemm_bench's columns are (their timings mean nothing unless
+    // they compute the same).
+    const GemmTiling picked = kernels::gemm_pick_tiling(c.M, c.N, sms);
+    const GemmTiling other = picked == GemmTiling::tile64 ? GemmTiling::tile128 : GemmTiling::tile64;
+    for (int how = 0; how < 4; ++how) {
       float *da = to_device(o.a), *db = to_device(o.b), *dc = to_device(o.c);
       const kernels::GemmArgs g = testing::gemm_args(c, da, db, dc);
-      one_block ? kernels::gemm_exact_device_one_block_per_sm(g) : kernels::gemm_exact_device(g);
+      const GemmTiling tiling = how % 2 == 0 ? picked : other;
+      if (how == 0) kernels::gemm_exact_device(g);
+      else if (how == 1) kernels::gemm_exact_device(g, other);
+      else kernels::gemm_exact_device_one_block_per_sm(g, tiling);
+      const std::string name = std::string(kernels::gemm_tiling_name(tiling)) + (how == 0 ? ", as picked" : "") +
+                               (how >= 2 ? ", one block an SM" : "");
+      ++launches;
       std::vector<float> got(o.c.size());
       const cudaError_t err = cudaDeviceSynchronize();
       check_cuda(cudaMemcpy(got.data(), dc, got.size() * sizeof(float), cudaMemcpyDeviceToHost), __LINE__);
@@ -83,22 +95,25 @@ int check_gemm() {
       cudaFree(db);
       cudaFree(dc);
       if (err != cudaSuccess || std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) != 0) {
-        std::printf("FAILED gemm%s M=%lld N=%lld K=%lld layout %d accumulate %d (%s)\n",
-                    one_block ? " (one block an SM)" : "", (long long)c.M, (long long)c.N, (long long)c.K, c.layout,
-                    c.accumulate, cudaGetErrorString(err));
+        std::printf("FAILED gemm (%s) M=%lld N=%lld K=%lld layout %d accumulate %d (%s)\n", name.c_str(), (long long)c.M,
+                    (long long)c.N, (long long)c.K, c.layout, c.accumulate, cudaGetErrorString(err));
         ++failed;
       }
     }
   }
-  std::printf("gemm exact: %d of %d launches bitwise equal (each case as launched and held to one block an SM)\n",
-              2 * n - failed, 2 * n);
-  // The kernel is written for two blocks an SM (kernels/gemm_exact.cu: 125 registers under __launch_bounds__(256, 2));
-  // a device or toolkit that gives it fewer has lost half its resident warps without a wrong bit to show it.
-  const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit();
-  std::printf("gemm exact: %d registers, %d blocks an SM\n", fit.registers, fit.blocks_per_sm);
-  if (fit.blocks_per_sm < 2) {
-    std::printf("FAILED gemm: %d block(s) an SM where the kernel is bounded to 2\n", fit.blocks_per_sm);
-    ++failed;
+  std::printf("gemm exact: %d of %d launches bitwise equal (each case as picked at %d SMs, in the other tiling, and each "
+              "held to one block an SM)\n", launches - failed, launches, sms);
+  // Both tiles' kernels are written for two blocks an SM (kernels/gemm_exact.cu: __launch_bounds__(256, 2), 125 and 108
+  // registers); a device or toolkit that gives one fewer has lost half its resident warps without a wrong bit to show it.
+  for (const GemmTiling tiling : {GemmTiling::tile128, GemmTiling::tile64}) {
+    const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit(tiling);
+    std::printf("gemm exact %s: %d registers, %d blocks an SM\n", kernels::gemm_tiling_name(tiling), fit.registers,
+                fit.blocks_per_sm);
+    if (fit.blocks_per_sm < 2) {
+      std::printf("FAILED gemm %s: %d block(s) an SM where the kernel is bounded to 2\n",
+                  kernels::gemm_tiling_name(tiling), fit.blocks_per_sm);
+      ++failed;
+    }
   }
   return failed;
 }
@@ -634,14 +649,14 @@ void copy_back(T* host, const T* device, int64_t n) {
 // host core: the host execution in CI checks only a sample of each.
 int check_real_shapes() {
   testing::RealShapeExecutor ex;
-  ex.gemm = [](const kernels::GemmArgs& h, const std::vector<std::pair<int64_t, int64_t>>&) {
+  ex.gemm = [](const kernels::GemmArgs& h, const std::vector<std::pair<int64_t, int64_t>>&, kernels::GemmTiling tiling) {
     DeviceBuffers d;
     kernels::GemmArgs g = h;
     // The extent of a strided view: its last element's offset + 1.
     g.A = d.copy(h.A, (h.M - 1) * h.a_row + (h.K - 1) * h.a_col + 1);
     g.B = d.copy(h.B, (h.K - 1) * h.b_row + (h.N - 1) * h.b_col + 1);
     g.C = d.empty<float>((h.M - 1) * h.ldc + h.N);
-    kernels::gemm_exact_device(g);
+    kernels::gemm_exact_device(g, tiling);
     copy_back(h.C, g.C, (h.M - 1) * h.ldc + h.N);
   };
   ex.attention_forward = [](const kernels::AttentionArgs& h, const testing::AttentionSample&) {

@@ -113,7 +113,8 @@ inline std::vector<int64_t> attention_sample_tiles(const kernels::AttentionArgs&
 // How the kernels run. Arguments hold host pointers; `sampled` executions compute only the sample they are given.
 struct RealShapeExecutor {
   bool sampled = false;
-  std::function<void(const kernels::GemmArgs&, const std::vector<std::pair<int64_t, int64_t>>& tiles)> gemm;
+  std::function<void(const kernels::GemmArgs&, const std::vector<std::pair<int64_t, int64_t>>& tiles, kernels::GemmTiling)>
+      gemm;
   std::function<void(const kernels::AttentionArgs&, const AttentionSample&)> attention_forward, attention_backward;
   std::function<void(const kernels::LossArgs&)> cross_entropy;
 };
@@ -123,9 +124,8 @@ struct RealShapeExecutor {
 inline RealShapeExecutor host_real_shape_executor() {
   RealShapeExecutor ex;
   ex.sampled = true;
-  ex.gemm = [](const kernels::GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& tiles) {
-    kernels::gemm_exact_host_tiles(g, tiles);
-  };
+  ex.gemm = [](const kernels::GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& tiles,
+               kernels::GemmTiling tiling) { kernels::gemm_exact_host_tiles(g, tiles, tiling); };
   // A tile of 32 positions is computed whole by one block, so the sample's rows and keys run as the tiles that hold
   // them.
   ex.attention_forward = [](const kernels::AttentionArgs& a, const AttentionSample& s) {
@@ -160,13 +160,14 @@ inline std::vector<RealGemmCase> real_gemm_cases() {
           // d = 2048 (olmo3-1b's width), T = 2048 rows: dW [V, d] = dYᵀ [V, T] · X [T, d], dY the logits' gradient.
           {"lm_head dW [100352, 2048] = dYᵀ·X over T 2048", {100352, 2048, 2048, 2, false}}};
 }
-// The sampled blocks: the four corners of the grid and an interior one.
-inline std::vector<std::pair<int64_t, int64_t>> real_gemm_tiles(int64_t M, int64_t N) {
-  const int64_t rows = kernels::gemm_grid_rows(M), cols = kernels::gemm_grid_cols(N);
+// The sampled blocks of the tiling's grid: the four corners and an interior one.
+inline std::vector<std::pair<int64_t, int64_t>> real_gemm_tiles(int64_t M, int64_t N, kernels::GemmTiling tiling) {
+  const int64_t rows = kernels::gemm_grid_rows(M, tiling), cols = kernels::gemm_grid_cols(N, tiling);
   std::set<std::pair<int64_t, int64_t>> tiles{{0, 0}, {0, cols - 1}, {rows - 1, 0}, {rows - 1, cols - 1}, {rows / 2, cols / 2 + 1 < cols ? cols / 2 + 1 : cols - 1}};
   return {tiles.begin(), tiles.end()};
 }
 
+// Each case in both tilings (GemmTile128 is what a device picks at these shapes; GemmTile64 holds the same chains).
 inline int check_real_gemm(const RealShapeExecutor& ex, ThreadPool* pool) {
   int failed = 0;
   uint64_t seed = 1;
@@ -174,29 +175,38 @@ inline int check_real_gemm(const RealShapeExecutor& ex, ThreadPool* pool) {
     const GemmCase& s = c.shape;
     const std::vector<float> a = real_shape_operand(s.M * s.K, seed++, 12, 1.0f, pool);
     const std::vector<float> b = real_shape_operand(s.K * s.N, seed++, 12, 1.0f, pool);
-    RawFloats got(s.M * s.N), want(s.M * s.N);
-    const kernels::GemmArgs g = gemm_args(s, a.data(), b.data(), got.get());
-    std::vector<std::pair<int64_t, int64_t>> tiles;
-    Spans spans;
-    if (ex.sampled) {
-      tiles = real_gemm_tiles(s.M, s.N);
-      for (const auto& [bi, bj] : tiles) {
-        const int64_t r0 = bi * kernels::kGemmBM, r1 = std::min(s.M, r0 + kernels::kGemmBM);
-        const int64_t c0 = bj * kernels::kGemmBN, c1 = std::min(s.N, c0 + kernels::kGemmBN);
-        // Every output is one chain over k, so the product of the tile's rows and columns alone has its bits.
-        gemm(r1 - r0, c1 - c0, s.K, MatView{g.A + r0 * g.a_row, g.a_row, g.a_col}, MatView{g.B + c0 * g.b_col, g.b_row, g.b_col},
-             want.get() + r0 * g.ldc + c0, g.ldc, false, pool);
-        for (int64_t r = r0; r < r1; ++r) spans.emplace_back(r * g.ldc + c0, r * g.ldc + c1);
+    RawFloats want(s.M * s.N);
+    const kernels::GemmArgs shape = gemm_args(s, a.data(), b.data(), nullptr);
+    if (!ex.sampled)
+      gemm(s.M, s.N, s.K, MatView{shape.A, shape.a_row, shape.a_col}, MatView{shape.B, shape.b_row, shape.b_col},
+           want.get(), shape.ldc, false, pool);
+    for (const kernels::GemmTiling tiling : {kernels::GemmTiling::tile128, kernels::GemmTiling::tile64}) {
+      RawFloats got(s.M * s.N);
+      kernels::GemmArgs g = shape;
+      g.C = got.get();
+      std::vector<std::pair<int64_t, int64_t>> tiles;
+      Spans spans;
+      if (ex.sampled) {
+        const int64_t edge = kernels::gemm_tile_rows(tiling);
+        tiles = real_gemm_tiles(s.M, s.N, tiling);
+        for (const auto& [bi, bj] : tiles) {
+          const int64_t r0 = bi * edge, r1 = std::min(s.M, r0 + edge);
+          const int64_t c0 = bj * edge, c1 = std::min(s.N, c0 + edge);
+          // Every output is one chain over k, so the product of the tile's rows and columns alone has its bits.
+          gemm(r1 - r0, c1 - c0, s.K, MatView{g.A + r0 * g.a_row, g.a_row, g.a_col},
+               MatView{g.B + c0 * g.b_col, g.b_row, g.b_col}, want.get() + r0 * g.ldc + c0, g.ldc, false, pool);
+          for (int64_t r = r0; r < r1; ++r) spans.emplace_back(r * g.ldc + c0, r * g.ldc + c1);
+        }
+      } else {
+        spans.emplace_back(0, s.M * s.N);
       }
-    } else {
-      gemm(s.M, s.N, s.K, MatView{g.A, g.a_row, g.a_col}, MatView{g.B, g.b_row, g.b_col}, want.get(), g.ldc, false, pool);
-      spans.emplace_back(0, s.M * s.N);
+      ex.gemm(g, tiles, tiling);
+      const std::string diff = first_difference(got.get(), want.get(), spans);
+      std::printf("real shape %s, %s: %s (%" PRId64 " outputs%s)\n", c.name, kernels::gemm_tiling_name(tiling),
+                  diff.empty() ? "bitwise equal" : ("DIFFERS, " + diff).c_str(), span_count(spans),
+                  ex.sampled ? (", " + std::to_string(tiles.size()) + " sampled tiles").c_str() : "");
+      failed += !diff.empty();
     }
-    ex.gemm(g, tiles);
-    const std::string diff = first_difference(got.get(), want.get(), spans);
-    std::printf("real shape %s: %s (%" PRId64 " outputs%s)\n", c.name, diff.empty() ? "bitwise equal" : ("DIFFERS, " + diff).c_str(),
-                span_count(spans), ex.sampled ? (", " + std::to_string(tiles.size()) + " sampled tiles").c_str() : "");
-    failed += !diff.empty();
   }
   return failed;
 }

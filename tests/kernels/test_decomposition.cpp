@@ -52,12 +52,42 @@ TEST_CASE("gemm exact: the kernel's tiles, slabs and per-thread chains equal the
     CAPTURE(c.accumulate);
     const testing::GemmOperands o = testing::gemm_operands(c, static_cast<uint32_t>(17 + cases));
     const std::vector<float> want = reference(c, o);
-    std::vector<float> got = o.c;
-    kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), got.data()));
-    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    for (const kernels::GemmTiling tiling : {kernels::GemmTiling::tile128, kernels::GemmTiling::tile64}) {
+      CAPTURE(kernels::gemm_tiling_name(tiling));
+      std::vector<float> got = o.c;
+      kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), got.data()), tiling);
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
     ++cases;
   }
   CHECK(cases == 78);
+}
+
+TEST_CASE("gemm exact: the tiling a device picks, and the one the host execution takes") {
+  using kernels::GemmTiling;
+  // 132 SMs hold 264 blocks of GemmTile128: fewer blocks than that take GemmTile64.
+  CHECK(kernels::gemm_pick_tiling(512, 512, 132) == GemmTiling::tile64);      // 16 blocks (olmo3-100m's d x d dW)
+  CHECK(kernels::gemm_pick_tiling(4096, 512, 132) == GemmTiling::tile64);     // 32 x 4 = 128 (olmo3-100m's q forward)
+  CHECK(kernels::gemm_pick_tiling(4096, 2048, 132) == GemmTiling::tile128);   // 32 x 16 = 512 >= 264
+  CHECK(kernels::gemm_pick_tiling(2048, 2048, 132) == GemmTiling::tile64);    // 256 < 264
+  CHECK(kernels::gemm_pick_tiling(2048, 2049, 132) == GemmTiling::tile128);   // 16 x 17 = 272
+  CHECK(kernels::gemm_pick_tiling(2048, 2048, 128) == GemmTiling::tile128);   // 256 = 2 x 128
+  CHECK(kernels::gemm_pick_tiling(1, 1, 1) == GemmTiling::tile64);
+  CHECK(kernels::gemm_pick_tiling(128, 128, 0) == GemmTiling::tile128);
+  CHECK(kernels::gemm_grid_rows(129, GemmTiling::tile64) == 3);
+  CHECK(kernels::gemm_grid_cols(129, GemmTiling::tile128) == 2);
+  // The host execution takes the 132-SM pick: a grid it would run as GemmTile64 has that grid's blocks (an out-of-grid
+  // block names the tiling), and its bits are those of the explicit call.
+  const GemmCase c{300, 140, 20, 0, true};
+  const testing::GemmOperands o = testing::gemm_operands(c, 3);
+  std::vector<float> picked = o.c, explicit64 = o.c;
+  kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), picked.data()));
+  kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), explicit64.data()), GemmTiling::tile64);
+  CHECK(std::memcmp(picked.data(), explicit64.data(), picked.size() * sizeof(float)) == 0);
+  CHECK_THROWS_WITH_AS(kernels::gemm_exact_host_tiles(testing::gemm_args(c, o.a.data(), o.b.data(), picked.data()),
+                                                      {{5, 0}}, GemmTiling::tile64),
+                       "gemm_exact_host_tiles: block (5, 0) is outside the tile64 grid of 5 x 3 blocks",
+                       std::out_of_range);
 }
 
 TEST_CASE("gemm exact negative control: split-K slabs added afterwards give other bits") {

@@ -23,13 +23,14 @@ TEST_CASE("real shapes: cross-entropy at V 100352, every row") {
   CHECK(testing::check_real_cross_entropy(testing::host_real_shape_executor(), &pool) == 0);
 }
 
-TEST_CASE("real shapes negative control: split-K slabs added afterwards are caught at both GEMM shapes") {
+TEST_CASE("real shapes negative control: split-K slabs added afterwards are caught at both GEMM shapes in both tilings") {
   ThreadPool pool(0);
   testing::RealShapeExecutor ex = testing::host_real_shape_executor();
-  ex.gemm = [](const kernels::GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& tiles) {
+  ex.gemm = [](const kernels::GemmArgs& g, const std::vector<std::pair<int64_t, int64_t>>& tiles,
+               kernels::GemmTiling tiling) {
     kernels::GemmArgs split = g;
     split.debug_split_k = true;
-    kernels::gemm_exact_host_tiles(split, tiles);
+    kernels::gemm_exact_host_tiles(split, tiles, tiling);
   };
-  CHECK(testing::check_real_gemm(ex, &pool) == 2);
+  CHECK(testing::check_real_gemm(ex, &pool) == 4);  // both shapes, both tilings
 }
