@@ -32,8 +32,10 @@
 #                  and the model a third time, its attention at the 7B's own rate from those rows;
 #       training   tests/gpu/training.sh: golden traces on the device, cpu -> cuda -> cpu checkpoints, T0, 2 MPI
 #                  processes on one GPU equal to one, intra-document masking equal to the CPU;
-#       memcheck   compute-sanitizer memcheck on the kernels (no math sweep) and one tiny training step;
-#       racecheck  compute-sanitizer racecheck on the GEMM and attention kernels (the ones with shared memory);
+#       memcheck   compute-sanitizer memcheck on the kernels (no math sweep, no launch held to one block an SM: the
+#                  same kernels again) and one tiny training step;
+#       racecheck  compute-sanitizer racecheck on the GEMM (both tiles) and attention kernels (the ones with shared
+#                  memory), none held;
 #   - the kernels and the sanitizer steps wait after every launch (OLMOREF_CUDA_SYNC_LAUNCHES=1: a fault names its
 #     kernel); bench and training launch back to back, as a run does;
 #   - the dry run executes the device's command lines: tools/standins/ comes first on PATH, with stand-ins for
@@ -159,6 +161,11 @@ kernels() {  # kernels [ARGS]: the device kernels against the CPU; in the dry ru
     # of test_executor are most of this step's time here), and the sampled real shapes only in the kernels step (the
     # sanitizer steps pass arguments and leave them out on the device too).
     # Each under the sanitizer's command line when the step has one, as the device runs test_gpu_kernels.
+    # test_gpu_kernels's own reading of the device run's arguments (--parse-only: no device touched), so that a
+    # wrong one fails here, naming it.
+    if [ -x "$bin_root/tests/gpu/test_gpu_kernels" ]; then
+      "$bin_root/tests/gpu/test_gpu_kernels" "$@" --parse-only || return $?
+    fi
     "${sanitize[@]}" "$bin_root/tests/kernels/test_decomposition" || return $?
     [[ " $* " == *" --only "* ]] && return 0
     # test_executor's head in runs of rows (a model case on both executors, two thirds of its time here) has no
@@ -176,7 +183,7 @@ with_sanitizer() {  # with_sanitizer TOOL: the sanitizer steps' command line, or
 }
 memcheck() {
   with_sanitizer memcheck || return $?
-  kernels --no-math-sweep --no-real-shapes || return $?
+  kernels --no-math-sweep --no-real-shapes --no-held || return $?
   local w rc
   w=$(mktemp -d)
   python3 golden/traces/make_tiny_corpus.py "$w/tiny.u16" || return 2
@@ -232,7 +239,7 @@ bench() {  # the exact GEMM against cuBLAS (bench/gemm_bench.cu) first, the chea
 }
 racecheck() {
   with_sanitizer racecheck || return $?
-  kernels --no-math-sweep --only gemm,attention
+  kernels --no-math-sweep --no-held --only gemm,attention
 }
 
 {

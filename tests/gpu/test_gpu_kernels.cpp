@@ -62,6 +62,11 @@ T* to_device(const std::vector<T>& v) {
   return d;
 }
 
+// --no-held (the sanitizer steps): no launch held to one block an SM. Those are the same kernels with dynamic shared
+// memory they never touch, checked so that the benches' held columns mean something; under a sanitizer they would only
+// repeat the launches as built.
+bool g_no_held = false;
+
 int check_gemm() {
   using kernels::GemmTiling;
   int failed = 0, n = 0, launches = 0, device = 0, sms = 0;
@@ -78,7 +83,7 @@ int check_gemm() {
     // they compute the same).
     const GemmTiling picked = kernels::gemm_pick_tiling(c.M, c.N, sms);
     const GemmTiling other = picked == GemmTiling::tile64 ? GemmTiling::tile128 : GemmTiling::tile64;
-    for (int how = 0; how < 4; ++how) {
+    for (int how = 0; how < (g_no_held ? 2 : 4); ++how) {
       float *da = to_device(o.a), *db = to_device(o.b), *dc = to_device(o.c);
       const kernels::GemmArgs g = testing::gemm_args(c, da, db, dc);
       const GemmTiling tiling = how % 2 == 0 ? picked : other;
@@ -101,8 +106,8 @@ int check_gemm() {
       }
     }
   }
-  std::printf("gemm exact: %d of %d launches bitwise equal (each case as picked at %d SMs, in the other tiling, and each "
-              "held to one block an SM)\n", launches - failed, launches, sms);
+  std::printf("gemm exact: %d of %d launches bitwise equal (each case as picked at %d SMs and in the other tiling%s)\n",
+              launches - failed, launches, sms, g_no_held ? "" : ", each also held to one block an SM");
   // Both tiles' kernels are written for two blocks an SM (kernels/gemm_exact.cu: __launch_bounds__(256, 2), 125 and 108
   // registers); a device or toolkit that gives one fewer has lost half its resident warps without a wrong bit to show it.
   for (const GemmTiling tiling : {GemmTiling::tile128, GemmTiling::tile64}) {
@@ -517,11 +522,11 @@ int check_attention() {
     float* ds = attention_scratch(a, tile_blocks);
     a.q = dq, a.k = dk, a.v = dv, a.out = dout, a.row_max = dm, a.row_sum = dl, a.scratch = ds;
     // As the executor launches it, and held to one block an SM as bench/attention_bench times it (its timing means
-    // nothing unless it computes the same): the short cases at the executor's grid, so that the sanitizer steps,
-    // which run this family too, do not pay for the long ones twice.
+    // nothing unless it computes the same): the short cases at the executor's grid, none under --no-held (the
+    // sanitizer steps, which run this family too).
     bool same = true;
     for (const bool held : {false, true}) {
-      if (held && (tile_blocks != kernels::kAttentionTileBlocks || c.T > 100)) continue;
+      if (held && (g_no_held || tile_blocks != kernels::kAttentionTileBlocks || c.T > 100)) continue;
       for (const auto& [p, n] : {std::pair{dout, out_n}, std::pair{dm, stats}, std::pair{dl, stats}})
         check_cuda(cudaMemset(p, 0, n * sizeof(float)), __LINE__);
       held ? kernels::attention_forward_device_one_block_per_sm(a) : kernels::attention_forward_device(a);
@@ -564,7 +569,7 @@ int check_attention() {
     a.dq = ddq, a.dk = ddk, a.dv = ddv, a.row_d = row_d, a.dk_head = dkh, a.dv_head = dvh;
     bool same = true;
     for (const bool held : {false, true}) {
-      if (held && (tile_blocks != kernels::kAttentionTileBlocks || c.T > 100)) continue;  // as in the forward
+      if (held && (g_no_held || tile_blocks != kernels::kAttentionTileBlocks || c.T > 100)) continue;  // as in the forward
       for (float* p : {ddq, ddk, ddv}) check_cuda(cudaMemset(p, 0, (p == ddq ? qn : kn) * sizeof(float)), __LINE__);
       held ? kernels::attention_backward_device_one_block_per_sm(a) : kernels::attention_backward_device(a);
       const cudaError_t err = cudaDeviceSynchronize();
@@ -819,25 +824,55 @@ static int check_streams() {
   return 0;
 }
 
-// test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--only NAME,NAME...]: every kernel family against the CPU, bit for bit.
+// test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--no-held] [--only NAME,NAME...] [--parse-only]: every kernel
+// family against the CPU, bit for bit. --parse-only reads the rest and exits, touching no device: tools/gpu_check.sh's
+// dry run checks the device run's command lines with it.
 // Output is line-buffered (a crash or a timeout still leaves every line before it in the log) and an exception in
 // one family is reported as that family's failure, and the next family runs.
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bool no_math_sweep = false;  // for the sanitizers: the math sweep is long and has no shared memory
   bool no_real_shapes = false;  // for the sanitizers too: gigabytes of operands, minutes under memcheck
+  bool parse_only = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-math-sweep") == 0) {
       no_math_sweep = true;
     } else if (std::strcmp(argv[i], "--no-real-shapes") == 0) {
       no_real_shapes = true;
+    } else if (std::strcmp(argv[i], "--no-held") == 0) {
+      g_no_held = true;
+    } else if (std::strcmp(argv[i], "--parse-only") == 0) {
+      parse_only = true;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.append(",").append(argv[++i]).append(",");
     } else {
-      std::fprintf(stderr, "usage: test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--only NAME,...]; unknown argument %s\n", argv[i]);
+      std::fprintf(stderr, "usage: test_gpu_kernels [--no-math-sweep] [--no-real-shapes] [--no-held] [--only NAME,...] "
+                   "[--parse-only]; unknown argument %s\n", argv[i]);
       return 2;
     }
+  }
+  const std::pair<const char*, int (*)()> families[] = {
+      {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
+      {"fused_norm", check_fused_norm}, {"split_reductions", check_split_reductions}, {"elementwise", check_elementwise}, {"loss", check_loss},
+      {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe}, {"moe_executor", check_moe_executor},
+      {"model", check_model},     {"streams", check_streams}, {"real_shapes", check_real_shapes}, {"math", check_math}};
+  if (parse_only) {
+    // Every name --only lists must be a family (the run itself fails only when none is).
+    for (size_t at = 1; at < only.size();) {
+      const size_t end = only.find(',', at);
+      const std::string name = only.substr(at, end - at);
+      at = end + 1;
+      if (name.empty()) continue;
+      bool known = false;
+      for (const auto& [family, check] : families) known = known || name == family;
+      if (!known) {
+        std::fprintf(stderr, "test_gpu_kernels: --only names '%s', which is no kernel family\n", name.c_str());
+        return 2;
+      }
+    }
+    std::printf("test_gpu_kernels: arguments read (--parse-only: no device touched)\n");
+    return 0;
   }
   const cuda::DeviceInfo dev = cuda::query_device();
   if (!dev.available) {
@@ -847,11 +882,6 @@ int main(int argc, char** argv) {
   const long long resident = kernels::attention_forward_resident_blocks();
   std::printf("device: %s, sm_%d%d, %d SMs; attention forward: %lld blocks at once (%lld per SM)\n", dev.name.c_str(),
               dev.compute_major, dev.compute_minor, dev.sm_count, resident, resident / std::max(dev.sm_count, 1));
-  const std::pair<const char*, int (*)()> families[] = {
-      {"gemm", check_gemm},       {"gemm_swiglu", check_gemm_swiglu}, {"rmsnorm", check_rmsnorm},
-      {"fused_norm", check_fused_norm}, {"split_reductions", check_split_reductions}, {"elementwise", check_elementwise}, {"loss", check_loss},
-      {"embed_rope", check_embed_rope}, {"attention", check_attention}, {"moe", check_moe}, {"moe_executor", check_moe_executor},
-      {"model", check_model},     {"streams", check_streams}, {"real_shapes", check_real_shapes}, {"math", check_math}};
   int failed = 0, ran = 0;
   for (const auto& [name, check] : families) {
     std::string needle = ",";  // built in steps: GCC 12's -Wrestrict misreads "," + std::string(name) + ","

@@ -16,7 +16,8 @@
 #      planted failure in the preflight stops the script at once, saying why;
 #   4. the device's command lines: the dry run went through the stand-ins (tools/standins/) for nvidia-smi and
 #      compute-sanitizer, which accept only the lines the device run gives the real tools (the line that once wrapped
-#      test_gpu_kernels as a --tool is refused); the step limits add up to at most the 360 s budget (a start, a run
+#      test_gpu_kernels as a --tool is refused), and test_gpu_kernels read each step's own arguments (--parse-only:
+#      an unknown one, or an unknown family, fails the step); the step limits add up to at most the 360 s budget (a start, a run
 #      and a rerun in 15 minutes); gemm_bench runs first in the bench step (a runtime without compute-sanitizer is
 #      part 3's planted run: the sanitizer steps recorded as not run, 126, not counted as failures).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
@@ -153,8 +154,8 @@ grep -q "stopped after the preflight" "$work/pre/summary.txt"
 if grep -q "===== kernels" "$work/pre/checks.log"; then echo "FAIL: steps ran after a failed preflight"; exit 1; fi
 echo "planted preflight failure: stopped at once, the reason in summary.txt"
 echo "== 4. the device's command lines"
-python3 - "$work/dry" <<'PY'
-import re, sys
+python3 - "$work/dry" "$BUILD/tests/gpu/test_gpu_kernels" <<'PY'
+import os, re, sys
 d = sys.argv[1]
 log, device = open(f"{d}/checks.log").read(), open(f"{d}/device.txt").read()
 assert "stand-in GPU (dry run)" in device, "the preflight did not query nvidia-smi as the device run does"
@@ -165,6 +166,9 @@ for exe in ("test_decomposition", "test_executor", "olmoref"):
 assert "compute-sanitizer (stand-in): --tool racecheck, running test_decomposition" in race
 kern = log[log.index("===== kernels "):log.index("===== bench ")]
 assert "compute-sanitizer" not in kern, "the kernels step runs its program bare"
+if os.access(sys.argv[2], os.X_OK):  # test_gpu_kernels read each step's arguments (--parse-only) as the device's
+    for name, part in (("kernels", kern), ("memcheck", mem), ("racecheck", race)):
+        assert "test_gpu_kernels: arguments read" in part, f"the {name} step did not check test_gpu_kernels' arguments"
 limits = [int(x) for x in re.findall(r"^===== \S+ \(limit (\d+)s\)", log, re.M)]
 assert len(limits) == 6 and sum(limits) <= 360, limits
 assert 2 * sum(limits) + 120 <= 900, "a start, a run and a rerun must fit 15 minutes"
@@ -176,4 +180,14 @@ if "$SRC/tools/standins/compute-sanitizer" --error-exitcode 9 --tool "$BUILD/olm
   echo "FAIL: the stand-in accepted a program given as the --tool"; exit 1
 fi
 grep -q "is not a sanitizer tool" "$work/bad.log"
+# What that reading catches: an argument test_gpu_kernels does not take, and a family --only names that is none.
+if [ -x "$BUILD/tests/gpu/test_gpu_kernels" ]; then
+  for bad in "--no-hold" "--only gemm,atention"; do
+    # shellcheck disable=SC2086  # the planted line's words
+    if "$BUILD/tests/gpu/test_gpu_kernels" $bad --parse-only > "$work/bad.log" 2>&1; then
+      echo "FAIL: test_gpu_kernels $bad --parse-only accepted a wrong argument"; exit 1
+    fi
+  done
+  echo "test_gpu_kernels --parse-only refuses an unknown argument and an unknown family"
+fi
 echo "gpu check dry run: ok"
