@@ -18,8 +18,8 @@ struct GemmCase {
 };
 
 // Odd sizes, single rows/columns, K shorter and longer than a slab (one slab, an odd number and an even number of
-// slabs, for the two buffers), tiles (128 x 128) whole and cut in every direction, and a thread's two runs of rows
-// and columns half full.
+// slabs, for the two buffers), tiles (128 x 128, and 64 x 64: gemm_pick_tiling) whole and cut in every direction, and
+// a thread's two runs of rows and columns (GemmTile128's) half full.
 inline std::vector<GemmCase> gemm_cases() {
   std::vector<GemmCase> out;
   const int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {64, 64, 16},  {65, 63, 17},  {130, 70, 33},
