@@ -8,12 +8,13 @@
 // weight gradient dW[out, in] = dYᵀ·X — with ref/gemm.h's layouts (tests/kernels/gemm_cases.h). Each shape prints
 // and appends to BENCH_JSON (a JSON array, the format of bench/gpu_bench.sh's rows; rewritten after every shape so a
 // run cut short keeps the rows before it) the TFLOP/s of both, their ratio and each one's share of the fp32 peak;
-// also the tiling the device picks for the shape (kernels::gemm_pick_tiling) and the other tiling's time on it, so a row
-// says whether the pick was right; the kernel's registers and blocks an SM on this device, and its time held to one
-// block an SM (dynamic shared memory it never touches: the same grid and bits), so a row says what the second block buys. Held so, the SM also
-// gives more of its L1 to shared memory; the GEMM reads each operand element once per block into shared memory, so
-// little should ride on it, but the ratio is an upper bound on occupancy's share.
-// --dry-run builds and prints the shape list without touching a device (the dry run of tools/gpu_check.sh).
+// also the tiling the device picks for the shape (kernels::gemm_pick_tiling) and the other tiling's time on it, so a
+// row says whether the pick was right; the picked kernel's registers and blocks an SM on this device, and its time held
+// to one block an SM (dynamic shared memory it never touches: the same grid and bits), so a row says what the second
+// block buys. Held so, the SM also gives more of its L1 to shared memory; the GEMM reads each operand element once per
+// block into shared memory, so little should ride on it, but the ratio is an upper bound on occupancy's share.
+// --dry-run builds and prints the shape list, with each shape's tiling at 132 SMs, without touching a device (the dry
+// run of tools/gpu_check.sh).
 //
 // cuBLAS is loaded at run time (dlopen): libcublasLt alone is 541 MB, far past the 64 MiB a device call carries
 // (tools/gpu_carry.sh), so the binary must start without it; where the device has no libcublas.so.13 (GEMM_BENCH_CUBLAS
@@ -236,7 +237,7 @@ int main(int argc, char** argv) {
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SMs)");
     for (const kernels::GemmTiling t : {kernels::GemmTiling::tile128, kernels::GemmTiling::tile64}) {
       const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit(t);
-      std::printf("gemm_bench: gemm_exact_kernel %s: %d registers, %d blocks an SM of %d (256 threads a block)\n",
+      std::printf("gemm_bench: gemm_exact_kernel %s: %d registers, %d blocks an SM (256 threads a block; %d SMs)\n",
                   kernels::gemm_tiling_name(t), fit.registers, fit.blocks_per_sm, sms);
     }
     for (const Shape& s : shapes) {
