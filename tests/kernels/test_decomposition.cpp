@@ -76,18 +76,56 @@ TEST_CASE("gemm exact: the tiling a device picks, and the one the host execution
   CHECK(kernels::gemm_pick_tiling(128, 128, 0) == GemmTiling::tile128);
   CHECK(kernels::gemm_grid_rows(129, GemmTiling::tile64) == 3);
   CHECK(kernels::gemm_grid_cols(129, GemmTiling::tile128) == 2);
-  // The host execution takes the 132-SM pick: a grid it would run as GemmTile64 has that grid's blocks (an out-of-grid
-  // block names the tiling), and its bits are those of the explicit call.
+  // The host execution's own call (it takes the pick of a 132-SM device, GemmTile64 here) has the bits of each
+  // explicit tiling; an out-of-grid block names the tiling.
   const GemmCase c{300, 140, 20, 0, true};
   const testing::GemmOperands o = testing::gemm_operands(c, 3);
-  std::vector<float> picked = o.c, explicit64 = o.c;
+  std::vector<float> picked = o.c;
   kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), picked.data()));
-  kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), explicit64.data()), GemmTiling::tile64);
-  CHECK(std::memcmp(picked.data(), explicit64.data(), picked.size() * sizeof(float)) == 0);
+  for (const GemmTiling tiling : {GemmTiling::tile128, GemmTiling::tile64}) {
+    std::vector<float> tiled = o.c;
+    kernels::gemm_exact_host(testing::gemm_args(c, o.a.data(), o.b.data(), tiled.data()), tiling);
+    CHECK(std::memcmp(picked.data(), tiled.data(), picked.size() * sizeof(float)) == 0);
+  }
   CHECK_THROWS_WITH_AS(kernels::gemm_exact_host_tiles(testing::gemm_args(c, o.a.data(), o.b.data(), picked.data()),
                                                       {{5, 0}}, GemmTiling::tile64),
                        "gemm_exact_host_tiles: block (5, 0) is outside the tile64 grid of 5 x 3 blocks",
                        std::out_of_range);
+}
+
+// The SwiGLU epilogues (gemm_store) in both tiles: the cuda-host executor's fused ops, which tests/ref/test_epilogue.cpp
+// holds to the CPU's unfused sequence, run their small shapes in GemmTile64 (the 132-SM pick), so GemmTile128's
+// epilogue is held to GemmTile64's here, every output (C and the epilogue's) bit for bit.
+TEST_CASE("gemm exact: the SwiGLU epilogues store the same bits from either tile") {
+  using kernels::GemmTiling;
+  int cases = 0;
+  for (const auto& [M, N, K] : {std::array<int64_t, 3>{1, 1, 1}, {7, 37, 5}, {70, 33, 130}, {130, 260, 64}}) {
+    for (const auto kind : {kernels::GemmEpilogueKind::swiglu_forward, kernels::GemmEpilogueKind::swiglu_backward})
+      for (const bool bf16 : {false, true}) {
+        CAPTURE(M);
+        CAPTURE(N);
+        CAPTURE(K);
+        CAPTURE(static_cast<int>(kind));
+        CAPTURE(bf16);
+        const GemmCase c{M, N, K, kind == kernels::GemmEpilogueKind::swiglu_forward ? 0 : 1, false};
+        const testing::GemmOperands o = testing::gemm_operands(c, static_cast<uint32_t>(91 + cases));
+        // The gate g and (backward) u, [M, N] at C's positions, with SiLU's edges among them.
+        std::vector<float> gate = testing::gemm_operands(c, static_cast<uint32_t>(191 + cases)).c;
+        const std::vector<float> up = testing::gemm_operands(c, static_cast<uint32_t>(291 + cases)).c;
+        for (size_t i = 0; i < gate.size(); i += 7) gate[i] = i % 2 ? std::numeric_limits<float>::infinity() : -88.0f;
+        std::vector<float> out[2][2];  // [tiling][C, epilogue output]
+        for (int t = 0; t < 2; ++t) {
+          out[t][0].assign(o.c.size(), 0.0f), out[t][1].assign(o.c.size(), 0.0f);
+          kernels::GemmArgs g = testing::gemm_args(c, o.a.data(), o.b.data(), out[t][0].data());
+          g.epilogue = kind, g.epi_g = gate.data(), g.epi_u = up.data(), g.epi_out = out[t][1].data(), g.epi_bf16 = bf16;
+          kernels::gemm_exact_host(g, t == 0 ? GemmTiling::tile128 : GemmTiling::tile64);
+        }
+        CHECK(std::memcmp(out[0][0].data(), out[1][0].data(), o.c.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(out[0][1].data(), out[1][1].data(), o.c.size() * sizeof(float)) == 0);
+        ++cases;
+      }
+  }
+  CHECK(cases == 16);
 }
 
 TEST_CASE("gemm exact negative control: split-K slabs added afterwards give other bits") {
