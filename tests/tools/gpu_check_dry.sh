@@ -17,9 +17,10 @@
 #   4. the device's command lines: the dry run went through the stand-ins (tools/standins/) for nvidia-smi and
 #      compute-sanitizer, which accept only the lines the device run gives the real tools (the line that once wrapped
 #      test_gpu_kernels as a --tool is refused), and test_gpu_kernels read each step's own arguments (--parse-only:
-#      an unknown one, or an unknown family, fails the step); the step limits add up to at most the 360 s budget (a start, a run
-#      and a rerun in 15 minutes); gemm_bench runs first in the bench step (a runtime without compute-sanitizer is
-#      part 3's planted run: the sanitizer steps recorded as not run, 126, not counted as failures).
+#      an unknown one, or an unknown family, fails the step); the step limits add up to at most the 360 s budget (a
+#      start, a run and a rerun in 15 minutes); gemm_bench runs first in the bench step (a runtime without
+#      compute-sanitizer is part 3's planted run: the sanitizer steps recorded as not run, 126, not counted as
+#      failures).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 BUILD="$OLMOREF_BUILD_ROOT"
 cd "$SRC"
