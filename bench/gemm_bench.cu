@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bench/device_bench.cuh"
+#include "kernels/device_memory.h"
 #include "kernels/gemm_exact.h"
 #include "tests/kernels/gemm_cases.h"
 #include "train/config.h"
@@ -232,9 +233,7 @@ int main(int argc, char** argv) {
     check_cuda(cudaDeviceSynchronize(), "fill");
     const Cublas cublas;
     if (!cublas.missing.empty()) std::printf("gemm_bench: cuBLAS column left out: %s\n", cublas.missing.c_str());
-    int device = 0, sms = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(SMs)");
+    const int sms = kernels::current_device_sms();
     for (const kernels::GemmTiling t : {kernels::GemmTiling::tile128, kernels::GemmTiling::tile64}) {
       const kernels::GemmDeviceFit fit = kernels::gemm_exact_device_fit(t);
       std::printf("gemm_bench: gemm_exact_kernel %s: %d registers, %d blocks an SM (256 threads a block; %d SMs)\n",

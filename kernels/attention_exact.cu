@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/attention_exact.h"
+#include "kernels/device_memory.h"
 
 namespace olmoref::kernels {
 
@@ -61,14 +62,6 @@ const HeldShared& held_shared() {
   return held;
 }
 
-int device_sms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    throw std::runtime_error("attention: cannot read the device's SM count");
-  return sms;
-}
-
 void backward(const AttentionArgs& a, const HeldShared& shared) {
   const int64_t tiles = attention_tiles(a), n = a.B * a.T * a.KV * a.hd;
   if (tiles == 0) return;
@@ -95,7 +88,7 @@ int64_t attention_forward_resident_blocks() {
   // One device per process (kernels::select_device runs before the first kernel), so it is asked once.
   static const int64_t resident = [] {
     const KernelFit fit = kernel_fit(attention_forward_kernel, kAttThreads, "attention_forward_kernel");
-    return static_cast<int64_t>(device_sms()) * (fit.blocks_per_sm > 0 ? fit.blocks_per_sm : 1);
+    return static_cast<int64_t>(current_device_sms()) * (fit.blocks_per_sm > 0 ? fit.blocks_per_sm : 1);
   }();
   return resident;
 }
@@ -111,7 +104,7 @@ AttentionDeviceFit attention_device_fit() {
 
 void attention_forward_device_one_block_per_sm(const AttentionArgs& a) {
   AttentionArgs held = a;
-  held.tile_blocks = std::min<int64_t>(a.tile_blocks, device_sms());  // one wave of one block an SM
+  held.tile_blocks = std::min<int64_t>(a.tile_blocks, current_device_sms());  // one wave of one block an SM
   forward(held, held_shared().forward);
 }
 

@@ -120,6 +120,11 @@ int current_device() {
   return d;
 }
 void use_device(int d) { check(cudaSetDevice(d), "making device " + std::to_string(d) + " this thread's"); }
+int current_device_sms() {
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()), "querying the device's SMs");
+  return sms;
+}
 
 int64_t device_free_bytes() {
   size_t free_b = 0, total_b = 0;

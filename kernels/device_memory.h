@@ -66,6 +66,8 @@ class StreamScope {
 // this, its first CUDA call would make a context there).
 int current_device();
 void use_device(int d);
+// The SMs of this thread's device (what the GEMM's tiling and the attention forward's grid are sized to).
+int current_device_sms();
 // The CUDA devices this process sees (0 without a driver or a device; CUDA_VISIBLE_DEVICES applies).
 int visible_device_count();
 // Makes device d this process's (cudaSetDevice: before anything is allocated, so no context lands on device 0) and

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/device_memory.h"
 #include "kernels/gemm_exact.h"
 
 namespace olmoref::kernels {
@@ -61,21 +62,9 @@ size_t held_shared_bytes() {
   return unused;
 }
 
-// The SMs of this process's device (the rank's: kernels::select_device), asked once.
-int device_sms() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) throw std::runtime_error(std::string("gemm_exact_device: the device's SMs: ") + cudaGetErrorString(err));
-    return count;
-  }();
-  return sms;
-}
-
 }  // namespace
 
-void gemm_exact_device(const GemmArgs& g) { gemm_exact_device(g, gemm_pick_tiling(g.M, g.N, device_sms())); }
+void gemm_exact_device(const GemmArgs& g) { gemm_exact_device(g, gemm_pick_tiling(g.M, g.N, current_device_sms())); }
 
 void gemm_exact_device(const GemmArgs& g, GemmTiling tiling) {
   if (tiling == GemmTiling::tile64) launch<GemmTile64>(g, tiling, 0);

@@ -69,9 +69,8 @@ bool g_no_held = false;
 
 int check_gemm() {
   using kernels::GemmTiling;
-  int failed = 0, n = 0, launches = 0, device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), __LINE__);
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), __LINE__);
+  int failed = 0, n = 0, launches = 0;
+  const int sms = kernels::current_device_sms();
   for (const testing::GemmCase& c : testing::gemm_cases()) {
     const testing::GemmOperands o = testing::gemm_operands(c, static_cast<uint32_t>(17 + n++));
     std::vector<float> want = o.c;
