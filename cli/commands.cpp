@@ -255,6 +255,14 @@ void register_commands(CLI::App& app) {
                   "overlapped exchange (NCCL: its groups and adds; MPI: the adds before the next all-to-all refills "
                   "their receive block); must change the trace on cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US "
                   "set");
+    cmd->add_flag("--debug-exchange-no-staging-wait", o->parallel.debug_exchange_no_staging_wait,
+                  "TEST ONLY: on cuda or cuda-host (several ranks, MPI transport) the owners' exchange thread sends a "
+                  "unit's subtrees before their copy from the device block to the host has landed; must change the "
+                  "trace on cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US set");
+    cmd->add_flag("--debug-exchange-no-refill-wait", o->parallel.debug_exchange_no_refill_wait,
+                  "TEST ONLY: on cuda or cuda-host (several ranks, MPI transport) the next unit's backward refills "
+                  "the subtrees' device send block before its copy to the host has read it; must change the trace on "
+                  "cuda-host with OLMOREF_TEST_HOST_STREAM_DELAY_US set");
     cmd->add_flag("--debug-cp-partial-sums", o->parallel.debug_cp_partial_sums,
                   "TEST ONLY: under context parallelism, each rank's weight-gradient partials over its own positions "
                   "added rank after rank (a CP all-reduce), not one chain over the instance; must change the trace");

@@ -58,6 +58,7 @@ OwnerReduction::OwnerReduction(Executor& ex, Comm& comm, const Layout& layout, c
     side_ = make_side_stream(ex, SideWork::nccl_groups);
   } else if (overlap_ != ExchangeOverlap::off) {
     side_ = make_side_stream(ex, SideWork::copies);
+    staging_ = make_side_stream(ex, SideWork::copies);
     overlap_comm_ = comm.split(0, comm.rank());
     if (const char* d = std::getenv("OLMOREF_TEST_EXCHANGE_DELAY_US")) delay_us_ = std::atoll(d);
 #if OLMOREF_HAVE_NCCL
@@ -71,6 +72,7 @@ OwnerReduction::~OwnerReduction() {
   // the side stream with the device blocks.
   if (in_flight_.valid()) in_flight_.wait();
   if (side_) side_->synchronize();
+  if (staging_) staging_->synchronize();
 }
 
 // The slice of `unit` that rank j reduces: the unit ∩ j's optimizer range, as [lo, lo + floats).
@@ -117,7 +119,13 @@ void OwnerReduction::begin_step() {
     most_received = std::max(most_received, received);
   }
   grow_owner_slots(slots);
-  if (nccl_) size_device_blocks(most_sent, most_received);
+  if (nccl_) {
+    size_device_blocks(most_sent, most_received);
+  } else if (const int64_t send = most_sent * longest_unit_; staging_ && send_dev_.size() < send) {
+    // Over MPI the backward's block only: the one in flight is the host's.
+    staging_->synchronize();  // a copy out of the block about to go
+    send_dev_.reset(*ex_, send, "gradient subtrees of a unit, cut by owner (sent; copied to the host's)");
+  }
 }
 
 void OwnerReduction::size_device_blocks(int64_t most_sent, int64_t most_received) {
@@ -168,6 +176,12 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
   local_.reset_emitting(a, b, [this, W](int q, const float* src, int64_t off, int64_t n) {
     const auto& unit = units_[static_cast<size_t>(unit_)];
     const int64_t k = nodes_per_rank_[static_cast<size_t>(layout_.rank)];
+    if (refill_waits_) {
+      // The unit before's copy to the host reads the block this subtree refills: the executor waits for it here, not
+      // when the unit begins, so that the copy runs under this unit's backward up to its first finished subtree.
+      if (overlap_ != ExchangeOverlap::no_refill_wait) staging_->default_waits();
+      refill_waits_ = false;
+    }
     for (int j = 0; j < W; ++j) {
       const auto [lo, floats] = owner_piece(layout_, unit, j);
       const int64_t clen = chunk_floats(floats);
@@ -176,7 +190,7 @@ GradientLeaves* OwnerReduction::begin_round(int64_t round) {
         const int64_t end = std::min(y, lo + c_lo + len);
         const int64_t at = filling_.send_at[static_cast<size_t>(j)] + c_lo * k + q * len + (x - lo - c_lo);
         const size_t bytes = static_cast<size_t>(end - x) * sizeof(float);
-        if (nccl_)
+        if (nccl_ || staging_)
           ex_->copy(send_dev_.data() + at, src + (x - off), bytes);
         else
           ex_->to_host(filling_.send.data() + at, src + (x - off), bytes);
@@ -199,7 +213,9 @@ void OwnerReduction::unit_backward_begins(int unit) {
   send_at.assign(static_cast<size_t>(W) + 1, 0);
   for (int j = 0; j < W; ++j) send_at[static_cast<size_t>(j) + 1] = send_at[static_cast<size_t>(j)] + k * piece_floats(unit, j);
   const int64_t floats = send_at.back();
-  if (!nccl_) {
+  if (staging_) {
+    if (send_dev_.size() < floats) throw std::logic_error("OwnerReduction: the device send block is short (begin_step)");
+  } else if (!nccl_) {
     // The spare block (the last unit's, or under overlap the one before it: the last is in flight), made at the step's
     // first unit as long as the longest unit's subtrees need, so later units grow nothing.
     if (filling_.send.capacity() == 0) filling_.send.swap(spare_send_);
@@ -307,8 +323,24 @@ void OwnerReduction::unit_backward_done(int unit) {
     }
     e.recv.resize(static_cast<size_t>(widest));
     if (overlap_ != ExchangeOverlap::off) {
+      // The host's block, which the device's is copied to: the spare, made at the step's first unit as long as the
+      // longest unit's subtrees need, so later units grow nothing.
+      const int64_t floats = e.send_at.back();
+      e.send.swap(spare_send_);
+      if (e.send.capacity() < static_cast<size_t>(floats)) {
+        e.send = StagingVector<float>(spare_send_.get_allocator());
+        e.send.reserve(static_cast<size_t>(std::max(floats, send_dev_.size())));
+      }
+      // Kept at its longest (resize would write zeros the copy overwrites): the all-to-alls send by offsets.
+      if (e.send.size() < static_cast<size_t>(floats)) e.send.resize(static_cast<size_t>(floats));
       flight_ = std::move(e);
       note_memory(nullptr);
+      // After the backward's copies into the device block (on the default stream: queued, and on a device maybe not
+      // yet run), beside the next unit's backward.
+      staging_->wait_for_default();
+      if (floats > 0)
+        staging_->copy(flight_.send.data(), send_dev_.data(), static_cast<size_t>(floats) * sizeof(float));
+      refill_waits_ = true;
       // The executor's ops of the adds (the blocks' copies to the device and the tree adds) run on a side stream of
       // their own, beside the main thread's on the default stream, and touch only this unit's slice of the owner
       // slots, which nothing else reads before settle(). They start after what the executor has queued so far (the
@@ -319,6 +351,7 @@ void OwnerReduction::unit_backward_done(int unit) {
         if (device_ >= 0) kernels::use_device(device_);  // a new thread starts on device 0
 #endif
         if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+        if (overlap_ != ExchangeOverlap::no_staging_wait) staging_->synchronize();  // the subtrees, on the host
         const float* recv = flight_.recv.data();
         for (int c = 0; c < chunks_; ++c) {
           const ChunkPlan p = chunk_plan(flight_, c);
@@ -403,6 +436,7 @@ void OwnerReduction::finish(float* shard_out) {
 void OwnerReduction::release() {
   settle();
   if (side_) side_->synchronize();  // the side stream's groups and adds read and write what goes below
+  if (staging_) staging_->synchronize();  // and its copies to the host read the device send block
   local_.release();
   std::vector<Buffer<float>>().swap(owner_slots_);
   for (StagingVector<float>* v : {&filling_.send, &spare_send_, &flight_.send})

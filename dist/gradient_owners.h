@@ -15,7 +15,8 @@
 //   recv blocks  Σ_r k_r · (u ∩ n/W) / C      every rank's subtrees on a chunk of my slice (host; C chunks, one
 //                                            all-to-all each: exchange_chunks)
 //   owner slots  (ceil(log2 N) + 1) · n/W     the step's pending nodes on my optimizer range
-// Under ExchangeOverlap::on the unit in flight keeps its send blocks while the next unit fills others: send 2·k·u.
+// Under ExchangeOverlap::on the unit in flight keeps its send blocks while the next unit fills others: send 2·k·u
+// (over NCCL both on the device; over MPI the one filling on the device, the one in flight on the host).
 // No gradient value held is ever the flat vector's length.
 #pragma once
 
@@ -46,16 +47,20 @@ int exchange_chunks(const Layout& layout, const std::vector<std::pair<int64_t, i
 // When a unit's exchange runs (OwnerReduction).
 enum class ExchangeOverlap {
   off,  // when the unit's backward ends, its all-to-alls (NCCL's groups) and then the owners' adds, chunk by chunk
-  // under the next unit's backward (executors cuda and cuda-host only). MPI: on a thread of its own, the all-to-alls
-  // (on a duplicate of the communicator, so they never interleave with the main thread's collectives) and the owners'
-  // adds, chunk by chunk, the adds' executor ops (copies to the device, tree adds) on a side stream
-  // (dist/side_stream.h; these executors' ops share no state between threads) that the thread waits for before the
-  // next chunk refills the receive block; the thread is waited for when the next unit's backward ends or the step's
-  // tree is finished. NCCL: on a side stream
-  // (dist/side_stream.h), after the backward that wrote the unit's send block, chunk by chunk its group and then the
+  // under the next unit's backward (executors cuda and cuda-host only). The adds of a unit touch only its slice of the
+  // owner slots and keep their order, so no bit changes.
+  // MPI: the backward's subtrees go to a device send block (copies on the device, as NCCL's), which a side stream of
+  // their own (dist/side_stream.h) copies to the host's page-locked block when the unit's backward ends, so no copy
+  // to the host blocks the backward; the next unit's first subtree has the executor wait for that copy before it
+  // refills the block. On a thread of its own, which first waits for that copy: the all-to-alls (on a duplicate of
+  // the communicator, so they never interleave with the main thread's collectives) and the owners' adds, chunk by
+  // chunk, the adds' executor ops (copies to the device, tree adds) on a second side stream (these executors' ops
+  // share no state between threads) that the thread waits for before the next chunk refills the receive block; the
+  // thread is waited for when the next unit's backward ends or the step's tree is finished.
+  // NCCL: on a side stream, after the backward that wrote the unit's send block, chunk by chunk its group and then the
   // owners' adds (the executor's ops queued there: SideStream::run); the next unit's subtrees fill a second send
   // block meanwhile, and when that unit's backward ends (or the step's tree is finished) the executor waits for the
-  // side stream. The adds of a unit touch only its slice of the owner slots and keep their order, so no bit changes.
+  // side stream.
   on,
   // TEST ONLY: finish() reads the root before it waits for the last unit's exchange (dist-prefetch's control).
   no_wait,
@@ -63,6 +68,12 @@ enum class ExchangeOverlap {
   // for its adds before the next all-to-all refills their receive block (dist-nccl-transport's and dist-prefetch's
   // controls: the host execution runs that stream's work late).
   no_stream_wait,
+  // TEST ONLY, over MPI: the thread sends a unit's subtrees before their copy to the host has landed
+  // (dist-prefetch's control).
+  no_staging_wait,
+  // TEST ONLY, over MPI: the next unit's backward refills the device send block before the copy to the host has read
+  // it (dist-prefetch's control).
+  no_refill_wait,
 };
 
 class OwnerReduction final : public UnitGradientSink {
@@ -163,6 +174,10 @@ class OwnerReduction final : public UnitGradientSink {
   Buffer<float> send_dev_flight_;
   bool device_in_flight_ = false;
   std::unique_ptr<SideStream> side_;
+  // MPI under overlap: the stream that copies a unit's device send block (send_dev_) to the host's, and whether the
+  // next subtree written there must first have the executor wait for that copy.
+  std::unique_ptr<SideStream> staging_;
+  bool refill_waits_ = false;
   int unit_ = -1;                           // the unit whose backward runs; -1 between units
   int chunks_;  // exchange_chunks()
   const ExchangeOverlap overlap_;

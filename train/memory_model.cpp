@@ -77,6 +77,9 @@ struct RankParts {
   int local_slots = 0, owner_slots = 0;
   int64_t local_floats = 0, owner_floats = 0;
   int64_t send_floats = 0, recv_floats = 0;     // the largest unit's all-to-all blocks (host)
+  // Of send_floats, under overlap the block the backward fills in the executor's memory (over MPI on a device the
+  // other is the host's, which a side stream copies it to: dist::ExchangeOverlap::on).
+  int64_t send_device_floats = 0;
   int64_t gradient_floats() const { return local_floats + owner_floats + send_floats + recv_floats; }
   // FSDP: the largest unit's pages; its gather's vectors. These count whole beside the gradient exchange's send and
   // receive blocks (which grow at the first unit exchange and are freed after the step): gathering on the spot, with
@@ -138,6 +141,7 @@ RankParts rank_parts(const TrainConfig& cfg, const dist::Layout& L, const dist::
     p.local_floats = p.local_slots * widest_unit;
     p.owner_floats = p.owner_slots * p.optimizer_floats;
     p.send_floats = (overlap ? 2 : 1) * most_sent * widest_unit;
+    if (overlap) p.send_device_floats = most_sent * widest_unit;
     // dist::OwnerReduction exchanges a unit in chunks of every owner's piece, one all-to-all each.
     p.recv_floats = most_received * ((std::max<int64_t>(0, widest_piece) + exchange_chunks - 1) / exchange_chunks);
   }
@@ -287,6 +291,10 @@ std::vector<MemoryPart> executor_step_parts(const TrainConfig& cfg, const Shapes
     if (!gpu || x.nccl) {  // in the executor's memory: the host's, or under nccl the device's
       add("unit send blocks", kF32 * p.send_floats, send_blocks_why(x.overlap));
       add("unit receive blocks", kF32 * p.recv_floats, recv_blocks_why());
+    } else if (x.overlap) {  // over MPI the block the backward fills; the host holds the rest
+      add("unit send blocks", kF32 * p.send_device_floats,
+          "a unit's finished subtrees, cut by owner, copied to the host's block under the next unit's backward: k x "
+          "largest unit");
     }
   }
   if (L.dp_shard > 1)
@@ -430,7 +438,11 @@ HostMemory predict_host_memory(const TrainConfig& cfg, const MemoryPlacement& wh
     };
     // Under nccl none of it: the exchanges move between device buffers.
     if (L.world() > 1 && !x.nccl) {
-      add("unit send blocks", kF32 * p.send_floats, send_blocks_why(x.overlap) + " (page-locked)");
+      if (x.overlap)  // the device's block (the executor's parts) copied here, where it stays while it is in flight
+        add("unit send blocks", kF32 * (p.send_floats - p.send_device_floats),
+            "the unit's in flight, copied from the device's block: k x largest unit (page-locked)");
+      else
+        add("unit send blocks", kF32 * p.send_floats, send_blocks_why(false) + " (page-locked)");
       add("unit receive blocks", kF32 * p.recv_floats, recv_blocks_why() + " (page-locked)");
     }
     const MemoryPart transient = largest_transient(p, false);

@@ -384,9 +384,10 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   // the exchanges `train --transport nccl` moves (dist::kNcclExchanges); the others stay on MPI under it too.
   // `hideable`: what a prefetch can run under compute, the gathers' links, under MPI their PCIe staging too (the
   // prefetch's thread copies on a side stream of its own: dist::UnitGather::land); and the owners' exchange under the
-  // next unit's backward (dist::ExchangeOverlap): under NCCL its links (its groups on a side stream), under MPI its
-  // copies between the ranks, the network (its thread's all-to-alls) and the copies of what it received back to the
-  // device (on the thread's side stream), not the subtrees' copies to the host, which are the backward's.
+  // next unit's backward (dist::ExchangeOverlap): under NCCL its links (its groups on a side stream), under MPI all of
+  // it: the subtrees' copies to the host (a side stream's, from the device block the backward fills), the copies
+  // between the ranks, the network (its thread's all-to-alls) and the copies of what it received back to the device
+  // (on the thread's side stream).
   double gathers = 0, hideable = 0, others = 0, pcie = 0, host = 0, nvlink = 0, network = 0, exchange = 0;
   for (const CollectiveWork& c : w.collectives) {
     double link = 0, between_ranks = 0;
@@ -399,7 +400,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
       const double h = static_cast<double>(c.sent_on_node) / r.host_copy_bytes;
       pcie += p, host += h, link = p + h + off, between_ranks = link;
       if (c.what == dist::kOwnerExchange) {
-        exchange += h + off + static_cast<double>(c.received()) / r.pcie_bytes;
+        exchange += link;
         between_ranks = 0;  // hidden as the exchange thread's share, not the gathers'
       }
     } else {
@@ -412,7 +413,7 @@ StepTime predict_step_time(const StepWork& w, const DeviceRates& r, const std::s
   }
   t.parts = {{"GEMM", gemm}, {"attention", attention}, {"memory-bound ops (HBM)", memory}};
   if (mpi || pcie + host > 0) {
-    t.parts.push_back({"PCIe staging (page-locked, blocking)", pcie});
+    t.parts.push_back({"PCIe staging (page-locked)", pcie});
     t.parts.push_back({"host copies between ranks", host});
   }
   if (!mpi) t.parts.push_back({"NVLink", nvlink});

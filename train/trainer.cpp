@@ -179,15 +179,22 @@ Trainer::Trainer(const TrainConfig& cfg, int threads, std::unique_ptr<BatchSourc
     const bool kernel_executor = ex_->name() == "cuda" || ex_->name() == "cuda-host";
     const bool overlap = par.prefetch_units && !par.profile_ops && kernel_executor &&
                          (par.transport == dist::Transport::nccl || dist::concurrent_collectives());
-    if ((par.debug_exchange_no_wait || par.debug_exchange_no_stream_wait) && !overlap)
-      throw std::invalid_argument("--debug-exchange-no-wait and --debug-exchange-no-stream-wait are controls of the "
-                                  "owners' overlapped exchange, which runs with several ranks, --executor cuda or "
-                                  "cuda-host, without --no-prefetch or --profile-ops");
+    const bool staging_control = par.debug_exchange_no_staging_wait || par.debug_exchange_no_refill_wait;
+    if ((par.debug_exchange_no_wait || par.debug_exchange_no_stream_wait || staging_control) && !overlap)
+      throw std::invalid_argument("the --debug-exchange-no-*-wait flags are controls of the owners' overlapped "
+                                  "exchange, which runs with several ranks, --executor cuda or cuda-host, without "
+                                  "--no-prefetch or --profile-ops");
+    if (staging_control && par.transport != dist::Transport::mpi)
+      throw std::invalid_argument("--debug-exchange-no-staging-wait and --debug-exchange-no-refill-wait are controls "
+                                  "of the MPI transport's copies to the host (NCCL's exchange has none): drop "
+                                  "--transport nccl");
     owners_ = std::make_unique<dist::OwnerReduction>(
         *ex_, *comm_, layout_, batch_split(), std::move(units), par.debug_exchange_chunks, nccl_world_.get(),
         !overlap                              ? dist::ExchangeOverlap::off
         : par.debug_exchange_no_wait        ? dist::ExchangeOverlap::no_wait
         : par.debug_exchange_no_stream_wait ? dist::ExchangeOverlap::no_stream_wait
+        : par.debug_exchange_no_staging_wait ? dist::ExchangeOverlap::no_staging_wait
+        : par.debug_exchange_no_refill_wait ? dist::ExchangeOverlap::no_refill_wait
                                               : dist::ExchangeOverlap::on);
   }
   placement_ = dist::StatePlacement(layout_, par.ep, cfg_.model.moe.enabled() ? cfg_.model.moe.n_experts : 0,

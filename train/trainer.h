@@ -63,6 +63,8 @@ struct Parallelism {
   bool debug_prefetch_no_stream_wait = false;  // TEST ONLY: the prefetch's acquire skips the side-stream wait
   bool debug_exchange_no_wait = false;  // TEST ONLY: the root is read before the last unit's exchange ends
   bool debug_exchange_no_stream_wait = false;  // TEST ONLY: nothing waits for the owners' exchange's side stream
+  bool debug_exchange_no_staging_wait = false;  // TEST ONLY: MPI's thread sends before the subtrees reach the host
+  bool debug_exchange_no_refill_wait = false;   // TEST ONLY: the backward refills the subtrees' device block unwaited
   // How the FSDP gathers, the owners' gradient exchange, the parameter all-gather, the expert rows and context
   // parallelism's gathers and chains move: staged through the host by MPI, or on the device by NCCL
   // (dist/nccl_comm.h; executor cuda). No value changes. `train --transport`.

@@ -238,15 +238,17 @@ fi
 echo "control: the owners' exchange in 2 chunks: the same trace, and the plan check fails as it must"
 
 # The memory model (`config --layout --transport`, what train checks a run against): under nccl the owners' exchange
-# blocks are device memory and nothing of the exchanges is staged on the host; under mpi the reverse.
+# blocks are device memory and nothing of the exchanges is staged on the host; under mpi the receive blocks are the
+# host's and the send blocks both's (with the prefetch, config's case: the backward fills one on the device, which a
+# side stream copies to the host's, where the unit in flight keeps it).
 for t in mpi nccl; do
   "$BIN" config "${tiny[@]}" --layout 2x2 --executor cuda --transport "$t" > "$work/memory-$t.txt"
   device=$(sed -n '/^memory per rank/,/^  peak/p' "$work/memory-$t.txt")
   host=$(sed -n '/^host memory per rank/,$p' "$work/memory-$t.txt")
-  if [ "$t" = nccl ]; then on_device=yes; else on_device=no; fi
-  for part in "unit send blocks" "unit receive blocks"; do
-    [ "$(grep -c "^  $part " <<< "$device")" = "$([ $on_device = yes ] && echo 1 || echo 0)" ] &&
-      [ "$(grep -c "^  $part " <<< "$host")" = "$([ $on_device = yes ] && echo 0 || echo 1)" ] ||
+  for spec in "unit send blocks:1:$([ "$t" = nccl ] && echo 0 || echo 1)" \
+              "unit receive blocks:$([ "$t" = nccl ] && echo 1 || echo 0):$([ "$t" = nccl ] && echo 0 || echo 1)"; do
+    IFS=: read -r part on_device on_host <<< "$spec"
+    [ "$(grep -c "^  $part " <<< "$device")" = "$on_device" ] && [ "$(grep -c "^  $part " <<< "$host")" = "$on_host" ] ||
       { cat "$work/memory-$t.txt"; echo "FAIL: --transport $t: '$part' not where the exchange keeps it"; exit 1; }
   done
   [ "$t" = mpi ] || ! grep -Eq "^  (FSDP gather buffers|parameter all-gather) " <<< "$host" ||

@@ -12,15 +12,18 @@
 #     them (`--debug-prefetch-no-stream-wait`) must change the trace;
 #   - on cuda-host the owners' gradient exchange and adds run on a thread of their own (with the prefetch, over MPI on
 #     a device executor): 20 ms late they keep the traces at 2x1 and 2x2, and the control that reads the reduced
-#     gradient before the last unit's thread ends (`--debug-exchange-no-wait`) must change the trace;
+#     gradient before the last unit's thread ends (`--debug-exchange-no-wait`) must change the trace; the subtrees'
+#     copies from their device block to the host's (a side stream of their own) 5 ms late keep the traces at 2x2, and
+#     the controls whose thread sends before they land (`--debug-exchange-no-staging-wait`) or whose backward refills
+#     the device block before they read it (`--debug-exchange-no-refill-wait`) must change the trace;
 #   - the count of gathers (`--report-comm`): per training pass of L blocks, 2L + 3 acquires (L + 2 units forward,
 #     the head and L blocks backward), of which only the first (the embedding) is gathered on the spot and every other
 #     served by the prefetch; none prefetched with --no-prefetch or the control; the bytes of each collective the
 #     same with and without the prefetch (what `olmoref config --time` predicts);
 #   - the exchanges' host staging (Executor::allocate_staging: page-locked on a device, slow to make) is made a few
 #     times a step, never per unit: at most 10 blocks a step on every rank in every run (the unit gather's two, the
-#     owners' send and receive blocks, two send blocks under the exchange thread, the replicas' two), where a block per
-#     gather would be 2 per unit acquired (2 x 11 a pass of tiny).
+#     owners' send and receive blocks (under the exchange thread one send block on the host, whose twin is on the
+#     device), the replicas' two), where a block per gather would be 2 per unit acquired (2 x 11 a pass of tiny).
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 source "$SRC/tests/dist/mpi_env.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tokens.u16" 13 60000
@@ -124,6 +127,21 @@ for control in no-wait no-stream-wait; do
 done
 echo "cudahost 2x1 and 2x2: the owners' exchange thread 20 ms late keeps the trace; the gradient read before it ends," \
      "or a thread that does not wait for its side stream, changes it"
+# Its subtrees reach the host without a blocking copy: the backward writes them to a device block, which a side stream
+# of their own copies to the host's when the unit's backward ends; the thread waits for that copy before its first
+# all-to-all, and the next unit's first subtree has the executor wait for it before refilling the block. Those
+# copies 5 ms late (the thread on time) keep the trace (at 2x2 in 3 chunks a unit); the controls that skip either
+# wait must change it.
+export OLMOREF_TEST_HOST_STREAM_DELAY_US=5000 OLMOREF_TEST_EXCHANGE_DELAY_US=0
+ranks cudahost-2x2-staging-late 2x2 "${tiny[@]}" --executor cuda-host --debug-exchange-chunks 3
+same cudahost cudahost-2x2-staging-late
+for control in no-staging-wait no-refill-wait; do
+  ranks "cudahost-2x1-exchange-$control" 2x1 "${tiny[@]}" --executor cuda-host "--debug-exchange-$control"
+  cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-exchange-$control/trace.jsonl" &&
+    { echo "FAIL: the subtrees' copy to the host: the control --debug-exchange-$control kept the trace"; exit 1; }
+done
+echo "cudahost 2x2: the subtrees' copies to the host 5 ms late keep the trace; a thread that sends before they land," \
+     "or a backward that refills their device block before they read it, changes it"
 unset OLMOREF_TEST_HOST_STREAM_DELAY_US OLMOREF_TEST_EXCHANGE_DELAY_US
 single bf16 "${bf16[@]}"
 check bf16 4x1 3 6 "${bf16[@]}"
