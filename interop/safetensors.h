@@ -45,7 +45,7 @@ struct SafeTensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   size_t nbytes = 0;
-  std::function<void(uint64_t at, uint64_t n, void* dst)> fill;
+  std::function<void(uint64_t at, uint64_t n, void* dst)> fill = nullptr;
 };
 
 SafeTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& shape, const float* data);
