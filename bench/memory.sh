@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-rank peak memory, measured (VmHWM, `train --report-memory`, the largest over the ranks) against the memory
 # model's prediction for the fullest rank (`olmoref config --layout`, train/memory_model.h), for
-# configs/olmo3-100m.toml at seq 256, 8 instances per step, micro-batch 1, one thread per rank, one step, no
+# configs/olmo3-100m.toml at seq 256, 8 instances per step, micro-batch 1, one thread per rank, one step and its
 # checkpoint: the issue's setting (issue 31). Figures in docs/memory.md.
 #   bash bench/memory.sh
 # Environment: OLMOREF_BIN (default build/olmoref), LAYOUTS (default "1x1 2x1 4x1 2x2 1x4"), MODES (default
@@ -25,7 +25,10 @@ for mode in ${MODES:-none full}; do
     s=${layout%x*}; r=${layout#*x}
     table=$("$BIN" config "${common[@]}" --set "train.activation_checkpointing=\"$mode\"" --layout "$layout")
     predicted=$(sed -n 's/.*peak .*(\([0-9]*\) bytes).*/\1/p' <<< "$table")
-    largest=$(awk '/^  / && $1 != "peak" {n=$0; sub(/^  /, "", n); split(n, f, "  +"); gsub(/ GiB/, "", f[2]); if (f[2] + 0 > best) {best = f[2] + 0; name = f[1]}} END {print name " " best " GiB"}' <<< "$table")
+    # The largest part of the rank's table (not the host table after it), its MiB and GiB alike.
+    largest=$(awk '/^host memory/ {exit} /^  / && $1 != "peak" {n=$0; sub(/^  /, "", n); split(n, f, "  +");
+                   split(f[2], v, " "); g = v[1] / (v[2] == "MiB" ? 1024 : 1); if (g > best) {best = g; name = f[1]}}
+                   END {printf "%s %.2f GiB\n", name, best}' <<< "$table")
     t0=$(date +%s.%N)
     mpirun --oversubscribe --bind-to none -np $((s * r)) "$BIN" train "${common[@]}" \
       --set "train.activation_checkpointing=\"$mode\"" --steps 1 --threads 1 --quiet \
