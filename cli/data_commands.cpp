@@ -171,8 +171,34 @@ struct TokenizeArgs {
   std::string prefix = "part";
 };
 
+// A dataset is never written over another: files of an earlier one left beside it (a holdout/ and holdout.mix that
+// the new split does not write) would be read with it, the old holdout's documents then inside the new train split.
+void refuse_earlier_dataset(const std::string& dir, const char* flag) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw std::runtime_error(std::string(flag) + " " + dir + " is a file: give a directory");
+  for (const char* name : {"train", "holdout", "train.mix", "holdout.mix", "split.json"})
+    if (fs::exists(fs::path(dir) / name, ec))
+      throw std::runtime_error(std::string(flag) + " " + dir + " already holds a dataset (" + name + "): write the " +
+                               "new one to another directory, or delete the old one's train/, holdout/, *.mix and " +
+                               "split.json first");
+}
+
+// The prefix names files inside the output directory, never a path out of it.
+void check_prefix(const std::string& prefix) {
+  if (prefix.empty() || prefix.find('/') != std::string::npos || prefix == "." || prefix == "..")
+    throw std::runtime_error("--prefix '" + prefix + "': a file-name prefix (no '/'), e.g. part");
+}
+
 void run_tokenize(const TokenizeArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
+  refuse_earlier_dataset(a.out_dir, "--out-dir");
+  check_prefix(a.prefix);
+  // Training a tokenizer over one that exists would orphan the token files encoded with it.
+  if (a.vocab_size > 0 && fs::exists(a.tokenizer))
+    throw std::runtime_error("--tokenizer " + a.tokenizer + " exists, and --vocab-size would train a new one over it "
+                             "(the token files encoded with it would then have none): give a new path, or drop "
+                             "--vocab-size to encode with it");
   std::vector<std::string> texts;
   texts.reserve(a.inputs.size());
   std::vector<std::string_view> docs;
@@ -521,11 +547,24 @@ struct SplitArgs {
 };
 
 void run_split(SplitArgs& a) {
+  refuse_earlier_dataset(a.out_dir, "--out-dir");
+  check_prefix(a.options.prefix);
   a.vocab.resolve();
   if (a.vocab.eos < 0) throw std::runtime_error("give --eos (or --tokenizer): documents are delimited by EOS");
   const Dtype dtype = a.vocab.file_dtype();
-  const SplitReport r = split_documents(mix_from_args(a.paths), dtype, static_cast<uint32_t>(a.vocab.eos), dtype,
-                                        a.out_dir, a.options);
+  const Mix mix = mix_from_args(a.paths);
+  // Ids past the vocabulary are refused here, where the files are, not copied into a split that training then stops
+  // on when it reaches them.
+  if (a.vocab.vocab_size > 0)
+    for (const auto& entry : mix.entries)
+      if (const TokenFile::Scan s = TokenFile(entry.path, dtype).scan(static_cast<uint32_t>(a.vocab.eos),
+                                                                      a.vocab.vocab_size);
+          s.first_bad_offset >= 0)
+        throw std::runtime_error("token file '" + entry.path + "': token id " + std::to_string(s.first_bad_id) +
+                                 " at token offset " + std::to_string(s.first_bad_offset) + " is >= --vocab-size " +
+                                 std::to_string(a.vocab.vocab_size) + ": the file is not of this vocabulary (check "
+                                 "--vocab-size, --dtype or the tokenizer it was encoded with)");
+  const SplitReport r = split_documents(mix, dtype, static_cast<uint32_t>(a.vocab.eos), dtype, a.out_dir, a.options);
   std::printf("train:   %lld documents, %lld tokens -> %s\n", static_cast<long long>(r.train_documents),
               static_cast<long long>(r.train_tokens), r.train.source.c_str());
   std::printf("holdout: %lld documents, %lld tokens -> %s\n", static_cast<long long>(r.holdout_documents),

@@ -30,7 +30,25 @@ namespace olmoref {
 
 namespace {
 
+bool ends_with(const std::string& s, const std::string& suffix);
+
+// A run's own records are never an output: a path given by mistake (`trace convert RUN --out RUN/trace.jsonl`) would
+// replace what a resume, leakcheck and golden export read, with nothing to restore it from.
+void refuse_run_record(const std::string& path) {
+  const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  const std::string name = p.filename().string();
+  const bool record = name == "trace.jsonl" || name == "manifest.json" || name == "eval.jsonl" ||
+                      (name.rfind("audit", 0) == 0 && ends_with(name, ".jsonl"));
+  const std::filesystem::path dir = p.parent_path();
+  std::error_code ec;
+  if (record && (std::filesystem::exists(dir / "checkpoints", ec) || std::filesystem::exists(dir / "trace.jsonl", ec) ||
+                 std::filesystem::exists(dir / "manifest.json", ec)))
+    throw std::invalid_argument(path + ": " + name + " is a record of the run in " + dir.string() +
+                                ", which this would overwrite: write the output to another path");
+}
+
 void write_file(const std::string& path, const std::string& text) {
+  refuse_run_record(path);
   std::ofstream o(path, std::ios::binary | std::ios::trunc);
   o << text;
   if (!o) throw std::runtime_error(path + ": cannot write");
@@ -228,6 +246,7 @@ void register_golden_commands(CLI::App& app) {
                      "megatron: current (Megatron-LM's extractor since its PR #6771: only the steps the run logged; "
                      "the default) or legacy (every sampled step up to --train-iters, \"nan\" where none was logged)");
     conv->callback([=] {
+      refuse_run_record(*cout);  // before any note about the input
       LoadedTrace t = load_trace_any(*in);
       apply_loss_choice(t, *closs);
       warn_if_z_loss(t, *closs, *to == "megatron" ? "Megatron" : "TorchTitan");

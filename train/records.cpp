@@ -205,6 +205,11 @@ RecordsCheck check_run_records(const std::string& run_dir, const std::string& ck
                                "'s loader_state puts at step " + std::to_string(K) + " (epoch " + ls.at("epoch").dump() +
                                ", batches_processed " + ls.at("batches_processed").dump() + ", seed " +
                                ls.at("seed").dump() + ") has " + batch_digest + fix);
+    // Two runs over the same data agree on every count above; only the parameters tell them apart (a run's trace
+    // records the digest its checkpoint of that step holds).
+    if (!r.param_digest.empty() && !meta.digests.params.empty() && r.param_digest != meta.digests.params)
+      throw std::runtime_error(where + "has param_digest " + r.param_digest + " but " + manifest +
+                               " has 'state_digests.params' " + meta.digests.params + fix);
   }
   if (!audit) return rc;
 

@@ -73,12 +73,26 @@ StateDigests state_digests(const std::string& run_dir) {
 
 }  // namespace
 
+constexpr const char* kResumeCheckMarker = ".olmoref-resume-check";
+
 int resume_check(const ResumeCheckOptions& o) {
   const bool own_dir = o.work_dir.empty();
   const std::string work = own_dir ? (fs::temp_directory_path() / ("olmoref-resume-check-" + std::to_string(::getpid()))).string()
                                    : o.work_dir;
+  // The work directory is emptied first: never one that holds anything but an earlier resume-check's runs (a user's
+  // run given by mistake would be lost), which the marker file names.
+  const fs::path marker = fs::path(work) / kResumeCheckMarker;
+  if (!own_dir && fs::exists(work)) {
+    if (!fs::is_directory(work))
+      throw std::invalid_argument("--work " + work + " is a file: give a new or empty directory");
+    if (!fs::is_empty(work) && !fs::exists(marker))
+      throw std::invalid_argument("--work " + work + " is not empty and holds no earlier resume-check's runs (no " +
+                                  std::string(kResumeCheckMarker) + "): resume-check empties its work directory, so "
+                                  "give a new or empty one");
+  }
   fs::remove_all(work);
   fs::create_directories(work);
+  std::ofstream(marker) << "olmoref resume-check work directory: emptied by the next resume-check given it\n";
   std::vector<std::string> base = {"train", "--config", o.config_path, "--steps", std::to_string(o.steps), "--quiet",
                                    "--threads", std::to_string(o.threads)};
   for (const auto& ov : o.overrides) {

@@ -510,11 +510,23 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   std::string resume_dir = opts.resume_from;
   // A fresh run into a directory that holds a resumable run would overwrite its trace and, by retention, its
   // checkpoints: refused before anything is touched.
-  if (!opts.resume && resume_dir.empty())
+  if (!opts.resume && resume_dir.empty()) {
     if (const auto newest = ckpt::newest_complete(ckpt_root))
       throw std::runtime_error(out_dir + " already holds a run (checkpoint " + *newest +
                                "): pass --resume to continue it, or choose another --out; to start over, delete " +
                                out_dir + " first");
+    // So does one that holds only a run's records (a --no-checkpoint run, or one stopped before its first
+    // checkpoint): nothing can resume it, but its trace and audit logs are what a comparison or leakcheck reads.
+    for (const auto& entry : fs::directory_iterator(out_dir)) {
+      const std::string name = entry.path().filename().string();
+      const bool record = name == "trace.jsonl" || name == "eval.jsonl" ||
+                          (name.rfind("audit", 0) == 0 && name.size() > 6 && name.substr(name.size() - 6) == ".jsonl");
+      if (record && entry.is_regular_file() && entry.file_size() > 0)
+        throw std::runtime_error(out_dir + " holds the records of an earlier run (" + name +
+                                 ") and no checkpoint to resume it from: choose another --out; to start over, delete " +
+                                 out_dir + " first");
+    }
+  }
   if (opts.resume && resume_dir.empty()) {
     const auto newest = ckpt::newest_complete(ckpt_root);
     if (!newest)

@@ -66,6 +66,10 @@ bible -l100000 "Genesis 1:1-Revelation 22:21" \
   (cd "$out/text" && sha256sum fortunes.txt kjv.txt)
 } > "$out/SOURCES"
 
+# A corpus made again replaces the last one whole: tokenize refuses to write a dataset or train a tokenizer over an
+# earlier one.
+rm -rf "$out/train" "$out/holdout" "$out/fresh" "$out/heldout-split" "$out/tokenizer.json"
+rm -f "$out/train.mix" "$out/holdout.mix" "$out/fresh.mix" "$out/split.json" "$out/fresh-split.json"
 # ~2.2M tokens in total: five train files of up to 500k tokens, so the mix has several files.
 "$bin" tokenize \
   --input "$out/text/fortunes.txt" "$out/text/kjv.txt" \
