@@ -27,7 +27,7 @@ report() {  # SOURCE [extra nvcc args...]
   local src=$1
   shift
   "$nvcc" "${args[@]}" "$@" -I"$root" -Xptxas -v "${output[@]}" "$src" -o "$work/$(basename "$src").o" > "$work/log" 2>&1 || {
-    cat "$work/log"; echo "FAILED: nvcc $src"; exit 1; }
+    cat "$work/log" >&2; echo "FAILED: nvcc $src" >&2; exit 1; }  # stderr: stdout is the rows
   python3 - "$work/log" <<'PY'
 import re, subprocess, sys
 kernel, spill = None, (0, 0)
@@ -52,6 +52,10 @@ PY
 failed=0
 printf '%-62s %9s %9s %14s\n' kernel registers smem spills
 for src in "$@"; do
+  # Into a file first: a loop reading a process substitution never sees its exit status, so a failed compile would
+  # pass with no rows.
+  report "$src" > "$work/rows" || { echo "FAILED: no ptxas report for $src"; failed=1; continue; }
+  [ -s "$work/rows" ] || { cat "$work/log"; echo "FAILED: $src: no entry function in ptxas's report"; failed=1; }
   while read -r kernel regs smem stores loads; do
     printf '%-62s %9s %9s %7s/%-6s %s\n' "$kernel" "$regs" "$smem" "$stores" "$loads" "$(basename "$src")"
     if [ "$stores" != 0 ] || [ "$loads" != 0 ]; then
@@ -59,9 +63,10 @@ for src in "$@"; do
            "(its __launch_bounds__) or cut what its loops keep live (docs/executors.md)"
       failed=1
     fi
-  done < <(report "$src")
+  done < "$work/rows"
 done
-[ -n "$(report "$root/tests/kernels/ptxas_spill_control.cu" | awk '$4 > 0')" ] || {
+control=$(report "$root/tests/kernels/ptxas_spill_control.cu") || { echo "FAILED: no ptxas report for the control"; exit 1; }
+[ -n "$(awk '$4 > 0' <<< "$control")" ] || {
   echo "FAILED: control: tests/kernels/ptxas_spill_control.cu's planted spill is not reported (the parse misses spills)"
   failed=1; }
 exit $failed
