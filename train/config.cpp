@@ -110,6 +110,39 @@ std::string TrainConfig::resume_hash() const {
   return hash_text(written_text(*this, config_keys::Purpose::resume_hash));
 }
 
+namespace {
+// Every value of a written config, by its dotted key, as TOML writes it.
+void flatten(const toml::table& t, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
+  for (const auto& [key, node] : t) {
+    const std::string name = prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+    if (const toml::table* sub = node.as_table()) {
+      flatten(*sub, name, out);
+    } else {
+      std::ostringstream v;
+      node.visit([&v](const auto& x) { v << x; });
+      out.emplace_back(name, v.str());
+    }
+  }
+}
+}  // namespace
+
+std::vector<std::string> resume_key_differences(const TrainConfig& recorded, const TrainConfig& now) {
+  std::vector<std::pair<std::string, std::string>> was, is;
+  flatten(config_keys::write_keys(recorded, config_keys::Purpose::resume_hash), "", was);
+  flatten(config_keys::write_keys(now, config_keys::Purpose::resume_hash), "", is);
+  std::vector<std::string> out;
+  auto value_in = [](const std::vector<std::pair<std::string, std::string>>& kv, const std::string& key) {
+    for (const auto& [k, v] : kv)
+      if (k == key) return v;
+    return std::string("(absent)");
+  };
+  for (const auto& [key, value] : is)
+    if (const std::string before = value_in(was, key); before != value) out.push_back(key + ": " + before + " -> " + value);
+  for (const auto& [key, value] : was)
+    if (value_in(is, key) == "(absent)") out.push_back(key + ": " + value + " -> (absent)");
+  return out;
+}
+
 std::string TrainConfig::pytorch_replay_unsupported() const {
   if (optim.skip_step())
     return "optim.kind = \"skip_step_adamw\": the PyTorch replays run plain AdamW (SkipStepAdamW is checked against "

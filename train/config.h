@@ -133,4 +133,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 TrainConfig parse_config_text(const std::string& toml_text, const std::string& origin,
                               const std::vector<std::string>& overrides = {});
 
+// The keys behind a resume_hash mismatch, each "section.key: RECORDED -> NOW" (values as TOML writes them), in the
+// written order; empty when the two agree on every key the hash covers.
+std::vector<std::string> resume_key_differences(const TrainConfig& recorded, const TrainConfig& now);
+
 }  // namespace olmoref

@@ -260,6 +260,25 @@ int64_t check_resume(const TrainConfig& cfg, const RunOptions& opts, const std::
   ckpt::LoadOptions lo;
   lo.ignore_fingerprint_mismatch = opts.resume_opts.ignore_fingerprint_mismatch;
   lo.allow_config_change = opts.resume_opts.allow_config_change;
+  if (!lo.allow_config_change) {
+    // The keys that differ, named: the checkpoint's own check (below) can only say that some do. A config it cannot
+    // read (another version's) leaves that check to say so.
+    std::vector<std::string> differ;
+    try {
+      const TrainConfig recorded = load_checkpoint_config(resume_dir);
+      if (recorded.model_hash() == cfg.model_hash() && recorded.resume_hash() != cfg.resume_hash())
+        differ = resume_key_differences(recorded, cfg);
+    } catch (const std::exception&) {
+    }
+    if (!differ.empty()) {
+      std::string keys;
+      for (const std::string& d : differ) keys += "\n  " + d;
+      throw std::runtime_error(resume_dir + "/manifest.json: the run configuration differs from the checkpoint's in (" +
+                               "recorded -> now):" + keys + "\nresuming would not continue the same run: set the " +
+                               "recorded values (olmoref ckpt inspect " + resume_dir + " prints its config), or pass " +
+                               "--allow-config-change to resume anyway");
+    }
+  }
   const ckpt::CheckpointMeta meta = ckpt::check_resumable(resume_dir, cfg.model.n_params(), expect, lo);
   // The loader keeps the checkpoint's seed (as OLMo-core does): another data.seed, allowed as a config change, would
   // change nothing, and every later manifest would record a config whose seed is not its data order's.
@@ -527,17 +546,33 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
                                  out_dir + " first");
     }
   }
+  std::string before_newest;  // --resume: the complete checkpoint before the one it takes, if any
+  std::vector<std::string> passed_over;  // --resume: later checkpoint directories whose write never finished
   if (opts.resume && resume_dir.empty()) {
-    const auto newest = ckpt::newest_complete(ckpt_root);
-    if (!newest)
+    const std::vector<std::string> complete = ckpt::list_complete(ckpt_root);
+    if (complete.empty())
       throw std::runtime_error(ckpt_root + ": no complete checkpoint to resume from (run without --resume to start fresh)");
-    resume_dir = *newest;
+    resume_dir = complete.back();
+    if (complete.size() > 1) before_newest = complete[complete.size() - 2];
+    // A later write that never completed (no manifest: the run stopped inside it) is passed over; said below.
+    const std::string newest_name = fs::path(resume_dir).filename().string();
+    for (const auto& entry : fs::directory_iterator(ckpt_root)) {
+      const std::string name = entry.path().filename().string();
+      const size_t at = name.find("step");
+      if (entry.is_directory() && (at == 0 || name.rfind(".tmp-step", 0) == 0) && name.substr(at) > newest_name &&
+          !fs::exists(entry.path() / "manifest.json"))
+        passed_over.push_back(entry.path().string());
+    }
   }
   dist::Comm& comm = opts.parallel.comm ? *opts.parallel.comm : dist::world(opts.comm_timeout_s);
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;  // rank 0 writes the trace and manifest and reports progress
   const RunDirLock run_lock(out_dir, comm);  // one writer per run directory, before anything in it is touched
   const bool quiet = opts.quiet || !lead;
+  if (lead)
+    for (const std::string& dir : passed_over)
+      std::fprintf(stderr, "resume: %s is an incomplete checkpoint (no manifest.json: its write never finished); "
+                           "resuming from %s\n", dir.c_str(), resume_dir.c_str());
   // One audit log per rank process: each holds the micro-batches that rank computed. Under context parallelism one per
   // group, written by the rank that holds the group's micro-batches (BatchSplit) and named by the group: the logs of
   // the data-parallel run with one rank per group.
@@ -555,7 +590,15 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
   par.weights_from_checkpoint = !resume_dir.empty() || !cfg.init.checkpoint.empty();
   Trainer trainer(cfg, opts.threads, make_batch_source(cfg, audit_path, !resume_dir.empty(), groups, group), par);
   if (!opts.optim_dump_dir.empty()) trainer.dump_optimizer_to(opts.optim_dump_dir);
-  start_state(trainer, cfg, opts, resume_dir, quiet);
+  try {
+    start_state(trainer, cfg, opts, resume_dir, quiet);
+  } catch (const std::exception& e) {
+    // A checkpoint that cannot be read is damaged; the run need not end with it when an earlier one is whole.
+    if (before_newest.empty()) throw;
+    throw std::runtime_error(std::string(e.what()) + "\n" + resume_dir + " cannot be loaded (`olmoref ckpt verify " +
+                             resume_dir + "` checks it); the checkpoint before it is " + before_newest +
+                             ": resume from it with --resume-from " + before_newest);
+  }
   TraceWriter trace;
   if (lead) {
     nlohmann::json gpu_record = nullptr;
