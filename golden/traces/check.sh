@@ -8,7 +8,8 @@
 # Exit 0: every trace identical. 1: a trace differs (the report names the first differing step). 77 ("SKIPPED"):
 # the demo corpus cannot be built here, or its text differs from the one the traces were made from (other
 # Debian package versions) — the small traces are then not checked; the tiny ones still are, and a difference
-# there still fails.
+# there still fails. 2: nothing to check (no build, no tiny corpus, a GOLDEN_RUNS_ONLY name that is no golden run, or
+# no run selected at all).
 # GOLDEN_RUNS_ONLY="NAME ..." checks only those runs (a caller that reruns the traces under a variation, such as
 # tests/dist/recompute.sh, picks the runs that exercise it). GOLDEN_FIRST_STEPS="NAME=K ..." trains those runs only to
 # step K and compares the golden trace's first K records (such a caller's costly runs).
@@ -39,6 +40,13 @@ PY
     skip_demo="the demo corpus text here differs from the one the golden traces were made from (other fortunes/bible-kjv package versions); got: $(grep -v '^#' "$work/demo-data/SOURCES" | tr '\n' ';')"
   fi
 fi
+
+# A misspelled name would otherwise select nothing and pass with "0 identical": refuse it before training anything.
+names=" "
+for run in "${GOLDEN_RUNS[@]}"; do read -r name _ <<< "$run"; names+="$name "; done
+for want in ${GOLDEN_RUNS_ONLY:-}; do
+  [[ "$names" == *" $want "* ]] || { echo "FAILED: GOLDEN_RUNS_ONLY names '$want', which is no golden run (runs.sh:$names)"; exit 2; }
+done
 
 failed=0 skipped=0 passed=0
 for run in "${GOLDEN_RUNS[@]}"; do
@@ -82,6 +90,7 @@ for run in "${GOLDEN_RUNS[@]}"; do
   fi
 done
 echo "golden traces: $passed identical, $failed different, $skipped skipped"
+[ $((passed + failed + skipped)) -gt 0 ] || { echo "FAILED: no golden run was selected, so nothing was checked"; exit 2; }
 [ $failed -eq 0 ] || exit 1
 [ $skipped -eq 0 ] || exit 77
 exit 0

@@ -110,12 +110,14 @@ for change in "optim.lr=1e-3" "model.d_model=32"; do
 done
 expect_error "already holds a run" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \
   --out "$work/done" --threads 1 --steps 4  # a fresh run would overwrite it: --resume or another --out
-cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
+cmp "$work/done/trace.jsonl" "$work/trace.before" || { echo "FAIL: a refused fresh run into a used --out changed the trace"; exit 1; }
+cmp "$work/done/audit.jsonl" "$work/audit.before" || { echo "FAIL: a refused fresh run into a used --out changed the audit log"; exit 1; }
 cp "$work/tokens.u16" "$work/other.u16"; printf '\x05\x00' >> "$work/other.u16"  # one token more: other data
 expect_error "fingerprint" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/other.u16\"]" \
   --set data.audit=true --set checkpoint.interval=2 --out "$work/done" --threads 1 --steps 4 \
   --resume-from "$work/done/checkpoints/step00000002"
-cmp "$work/done/trace.jsonl" "$work/trace.before" && cmp "$work/done/audit.jsonl" "$work/audit.before"
+cmp "$work/done/trace.jsonl" "$work/trace.before" || { echo "FAIL: a resume refused for other data changed the trace"; exit 1; }
+cmp "$work/done/audit.jsonl" "$work/audit.before" || { echo "FAIL: a resume refused for other data changed the audit log"; exit 1; }
 # A trace that does not hold exactly steps 1..K of the checkpoint at K is refused, saying which steps; nothing is cut.
 head -n 1 "$work/trace.before" > "$work/done/trace.jsonl"
 expect_error "trace.jsonl: no record of step 2 (the checkpoint is at step 2)" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --set data.audit=true \

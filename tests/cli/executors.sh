@@ -52,8 +52,12 @@ else
   grep -q -- '--executor cuda: ' "$work/cuda.err"
   [ "$(wc -l < "$work/cont/trace.jsonl")" -eq 12 ]
   cmp <(head -n 12 golden/traces/tiny-fp32.jsonl) "$work/cont/trace.jsonl"
-  ! "$BIN" train --config configs/tiny.toml --steps 2 --set "data.train_files=[\"$work/tiny.u16\"]" \
-    --out "$work/never" --quiet --executor cuda 2> /dev/null
+  # A fresh run too: refused before its --out exists.
+  if "$BIN" train --config configs/tiny.toml --steps 2 --set "data.train_files=[\"$work/tiny.u16\"]" \
+    --out "$work/never" --quiet --executor cuda 2> "$work/never.err"; then
+    echo "FAILED: a fresh run with --executor cuda was accepted where the resume was refused"; exit 1
+  fi
+  grep -q -- '--executor cuda: ' "$work/never.err" || { cat "$work/never.err"; echo "FAILED: the fresh run's refusal does not name --executor cuda"; exit 1; }
   [ ! -e "$work/never" ]
   echo "ok: --executor cuda refused at start: $(cat "$work/cuda.err")"
 fi

@@ -59,11 +59,14 @@ OLMOREF_SOURCE_ROOT=$work/src "$BIN" golden replay "$work/bundle" --framework to
 grep -q "the replay holds" "$work/same.log"
 PLANT=1 OLMOREF_SOURCE_ROOT=$work/src expect_fail 1 "first at step 2" \
   "$BIN" golden replay "$work/bundle" --framework torch --python "$work/standin.sh" --out "$work/diff"
-[ -f "$work/diff/compare.txt" ] && [ -f "$work/diff/report.json" ]
+[ -f "$work/diff/compare.txt" ] || { echo "FAIL: a failed replay wrote no compare.txt"; exit 1; }
+[ -f "$work/diff/report.json" ] || { echo "FAIL: a failed replay wrote no report.json"; exit 1; }
 # --steps N judges steps 1..N only: the planted step 2 is past --steps 1, and the rule's min_steps still says that one
 # step is not the replay it asks for.
 PLANT=1 OLMOREF_SOURCE_ROOT=$work/src expect_fail 1 "FAIL: loss only 1 steps compared, rule needs 3" \
   "$BIN" golden replay "$work/bundle" --framework torch --python "$work/standin.sh" --out "$work/step1" --steps 1
+# grep on a missing file fails too, which the negated check below would take for a pass.
+[ -f "$work/step1/compare.txt" ] || { echo "FAIL: --steps 1 wrote no compare.txt"; exit 1; }
 ! grep -q "first at step" "$work/step1/compare.txt" || { echo "FAIL: --steps 1 judged step 2"; exit 1; }
 
 # Several bundles, one adapter start (the trainers' adapters: --bundle/--out/--report once per bundle): each judged on

@@ -48,7 +48,8 @@ set -e
 [ $rc -eq 1 ] || { echo "expected exit 1, got $rc"; cat "$work/mix.txt"; exit 1; }
 grep -q "CONTAMINATED" "$work/mix.txt"
 read -r verdict st step < <(status_of "$work/mix.json" exact_instances)
-[ "$st" = fail ] && [ "$step" -ge 1 ]
+[ "$st" = fail ] || { echo "FAIL: exact_instances status is '$st', expected fail"; exit 1; }
+[ "$step" -ge 1 ] || { echo "FAIL: exact_instances first step is $step, expected >= 1"; exit 1; }
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); d=r['contaminated_documents']; assert d and all(x['cause'] == 'loader' for x in d) and d[0]['near_duplicate_score'] > 0" "$work/mix.json"
 for bug in off-by-one-peek per-rank-shuffle-seed fast-forward-twice; do
   set +e; leak --steps 80 --quiet --debug-plant-bug $bug; rc=$?; set -e
@@ -123,7 +124,9 @@ python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['counts'][
 set +e
 "$BIN" leakcheck "${dup[@]}" --accept "$work/bad-accept.txt" > "$work/bad.txt" 2>&1; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "bad-accept.txt:1: expected 'HOLDOUT_FILE TOKEN_START'" "$work/bad.txt"
+[ $rc -eq 2 ] || { echo "FAIL: bad accept file: expected exit 2, got $rc"; cat "$work/bad.txt"; exit 1; }
+grep -q "bad-accept.txt:1: expected 'HOLDOUT_FILE TOKEN_START'" "$work/bad.txt" \
+  || { echo "FAIL: bad accept file: message does not name the file and line"; cat "$work/bad.txt"; exit 1; }
 # --since: documents first delivered at or before the step do not count; the evaluations after it are listed.
 first=$(python3 -c "import json,sys; print(max(x['first']['step'] for x in json.load(open(sys.argv[1]))['contaminated_documents']))" "$work/dup.json")
 "$BIN" leakcheck "${dup[@]}" --since "$first" --set eval.interval=5 --set "eval.fresh_files=[\"$work/fresh.u16\"]" \
@@ -138,12 +141,15 @@ ev = r['affected']['evaluations']; assert ev and all(e['step'] > int(sys.argv[2]
 set +e
 "$BIN" leakcheck "${dup[@]}" --strict > "$work/strict.txt" 2>&1; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q -- "--allow-data-overlap" "$work/strict.txt"
+[ $rc -eq 2 ] || { echo "FAIL: --strict: expected exit 2, got $rc"; cat "$work/strict.txt"; exit 1; }
+grep -q -- "--allow-data-overlap" "$work/strict.txt" \
+  || { echo "FAIL: --strict refusal does not name --allow-data-overlap"; cat "$work/strict.txt"; exit 1; }
 
 # No holdout: cannot check, exit 2 with a message naming the key.
 set +e
 "$BIN" leakcheck --config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/train.u16\"]" --set 'data.dtype="u16"' \
   > "$work/none.txt" 2>&1; rc=$?
 set -e
-[ $rc -eq 2 ] && grep -q "data.holdout_mix" "$work/none.txt"
+[ $rc -eq 2 ] || { echo "FAIL: no holdout: expected exit 2, got $rc"; cat "$work/none.txt"; exit 1; }
+grep -q "data.holdout_mix" "$work/none.txt" || { echo "FAIL: no holdout: message does not name data.holdout_mix"; cat "$work/none.txt"; exit 1; }
 echo "leakcheck_cli: ok"

@@ -169,7 +169,8 @@ grep -q IDENTICAL "$work/resume.log" || { cat "$work/resume.log"; echo "FAIL: re
   > "$work/resume-mb.log" 2>&1 || { cat "$work/resume-mb.log"; exit 1; }
 "$BIN" resume-check "${base[@]}" --steps 6 --at 4 --threads 1 --layout 2x1 --resume-layout 1x2 \
   > "$work/resume-layout.log" 2>&1 || { cat "$work/resume-layout.log"; exit 1; }
-grep -q IDENTICAL "$work/resume-mb.log" && grep -q IDENTICAL "$work/resume-layout.log"
+grep -q IDENTICAL "$work/resume-mb.log" || { cat "$work/resume-mb.log"; echo "FAIL: resume-check at micro-batch 4"; exit 1; }
+grep -q IDENTICAL "$work/resume-layout.log" || { cat "$work/resume-layout.log"; echo "FAIL: resume-check from layout 2x1 to 1x2"; exit 1; }
 echo "resume-check: identical (also resumed at micro-batch 4, and from layout 2x1 to 1x2)"
 # Negative control: the same model with an atomic-style combine (each token's experts added in arrival order, not
 # rank order) must not give the reference trace; `trace compare` must say so, from step 1.

@@ -51,7 +51,8 @@ rm "$work/notrace/trace.jsonl"
 cp "$work/notrace/audit.jsonl" "$work/audit.before"
 must_refuse notrace "notrace/trace.jsonl: missing" "steps 1..6" "--new-records" -- \
   "$BIN" train "${cfg[@]}" --steps 8 --out "$work/notrace" --resume
-[ ! -e "$work/notrace/trace.jsonl" ] && cmp "$work/notrace/audit.jsonl" "$work/audit.before"
+[ ! -e "$work/notrace/trace.jsonl" ] || { echo "FAIL: the refused resume recreated notrace/trace.jsonl"; exit 1; }
+cmp "$work/notrace/audit.jsonl" "$work/audit.before" || { echo "FAIL: the refused resume changed notrace/audit.jsonl"; exit 1; }
 "$BIN" train "${cfg[@]}" --steps 8 --out "$work/notrace" --resume --new-records --stop-after 7 --quiet \
   2> "$work/notrace-new.err"
 grep -q "records begin again at step 7" "$work/notrace-new.err" || { cat "$work/notrace-new.err"; exit 1; }

@@ -31,8 +31,9 @@ OLMOREF_TEST_CRASH_IN_SAVE=5 "$BIN" train "${cfg[@]}" --set checkpoint.interval=
 rc=$?
 set -e
 [ $rc -ne 0 ] || { echo "the injected crash did not happen"; exit 1; }
-[ -d "$work/crash/checkpoints/step00000004" ] && [ ! -d "$work/crash/checkpoints/step00000005" ]
-ls -a "$work/crash/checkpoints" | grep -q '^\.tmp-step00000005$'   # the torn save is left as .tmp-*
+[ -d "$work/crash/checkpoints/step00000004" ] || { echo "FAIL: after the crash in save 5, checkpoint step 4 is missing"; exit 1; }
+[ ! -d "$work/crash/checkpoints/step00000005" ] || { echo "FAIL: the save torn at step 5 left a complete-looking step00000005"; exit 1; }
+[ -d "$work/crash/checkpoints/.tmp-step00000005" ] || { echo "FAIL: the save torn at step 5 left no .tmp-step00000005"; exit 1; }
 "$BIN" train "${cfg[@]}" --set checkpoint.interval=1 --steps $N --out "$work/crash" --resume --quiet
 cmp "$work/ref/trace.jsonl" "$work/crash/trace.jsonl"
 cmp "$work/ref/audit.jsonl" "$work/crash/audit.jsonl"
@@ -41,9 +42,14 @@ cmp "$work/ref/audit.jsonl" "$work/crash/audit.jsonl"
 RANDOM=42
 out="$work/killed"
 kills=0
-for attempt in $(seq 1 10); do
+# After a kill, what a user does: resume from the newest complete checkpoint (one with its manifest), or, killed
+# before the first, delete the run's records and start over (train refuses to start over them).
+start_args() {
   args=("${cfg[@]}" --set checkpoint.interval=1 --steps $N --out "$out" --quiet)
-  if [ -d "$out/checkpoints" ] && ls "$out/checkpoints" | grep -q '^step'; then args+=(--resume); fi
+  if compgen -G "$out/checkpoints/step*/manifest.json" > /dev/null; then args+=(--resume); else rm -rf "$out"; fi
+}
+for attempt in $(seq 1 10); do
+  start_args
   "$BIN" train "${args[@]}" &
   pid=$!
   sleep "0.$(( 1 + RANDOM % 3 ))$(( RANDOM % 10 ))"
@@ -51,9 +57,7 @@ for attempt in $(seq 1 10); do
   wait "$pid" 2>/dev/null || true
   if [ -d "$out/checkpoints/step000000$N" ]; then break; fi
 done
-args=("${cfg[@]}" --set checkpoint.interval=1 --steps $N --out "$out" --quiet)
-if [ -d "$out/checkpoints" ] && ls "$out/checkpoints" | grep -q '^step'; then args+=(--resume); fi
-[ -d "$out/checkpoints/step000000$N" ] || "$BIN" train "${args[@]}"
+[ -d "$out/checkpoints/step000000$N" ] || { start_args; "$BIN" train "${args[@]}"; }
 cmp "$work/ref/trace.jsonl" "$out/trace.jsonl"
 cmp "$work/ref/audit.jsonl" "$out/audit.jsonl"
 for d in "$out"/checkpoints/step*; do "$BIN" ckpt verify "$d" > /dev/null; done

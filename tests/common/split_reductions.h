@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,8 +60,12 @@ inline std::vector<std::string> split_reduction_mismatches(Executor& e) {
     for (int64_t r = 0; r < R; ++r) positions[static_cast<size_t>(r)] = static_cast<int32_t>(r);
     bpos.upload(positions.data(), R);
     e.rmsnorm_forward(bx.data(), bw.data(), by.data(), bir.data(), R, w_n, 1e-6f);
+    const std::vector<float> nan_dx(static_cast<size_t>(R * w_n), std::numeric_limits<float>::quiet_NaN());
     // Rows [a, b) with dw continued (accumulate) or fresh.
     auto backward = [&](int64_t a, int64_t b, bool accumulate) {
+      // A fresh chain (the whole call, then the split's first run) starts from NaN dx: otherwise the whole call's dx
+      // would still be there, and rows that no split run writes would compare equal.
+      if (!accumulate) bdx.upload(nan_dx.data(), R * w_n);
       bdy.upload(dy0.data() + a * w_n, (b - a) * w_n, a * w_n);
       if (rope) {
         // Each row at its own position in the whole, as a rank's rows sit at theirs.
