@@ -316,6 +316,21 @@ std::string hf_generation_config_json(const ModelConfig& cfg, const HfExportOpti
   return g.dump(2) + "\n";
 }
 
+namespace {
+std::string file_sha256(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error(p.string() + ": cannot open to compute its SHA-256");
+  interop::Sha256 h;
+  std::vector<char> buf(size_t{1} << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (const std::streamsize got = in.gcount(); got > 0) h.update(buf.data(), static_cast<size_t>(got));
+  }
+  if (in.bad()) throw std::runtime_error(p.string() + ": read failed while computing its SHA-256");
+  return h.hex();
+}
+}  // namespace
+
 void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
                           const float* params, const HfExportOptions& opts) {
   export_hf_checkpoint(dir, cfg, layout,
@@ -352,28 +367,53 @@ void export_hf_checkpoint(const std::string& dir, const ModelConfig& cfg, const 
   std::map<std::string, std::string> meta = opts.metadata;
   meta["format"] = "pt";  // what transformers writes; some loaders check it
   meta["olmoref.model"] = cfg.name;
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), views, meta);
+  // Every file written, with its SHA-256 (kExportChecksums, last: a directory with it is complete).
+  std::vector<std::pair<std::string, std::string>> sums;
+  std::string weights_sha;
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), views, meta, &weights_sha);
+  sums.emplace_back("model.safetensors", weights_sha);
   write_text_file_atomic((fs::path(dir) / "config.json").string(), config);
   write_text_file_atomic((fs::path(dir) / "generation_config.json").string(), generation);
-  if (opts.tokenizer)
+  std::vector<std::string> small = {"config.json", "generation_config.json"};
+  if (opts.tokenizer) {
     interop::write_hf_tokenizer(dir, *opts.tokenizer,
                                 opts.max_position_embeddings > 0 ? opts.max_position_embeddings : kDefaultMaxPositions);
+    small.insert(small.end(), {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"});
+  }
+  for (const std::string& name : small) sums.emplace_back(name, file_sha256(fs::path(dir) / name));
+  std::string text;
+  for (const auto& [name, sha] : sums) text += sha + "  " + name + "\n";
+  write_text_file_atomic((fs::path(dir) / kExportChecksums).string(), text);
+}
+
+void verify_export_checksums(const std::string& dir, const std::string& weights_sha256) {
+  const fs::path list = fs::path(dir) / kExportChecksums;
+  if (!fs::exists(list)) return;  // not written by export-hf (save_pretrained writes none)
+  std::ifstream in(list);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    // "<64 hex>  <name>", as sha256sum writes and checks it.
+    if (line.size() < 67 || line.compare(64, 2, "  ") != 0 ||
+        line.find_first_not_of("0123456789abcdef") < 64)
+      throw std::runtime_error(list.string() + ":" + std::to_string(n) + ": not '<sha256>  <file>' (sha256sum's form)");
+    const std::string want = line.substr(0, 64), name = line.substr(66);
+    if (name.find('/') != std::string::npos)
+      throw std::runtime_error(list.string() + ":" + std::to_string(n) + ": '" + name + "' is not a file of " + dir);
+    const fs::path file = fs::path(dir) / name;
+    if (!fs::exists(file))
+      throw std::runtime_error(file.string() + ": missing, but " + list.string() + " lists it: the export is "
+                               "incomplete; export it again");
+    const std::string got = name == "model.safetensors" && !weights_sha256.empty() ? weights_sha256 : file_sha256(file);
+    if (got != want)
+      throw std::runtime_error(file.string() + ": SHA-256 " + got + ", but " + list.string() + " (written by " +
+                               "olmoref export-hf) has " + want + ": the file changed after the export; export it again");
+  }
 }
 
 std::string hf_weights_sha256(const std::string& dir) {
-  auto file_sha = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) throw std::runtime_error(p.string() + ": cannot open to compute its SHA-256");
-    interop::Sha256 h;
-    std::string buf(size_t{1} << 20, '\0');
-    while (in) {
-      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      const std::streamsize got = in.gcount();
-      if (got > 0) h.update(buf.substr(0, static_cast<size_t>(got)));
-    }
-    if (in.bad()) throw std::runtime_error(p.string() + ": read failed while computing its SHA-256");
-    return h.hex();
-  };
+  const auto file_sha = file_sha256;
   const fs::path root(dir);
   if (fs::exists(root / "model.safetensors")) return file_sha(root / "model.safetensors");
   const fs::path index = root / "model.safetensors.index.json";

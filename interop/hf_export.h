@@ -88,6 +88,14 @@ class HfWeights {
 // `sha256sum model-*.safetensors | sha256sum` prints). Throws naming the directory when it holds neither.
 std::string hf_weights_sha256(const std::string& dir);
 
+// export_hf_checkpoint's list of the files it wrote and their SHA-256, as `sha256sum` writes it (so `sha256sum -c
+// SHA256SUMS` checks an export anywhere), written last. Loaders of Hugging Face checkpoints ignore it.
+inline constexpr const char* kExportChecksums = "SHA256SUMS";
+// Checks every file dir/SHA256SUMS lists against its SHA-256, throwing naming the file, both digests and the fix
+// (model.safetensors against weights_sha256 when given: a caller that hashed it already); does nothing when dir has
+// no SHA256SUMS (a checkpoint from save_pretrained).
+void verify_export_checksums(const std::string& dir, const std::string& weights_sha256 = "");
+
 // Writes `text` to `path` through a temporary file, fsync and rename, so the file is never half written.
 void write_text_file_atomic(const std::string& path, const std::string& text);
 

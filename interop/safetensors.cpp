@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
+
+#include "interop/torch_state.h"
 
 namespace olmoref {
 
@@ -116,7 +119,7 @@ SafeTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& 
 // Writer
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, std::string* sha256_hex) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> seen;
   uint64_t offset = 0;
@@ -147,13 +150,19 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(tmp, std::string("cannot create: ") + std::strerror(errno) + " (does the directory exist?)");
+  std::optional<interop::Sha256> sha;
+  if (sha256_hex) sha.emplace();
+  auto out = [&](const void* data, uint64_t n) {
+    write_all(fd, data, n, tmp);
+    if (sha) sha->update(data, n);
+  };
   try {
-    write_all(fd, len_le, 8, tmp);
-    write_all(fd, text.data(), text.size(), tmp);
+    out(len_le, 8);
+    out(text.data(), text.size());
     std::vector<char> piece;
     for (const auto& t : tensors) {
       if (t.data) {
-        write_all(fd, t.data, t.nbytes, tmp);
+        out(t.data, t.nbytes);
         continue;
       }
       constexpr uint64_t kPiece = uint64_t{16} << 20;
@@ -161,7 +170,7 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
         const uint64_t n = std::min<uint64_t>(kPiece, t.nbytes - at);
         piece.resize(n);
         t.fill(at, n, piece.data());
-        write_all(fd, piece.data(), n, tmp);
+        out(piece.data(), n);
       }
     }
     if (::fsync(fd) != 0) fail(tmp, std::string("fsync failed: ") + std::strerror(errno));
@@ -187,6 +196,7 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorView
     ::fsync(dfd);
     ::close(dfd);
   }
+  if (sha) *sha256_hex = sha->hex();
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,

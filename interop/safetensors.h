@@ -53,9 +53,9 @@ SafeTensor make_f32_tensor(const std::string& name, const std::vector<int64_t>& 
 // Writes PATH.tmp, fsyncs it, renames it to PATH and fsyncs the directory, so PATH is either the old file or the
 // complete new one. Tensor data follows the order of `tensors`. Throws std::runtime_error naming the path on any
 // I/O error, and std::invalid_argument for an empty or duplicate name, a size that does not match shape x dtype,
-// or a name "__metadata__".
+// or a name "__metadata__". sha256_hex (optional): the file's SHA-256, hashed as it is written (no read back).
 void write_safetensors(const std::string& path, const std::vector<SafeTensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, std::string* sha256_hex = nullptr);
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

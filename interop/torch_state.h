@@ -23,6 +23,7 @@ class Sha256 {
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
   void update(const std::string& data);
+  void update(const void* data, size_t n);
   std::string hex();
 
  private:

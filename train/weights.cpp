@@ -35,6 +35,9 @@ namespace {
 // The weights' SHA-256, refused when the config pins another one.
 std::string pinned_hf_sha256(const TrainConfig& cfg) {
   const std::string got = hf_weights_sha256(cfg.init.hf_dir);
+  // An export of olmoref's carries its files' SHA-256: a file changed since (a flipped bit) is refused here, where
+  // the digest is in hand, not taken as the weights.
+  verify_export_checksums(cfg.init.hf_dir, got);
   if (!cfg.init.hf_sha256.empty() && got != cfg.init.hf_sha256)
     throw std::runtime_error(cfg.init.hf_dir + ": the weights have SHA-256 " + got + " but init.hf_sha256 is " +
                              cfg.init.hf_sha256 + "; point init.hf_dir at the checkpoint the config pins, or drop "

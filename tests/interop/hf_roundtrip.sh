@@ -10,6 +10,8 @@
 #   5. import: olmoref's logits from the imported weights bit-identical to the checkpoint's; train --init-from-hf
 #      starts from exactly those weights (lr 0: its step-1 parameter digest is the checkpoint's), records their
 #      SHA-256 (also after a resume that does not name them), and refuses weights that do not match a pinned SHA-256;
+#      the export's SHA256SUMS passes `sha256sum --check`, and a file changed after the export (a flipped bit in
+#      model.safetensors, an edited config.json) is refused by --init-from-hf naming it;
 #      at 2x1 and 4x1 the same step 1, each rank reading only its slice of model.safetensors (rchar).
 # Exits 77 (skip) only when the venv or the demo corpus's Debian packages are absent.
 set -euo pipefail
@@ -140,6 +142,27 @@ if "$bin" train --config "$root/configs/small.toml" --out runC --steps 1 --quiet
 fi
 grep -q "$sha" pin.out && grep -q "$bad" pin.out || fail "pin refusal does not name both digests: $(cat pin.out)"
 echo "init-from-hf: step-1 digest ${gotd:0:16} = the checkpoint's; SHA-256 ${sha:0:16}... recorded; wrong pin refused"
+
+echo "== the export's SHA256SUMS"
+# Every file export-hf wrote, as sha256sum checks it; a file changed since is refused by --init-from-hf, naming it.
+for f in model.safetensors config.json generation_config.json tokenizer.json tokenizer_config.json \
+         special_tokens_map.json; do
+  grep -q "^[0-9a-f]\{64\}  $f\$" hf/SHA256SUMS || fail "hf/SHA256SUMS does not list $f: $(cat hf/SHA256SUMS)"
+done
+(cd hf && sha256sum --check --strict --quiet SHA256SUMS) || fail "sha256sum --check refuses the export's SHA256SUMS"
+rm -rf hfflip hfcfg && cp -r hf hfflip && cp -r hf hfcfg
+"$py" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 1; open(p, 'wb').write(b)" \
+  hfflip/model.safetensors
+printf ' ' >> hfcfg/config.json
+for d in hfflip:model.safetensors hfcfg:config.json; do
+  if "$bin" train --config "$root/configs/small.toml" --out "run-${d%%:*}" --steps 1 --quiet "${data[@]}" \
+       --init-from-hf "${d%%:*}" > "${d%%:*}.out" 2>&1; then
+    fail "train --init-from-hf took ${d%%:*}, whose ${d#*:} changed after the export"
+  fi
+  grep -q "${d%%:*}/${d#*:}: SHA-256 .* but ${d%%:*}/SHA256SUMS (written by olmoref export-hf) has" "${d%%:*}.out" ||
+    fail "the refusal of ${d%%:*} does not name ${d#*:} and SHA256SUMS: $(cat "${d%%:*}.out")"
+done
+echo "SHA256SUMS: sha256sum --check accepts it; a flipped bit in model.safetensors, an edited config.json refused"
 
 echo "== train --init-from-hf at 2x1 and 4x1: each rank reads only its slices of model.safetensors"
 if command -v mpirun > /dev/null; then
