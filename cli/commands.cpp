@@ -165,10 +165,10 @@ void register_commands(CLI::App& app) {
                     "The CPU executor's instruction-set path: best (the widest this CPU has), scalar, avx2 or avx512; "
                     "results do not depend on it (tier T4), only speed")
         ->check(CLI::IsMember({"best", "scalar", "avx2", "avx512"}));
-    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--steps", *steps, "Total steps of the run (overrides train.steps; sets the schedule length)")->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
     cmd->add_option("--stop-after", o->stop_after, "Stop after this step (checkpointing it), as if interrupted")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     cmd->add_flag("--resume", o->resume, "Continue from the newest complete checkpoint in OUT/checkpoints");
-    cmd->add_option("--resume-from", o->resume_from, "Continue from this checkpoint directory");
+    cmd->add_option("--resume-from", o->resume_from, "Continue from this checkpoint directory")->excludes("--resume");
     cmd->add_flag("--ignore-fingerprint-mismatch", o->resume_opts.ignore_fingerprint_mismatch,
                   "Resume even though the data files differ from the checkpoint's");
     cmd->add_flag("--allow-config-change", o->resume_opts.allow_config_change,
@@ -189,8 +189,10 @@ void register_commands(CLI::App& app) {
                     "(sets init.hf_dir; the weights' SHA-256 becomes init.hf_sha256, part of resume_hash)");
     cmd->add_flag("--quiet", o->quiet, "No progress output");
     cmd->add_option("--dp-shard", o->parallel.dp_shard,
-                    "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun");
-    cmd->add_option("--dp-replicate", o->parallel.dp_replicate, "HSDP: replicate groups (DDP across groups)");
+                    "HSDP: ranks that split parameters, gradients and AdamW state (FSDP); start with mpirun")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--dp-replicate", o->parallel.dp_replicate, "HSDP: replicate groups (DDP across groups)")
+        ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--ep", o->parallel.ep,
                     "Expert parallelism (MoE): groups of N consecutive ranks exchange tokens so each rank runs only its "
                     "share of the experts; N divides the world size; the trace is the same for every N")
@@ -353,7 +355,9 @@ void register_commands(CLI::App& app) {
     auto skip = std::make_shared<std::vector<std::string>>();
     cmd->add_option("--config", o->config_path, "Run configuration (TOML)")->required();
     cmd->add_option("--set", o->overrides, "Override a config key (repeatable)");
-    cmd->add_option("--steps", o->steps, "Steps of the run")->required()->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
+    cmd->add_option("--steps", o->steps, "Steps of the run (>= 2: a resume needs a step after it)")
+        ->required()
+        ->check(CLI::Range(int64_t{2}, std::numeric_limits<int64_t>::max()));
     cmd->add_flag("--allow-shared-gpu", o->allow_shared_gpu,
                   "Executor cuda: the runs' ranks may share a GPU (train --allow-shared-gpu)");
     cmd->add_option("--at", *at, "Steps to stop and resume at, comma separated (e.g. 3,7)")->required();
@@ -375,6 +379,12 @@ void register_commands(CLI::App& app) {
       parse_layout(*layout, "--layout", opts.dp_shard, opts.dp_replicate);
       if (!resume_layout->empty()) parse_layout(*resume_layout, "--resume-layout", opts.resume_dp_shard, opts.resume_dp_replicate);
       opts.at = parse_step_list(*at, "--at");
+      // Before any run: a stop at K needs a step K + 1 to resume into.
+      for (const int64_t k : opts.at)
+        if (k < 1 || k >= opts.steps)
+          throw std::invalid_argument("--at " + *at + ": step " + std::to_string(k) + " is outside 1.." +
+                                      std::to_string(opts.steps - 1) + " (a resume at K runs steps K + 1.." +
+                                      std::to_string(opts.steps) + " of --steps " + std::to_string(opts.steps) + ")");
       for (const auto& s : *skip) {
         opts.extra_resume_args.push_back("--debug-skip-restore");
         opts.extra_resume_args.push_back(s);

@@ -133,12 +133,14 @@ struct VocabArgs {
   int64_t eos = -1;
 
   void add(CLI::App* c) {
-    c->add_option("--vocab-size", vocab_size, "vocabulary size (ids >= it are errors; sets the dtype)");
+    c->add_option("--vocab-size", vocab_size, "vocabulary size (ids >= it are errors; sets the dtype)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
     c->add_option("--tokenizer", tokenizer,
                   "olmoref BPE tokenizer JSON, or a Hugging Face tokenizer.json as export-hf writes it (gives vocab "
                   "size and EOS)");
     c->add_option("--dtype", dtype, "uint16 or uint32 (default: from the vocabulary size)");
-    c->add_option("--eos", eos, "EOS token id (default: the tokenizer's, 256)");
+    c->add_option("--eos", eos, "EOS token id (default: the tokenizer's, 256)")
+        ->check(CLI::Range(int64_t{0}, (int64_t{1} << 32) - 1));
   }
   std::optional<BpeTokenizer> resolve() {
     std::optional<BpeTokenizer> tok;
@@ -150,6 +152,10 @@ struct VocabArgs {
     if (vocab_size <= 0 && dtype.empty()) {
       throw std::runtime_error("give --vocab-size, --tokenizer or --dtype so the token dtype is known");
     }
+    // An EOS no token can be would make every file one document, silently.
+    if (vocab_size > 0 && eos >= vocab_size)
+      throw std::runtime_error("--eos " + std::to_string(eos) + " is not an id of the vocabulary (--vocab-size " +
+                               std::to_string(vocab_size) + ")");
     return tok;
   }
   Dtype file_dtype() const { return dtype.empty() ? dtype_for_vocab(vocab_size) : parse_dtype(dtype); }
@@ -210,6 +216,10 @@ void run_tokenize(const TokenizeArgs& a) {
     split_documents_text(texts.back(), a.format, a.separator, docs);
     if (docs.size() == before) {
       std::cerr << "warning: text input '" << p << "' holds no document (format " << a.format << ")\n";
+    } else if (a.format == "separator" && texts.back().find(a.separator) == std::string::npos) {
+      // The default format: a file of other text becomes one document without a word otherwise.
+      std::cerr << "warning: text input '" << p << "' holds no separator '" << a.separator << "' (--format separator): "
+                << "it is one document; pass --format paragraph for blank-line separated text, or --separator\n";
     }
   }
   if (docs.empty()) throw std::runtime_error("the text inputs hold no documents; check --format and --separator");
@@ -615,8 +625,10 @@ void register_data_commands(CLI::App& app) {
     auto a = std::make_shared<InspectArgs>();
     CLI::App* c = data->add_subcommand("inspect", "Files, tokens, documents, instances and fingerprint of a mix");
     add_corpus_options(c, *a);
-    c->add_option("--seq-len", a->seq_len, "sequence length: count instances and compute the fingerprint");
-    c->add_option("--show-instance", a->show_instance, "print (and decode, with --tokenizer) this instance");
+    c->add_option("--seq-len", a->seq_len, "sequence length: count instances and compute the fingerprint")
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+    c->add_option("--show-instance", a->show_instance, "print (and decode, with --tokenizer) this instance")
+        ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     c->add_option("--max-target-seq-len", a->max_target_sequence_length, "OLMo-core's max_target_sequence_length");
     c->add_option("--pad", a->pad, "pad token id, for OLMo-core's fingerprint (default: the tokenizer's, 257)");
     c->add_option("--bos", a->bos, "bos token id, for OLMo-core's fingerprint (default: none)");
@@ -653,12 +665,16 @@ void register_data_commands(CLI::App& app) {
     auto a = std::make_shared<BatchesArgs>();
     CLI::App* c = data->add_subcommand("batches", "Instance ids (JSON lines) of the first global batches");
     add_corpus_options(c, *a);
-    c->add_option("--seq-len", a->seq_len, "sequence length")->required();
+    c->add_option("--seq-len", a->seq_len, "sequence length")
+        ->required()
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
     c->add_option("--global-batch", a->global_batch, "global batch in instances")->required();
-    c->add_option("--microbatch", a->microbatch, "micro-batch in instances (default: the global batch)");
+    c->add_option("--microbatch", a->microbatch, "micro-batch in instances (default: the global batch)")
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
     c->add_option("--seed", a->seed, "data loader seed (OLMo-core default 34521)");
     c->add_option("--steps", a->steps, "number of batches to print")->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
-    c->add_option("--skip", a->skip, "start after this many batches (resumes through restore())");
+    c->add_option("--skip", a->skip, "start after this many batches (resumes through restore())")
+        ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
     a->mix.add(c);
     c->add_option("--olmo-core-state", a->olmo_core_state,
                   "start where an OLMo-core run's data loader stopped: its checkpoint (save folder or stepN); the "

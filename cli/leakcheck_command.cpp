@@ -63,6 +63,9 @@ void write_and_print(const LeakArgs& a, const LeakReport& rep) {
 LeakCheckOptions base_options(const LeakArgs& a, const TrainConfig& cfg) {
   LeakCheckOptions o = a.opt;
   o.config_path = a.config;
+  if (a.eos >= 0 && a.eos >= cfg.model.vocab_size)
+    throw std::invalid_argument("--eos " + std::to_string(a.eos) + " is not an id of the vocabulary (model.vocab_size " +
+                                std::to_string(cfg.model.vocab_size) + "): the holdout would be one document");
   if (a.eos >= 0) o.eos_id = static_cast<uint32_t>(a.eos);
   o.attribute = !a.no_attribution;
   o.eval_interval = cfg.eval.interval;
@@ -235,9 +238,12 @@ void register_leak_commands(CLI::App& app) {
               "Prefilter with the exact open-addressing set instead (16 B/n-gram); every hit is verified either way, "
               "so the report is the same");
   c->add_option("--bloom-bits", a->opt.bloom_bits_per_ngram, "Bloom filter bits per n-gram")->check(CLI::Range(4.0, 1024.0));
-  c->add_option("--min-doc-tokens", a->opt.min_doc_tokens, "Exact document matches ignore shorter documents");
-  c->add_option("--eos", a->eos, "EOS token id (default: data.eos_id); delimits holdout documents");
-  c->add_option("--world-size", a->opt.world_size, "Data-parallel ranks of the scanned stream (ranks in the report)");
+  c->add_option("--min-doc-tokens", a->opt.min_doc_tokens, "Exact document matches ignore shorter documents")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  c->add_option("--eos", a->eos, "EOS token id (default: data.eos_id); delimits holdout documents")
+      ->check(CLI::Range(int64_t{0}, (int64_t{1} << 32) - 1));
+  c->add_option("--world-size", a->opt.world_size, "Data-parallel ranks of the scanned stream (ranks in the report)")
+      ->check(CLI::Range(1, 1 << 20));
   c->add_option("--layouts", a->opt.layouts, "World sizes the layout check compares with W=1 (default: 2,4,8 where they divide)")
       ->delimiter(',');
   c->add_option("--resume-at", a->opt.resume_at, "Steps after which the resume check stops and resumes (default: mid-run, epoch ends)")

@@ -2,6 +2,7 @@
 
 #include "train/config_keys.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -67,6 +68,9 @@ TrainConfig parse_config_text(const std::string& toml_text, const std::string& o
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (std::filesystem::is_directory(path))
+    throw std::invalid_argument(path + ": a directory, not a config file (give a .toml file; shipped configs are in "
+                                "configs/)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(path + ": cannot open config file (check the path; shipped configs are in configs/)");
   std::stringstream ss;

@@ -513,6 +513,10 @@ std::vector<dist::GpuSlot> place_ranks_on_gpus(const TrainConfig& cfg, const Run
 std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& opts) {
   namespace fs = std::filesystem;
   const std::string& out_dir = opts.out_dir;
+  // A run of no steps would exit 0 with an empty trace and no checkpoint: nothing a user asked for.
+  if (cfg.train.steps < 1)
+    throw std::invalid_argument("train.steps is " + std::to_string(cfg.train.steps) + ": a run trains at least one "
+                                "step; set train.steps or --steps");
   const std::vector<dist::GpuSlot> gpus = place_ranks_on_gpus(cfg, opts);
   // Before anything is created or cut: an executor that cannot run here is one line, never a crash mid-run.
   if (const std::string why = executor_unavailable(cfg.train.executor); !why.empty())

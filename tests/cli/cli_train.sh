@@ -27,6 +27,27 @@ expect_error "model.n_kv_heads" -- "$BIN" train --config "$SRC/configs/tiny.toml
 expect_error "model.swa_pattern" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set "model.swa_pattern=[0]"
 expect_error "unknown config key 'train.stepz'" -- "$BIN" config --config "$SRC/configs/tiny.toml" --set train.stepz=3
 expect_error "cannot open config" -- "$BIN" config --config "$work/none.toml"
+expect_error "a directory, not a config file" -- "$BIN" config --config "$work"
+# Numbers and flags no run can take are refused before anything starts, naming the flag or key.
+expect_error "train.steps is 0: a run trains at least one step" -- "$BIN" train --config "$SRC/configs/tiny.toml" \
+  --set "$data" --set train.steps=0 --out "$work/s0"
+[ ! -e "$work/s0" ] || { echo "FAIL: a run of no steps created its directory"; exit 1; }
+expect_error "^--steps: Value 0 not in range" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --steps 0 --out "$work/s0"
+expect_error "^--dp-shard: Value 0 not in range" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --dp-shard 0 --out "$work/s0"
+expect_error "excludes --resume" -- "$BIN" train --config "$SRC/configs/tiny.toml" --set "$data" --resume --resume-from "$work" --out "$work/s0"
+expect_error "--at 2,4: step 4 is outside 1..3" -- "$BIN" resume-check --config "$SRC/configs/tiny.toml" --set "$data" --steps 4 --at 2,4
+expect_error "^--steps: Value 1 not in range 2" -- "$BIN" resume-check --config "$SRC/configs/tiny.toml" --set "$data" --steps 1 --at 1
+# An EOS no token can be would make every file (or the holdout) one document.
+expect_error "--eos 600 is not an id of the vocabulary (--vocab-size 512)" -- "$BIN" data inspect "$work/tokens.u16" \
+  --vocab-size 512 --eos 600
+expect_error "--eos 99999 is not an id of the vocabulary (model.vocab_size 512)" -- "$BIN" leakcheck \
+  --config "$SRC/configs/tiny.toml" --set "$data" --set "data.holdout_files=[\"$work/tokens.u16\"]" --eos 99999 --steps 2
+# Text without the separator is one document: tokenize says so.
+printf 'a paragraph\n\nanother one\n' > "$work/paragraphs.txt"
+"$BIN" tokenize -i "$work/paragraphs.txt" --tokenizer "$work/tok/t.json" --vocab-size 260 -o "$work/tok/out" \
+  > /dev/null 2> "$work/tok.err"
+grep -q "holds no separator '%' (--format separator): it is one document; pass --format paragraph" "$work/tok.err" ||
+  { cat "$work/tok.err"; echo "FAIL: tokenize took text without its separator as one document silently"; exit 1; }
 # A model Hugging Face cannot hold (two sliding windows) is refused naming the config file and the key, and nothing
 # is written; so is a bundle for the parity script, which loads the same export.
 expect_error "configs/tiny.toml: Hugging Face export: config key 'model.swa_pattern'" -- "$BIN" export-hf \
