@@ -95,8 +95,11 @@ std::string TraceRecord::to_json() const {
   return s;
 }
 
+std::string TraceRecord::to_line() const { return data::with_record_checksum(to_json()); }
+
 TraceRecord TraceRecord::from_json(const std::string& line) {
-  const nlohmann::json j = nlohmann::json::parse(line);
+  const nlohmann::json j = nlohmann::json::parse(line);  // first: a torn line is no JSON, never a checksum error
+  if (const std::string why = data::record_checksum_mismatch(line); !why.empty()) throw TraceChecksumError(why);
   TraceRecord r;
   r.step = j.at("step").get<int64_t>();
   r.epoch = j.value("epoch", int64_t{0});
@@ -167,7 +170,7 @@ void TraceWriter::open(const std::string& path, bool append) {
 }
 
 void TraceWriter::write(const TraceRecord& r) {
-  const std::string line = r.to_json() + "\n";
+  const std::string line = r.to_line() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw std::runtime_error(path_ + ": write failed (disk full?)");
 }

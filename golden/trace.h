@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,19 @@ struct TraceRecord {
   // records begin again at this step. Written only then, so every other record is as it was.
   int64_t records_begin = 0;
 
+  // The record's fields, without its checksum (what comparisons of records read).
   std::string to_json() const;
-  static TraceRecord from_json(const std::string& line);  // throws std::runtime_error
+  // The line the trace holds: to_json() with "record_xxh3" last, the XXH3-64 of to_json()'s bytes, so a line changed
+  // after it was written (a flipped bit, an edit) is found where it is read.
+  std::string to_line() const;
+  // Throws TraceChecksumError when the line carries record_xxh3 and its bytes do not match it, std::runtime_error
+  // when it is not a record (a line without record_xxh3, written before it was recorded, is read as before).
+  static TraceRecord from_json(const std::string& line);
+};
+
+// A trace line whose record_xxh3 does not match its bytes: damaged, never a record torn by a kill (which is no JSON).
+struct TraceChecksumError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 std::vector<TraceRecord> read_trace(const std::string& path);  // throws naming the file and line

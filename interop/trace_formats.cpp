@@ -16,6 +16,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "data/json_file.h"
+
 namespace olmoref {
 
 namespace {
@@ -95,11 +97,12 @@ void read_jsonl(LoadedTrace& t, const std::string& text) {
     try {
       j = json::parse(line);
       if (!j.is_object() || !j.contains("step")) throw std::runtime_error("no \"step\"");
+      if (const std::string why = data::record_checksum_mismatch(line); !why.empty()) throw std::runtime_error(why);
       const int64_t step = j.at("step").get<int64_t>();
       if (first) t.format = j.contains("loss_hex") ? "olmoref" : "jsonl";
       first = false;
       for (const auto& [key, v] : j.items()) {
-        if (key == "step") continue;
+        if (key == "step" || key == data::kRecordChecksumKey) continue;  // the line's checksum, checked above
         if (key.size() > 4 && key.compare(key.size() - 4, 4, "_hex") == 0) continue;
         MetricValue mv;
         if (v.is_number() || v.is_null()) {

@@ -130,6 +130,9 @@ TraceScan scan_trace(const std::string& path, int64_t K) {
       TraceRecord r;
       try {
         r = TraceRecord::from_json(line);
+      } catch (const TraceChecksumError& e) {
+        throw std::runtime_error(path + ":" + std::to_string(lineno) + ": " + e.what() + "; restore the trace, or "
+                                 "move it away and pass --new-records");
       } catch (const std::exception&) {
         break;  // a torn last record: what follows counts as missing
       }

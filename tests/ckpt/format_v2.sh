@@ -29,6 +29,7 @@ want = [json.loads(l) for l in open(sys.argv[1])][2:4]
 got = [json.loads(l) for l in open(sys.argv[2])]
 for g in got:
     g.pop("records_begin", None)
+    g.pop("record_xxh3", None)  # the fixture's format-2 run wrote no record checksums
 if got != want:
     for w, g in zip(want, got):
         for k in w:

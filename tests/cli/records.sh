@@ -34,8 +34,10 @@ ckpt="$work/run/checkpoints/step00000006"
 "$BIN" ckpt verify "$ckpt" > /dev/null
 fresh() { rm -rf "$work/$1"; cp -r "$work/run" "$work/$1"; }
 # steps 7..8 of the reference, as a resumed run must write them (after the marker is taken off)
-tail -n 2 "$work/ref/trace.jsonl" > "$work/ref-7-8.jsonl"
-strip() { sed 's/,"records_begin":[0-9]*}$/}/' "$1"; }
+# The records' fields: the marker off, and the checksum, which covers it (each file's own lines are checked where a
+# resume reads them).
+strip() { sed -E 's/,"records_begin":[0-9]+//; s/,"record_xxh3":"[0-9a-f]{16}"}$/}/' "$@"; }
+tail -n 2 "$work/ref/trace.jsonl" | strip > "$work/ref-7-8.jsonl"
 
 # A plain resume: nothing missing, nothing said, the reference's records.
 fresh ok
@@ -56,7 +58,10 @@ cmp "$work/notrace/audit.jsonl" "$work/audit.before" || { echo "FAIL: the refuse
 "$BIN" train "${cfg[@]}" --steps 8 --out "$work/notrace" --resume --new-records --stop-after 7 --quiet \
   2> "$work/notrace-new.err"
 grep -q "records begin again at step 7" "$work/notrace-new.err" || { cat "$work/notrace-new.err"; exit 1; }
-[ "$(cat "$work/notrace/trace.jsonl")" = "$(sed -n 7p "$work/ref/trace.jsonl" | sed 's/}$/,"records_begin":7}/')" ]
+[ "$(strip "$work/notrace/trace.jsonl")" = "$(sed -n 7p "$work/ref/trace.jsonl" | strip)" ] ||
+  { echo "FAIL: the record of step 7 after --new-records is not the reference's"; exit 1; }
+grep -Eq ',"records_begin":7,"record_xxh3":"[0-9a-f]{16}"}$' "$work/notrace/trace.jsonl" ||
+  { echo "FAIL: the record of step 7 lacks the marker before its checksum"; exit 1; }
 # The marker stands for the steps before it: the next resume needs no flag, and adds no marker.
 "$BIN" train "${cfg[@]}" --steps 8 --out "$work/notrace" --resume --quiet
 [ "$(grep -c records_begin "$work/notrace/trace.jsonl")" -eq 1 ]
@@ -83,7 +88,7 @@ must_refuse tornaudit "tornaudit/audit.jsonl: no record of steps 4..6, only 5 of
 grep -q "audit.jsonl: no record of steps 3..6" "$work/shortaudit-new.err"
 grep -q "records begin again at step 7" "$work/shortaudit-new.err"
 [ "$(python3 -c "import json,sys; print(sorted({json.loads(l)['step'] for l in open(sys.argv[1])}))" "$work/shortaudit/audit.jsonl")" = "[1, 2, 7, 8]" ]
-sed -n 7p "$work/shortaudit/trace.jsonl" | grep -q '"step":7,.*,"records_begin":7}$'
+sed -n 7p "$work/shortaudit/trace.jsonl" | grep -Eq '"step":7,.*,"records_begin":7,"record_xxh3":"[0-9a-f]{16}"}$'
 echo "ok: short audit log refused naming it and steps 3..6 (a log torn inside step 3 too); --new-records continues with steps 7, 8 and the marker"
 
 # 3. A checkpoint copied alone into a new directory.
@@ -94,7 +99,7 @@ must_refuse copy "elsewhere/trace.jsonl: missing" "elsewhere/audit.jsonl: missin
 "$BIN" train "${cfg[@]}" --steps 8 --out "$work/elsewhere" --resume-from "$work/copied/step00000006" --new-records --quiet \
   2> "$work/copy-new.err"
 grep -q "records begin again at step 7" "$work/copy-new.err"
-head -n 1 "$work/elsewhere/trace.jsonl" | grep -q '"records_begin":7}$'
+head -n 1 "$work/elsewhere/trace.jsonl" | grep -Eq '"records_begin":7,"record_xxh3":"[0-9a-f]{16}"}$'
 strip "$work/elsewhere/trace.jsonl" | cmp - "$work/ref-7-8.jsonl"
 echo "ok: a checkpoint copied into a new directory is refused; --new-records starts its records at step 7"
 

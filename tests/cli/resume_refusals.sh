@@ -5,7 +5,9 @@
 #   - a damaged newest checkpoint (a byte flipped in its shard): the refusal names the damage, `ckpt verify`, and the
 #     complete checkpoint before it; resumed from that one as told, the run ends with the uninterrupted run's trace;
 #   - a newest checkpoint directory without its manifest (a write cut short): --resume says it passes it over, resumes
-#     from the one before, and ends with the uninterrupted run's trace.
+#     from the one before, and ends with the uninterrupted run's trace;
+#   - a trace line edited after it was written (record_xxh3 no longer matches): the resume and `trace compare` refuse
+#     it naming the file and line; restored, the resume ends with the uninterrupted run's trace.
 source "${OLMOREF_SOURCE_ROOT:?}/tests/common/shell_test.sh"
 python3 "$SRC/tests/make_tokens.py" "$work/tok.u16" 3 40000 > /dev/null
 base=(--config "$SRC/configs/tiny.toml" --set "data.train_files=[\"$work/tok.u16\"]" --threads 1 --quiet
@@ -53,4 +55,29 @@ grep -qF "resume: $work/cut/checkpoints/step00000004 is an incomplete checkpoint
   { cat "$work/cut.log"; fail "the resume does not say it passed the incomplete checkpoint over"; }
 cmp "$work/cut/trace.jsonl" "$work/whole/trace.jsonl" || fail "resumed past a cut write, the trace differs"
 echo "a write cut short: passed over and said; the uninterrupted trace"
+
+# A trace line changed after it was written: every line carries record_xxh3, so a resume and trace compare refuse it,
+# naming the file and the line; restored, the resume goes on.
+"$BIN" train "${base[@]}" --steps 6 --stop-after 4 --out "$work/edited"
+cp "$work/edited/trace.jsonl" "$work/edited.trace"
+python3 - "$work/edited/trace.jsonl" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines(True)
+lines[2] = lines[2].replace('"tokens":', '"tokens":1', 1)  # a digit more in step 3's token count
+open(sys.argv[1], "w").writelines(lines)
+PY
+rc=0
+"$BIN" train "${base[@]}" --steps 6 --out "$work/edited" --resume > "$work/edited.log" 2>&1 || rc=$?
+[ $rc = 2 ] || { cat "$work/edited.log"; fail "a resume over an edited trace line: exit $rc, want 2"; }
+grep -qF "$work/edited/trace.jsonl:3: its record_xxh3 is" "$work/edited.log" &&
+  grep -q "the line changed after it was written" "$work/edited.log" ||
+  { cat "$work/edited.log"; fail "the refusal does not name the edited line"; }
+rc=0
+"$BIN" trace compare "$work/edited" "$work/whole" > "$work/edited-cmp.log" 2>&1 || rc=$?
+[ $rc = 2 ] && grep -qF "$work/edited/trace.jsonl:3:" "$work/edited-cmp.log" ||
+  { cat "$work/edited-cmp.log"; fail "trace compare read an edited line (exit $rc)"; }
+cp "$work/edited.trace" "$work/edited/trace.jsonl"
+"$BIN" train "${base[@]}" --steps 6 --out "$work/edited" --resume
+cmp "$work/edited/trace.jsonl" "$work/whole/trace.jsonl" || fail "restored and resumed, the trace differs"
+echo "an edited trace line: refused by the resume and trace compare naming file:3; restored, resumed to the same trace"
 echo "PASS"
