@@ -30,7 +30,9 @@ namespace olmoref {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix);
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 // A run's own records are never an output: a path given by mistake (`trace convert RUN --out RUN/trace.jsonl`) would
 // replace what a resume, leakcheck and golden export read, with nothing to restore it from.
@@ -52,10 +54,6 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream o(path, std::ios::binary | std::ios::trunc);
   o << text;
   if (!o) throw std::runtime_error(path + ": cannot write");
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Any trace format as the plot's records: olmoref traces keep every field, others carry the loss.
