@@ -413,9 +413,8 @@ void verify_export_checksums(const std::string& dir, const std::string& weights_
 }
 
 std::string hf_weights_sha256(const std::string& dir) {
-  const auto file_sha = file_sha256;
   const fs::path root(dir);
-  if (fs::exists(root / "model.safetensors")) return file_sha(root / "model.safetensors");
+  if (fs::exists(root / "model.safetensors")) return file_sha256(root / "model.safetensors");
   const fs::path index = root / "model.safetensors.index.json";
   if (!fs::exists(index))
     throw std::runtime_error(dir + ": no model.safetensors (or model.safetensors.index.json) found; point to a "
@@ -427,7 +426,7 @@ std::string hf_weights_sha256(const std::string& dir) {
   for (const auto& [name, file] : idx["weight_map"].items())
     if (file.is_string()) files.insert(file.get<std::string>());
   interop::Sha256 all;
-  for (const auto& f : files) all.update(file_sha(root / f) + "  " + f + "\n");
+  for (const auto& f : files) all.update(file_sha256(root / f) + "  " + f + "\n");
   return all.hex();
 }
 
