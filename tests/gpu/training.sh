@@ -17,9 +17,20 @@ BIN="${OLMOREF_BUILD_ROOT:?}/olmoref"
 SRC="${OLMOREF_SOURCE_ROOT:?}"
 ex=${GPU_EXECUTOR:-cuda}
 smoke="${OLMOREF_BUILD_ROOT}/tests/gpu/test_gpu_smoke"
-if [ "$ex" = cuda ] && { [ ! -x "$smoke" ] || ! "$smoke" > /dev/null 2>&1; }; then
-  echo "SKIPPED: no usable CUDA device"
-  exit 77
+# The smoke test first: 77 (no device) skips, but a device whose smoke test fails is a failure, never a skip (the
+# runs below would fail on it too, and a skip would hide that the device check lost its result).
+if [ "$ex" = cuda ]; then
+  [ -x "$smoke" ] || { echo "SKIPPED: $smoke is missing (a build without CUDA)"; exit 77; }
+  smoke_log=$(mktemp)
+  "$smoke" > "$smoke_log" 2>&1
+  rc=$?
+  if [ $rc = 77 ]; then tail -n 1 "$smoke_log"; rm -f "$smoke_log"; echo "SKIPPED: no usable CUDA device"; exit 77; fi
+  if [ $rc != 0 ]; then
+    cat "$smoke_log"; rm -f "$smoke_log"
+    echo "FAILED: test_gpu_smoke exited $rc on this device (above): the training runs would fail on it too"
+    exit 1
+  fi
+  rm -f "$smoke_log"
 fi
 cd "$SRC" || exit 2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
