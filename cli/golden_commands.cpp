@@ -24,6 +24,7 @@
 #include "train/golden_logits.h"
 #include "golden/plot.h"
 #include "golden/trace.h"
+#include "train/records.h"
 #include "cli/commands.h"
 
 namespace olmoref {
@@ -39,8 +40,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 void refuse_run_record(const std::string& path) {
   const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
   const std::string name = p.filename().string();
-  const bool record = name == "trace.jsonl" || name == "manifest.json" || name == "eval.jsonl" ||
-                      (name.rfind("audit", 0) == 0 && ends_with(name, ".jsonl"));
+  const bool record = is_run_record_name(name) || name == "manifest.json";
   const std::filesystem::path dir = p.parent_path();
   std::error_code ec;
   if (record && (std::filesystem::exists(dir / "checkpoints", ec) || std::filesystem::exists(dir / "trace.jsonl", ec) ||

@@ -161,13 +161,19 @@ TraceScan scan_trace(const std::string& path, int64_t K) {
 
 }  // namespace
 
+bool is_audit_log_name(const std::string& name) {
+  return name == "audit.jsonl" || (name.rfind("audit-rank", 0) == 0 && fs::path(name).extension() == ".jsonl");
+}
+
+bool is_run_record_name(const std::string& name) {
+  return name == "trace.jsonl" || name == "eval.jsonl" || is_audit_log_name(name);
+}
+
 std::vector<std::string> audit_logs(const std::string& run_dir) {
   std::vector<std::string> out;
   if (!fs::is_directory(run_dir)) return out;
   for (const auto& entry : fs::directory_iterator(run_dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "audit.jsonl" || (name.rfind("audit-rank", 0) == 0 && entry.path().extension() == ".jsonl"))
-      out.push_back(entry.path().string());
+    if (is_audit_log_name(entry.path().filename().string())) out.push_back(entry.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -44,5 +44,8 @@ void cut_audit_logs(const std::string& run_dir, const ckpt::CheckpointMeta& meta
 
 // RUN's audit logs (audit.jsonl, audit-rankNNNNN.jsonl), sorted.
 std::vector<std::string> audit_logs(const std::string& run_dir);
+bool is_audit_log_name(const std::string& file_name);
+// A run's records by file name: trace.jsonl, the audit logs, eval.jsonl (the backstop's): what no output may replace.
+bool is_run_record_name(const std::string& file_name);
 
 }  // namespace olmoref

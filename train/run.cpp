@@ -542,9 +542,7 @@ std::vector<TraceRecord> run_training(const TrainConfig& cfg, const RunOptions& 
     // checkpoint): nothing can resume it, but its trace and audit logs are what a comparison or leakcheck reads.
     for (const auto& entry : fs::directory_iterator(out_dir)) {
       const std::string name = entry.path().filename().string();
-      const bool record = name == "trace.jsonl" || name == "eval.jsonl" ||
-                          (name.rfind("audit", 0) == 0 && name.size() > 6 && name.substr(name.size() - 6) == ".jsonl");
-      if (record && entry.is_regular_file() && entry.file_size() > 0)
+      if (is_run_record_name(name) && entry.is_regular_file() && entry.file_size() > 0)
         throw std::runtime_error(out_dir + " holds the records of an earlier run (" + name +
                                  ") and no checkpoint to resume it from: choose another --out; to start over, delete " +
                                  out_dir + " first");

@@ -120,11 +120,13 @@ export OLMOREF_TEST_EXCHANGE_DELAY_US=20000
 ranks cudahost-2x1-exchange-late 2x1 "${tiny[@]}" --executor cuda-host
 ranks cudahost-2x2-exchange-late 2x2 "${tiny[@]}" --executor cuda-host --debug-exchange-chunks 3
 for layout in 2x1 2x2; do same cudahost "cudahost-$layout-exchange-late"; done
-for control in no-wait no-stream-wait; do
-  ranks "cudahost-2x1-exchange-$control" 2x1 "${tiny[@]}" --executor cuda-host "--debug-exchange-$control"
-  cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-exchange-$control/trace.jsonl" &&
-    { echo "FAIL: the owners' exchange thread's control --debug-exchange-$control kept the trace"; exit 1; }
-done
+exchange_control() {  # exchange_control CONTROL WHAT: at 2x1, --debug-exchange-CONTROL must change the trace
+  ranks "cudahost-2x1-exchange-$1" 2x1 "${tiny[@]}" --executor cuda-host "--debug-exchange-$1"
+  cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-exchange-$1/trace.jsonl" &&
+    { echo "FAIL: $2: the control --debug-exchange-$1 kept the trace"; exit 1; }
+  return 0
+}
+for control in no-wait no-stream-wait; do exchange_control "$control" "the owners' exchange thread"; done
 echo "cudahost 2x1 and 2x2: the owners' exchange thread 20 ms late keeps the trace; the gradient read before it ends," \
      "or a thread that does not wait for its side stream, changes it"
 # Its subtrees reach the host without a blocking copy: the backward writes them to a device block, which a side stream
@@ -135,11 +137,7 @@ echo "cudahost 2x1 and 2x2: the owners' exchange thread 20 ms late keeps the tra
 export OLMOREF_TEST_HOST_STREAM_DELAY_US=5000 OLMOREF_TEST_EXCHANGE_DELAY_US=0
 ranks cudahost-2x2-staging-late 2x2 "${tiny[@]}" --executor cuda-host --debug-exchange-chunks 3
 same cudahost cudahost-2x2-staging-late
-for control in no-staging-wait no-refill-wait; do
-  ranks "cudahost-2x1-exchange-$control" 2x1 "${tiny[@]}" --executor cuda-host "--debug-exchange-$control"
-  cmp -s "$work/cudahost/trace.jsonl" "$work/cudahost-2x1-exchange-$control/trace.jsonl" &&
-    { echo "FAIL: the subtrees' copy to the host: the control --debug-exchange-$control kept the trace"; exit 1; }
-done
+for control in no-staging-wait no-refill-wait; do exchange_control "$control" "the subtrees' copy to the host"; done
 echo "cudahost 2x2: the subtrees' copies to the host 5 ms late keep the trace; a thread that sends before they land," \
      "or a backward that refills their device block before they read it, changes it"
 unset OLMOREF_TEST_HOST_STREAM_DELAY_US OLMOREF_TEST_EXCHANGE_DELAY_US
